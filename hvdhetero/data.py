@@ -1,0 +1,129 @@
+"""The datasets a run can train on, as (train, test, info).
+
+`digits` ships inside scikit-learn, so it needs no files and no network: it is the one the
+tests and smoke runs use. `mnist` and `cifar10` are read by torchvision from `data_dir`; on a
+host that cannot reach the internet, copy the files there first (the error says which).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch.utils.data import Dataset, TensorDataset
+from torchvision import datasets, transforms
+
+from hvdhetero.errors import ConfigError, DataError
+
+DATASETS = ("digits", "mnist", "cifar10")
+
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about its inputs and outputs."""
+
+    name: str
+    """One of DATASETS."""
+    num_classes: int
+    """Number of labels; labels are 0..num_classes-1."""
+    in_channels: int
+    """Channels of one image: 1 for greyscale, 3 for RGB."""
+    image_size: int
+    """Side length in pixels of the (square) images."""
+
+
+def load(
+    name: str, data_dir: str | Path, *, download: bool = False, seed: int = 0
+) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """The train and test sets of `name`, and its DatasetInfo; `seed` fixes the digits split."""
+    if name == "digits":
+        return _digits(seed)
+    if name == "mnist":
+        return _mnist(Path(data_dir), download)
+    if name == "cifar10":
+        return _cifar10(Path(data_dir), download)
+    raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+
+
+def _digits(seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x / 16.0, y, test_size=0.2, random_state=seed, stratify=y
+    )
+    # Statistics from the training split only, so nothing about the test set leaks into training.
+    mean, std = x_train.mean(), x_train.std()
+
+    def tensors(x, y) -> TensorDataset:
+        images = torch.as_tensor((x - mean) / std, dtype=torch.float32).reshape(-1, 1, 8, 8)
+        return TensorDataset(images, torch.as_tensor(y, dtype=torch.int64))
+
+    info = DatasetInfo("digits", num_classes=10, in_channels=1, image_size=8)
+    return tensors(x_train, y_train), tensors(x_test, y_test), info
+
+
+def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MNIST_MEAN, MNIST_STD)])
+    try:
+        train = datasets.MNIST(root, train=True, download=download, transform=transform)
+        test = datasets.MNIST(root, train=False, download=download, transform=transform)
+    except (RuntimeError, OSError) as e:
+        raise DataError(_mnist_help(root, download, e)) from e
+    return train, test, DatasetInfo("mnist", num_classes=10, in_channels=1, image_size=28)
+
+
+def _cifar10(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
+    normalize = [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+    augment = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
+    try:
+        train = datasets.CIFAR10(
+            root, train=True, download=download, transform=transforms.Compose(augment + normalize)
+        )
+        test = datasets.CIFAR10(
+            root, train=False, download=download, transform=transforms.Compose(normalize)
+        )
+    except (RuntimeError, OSError) as e:  # URLError is an OSError
+        raise DataError(_cifar10_help(root, download, e)) from e
+    return train, test, DatasetInfo("cifar10", num_classes=10, in_channels=3, image_size=32)
+
+
+# The help texts take file names and URLs from the torchvision classes themselves, so they stay
+# right if a torchvision release moves them.
+
+
+def _mnist_help(root: Path, download: bool, cause: Exception) -> str:
+    raw = root / "MNIST" / "raw"
+    gz_names = [filename for filename, _md5 in datasets.MNIST.resources]
+    names = [name.removesuffix(".gz") for name in gz_names]
+    return "\n".join([
+        _failed("MNIST", download, cause),
+        f"torchvision expects these un-gzipped files in {raw}/:",
+        *(f"  {raw / name}" for name in names),
+        f"Download {', '.join(gz_names)} from {' or '.join(datasets.MNIST.mirrors)}, "
+        f"gunzip them into {raw}/, "
+        "or run on a machine that is online with --download.",
+    ])
+
+
+def _cifar10_help(root: Path, download: bool, cause: Exception) -> str:
+    folder = root / datasets.CIFAR10.base_folder
+    names = [f for f, _md5 in datasets.CIFAR10.train_list + datasets.CIFAR10.test_list]
+    names.append(datasets.CIFAR10.meta["filename"])
+    return "\n".join([
+        _failed("CIFAR-10", download, cause),
+        f"torchvision expects these files in {folder}/ (their MD5s are checked):",
+        *(f"  {folder / name}" for name in names),
+        f"Download {datasets.CIFAR10.url} and extract it in {root}/ "
+        f"(tar xzf {datasets.CIFAR10.filename} -C {root}), "
+        "or run on a machine that is online with --download.",
+    ])
+
+
+def _failed(dataset: str, download: bool, cause: Exception) -> str:
+    what = "could not be downloaded" if download else "was not found or is corrupted"
+    return f"dataset {dataset} {what} ({type(cause).__name__}: {str(cause).strip()})."

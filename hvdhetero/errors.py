@@ -1,0 +1,51 @@
+"""The exceptions hvdhetero raises on bad input or a failed step, and their exit codes.
+
+Exit codes (documented in the README):
+  0  success
+  1  a step failed (a build, a training run, a rank died)
+  2  bad input: inventory, config or command-line value; nothing was contacted or written
+  3  a host could not be reached (provisioning, pre-flight)
+"""
+
+from __future__ import annotations
+
+
+class HvdHeteroError(Exception):
+    """Base class: a message for the user and the exit code the CLI ends with."""
+
+    exit_code = 1
+
+
+class ConfigError(HvdHeteroError):
+    """A value given by the user (flag, config) is invalid."""
+
+    exit_code = 2
+
+
+class InventoryError(ConfigError):
+    """inventory.yaml is malformed; the message names the file, line, key and what is allowed."""
+
+    def __init__(self, path: str, line: int | None, key: str, problem: str):
+        self.path, self.line, self.key, self.problem = str(path), line, key, problem
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: key '{key}': {problem}")
+
+
+class BuildError(HvdHeteroError):
+    """Building or installing our patched Horovod failed."""
+
+
+class DataError(HvdHeteroError):
+    """A dataset is missing or unreadable; the message says where to place the files."""
+
+    exit_code = 2
+
+
+class LaunchError(HvdHeteroError):
+    """The distributed job could not be started or a rank failed."""
+
+
+class UnreachableError(HvdHeteroError):
+    """A host could not be reached over SSH."""
+
+    exit_code = 3

@@ -1,0 +1,366 @@
+"""The inventory: which hosts train together, how to reach them, and the versions they share.
+
+inventory.yaml is read once, on the launcher, into frozen dataclasses. Every value is checked
+at load, so a typo fails here -- naming the file, the line and the key -- rather than minutes
+later on a remote host. Loading contacts nothing and writes nothing, and this module imports
+neither torch nor horovod, so `invoke --list`, `check` and `--dry-run` start instantly.
+
+    inv = load(default_path())
+    for host in inv.select("mac,pc"):
+        print(host.name, host.address, host.slots)
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from hvdhetero.errors import ConfigError, InventoryError
+
+ENV_VAR = "HVDHETERO_INVENTORY"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Versions every host must share; `invoke check` compares each host against them."""
+
+    python: str
+    """Python minor version, e.g. "3.11" (Horovod's compiled extension is per minor version)."""
+    torch: str
+    """torch version, e.g. "2.14.1"; a host may override it with a local build tag."""
+    torchvision: str
+    """torchvision version built against that torch."""
+    horovod: str
+    """Horovod version; built from the PyPI sdist with our patches (hvdhetero/patches/)."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the cluster, as written under `hosts:`."""
+
+    name: str
+    """Short name used on the command line (--hosts mac,pc) and in reports."""
+    address: str
+    """Hostname, IPv4 or IPv6 address the launcher and the other hosts reach it at."""
+    user: str | None = None
+    """SSH user; None uses the launcher's ssh config / current user."""
+    port: int = 22
+    """SSH port."""
+    identity: str | None = None
+    """Path to the ssh private key; None lets ssh pick (agent, ~/.ssh/config)."""
+    device: str = "auto"
+    """Accelerator for its ranks: auto, cpu, cuda or mps."""
+    slots: int = 1
+    """Number of ranks started on this host (>= 1)."""
+    interface: str | None = None
+    """NIC Gloo uses on this host, e.g. en0; None lets Gloo choose."""
+    env: str = ".venv"
+    """venv path on that host; a relative path is taken from the inventory file's directory
+    for a local host and from the home directory for a remote one."""
+    python: str = "python3"
+    """Interpreter used to create the venv, e.g. python3.11."""
+    torch: str | None = None
+    """This host's torch version, overriding pins.torch (e.g. a +cu130 build)."""
+    torchvision: str | None = None
+    """This host's torchvision version, overriding pins.torchvision."""
+    torch_index_url: str | None = None
+    """pip index this host's torch wheel comes from, e.g. https://download.pytorch.org/whl/cu130."""
+    max_batch: int | None = None
+    """Memory cap: the most samples one rank of this host may take per step."""
+    slowdown: float = 1.0
+    """Straggler injection for experiments: each step takes this many times longer (>= 1)."""
+    line: int | None = None
+    """Line of the inventory file where the host is defined (for messages; not a YAML key)."""
+
+    @property
+    def is_local(self) -> bool:
+        """True when the host is this machine, reached without SSH."""
+        return self.address.lower() in LOCAL_ADDRESSES
+
+    def torch_version(self, pins: Pins) -> str:
+        """The torch version this host installs: its own override, else the cluster pin."""
+        return self.torch or pins.torch
+
+    def torchvision_version(self, pins: Pins) -> str:
+        """The torchvision version this host installs: its own override, else the cluster pin."""
+        return self.torchvision or pins.torchvision
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A loaded, validated inventory file."""
+
+    path: Path
+    """The file it was read from."""
+    pins: Pins
+    """Versions every host must share."""
+    hosts: tuple[Host, ...]
+    """All hosts, in file order."""
+    default_hosts: tuple[str, ...]
+    """Names of the hosts used when no --hosts is given."""
+
+    def host(self, name: str) -> Host:
+        """The host called `name`; ConfigError naming the known hosts if there is none."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        known = ", ".join(h.name for h in self.hosts)
+        raise ConfigError(f"{self.path}: no host named {name!r}; the hosts defined there are: {known}")
+
+    def select(self, names: str | Sequence[str] | None = None) -> tuple[Host, ...]:
+        """The hosts named, in the order given: None means default_hosts, a string is "mac,pc"."""
+        if names is None:
+            names = self.default_hosts
+        elif isinstance(names, str):
+            names = [name.strip() for name in names.split(",")] if names.strip() else []
+        names, listed = list(names), ",".join(names)
+        if not names:
+            known = ", ".join(h.name for h in self.hosts)
+            raise ConfigError(f"no hosts selected; name at least one of: {known}")
+        if "" in names:
+            raise ConfigError(f"empty host name in {listed!r}; separate names with single commas")
+        for name in names:
+            if names.count(name) > 1:
+                raise ConfigError(f"host {name!r} is selected twice in {listed!r}; name each host once")
+        return tuple(self.host(name) for name in names)
+
+
+def default_path() -> Path:
+    """$HVDHETERO_INVENTORY if set, else inventory.yaml in the current directory."""
+    return Path(os.environ.get(ENV_VAR) or "inventory.yaml").expanduser()
+
+
+def load(path: str | Path) -> Inventory:
+    """Read and validate an inventory file; any problem raises InventoryError."""
+    path = Path(path)
+    root = _compose(path)
+    reader = _Reader(path)
+    top = reader.mapping(root, "", ("pins", "default_hosts", "hosts"))
+    reader.require(top, ("pins", "hosts"), root, "")
+    pins = reader.pins(*top["pins"])
+    hosts_node = top["hosts"][1]
+    hosts = tuple(reader.host(k, v) for k, v in reader.mapping(hosts_node, "hosts", None).values())
+    if not hosts:
+        raise reader.error(hosts_node, "hosts", "is empty; define at least one host, "
+                           "e.g. local: {address: localhost}")
+    default = reader.default_hosts(top.get("default_hosts", (None, None))[1], hosts, root)
+    return Inventory(path=path, pins=pins, hosts=hosts, default_hosts=default)
+
+
+# --- validation -------------------------------------------------------------------------------
+# PyYAML's plain load() forgets line numbers and silently keeps the last of duplicate keys, so we
+# compose the node tree instead and convert each scalar ourselves, knowing where it came from.
+
+_TOP = "(top level)"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # safe in CLI lists and horovodrun -H
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_NIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")  # Linux caps NIC names at 15 chars
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.+_-]*")
+_PYTHON = re.compile(r"[0-9]+\.[0-9]+")
+_PATH = re.compile(r"[A-Za-z0-9_./~+-]+")
+_URL = re.compile(r"https?://[^\s'\"`$\\;|&<>]+")
+_VERSION_HELP = 'a version such as "2.14.1" or "2.14.1+cu130" (digits, letters, ".", "+", "_", "-")'
+_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
+          "null": "empty", "timestamp": "a date"}
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        # Digits and dots only is a mistyped IPv4 address (999.1.1.1), not a hostname.
+        return bool(_HOSTNAME.fullmatch(text)) and not re.fullmatch(r"[0-9.]+", text)
+
+
+def _got(node: yaml.Node) -> str:
+    """How a message shows a rejected value: the text as written and what YAML made of it."""
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    return f"{node.value!r} ({_KINDS.get(node.tag.rsplit(':', 1)[-1], node.tag)})"
+
+
+def _text(rule: Callable[[str], Any], allowed: str) -> Callable[[_Reader, yaml.Node, str], str]:
+    return lambda reader, node, key: reader.string(node, key, rule, allowed)
+
+
+def _int(low: int, high: int | None = None) -> Callable[[_Reader, yaml.Node, str], int]:
+    return lambda reader, node, key: reader.integer(node, key, low, high)
+
+
+_HOST_RULES: dict[str, Callable[[_Reader, yaml.Node, str], Any]] = {
+    "address": _text(_is_address, "a hostname, IPv4 or IPv6 address (no spaces, quotes or shell chars)"),
+    "user": _text(_USER.fullmatch, "a user name: a letter or '_', then letters, digits, '_.-' (32 at most)"),
+    "port": _int(1, 65535),
+    "identity": _text(_PATH.fullmatch, "a path to an ssh private key, e.g. ~/.ssh/id_ed25519"),
+    "device": _text(DEVICES.__contains__, f"one of {', '.join(DEVICES)}"),
+    "slots": _int(1),
+    "interface": _text(_NIC.fullmatch, "a NIC name such as en0 or enp3s0: 1-15 letters, digits, '_.-' "
+                                       "(no '/', ':' or spaces)"),
+    "env": _text(_PATH.fullmatch, "a venv path such as .venv or ~/hvdhetero/.venv (no spaces)"),
+    "python": _text(_PATH.fullmatch, "an interpreter name or path, e.g. python3.11"),
+    "torch": _text(_VERSION.fullmatch, _VERSION_HELP),
+    "torchvision": _text(_VERSION.fullmatch, _VERSION_HELP),
+    "torch_index_url": _text(_URL.fullmatch, "an http(s) URL without spaces, quotes or shell chars"),
+    "max_batch": _int(1),
+    "slowdown": lambda reader, node, key: reader.number(node, key, 1.0),
+}
+_HOST_DEFAULTS = {f.name: f.default for f in fields(Host)}
+assert set(_HOST_RULES) == set(_HOST_DEFAULTS) - {"name", "line"}, "every Host field needs a rule"
+
+
+def _compose(path: Path) -> yaml.Node:
+    """The YAML node tree of the file; InventoryError if it is missing, unreadable or empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(path, None, _TOP, "file not found; create it from the inventory.yaml at the "
+                             f"root of the hvdhetero repository, or point ${ENV_VAR} at yours") from None
+    except OSError as e:
+        raise InventoryError(path, None, _TOP, f"cannot read the file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InventoryError(path, None, _TOP, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e)
+        line = mark.line + 1 if mark else None
+        raise InventoryError(path, line, _TOP, f"not valid YAML: {problem}; "
+                             "check the indentation and quoting here") from None
+    if root is None:
+        raise InventoryError(path, None, _TOP, "the file is empty; it needs at least pins: and hosts:")
+    return root
+
+
+class _Reader:
+    """Turns the nodes of one file into values; every error names the file, a line and a key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def error(self, node: yaml.Node, key: str, problem: str) -> InventoryError:
+        return InventoryError(self.path, node.start_mark.line + 1, key or _TOP, problem)
+
+    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str] | None) -> dict[str, tuple]:
+        """{name: (key node, value node)}, rejecting duplicate keys and (if `allowed`) unknown ones."""
+        if not isinstance(node, yaml.MappingNode):
+            what = "host names to host settings" if key == "hosts" else f"keys ({', '.join(allowed or ())})"
+            raise self.error(node, key, f"must be a mapping of {what}, got {_got(node)}")
+        items: dict[str, tuple] = {}
+        for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise self.error(k, key, f"keys must be plain names, got {_got(k)}")
+            dotted = f"{key}.{k.value}" if key else k.value
+            if k.value in items:
+                first = items[k.value][0].start_mark.line + 1
+                raise self.error(k, dotted, f"{k.value!r} is set twice (first on line {first}); "
+                                 "YAML would silently keep the last one, so delete one of them")
+            if allowed is not None and k.value not in allowed:
+                close = difflib.get_close_matches(k.value, allowed, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                allowed_keys = ", ".join(allowed)
+                raise self.error(k, dotted, f"unknown key {k.value!r}; {hint}allowed keys: {allowed_keys}")
+            items[k.value] = (k, v)
+        return items
+
+    def require(self, items: dict, names: Sequence[str], owner: yaml.Node, key: str) -> None:
+        """Every one of `names` is in `items`; else an error on the line of `owner` (the parent key)."""
+        for name in names:
+            if name not in items:
+                where = f"under {key}:" if key else "at the top level"
+                dotted = f"{key}.{name}" if key else name
+                raise self.error(owner, dotted, f"required key is missing; add {name}: {where}")
+
+    def construct(self, node: yaml.Node, key: str, tags: Sequence[str], expected: str) -> Any:
+        """The Python value of a scalar node whose YAML type is one of `tags`."""
+        if not isinstance(node, yaml.ScalarNode) or node.tag.rsplit(":", 1)[-1] not in tags:
+            raise self.error(node, key, f"must be {expected}, got {_got(node)}")
+        try:
+            return yaml.constructor.SafeConstructor().construct_object(node)
+        except (yaml.YAMLError, ValueError):  # an explicit tag on bad text, e.g. !!int abc
+            raise self.error(node, key, f"must be {expected}, got {_got(node)}") from None
+
+    def integer(self, node: yaml.Node, key: str, low: int, high: int | None) -> int:
+        expected = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+        value = self.construct(node, key, ("int",), expected)  # the bool tag is not int: true is rejected
+        if value < low or (high is not None and value > high):
+            raise self.error(node, key, f"must be {expected}, got {_got(node)}")
+        return value
+
+    def number(self, node: yaml.Node, key: str, low: float) -> float:
+        expected = f"a number >= {low:g}"
+        value = float(self.construct(node, key, ("int", "float"), expected))
+        if not math.isfinite(value) or value < low:
+            raise self.error(node, key, f"must be {expected}, got {_got(node)}")
+        return value
+
+    def string(self, node: yaml.Node, key: str, rule: Callable[[str], Any], allowed: str) -> str:
+        if isinstance(node, yaml.ScalarNode) and node.tag.endswith((":int", ":float")):
+            # YAML reads 3.10 as the float 3.1: versions must be quoted to survive as written.
+            raise self.error(node, key, f"must be {allowed}, got {_got(node)}; quote it: \"{node.value}\"")
+        value = self.construct(node, key, ("str",), allowed)
+        if not rule(value):
+            raise self.error(node, key, f"must be {allowed}, got {value!r}")
+        return value
+
+    def pins(self, key_node: yaml.Node, node: yaml.Node) -> Pins:
+        names = [f.name for f in fields(Pins)]
+        items = self.mapping(node, "pins", names)
+        self.require(items, names, key_node, "pins")
+        python = self.string(items["python"][1], "pins.python", _PYTHON.fullmatch,
+                             'a minor version such as "3.11"')
+        rest = {name: self.string(items[name][1], f"pins.{name}", _VERSION.fullmatch, _VERSION_HELP)
+                for name in names if name != "python"}
+        return Pins(python=python, **rest)
+
+    def host(self, name_node: yaml.Node, node: yaml.Node) -> Host:
+        name, key = name_node.value, f"hosts.{name_node.value}"
+        if not _HOST_NAME.fullmatch(name):
+            raise self.error(name_node, key, f"bad host name {name!r}: use letters, digits, '_' and '-', "
+                             "starting with a letter or digit (it goes into --hosts lists and horovodrun -H)")
+        items = self.mapping(node, key, list(_HOST_RULES))
+        self.require(items, ("address",), name_node, key)
+        values = {}
+        for field, (_, value_node) in items.items():
+            if _HOST_DEFAULTS[field] is None and value_node.tag.endswith(":null"):
+                values[field] = None  # `user:` left blank means "not set"
+            else:
+                values[field] = _HOST_RULES[field](self, value_node, f"{key}.{field}")
+        return Host(name=name, line=name_node.start_mark.line + 1, **values)
+
+    def default_hosts(self, node: yaml.Node | None, hosts: tuple[Host, ...], root: yaml.Node
+                      ) -> tuple[str, ...]:
+        known = [h.name for h in hosts]
+        if node is None:
+            if "local" in known:
+                return ("local",)
+            raise self.error(root, "default_hosts", "not set and there is no host named 'local'; add e.g. "
+                             f"default_hosts: [{known[0]}] (the hosts used when no --hosts is given)")
+        entries = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        if not entries:
+            raise self.error(node, "default_hosts", f"is empty; list at least one of: {', '.join(known)}")
+        names: list[str] = []
+        for entry in entries:
+            name = self.string(entry, "default_hosts", _HOST_NAME.fullmatch, "a host name or a list of them")
+            if name not in known:
+                raise self.error(entry, "default_hosts", f"names {name!r}, which is not under hosts:; "
+                                 f"known hosts: {', '.join(known)}")
+            if name in names:
+                raise self.error(entry, "default_hosts", f"lists {name!r} twice; name each host once")
+            names.append(name)
+        return tuple(names)

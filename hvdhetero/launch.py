@@ -1,0 +1,120 @@
+"""The horovodrun command for a set of inventory hosts, as data: `(argv, env)`.
+
+`command()` is pure (tests assert on its list, `--dry-run` prints it); `run()` executes it.
+Launcher side: never imports torch or horovod, so `invoke train --dry-run` starts instantly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hvdhetero.errors import ConfigError, LaunchError
+from hvdhetero.inventory import Host, Inventory
+
+# Every network wait of a job is bounded: the rendezvous and Gloo's own operations.
+START_TIMEOUT_S = 120
+GLOO_TIMEOUT_S = 120
+
+RANK_ENV = {
+    "PYTHONUNBUFFERED": "1",  # rank output reaches the console as it happens
+    "PYTORCH_ENABLE_MPS_FALLBACK": "1",  # MPS ranks: run unsupported ops on the CPU
+}
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The user's choices for a run, forwarded to every rank as `hvdhetero.train` flags."""
+
+    dataset: str = "digits"
+    model: str = ""
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    seed: int = 0
+    data_dir: str = "data"
+    download: bool = False
+    run_dir: str = "runs/latest"
+    compression: str = "none"
+
+    def flags(self) -> list[str]:
+        out: list[str] = []
+        for name, value in asdict(self).items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                out += [flag] if value else []
+            elif value != "":
+                out += [flag, str(value)]
+        return out
+
+
+def env_python(inventory: Inventory, host: Host) -> str:
+    """The interpreter of `host`'s env: a local relative env lives next to the inventory;
+    a remote one is left as written (`~` and relative paths mean that host's home)."""
+    if not host.is_local:
+        return f"{host.env.rstrip('/')}/bin/python"
+    env = Path(os.path.expanduser(host.env))
+    if not env.is_absolute():
+        env = inventory.path.parent.resolve() / env
+    return str(env / "bin" / "python")
+
+
+def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
+    """What each rank needs to know about its own host, keyed by the name horovodrun uses."""
+    return {
+        h.address: {"device": h.device, "interface": h.interface, "slowdown": h.slowdown,
+                    "max_batch": h.max_batch}
+        for h in hosts
+    }
+
+
+def command(inventory: Inventory, hosts: Sequence[Host], options: TrainOptions,
+            launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of `horovodrun --gloo` training `options` on `hosts`, one rank per slot."""
+    if not hosts:
+        raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
+    if len({h.address for h in hosts}) != len(hosts):
+        raise ConfigError(f"{inventory.path}: two selected hosts share an address; horovodrun needs one "
+                          "entry per machine (raise `slots` instead)")
+    local = [h for h in hosts if h.is_local]
+    if local and len(hosts) > 1:
+        raise ConfigError(f"{inventory.path}: host '{local[0].name}' is this machine (address "
+                          f"{local[0].address}); a multi-host job needs every host's LAN address")
+    pythons = {env_python(inventory, h) for h in hosts}
+    if len(pythons) > 1:
+        raise ConfigError(f"{inventory.path}: horovodrun runs one command on every host, but the hosts' "
+                          f"envs differ ({', '.join(sorted(pythons))}); give them the same `env` path")
+    horovodrun = str(Path(launcher_python).parent / "horovodrun")
+    argv = [
+        horovodrun,
+        "-np", str(sum(h.slots for h in hosts)),
+        "-H", ",".join(f"{h.address}:{h.slots}" for h in hosts),
+        "--gloo",
+        "--start-timeout", str(START_TIMEOUT_S),
+        "--gloo-timeout-seconds", str(GLOO_TIMEOUT_S),
+        pythons.pop(), "-m", "hvdhetero.train",
+        *options.flags(),
+        "--hosts-json", json.dumps(host_settings(hosts), sort_keys=True),
+    ]
+    return argv, dict(RANK_ENV)
+
+
+def printable(argv: Sequence[str], env: dict[str, str]) -> str:
+    """The command as one shell line a user can copy."""
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), *map(shlex.quote, argv)])
+
+
+def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None) -> None:
+    """Run the job in the foreground; its ranks' output goes straight to the console."""
+    if not Path(argv[0]).exists():
+        raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
+    proc = subprocess.run(list(argv), env={**os.environ, **env}, cwd=cwd)
+    if proc.returncode != 0:
+        raise LaunchError(f"training failed: horovodrun exited with {proc.returncode} (see the rank output above)")

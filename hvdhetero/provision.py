@@ -1,0 +1,120 @@
+"""Installing matching environments: torch at the inventory's pins, our Horovod, hvdhetero.
+
+`setup_local()` brings this checkout's env (the `local` host's, `.venv` by default) to the
+inventory's pins; `ci/setup` calls it after creating the venv. Each step checks first and
+changes nothing when the env already matches, so a second run is quick and says so.
+Launcher side: the env's own interpreter is asked about torch and Horovod; this process never
+imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hvdhetero import horovod_build, inventory as inv
+from hvdhetero.errors import BuildError, HvdHeteroError
+
+ROOT = Path(__file__).resolve().parent.parent
+STAMP = ".hvdhetero-setup.json"
+
+
+def installed_versions(python: str, packages: list[str]) -> dict[str, str | None]:
+    probe = ("import json, sys\nfrom importlib import metadata\nout = {}\n"
+             "for name in sys.argv[1:]:\n"
+             "    try: out[name] = metadata.version(name)\n"
+             "    except metadata.PackageNotFoundError: out[name] = None\n"
+             "print(json.dumps(out))")
+    proc = subprocess.run([python, "-c", probe, *packages], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise BuildError(f"{python} cannot report installed packages: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def same_release(installed: str | None, pin: str) -> bool:
+    """2.14.1+cu130 satisfies the pin 2.14.1; a pin with a local tag must match exactly."""
+    return installed is not None and (installed == pin or ("+" not in pin and installed.split("+")[0] == pin))
+
+
+def pip(python: str, *args: str) -> None:
+    proc = subprocess.run([python, "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise BuildError(f"pip install {' '.join(args)} failed in {python}:\n{tail}")
+
+
+def project_hash() -> str:
+    """What the editable install depends on: re-install hvdhetero when its metadata changes."""
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+
+
+def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> list[str]:
+    """Bring the local host's env to the pins; returns what changed (empty: nothing)."""
+    inventory = inv.load(inventory_path)
+    host = inventory.host(host_name)
+    python = str(Path(inventory_python(inventory, host)))
+    changed: list[str] = []
+
+    torch_pin, vision_pin = host.torch_version(inventory.pins), host.torchvision_version(inventory.pins)
+    have = installed_versions(python, ["torch", "torchvision"])
+    if not (same_release(have["torch"], torch_pin) and same_release(have["torchvision"], vision_pin)):
+        log(f"torch: installing torch=={torch_pin} torchvision=={vision_pin} (have {have['torch']}, {have['torchvision']})")
+        index = ["--extra-index-url", host.torch_index_url] if host.torch_index_url else []
+        pip(python, f"torch=={torch_pin}", f"torchvision=={vision_pin}", *index)
+        changed.append(f"torch {torch_pin}")
+    else:
+        log(f"torch: {have['torch']} and torchvision {have['torchvision']} match the pins")
+
+    stamp = Path(python).parent.parent / STAMP
+    recorded = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if recorded.get("project") != project_hash() or recorded.get("root") != str(ROOT):
+        log("hvdhetero: installing this checkout (editable) with its dev extras")
+        pip(python, "-e", f"{ROOT}[dev]")
+        changed.append("hvdhetero")
+    else:
+        log("hvdhetero: editable install of this checkout is current")
+
+    if horovod_build.install(python, log=log):
+        changed.append(f"horovod {inventory.pins.horovod}")
+    verify(python)
+    stamp.write_text(json.dumps({"project": project_hash(), "root": str(ROOT)}))
+    log("setup: " + (f"changed {', '.join(changed)}" if changed else "nothing to change, env is up to date"))
+    return changed
+
+
+def inventory_python(inventory: inv.Inventory, host: inv.Host) -> str:
+    from hvdhetero.launch import env_python  # the one place that maps a host's env to its python
+
+    return env_python(inventory, host)
+
+
+def verify(python: str) -> None:
+    """horovodrun --check-build must list PyTorch and Gloo as built."""
+    horovodrun = str(Path(python).parent / "horovodrun")
+    proc = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=120)
+    built = {line.split("]", 1)[1].strip() for line in proc.stdout.splitlines() if line.strip().startswith("[X]")}
+    missing = {"PyTorch", "Gloo"} - built
+    if proc.returncode != 0 or missing:
+        raise BuildError(f"{horovodrun} --check-build does not list {sorted(missing) or 'its frameworks'} "
+                         f"as built:\n{proc.stdout}{proc.stderr}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.provision")
+    parser.add_argument("--local", action="store_true", required=True, help="set up this checkout's env")
+    parser.add_argument("--inventory", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        setup_local(args.inventory or inv.default_path())
+    except HvdHeteroError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

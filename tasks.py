@@ -1,0 +1,87 @@
+"""hvdhetero's commands: `invoke --list` shows them, `invoke --help TASK` their options.
+
+Each task is thin: it calls one function of the package and turns its errors into a message
+and an exit code (see errors.py: 1 failed, 2 bad input, 3 unreachable).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+from invoke import Exit, task
+
+from hvdhetero import inventory as inv
+from hvdhetero import launch
+from hvdhetero.errors import HvdHeteroError
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _user_errors(fn):
+    """Our errors end the task with their message and exit code, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except HvdHeteroError as err:
+            raise Exit(f"error: {err}", code=err.exit_code) from None
+
+    return wrapper
+
+
+@task
+def setup(c):
+    """Set up this checkout: system packages, .venv, torch, our patched Horovod (runs ci/setup)."""
+    c.run(str(ROOT / "ci" / "setup"), pty=False)
+
+
+@task
+def test(c):
+    """Run the test suite (runs ci/test, which sets up first if needed)."""
+    c.run(str(ROOT / "ci" / "test"), pty=False)
+
+
+@task(help={
+    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts, i.e. local)",
+    "dataset": "digits (offline, default), mnist or cifar10",
+    "model": "cnn or resnet18 (default: the dataset's own)",
+    "epochs": "passes over the training set",
+    "batch_size": "global batch: the sum of every rank's batch",
+    "lr": "learning rate",
+    "optimizer": "adam or sgd (momentum 0.9)",
+    "data_dir": "where mnist/cifar10 files live (downloaded there with --download)",
+    "download": "let each host's first rank download the dataset",
+    "run_dir": "metrics.jsonl and model.pt go here (default runs/<time>-<dataset>)",
+    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+    "dry_run": "print the horovodrun command and exit",
+})
+@_user_errors
+def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3, optimizer="adam",
+          data_dir="data", download=False, run_dir=None, inventory=None, dry_run=False):
+    """Train one model on the inventory's hosts with horovodrun --gloo (default: 2 CPU ranks here)."""
+    inventory_ = inv.load(inventory or inv.default_path())
+    selected = inventory_.select(hosts)
+    run_dir = run_dir or str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{dataset}")
+    options = launch.TrainOptions(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
+                                  lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
+                                  run_dir=run_dir)
+    argv, env = launch.command(inventory_, selected, options)
+    print(launch.printable(argv, env))
+    if not dry_run:
+        launch.run(argv, env)
+        print(f"run directory: {run_dir}")
+
+
+@task(help={"install": "also install it into this checkout's .venv"})
+@_user_errors
+def build_horovod(c, install=False):
+    """Build (or fetch from the cache) our patched Horovod wheel for this env and print its path."""
+    from hvdhetero import horovod_build
+
+    if install:
+        horovod_build.install()
+    else:
+        print(horovod_build.build_wheel())

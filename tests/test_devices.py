@@ -1,0 +1,95 @@
+"""Device resolution as a pure function, and the real CPU device on this machine."""
+
+import pytest
+import torch
+
+from hvdhetero import devices
+from hvdhetero.errors import ConfigError
+
+CPU_ONLY = {"cuda": False, "mps": False, "cpu": True}
+PC = {"cuda": True, "mps": False, "cpu": True}
+MAC = {"cuda": False, "mps": True, "cpu": True}
+EVERYTHING = {"cuda": True, "mps": True, "cpu": True}
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    # CPUDevice.setup changes the process-wide thread count; don't leak it into other tests.
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "requested, have, expected",
+    [
+        ("auto", CPU_ONLY, "cpu"),
+        ("auto", PC, "cuda"),
+        ("auto", MAC, "mps"),
+        ("auto", EVERYTHING, "cuda"),
+        ("cpu", EVERYTHING, "cpu"),
+        ("mps", EVERYTHING, "mps"),
+        ("cuda", PC, "cuda"),
+        ("CUDA", PC, "cuda"),
+        (" auto ", MAC, "mps"),
+    ],
+)
+def test_resolve(requested, have, expected):
+    assert devices.resolve(requested, have) == expected
+
+
+def test_resolve_missing_keys_count_as_unavailable():
+    assert devices.resolve("auto", {"cpu": True}) == "cpu"
+
+
+def test_resolve_unavailable_device_says_what_and_how_to_fix():
+    with pytest.raises(ConfigError) as err:
+        devices.resolve("cuda", MAC, host="mac-mini")
+    message = str(err.value)
+    assert "'cuda' was requested but is not available on mac-mini" in message
+    assert "(available: mps, cpu)" in message
+    assert "`device:` for this host in inventory.yaml" in message
+    assert "`auto`" in message
+
+
+def test_resolve_unknown_name_lists_allowed():
+    with pytest.raises(ConfigError, match=r"unknown device 'tpu'; allowed: auto, cuda, mps, cpu"):
+        devices.resolve("tpu", EVERYTHING)
+
+
+def test_available_on_this_machine():
+    have = devices.available()
+    assert list(have) == list(devices.AUTO_ORDER)
+    assert have["cpu"] is True
+    assert have["cuda"] == torch.cuda.is_available()
+
+
+def test_select_cpu():
+    device = devices.select("cpu", local_rank=1, local_size=2)
+    assert isinstance(device, devices.CPUDevice)
+    assert device.torch_device == torch.device("cpu")
+    assert torch.get_num_threads() >= 1
+    assert device.describe() == f"cpu ({torch.get_num_threads()} threads)"
+    assert device.memory_allocated() == 0
+    device.synchronize()
+    x = torch.ones(3, device=device.torch_device)
+    assert x.sum().item() == 3
+
+
+def test_cpu_setup_splits_cores_among_local_ranks():
+    devices.CPUDevice().setup(local_rank=0, local_size=10_000)
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(),
+                    reason="this machine has an accelerator")
+def test_accelerators_unavailable_here():
+    assert not devices.CUDADevice.is_available()
+    assert not devices.MPSDevice.is_available()
+    assert devices.select("auto").name == "cpu"
+    with pytest.raises(ConfigError, match="'mps' was requested but is not available"):
+        devices.select("mps")
+
+
+def test_mps_env_enables_cpu_fallback():
+    assert devices.MPS_ENV == {"PYTORCH_ENABLE_MPS_FALLBACK": "1"}

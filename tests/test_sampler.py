@@ -1,0 +1,82 @@
+"""Weighted sampler and proportional split: coverage, disjointness, equal steps, determinism."""
+
+import pytest
+
+from hvdhetero.sampler import WeightedBatchSampler, proportional_split
+
+
+def epoch(n, sizes, seed=0, epoch_no=0, drop_last=False):
+    """Every rank's list of batches for one epoch."""
+    out = []
+    for rank in range(len(sizes)):
+        s = WeightedBatchSampler(n, sizes, rank, seed=seed, drop_last=drop_last)
+        s.set_epoch(epoch_no)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 100, 1437])
+@pytest.mark.parametrize("sizes", [[32, 32], [48, 16], [63, 1], [5, 0, 11], [1, 1, 1, 1]])
+def test_epoch_covers_every_sample_once_with_equal_steps(n, sizes):
+    ranks = epoch(n, sizes)
+    assert len({len(batches) for batches in ranks}) == 1, "all ranks must take the same number of steps"
+    drawn = [i for batches in ranks for b in batches for i in b]
+    assert sorted(drawn) == list(range(n)), "no sample repeated or lost"
+    full_steps = n // sum(sizes)
+    for rank, batches in enumerate(ranks):
+        assert all(len(b) == sizes[rank] for b in batches[:full_steps]), "full steps use the rank's batch"
+
+
+def test_shares_follow_the_split():
+    ranks = epoch(1000, [75, 25])
+    counts = [sum(map(len, batches)) for batches in ranks]
+    assert counts == [750, 250]
+
+
+def test_drop_last_skips_the_partial_step():
+    ranks = epoch(100, [30, 10], drop_last=True)
+    assert [len(b) for b in ranks] == [2, 2]
+    assert sum(len(x) for batches in ranks for x in batches) == 80
+
+
+def test_same_seed_same_order_other_epoch_other_order():
+    assert epoch(200, [16, 16], seed=3) == epoch(200, [16, 16], seed=3)
+    assert epoch(200, [16, 16], seed=3, epoch_no=1) != epoch(200, [16, 16], seed=3, epoch_no=0)
+    assert epoch(200, [16, 16], seed=4) != epoch(200, [16, 16], seed=3)
+
+
+def test_resplit_mid_epoch_keeps_coverage():
+    samplers = [WeightedBatchSampler(300, [20, 20], r) for r in range(2)]
+    iters = [iter(s) for s in samplers]
+    drawn = []
+    for step in range(len(samplers[0])):
+        if step == 3:
+            for s in samplers:
+                s.set_batch_sizes([30, 10])
+        drawn += [i for it in iters for i in next(it)]
+    assert sorted(drawn) == list(range(300))
+
+
+def test_resplit_must_keep_the_global_batch():
+    s = WeightedBatchSampler(100, [8, 8], 0)
+    with pytest.raises(ValueError, match="keep the global batch 16"):
+        s.set_batch_sizes([8, 9])
+
+
+@pytest.mark.parametrize("total,weights,minimum,caps,expected", [
+    (64, [1, 1], 0, None, [32, 32]),
+    (64, [3, 1], 0, None, [48, 16]),
+    (10, [1, 1, 1], 0, None, [4, 3, 3]),
+    (64, [1000, 1], 1, None, [63, 1]),
+    (64, [3, 1], 1, [40, None], [40, 24]),
+    (5, [0, 0], 0, None, [3, 2]),
+])
+def test_proportional_split(total, weights, minimum, caps, expected):
+    assert proportional_split(total, weights, minimum, caps) == expected
+
+
+def test_impossible_splits_are_refused():
+    with pytest.raises(ValueError, match="at least 3 each"):
+        proportional_split(5, [1, 1], minimum=3)
+    with pytest.raises(ValueError, match="allow only 20"):
+        proportional_split(64, [1, 1], caps=[10, 10])

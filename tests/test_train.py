@@ -1,0 +1,69 @@
+"""Two real horovodrun ranks train digits end to end through `invoke train`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero import checkpoint, data, models
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--epochs", "10", "--run-dir", run_dir], timeout=600)
+    return run_dir, proc
+
+
+def test_two_ranks_train_digits_to_95_percent(digits_run):
+    run_dir, proc = digits_run
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    start, end = records[0], records[-1]
+    assert start["event"] == "start" and start["ranks"] == 2
+    assert [r["epoch"] for r in records if r["event"] == "eval"] == list(range(10))
+    assert end["event"] == "end" and end["test_samples"] == 360
+    assert end["test_accuracy"] >= 0.95
+    # The user sees the command, a progress bar and the final summary with the accuracy.
+    assert "horovodrun -np 2 -H localhost:2 --gloo" in proc.stdout
+    assert f"test accuracy {end['test_accuracy']:.2%}" in proc.stdout
+    assert "epoch 10/10" in proc.stdout + proc.stderr
+
+
+def test_ranks_end_with_identical_parameters(digits_run):
+    run_dir, _ = digits_run
+    digests = checkpoint.read_metrics(run_dir / "metrics.jsonl")[-1]["param_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+
+
+def test_checkpoint_holds_the_trained_model(digits_run):
+    run_dir, _ = digits_run
+    snap = checkpoint.load(run_dir / "model.pt")
+    assert not list(run_dir.glob(".model.pt.*")), "no temporary file is left behind"
+    _, test_set, info = data.load("digits", "unused")
+    model = models.build("cnn", info)
+    model.load_state_dict(snap.model)
+    model.eval()
+    x, y = test_set.tensors
+    with torch.no_grad():
+        accuracy = (model(x).argmax(1) == y).float().mean().item()
+    # Recomputed here in one process, the checkpoint scores what the ranks reported.
+    assert accuracy == pytest.approx(snap.metrics["test_accuracy"], abs=1e-9)
+    assert snap.epoch == 10
+
+
+def test_unknown_host_fails_before_launch():
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--hosts", "nosuch"], check=False, timeout=60)
+    assert proc.returncode == 2
+    assert "no host named 'nosuch'" in proc.stderr and "local" in proc.stderr
+    assert "horovodrun" not in proc.stdout
+
+
+def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--dry-run", "--run-dir", tmp_path / "r"], timeout=60)
+    assert proc.stdout.count("horovodrun") == 1 and "hvdhetero.train" in proc.stdout
+    assert not (tmp_path / "r").exists()
