@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hvdhetero import progress
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.inventory import Host, Inventory
 
@@ -25,6 +26,10 @@ GLOO_TIMEOUT_S = 120
 RANK_ENV = {
     "PYTHONUNBUFFERED": "1",  # rank output reaches the console as it happens
     "PYTORCH_ENABLE_MPS_FALLBACK": "1",  # MPS ranks: run unsupported ops on the CPU
+    # A collective that some rank never joins (a dead or diverged peer) ends the job
+    # instead of hanging it: Horovod warns after 60 s and shuts down after 120 s.
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
 }
 
 
@@ -115,6 +120,8 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None)
     """Run the job in the foreground; its ranks' output goes straight to the console."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
-    proc = subprocess.run(list(argv), env={**os.environ, **env}, cwd=cwd)
+    with subprocess.Popen(list(argv), env={**os.environ, **env}, cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        progress.relay(proc.stdout)
     if proc.returncode != 0:
         raise LaunchError(f"training failed: horovodrun exited with {proc.returncode} (see the rank output above)")

@@ -21,9 +21,8 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from hvdhetero import checkpoint, data, devices, models
+from hvdhetero import checkpoint, data, devices, models, progress
 from hvdhetero.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.sampler import WeightedBatchSampler, proportional_split
 
@@ -75,9 +74,10 @@ def main(argv: list[str] | None = None) -> None:
         reducer = Reducer(model.parameters(), cfg.compression)
         split = proportional_split(cfg.batch_size, [1.0] * hvd.size(), minimum=1)
         sampler = WeightedBatchSampler(len(train_set), split, hvd.rank(), seed=cfg.seed)
+        described = gather_devices(device)  # a collective: every rank takes part
         log = checkpoint.MetricsLog(Path(cfg.run_dir) / "metrics.jsonl") if is_main else None
         if log:
-            log.write("start", config=asdict(cfg), ranks=hvd.size(), devices=gather_devices(device))
+            log.write("start", config=asdict(cfg), ranks=hvd.size(), devices=described)
         started = time.perf_counter()
         for epoch in range(cfg.epochs):
             train_epoch(cfg, epoch, model, optimizer, reducer, sampler, train_set, device, host, log)
@@ -94,9 +94,7 @@ def train_epoch(cfg, epoch, model, optimizer, reducer, sampler, dataset, device,
     model.train()
     sampler.set_epoch(epoch)
     stats, started = EpochStats(), time.perf_counter()
-    steps = tqdm(enumerate(sampler), total=len(sampler), desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                 disable=hvd.rank() != 0, leave=True, dynamic_ncols=True)
-    for step, indices in steps:
+    for step, indices in enumerate(sampler):
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         if indices:  # the last step of an epoch may leave this rank no samples
@@ -115,11 +113,11 @@ def train_epoch(cfg, epoch, model, optimizer, reducer, sampler, dataset, device,
         sizes = sampler.step_sizes(step)
         reducer.reduce(len(indices) / sum(sizes))
         optimizer.step()
-        if hvd.rank() == 0 and step % 5 == 0:
+        if hvd.rank() == 0:
             elapsed = time.perf_counter() - started
-            steps.set_postfix(loss=f"{stats.loss / max(stats.samples, 1):.4f}",
-                              acc=f"{stats.correct / max(stats.samples, 1):.3f}",
-                              samples_s=f"{sampler.global_batch * (step + 1) / elapsed:,.0f}")
+            progress.report(epoch=epoch, epochs=cfg.epochs, step=step + 1, steps=len(sampler),
+                            loss=stats.loss / max(stats.samples, 1), acc=stats.correct / max(stats.samples, 1),
+                            samples_per_s=sampler.global_batch * (step + 1) / elapsed)
     loss, correct, samples = allreduce_sum([stats.loss, stats.correct, stats.samples], "hvdhetero.train_stats")
     elapsed = time.perf_counter() - started
     if log:

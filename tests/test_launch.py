@@ -27,7 +27,8 @@ def test_local_command_is_two_cpu_ranks_over_gloo():
         "--hosts-json", json.dumps({"localhost": {"device": "cpu", "interface": None, "max_batch": None,
                                                   "slowdown": 1.0}}, sort_keys=True),
     ]
-    assert env == {"PYTHONUNBUFFERED": "1", "PYTORCH_ENABLE_MPS_FALLBACK": "1"}
+    assert env == {"PYTHONUNBUFFERED": "1", "PYTORCH_ENABLE_MPS_FALLBACK": "1",
+                   "HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120"}
 
 
 def test_flags_round_trip_into_the_rank_config():

@@ -1,0 +1,90 @@
+"""Our Horovod wheel: cache key, patches, and that the installed build carries them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, requires_root, run_cmd
+from hvdhetero import horovod_build as hb
+
+
+def _spec(**changes):
+    base = hb.BuildSpec(horovod="0.28.1", patch_set="p", torch="2.14.1", python="cp311",
+                        platform="linux-x86_64", build_env=(("A", "1"),))
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("horovod", "0.28.2"), ("patch_set", "q"), ("torch", "2.14.1+cu130"), ("python", "cp312"),
+    ("platform", "macosx-14.0-arm64"), ("build_env", (("A", "2"),)),
+])
+def test_cache_key_changes_with_everything_the_binary_depends_on(field, value):
+    assert _spec().key == _spec().key
+    assert _spec(**{field: value}).key != _spec().key
+
+
+def test_patch_set_hash_covers_names_and_contents(tmp_path):
+    a = tmp_path / "0001-a.patch"
+    a.write_text("x")
+    before = hb.patch_set_hash([a])
+    a.write_text("y")
+    assert hb.patch_set_hash([a]) != before
+
+
+def test_our_patches_apply_cleanly_to_the_pypi_sdist(tmp_path):
+    sdist = hb.fetch_sdist(sys.executable, hb.HOROVOD_VERSION, hb.default_cache())
+    src = hb.unpack(sdist, tmp_path)
+    for patch in hb.patch_files():
+        proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(patch)], cwd=src,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"{patch.name} does not apply:\n{proc.stdout}{proc.stderr}"
+    assert "set(CMAKE_CXX_STANDARD 20)" in (src / "CMakeLists.txt").read_text()
+    assert "gloo_iface_ = global_context.gloo_iface_;" in (src / "horovod/common/gloo/gloo_context.cc").read_text()
+
+
+def test_installed_horovod_is_our_build_for_this_env():
+    info = hb.installed_build(sys.executable)
+    assert info is not None, "horovod in .venv is not our patched build: run ci/setup"
+    assert info["patches"] == [p.name for p in hb.patch_files()]
+    assert info["patch_set"] == hb.patch_set_hash(hb.patch_files())
+    assert info["key"] == hb.spec_for(sys.executable).key
+
+
+def test_check_build_lists_pytorch_and_gloo():
+    out = run_cmd([VENV_BIN / "horovodrun", "--check-build"], timeout=120).stdout
+    assert "[X] PyTorch" in out and "[X] Gloo" in out
+
+
+def test_cached_wheel_is_reused(tmp_path):
+    """Second build for the same env is a cache hit: same file, no compiler run."""
+    first = hb.build_wheel(sys.executable)
+    messages = []
+    assert hb.build_wheel(sys.executable, log=messages.append) == first
+    assert messages == [f"horovod: cached wheel {first}"]
+
+
+@requires_root
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (util-linux)")
+def test_job_runs_when_hostname_resolves_to_an_address_not_on_this_host(tmp_path):
+    """Stock 0.28.1 builds its process-set Gloo device from the hostname, not from
+    HOROVOD_GLOO_IFACE; where the hostname resolves elsewhere (Ubuntu's 127.0.1.1 on a
+    multi-host job) it fails. Here, in a private network namespace, the hostname maps to an
+    address no interface has: only a build with our patch 0003 can run the job."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n10.213.0.99 hvdtest-elsewhere\n")
+    script = (
+        "set -e; ip link set lo up; hostname hvdtest-elsewhere; "
+        f"mount --bind {hosts} /etc/hosts; "
+        f"exec {VENV_BIN / 'horovodrun'} -np 2 -H localhost:2 --gloo --start-timeout 60 "
+        f"{sys.executable} {ROOT / 'tests/jobs/allreduce.py'}"
+    )
+    proc = run_cmd(["unshare", "--net", "--uts", "--mount", "--propagation", "private", "sh", "-c", script],
+                   timeout=180, check=False, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("sum 1") == 2
