@@ -48,6 +48,9 @@ class TrainOptions:
     download: bool = False
     run_dir: str = "runs/latest"
     compression: str = "none"
+    overlap: bool = False
+    equal_split: bool = False
+    slowdown: float = 1.0
 
     def flags(self) -> list[str]:
         out: list[str] = []

@@ -14,6 +14,7 @@ also why parameters are broadcast through CPU copies rather than `hvd.broadcast_
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import horovod.torch as hvd
 import torch
@@ -21,40 +22,118 @@ import torch
 WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16}
 
 
-class Reducer:
-    """Weighted allreduce of all gradients of `params` in one fused CPU buffer."""
+@dataclass
+class _Bucket:
+    """A run of parameters reduced as one CPU buffer (one allreduce)."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none"):
-        if compression not in WIRE_DTYPES:
-            raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
-        self.params = [p for p in params if p.requires_grad]
-        self.sizes = [p.numel() for p in self.params]
-        self.buffer = torch.zeros(sum(self.sizes), dtype=torch.float32)
-        self.wire = (None if compression == "none"
-                     else torch.zeros_like(self.buffer, dtype=WIRE_DTYPES[compression]))
-        self.steps = 0
+    params: list[torch.nn.Parameter]
+    buffer: torch.Tensor
+    wire: torch.Tensor | None
+    name: str
+    waiting: int = 0
+    handle: object = None
 
-    def reduce(self, weight: float) -> None:
-        """Replace each .grad with sum over ranks of weight_i * grad_i (in place, same device)."""
-        chunks = self.buffer.split(self.sizes)
+    def pack(self, weight: float) -> None:
+        chunks = self.buffer.split([p.numel() for p in self.params])
         for p, chunk in zip(self.params, chunks):
             if p.grad is None:
                 chunk.zero_()  # e.g. a rank that had no samples this step: contributes nothing
             else:
                 chunk.copy_(p.grad.detach().reshape(-1))
         self.buffer.mul_(weight)
-        # Horovod: one named allreduce of the fused buffer; names must match across ranks.
-        if self.wire is None:
-            hvd.allreduce_(self.buffer, op=hvd.Sum, name="hvdhetero.grads")
-        else:
+
+    def launch(self, weight: float) -> None:
+        self.pack(weight)
+        if self.wire is not None:
             self.wire.copy_(self.buffer)
-            hvd.allreduce_(self.wire, op=hvd.Sum, name="hvdhetero.grads")
+        # Horovod: asynchronous named allreduce; names match across ranks, order need not.
+        self.handle = hvd.allreduce_async_(self.wire if self.wire is not None else self.buffer,
+                                           op=hvd.Sum, name=self.name)
+
+    def finish(self) -> None:
+        hvd.synchronize(self.handle)
+        self.handle = None
+        if self.wire is not None:
             self.buffer.copy_(self.wire)
-        for p, chunk in zip(self.params, chunks):
+        for p, chunk in zip(self.params, self.buffer.split([p.numel() for p in self.params])):
             if p.grad is None:
                 p.grad = torch.empty_like(p)
             p.grad.copy_(chunk.view_as(p))
+
+
+class Reducer:
+    """Weighted allreduce of all gradients of `params` through fused CPU buffers.
+
+    Without overlap, every gradient goes into one buffer after backward. With `overlap=True`
+    the parameters are cut into buckets of about `bucket_mb` (in reverse order, as backward
+    produces them); a bucket's allreduce starts as soon as its last gradient is accumulated,
+    while backward still runs. Call `prepare(weight)` before backward in that mode.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none",
+                 overlap: bool = False, bucket_mb: float = 4.0):
+        if compression not in WIRE_DTYPES:
+            raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
+        self.params = [p for p in params if p.requires_grad]
+        self.wire_dtype = WIRE_DTYPES[compression]
+        self.overlap = overlap
+        groups = _buckets(self.params[::-1], bucket_mb) if overlap else [self.params]
+        self.buckets = [self._bucket(group, f"hvdhetero.grads.{i}") for i, group in enumerate(groups)]
+        self.weight = 1.0
+        self.steps = 0
+        if overlap:
+            for bucket in self.buckets:
+                for p in bucket.params:
+                    p.register_post_accumulate_grad_hook(self._hook(bucket))
+
+    def _bucket(self, params, name) -> _Bucket:
+        buffer = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
+        wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(buffer, dtype=self.wire_dtype)
+        return _Bucket(params, buffer, wire, name)
+
+    def _hook(self, bucket: _Bucket):
+        def on_grad(_param):
+            bucket.waiting -= 1
+            if bucket.waiting == 0 and bucket.handle is None:
+                bucket.launch(self.weight)
+        return on_grad
+
+    def prepare(self, weight: float) -> None:
+        """Set this rank's weight n_i / sum(n) for the coming backward (overlap mode)."""
+        self.weight = weight
+        for bucket in self.buckets:
+            bucket.waiting = len(bucket.params)
+
+    def reduce(self, weight: float, extras: list[float] | None = None) -> list[float] | None:
+        """Replace each .grad with sum over ranks of weight_i * grad_i (in place, same device).
+        `extras`, if given, are summed across ranks in the same round and returned."""
+        self.weight = weight
+        extra = None
+        if extras is not None:
+            extra = torch.tensor(extras, dtype=torch.float32)
+            # Horovod: submitted with the gradients, so its fusion sends both in one message.
+            extra_handle = hvd.allreduce_async_(extra, op=hvd.Sum, name="hvdhetero.extras")
+        for bucket in self.buckets:
+            if bucket.handle is None:  # not started during backward (or no overlap at all)
+                bucket.launch(weight)
+        for bucket in self.buckets:
+            bucket.finish()
         self.steps += 1
+        if extra is None:
+            return None
+        hvd.synchronize(extra_handle)
+        return extra.tolist()
+
+
+def _buckets(params: list[torch.nn.Parameter], bucket_mb: float) -> list[list[torch.nn.Parameter]]:
+    limit, groups, size = bucket_mb * 2**20, [[]], 0
+    for p in params:
+        if groups[-1] and size + p.numel() * 4 > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(p)
+        size += p.numel() * 4
+    return groups
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,

@@ -2,10 +2,13 @@
 
     invoke train                                   # 2 CPU ranks on this machine, digits
     invoke train --hosts mac,pc --dataset cifar10  # one rank per slot on each host
+    invoke train --slowdown 3                      # the last rank acts 3x slower (experiments)
     invoke train --dry-run                         # print the horovodrun command instead
 
 which runs `horovodrun -np N -H host:slots --gloo python -m hvdhetero.train ...`. Each rank
-computes on its own device (mps, cuda or cpu); gradients meet on the CPU through Gloo.
+computes on its own device (mps, cuda or cpu); gradients meet on the CPU through Gloo, each
+rank weighted by its share of the step's samples; the balancer sizes each rank's batch by its
+measured speed.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from hvdhetero import checkpoint, data, devices, models, progress
+from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
-from hvdhetero.sampler import WeightedBatchSampler, proportional_split
+from hvdhetero.sampler import WeightedBatchSampler
 
 
 @dataclass(frozen=True)
@@ -44,16 +48,32 @@ class TrainConfig:
     download: bool = False
     run_dir: str = "runs/latest"
     compression: str = "none"
+    """Gradients on the wire: none (float32) or fp16."""
+    overlap: bool = False
+    """Start reducing gradient buckets while backward still runs."""
+    equal_split: bool = False
+    """Give every rank the same batch (plain data parallelism) instead of balancing."""
+    slowdown: float = 1.0
+    """Straggler injection: the last rank sleeps (k-1) times its compute time every step."""
     hosts: dict = field(default_factory=dict)
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
 
 @dataclass
-class EpochStats:
-    loss: float = 0.0
-    correct: float = 0.0
-    samples: float = 0.0
-    compute_s: float = 0.0
+class Rank:
+    """This rank's place in the job and the straggler factor that applies to it."""
+
+    device: devices.Device
+    slowdown: float
+    max_batch: int | None
+    last_compute: float = 0.0
+
+    def straggle(self) -> float:
+        """Act `slowdown` times slower: sleep (k-1) x the last step's compute, no CPU used."""
+        pause = (self.slowdown - 1.0) * self.last_compute
+        if pause > 0:
+            time.sleep(pause)
+        return pause
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,26 +83,22 @@ def main(argv: list[str] | None = None) -> None:
         # Horovod: Gloo takes one interface name; each host may call its NIC differently.
         os.environ["HOROVOD_GLOO_IFACE"] = host["interface"]
     hvd.init()  # Horovod: rendezvous with the other ranks
-    is_main = hvd.rank() == 0
     try:
-        device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
+        me = make_rank(cfg, host)
         torch.manual_seed(cfg.seed)
         train_set, test_set, info = load_data(cfg)
-        model = models.build(cfg.model or models.default_for(cfg.dataset), info).to(device.torch_device)
+        model = models.build(cfg.model or models.default_for(cfg.dataset), info).to(me.device.torch_device)
         optimizer = make_optimizer(cfg, model)
         broadcast_state(model, optimizer)
-        reducer = Reducer(model.parameters(), cfg.compression)
-        split = proportional_split(cfg.batch_size, [1.0] * hvd.size(), minimum=1)
-        sampler = WeightedBatchSampler(len(train_set), split, hvd.rank(), seed=cfg.seed)
-        described = gather_devices(device)  # a collective: every rank takes part
-        log = checkpoint.MetricsLog(Path(cfg.run_dir) / "metrics.jsonl") if is_main else None
-        if log:
-            log.write("start", config=asdict(cfg), ranks=hvd.size(), devices=described)
+        reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
+        balancer = make_balancer(cfg, me, model, train_set)
+        sampler = WeightedBatchSampler(len(train_set), balancer.split, hvd.rank(), seed=cfg.seed)
+        log = start_log(cfg, me, balancer)
         started = time.perf_counter()
         for epoch in range(cfg.epochs):
-            train_epoch(cfg, epoch, model, optimizer, reducer, sampler, train_set, device, host, log)
+            train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, train_set, me, log)
             average_buffers(model)
-            test = evaluate(model, test_set, device)
+            test = evaluate(model, test_set, me.device)
             if log:
                 log.write("eval", epoch=epoch, **test)
         finish(cfg, model, optimizer, test, time.perf_counter() - started, log)
@@ -90,40 +106,99 @@ def main(argv: list[str] | None = None) -> None:
         hvd.shutdown()
 
 
-def train_epoch(cfg, epoch, model, optimizer, reducer, sampler, dataset, device, host, log) -> EpochStats:
+def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, dataset, me, log) -> None:
     model.train()
     sampler.set_epoch(epoch)
-    stats, started = EpochStats(), time.perf_counter()
+    loss_sum = correct = samples = 0.0
+    started = time.perf_counter()
     for step, indices in enumerate(sampler):
+        sizes = sampler.step_sizes(step)
+        weight = len(indices) / sum(sizes)
         t0 = time.perf_counter()
+        slept = me.straggle()
         optimizer.zero_grad(set_to_none=True)
+        if cfg.overlap:
+            reducer.prepare(weight)
         if indices:  # the last step of an epoch may leave this rank no samples
-            x, y = batch(dataset, indices, device)
+            x, y = batch(dataset, indices, me.device)
             out = model(x)
             loss = F.cross_entropy(out, y)
             loss.backward()
-            stats.loss += loss.item() * len(indices)
-            stats.correct += (out.argmax(1) == y).sum().item()
-            stats.samples += len(indices)
-        device.synchronize()
-        compute = time.perf_counter() - t0
-        stats.compute_s += compute
-        if host.get("slowdown", 1.0) > 1.0:  # straggler injection: sleep, steal no CPU
-            time.sleep((host["slowdown"] - 1.0) * compute)
-        sizes = sampler.step_sizes(step)
-        reducer.reduce(len(indices) / sum(sizes))
+            loss_sum += loss.item() * len(indices)
+            correct += (out.argmax(1) == y).sum().item()
+            samples += len(indices)
+        me.device.synchronize()
+        seconds = time.perf_counter() - t0
+        me.last_compute = seconds - slept
+        # Each rank's step time rides along with the gradients: every rank gets all of them.
+        times = reducer.reduce(weight, extras=one_hot(seconds))
         optimizer.step()
+        if not cfg.equal_split:
+            new = balancer.observe(times, sizes, step=epoch * len(sampler) + step)
+            if new:
+                sampler.set_batch_sizes(new)
+                if log:
+                    log.write("split", epoch=epoch, step=step, split=new)
         if hvd.rank() == 0:
             elapsed = time.perf_counter() - started
             progress.report(epoch=epoch, epochs=cfg.epochs, step=step + 1, steps=len(sampler),
-                            loss=stats.loss / max(stats.samples, 1), acc=stats.correct / max(stats.samples, 1),
+                            loss=loss_sum / max(samples, 1), acc=correct / max(samples, 1),
                             samples_per_s=sampler.global_batch * (step + 1) / elapsed)
-    loss, correct, samples = allreduce_sum([stats.loss, stats.correct, stats.samples], "hvdhetero.train_stats")
+    loss_sum, correct, samples = allreduce_sum([loss_sum, correct, samples], "hvdhetero.train_stats")
     elapsed = time.perf_counter() - started
     if log:
-        log.write("epoch", epoch=epoch, loss=loss / samples, accuracy=correct / samples, samples=int(samples),
-                  seconds=round(elapsed, 3), samples_per_s=samples / elapsed, split=sampler.batch_sizes)
-    return stats
+        log.write("epoch", epoch=epoch, loss=loss_sum / samples, accuracy=correct / samples,
+                  samples=int(samples), seconds=round(elapsed, 3), samples_per_s=samples / elapsed,
+                  split=sampler.batch_sizes)
+
+
+def one_hot(value: float) -> list[float]:
+    out = [0.0] * hvd.size()
+    out[hvd.rank()] = value
+    return out
+
+
+def make_rank(cfg: TrainConfig, host: dict) -> Rank:
+    device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
+    slowdown = float(host.get("slowdown") or 1.0)
+    if hvd.rank() == hvd.size() - 1:
+        slowdown *= cfg.slowdown
+    return Rank(device=device, slowdown=slowdown, max_batch=host.get("max_batch"))
+
+
+def make_balancer(cfg, me: Rank, model, dataset) -> Balancer:
+    """The starting split: equal, or proportional to each rank's measured speed on this model."""
+    caps = hvd.allgather_object(me.max_batch, name="hvdhetero.caps")
+    balancer = Balancer(cfg.batch_size, hvd.size(), caps=caps)
+    if not cfg.equal_split:
+        big = min(cfg.batch_size, len(dataset))
+        small = max(1, big // 4)
+        t_small, t_big = (probe_seconds(model, dataset, me, n) for n in (small, big))
+        # Two batch sizes separate the per-step overhead a from the per-sample cost p.
+        p = (t_big - t_small) / (big - small) if big > small else t_big / big
+        p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
+        a = max(0.0, t_big - p * big)
+        both = allreduce_sum(one_hot(a) + one_hot(p), "hvdhetero.calibrate")
+        balancer.calibrate(both[: hvd.size()], both[hvd.size():])
+    return balancer
+
+
+def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 3) -> float:
+    """This rank's compute time (forward + backward, straggling included) for n samples of the
+    real model: best of a few probes after one warm-up. The model is left unchanged."""
+    x, y = batch(dataset, list(range(n)), me.device)
+    best = float("inf")
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        slept = me.straggle()
+        F.cross_entropy(model(x), y).backward()
+        me.device.synchronize()
+        seconds = time.perf_counter() - t0
+        me.last_compute = seconds - slept
+        if i:  # the first one warms up (and measures the compute the straggler scales)
+            best = min(best, seconds)
+    model.zero_grad(set_to_none=True)
+    return best
 
 
 @torch.no_grad()
@@ -131,8 +206,7 @@ def evaluate(model, dataset, device, batch_size: int = 256) -> dict:
     """Test loss and accuracy over the whole test set, each rank scoring a disjoint share."""
     model.eval()
     shares = WeightedBatchSampler(len(dataset), [batch_size] * hvd.size(), hvd.rank(), shuffle=False)
-    loss = correct = 0.0
-    count = 0
+    loss = correct = count = 0.0
     for indices in shares:
         if not indices:
             continue
@@ -141,7 +215,7 @@ def evaluate(model, dataset, device, batch_size: int = 256) -> dict:
         loss += F.cross_entropy(out, y, reduction="sum").item()
         correct += (out.argmax(1) == y).sum().item()
         count += len(indices)
-    loss, correct, count = allreduce_sum([loss, correct, float(count)], "hvdhetero.eval")
+    loss, correct, count = allreduce_sum([loss, correct, count], "hvdhetero.eval")
     return {"test_loss": loss / count, "test_accuracy": correct / count, "test_samples": int(count)}
 
 
@@ -171,16 +245,24 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
     raise ValueError(f"--optimizer must be adam or sgd, got {cfg.optimizer!r}")
 
 
+def start_log(cfg, me: Rank, balancer: Balancer) -> checkpoint.MetricsLog | None:
+    described = hvd.allgather_object(me.device.describe(), name="hvdhetero.devices")  # all ranks
+    slowdowns = hvd.allgather_object(me.slowdown, name="hvdhetero.slowdowns")
+    if hvd.rank() != 0:
+        return None
+    log = checkpoint.MetricsLog(Path(cfg.run_dir) / "metrics.jsonl")
+    log.write("start", config=asdict(cfg), ranks=hvd.size(), devices=described, slowdowns=slowdowns,
+              overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
+    log.write("split", epoch=0, step=0, split=balancer.split)
+    return log
+
+
 def param_digest(model: torch.nn.Module) -> str:
     """sha256 of every parameter's bytes: equal digests mean bit-identical replicas."""
     h = hashlib.sha256()
     for name, p in model.state_dict().items():
         h.update(name.encode() + p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-def gather_devices(device) -> list[str]:
-    return hvd.allgather_object(device.describe(), name="hvdhetero.devices")
 
 
 def finish(cfg, model, optimizer, test, seconds, log) -> None:

@@ -1,0 +1,113 @@
+"""Batch split that follows each rank's measured speed, so a slow device never holds a fast one.
+
+With equal batches a rank k times slower makes every step k times longer, capping the job at
+2/(k+1) of the devices' combined speed. Giving each rank a share of the fixed global batch
+proportional to its throughput makes all ranks finish a step together, which is the
+physical limit (the sum of their speeds) up to communication.
+
+Every rank holds a Balancer and feeds it the same numbers (each rank's compute time of the
+step, summed across ranks inside the gradient allreduce), so every rank computes the same new
+split without an extra message. Pure Python arithmetic on identical inputs is identical on
+every platform (IEEE 754), which keeps the ranks in agreement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hvdhetero.sampler import proportional_split
+
+
+@dataclass
+class Balancer:
+    """Splits `global_batch` across ranks so that every rank's step takes the same time.
+
+    Each rank's step time is modelled as t_i(n) = a_i + p_i * n: a fixed overhead a_i per step
+    (kernel launches, Python) plus p_i seconds per sample. Splitting in proportion to measured
+    samples/s alone would be unstable: a rank given fewer samples looks slower per sample
+    (its overhead is spread over fewer), gets fewer still, and so on. With the overhead
+    known, the split that equalizes t_i is stable and moves only when p_i really changes.
+    """
+
+    global_batch: int
+    size: int
+    caps: Sequence[int | None] = ()
+    """Most samples per step for each rank (memory cap from the inventory); () for none."""
+    minimum: int = 1
+    """Every rank keeps at least this many samples, so its speed stays measurable."""
+    interval: int = 5
+    """Steps between re-split decisions."""
+    threshold: float = 0.08
+    """Hysteresis: re-split only when the model predicts the step would get this much faster
+    (a fraction of the current step time); smaller gains are within timing noise, and chasing
+    them would make the split oscillate."""
+    patience: int = 2
+    """Decisions in a row that must call for a re-split before it happens."""
+    smoothing: float = 0.2
+    """Weight of the newest measurement in the moving average of each rank's p_i."""
+    overhead: list[float] = field(default_factory=list)
+    """a_i: seconds per step that do not depend on the batch, from calibration."""
+    seconds_per_sample: list[float] = field(default_factory=list)
+    """p_i: seconds per sample, calibrated, then tracked from every step's timing."""
+    history: list[tuple[int, list[int]]] = field(default_factory=list)
+    """(step, split) for the initial split and every change, for the metrics."""
+
+    def __post_init__(self):
+        self.caps = list(self.caps) or [None] * self.size
+        if len(self.caps) != self.size:
+            raise ValueError(f"{len(self.caps)} caps for {self.size} ranks")
+        self.overhead = [0.0] * self.size
+        self.seconds_per_sample = [1.0] * self.size
+        self.split = self.target()
+        self._steps = self._wanted = 0
+
+    def target(self) -> list[int]:
+        """The integer split that makes a_i + p_i * n_i equal across ranks."""
+        a, p = self.overhead, self.seconds_per_sample
+        # Equal time T with sum(n_i) = B: n_i = (T - a_i) / p_i, T = (B + sum a_i/p_i) / sum 1/p_i.
+        # A rank whose overhead alone exceeds T gets the minimum (weight 0 here).
+        active = list(range(self.size))
+        while True:
+            inv = sum(1.0 / p[i] for i in active)
+            t = (self.global_batch + sum(a[i] / p[i] for i in active)) / inv
+            slow = [i for i in active if t <= a[i]]
+            if not slow or len(slow) == len(active):
+                break
+            active = [i for i in active if i not in slow]
+        weights = [max(0.0, (t - a[i]) / p[i]) if i in active else 0.0 for i in range(self.size)]
+        return proportional_split(self.global_batch, weights, self.minimum, self.caps)
+
+    def step_time(self, split: Sequence[int]) -> float:
+        """Predicted time of a step with `split`: the slowest rank's."""
+        return max(a + p * n for a, p, n in zip(self.overhead, self.seconds_per_sample, split))
+
+    def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0) -> list[int]:
+        """Initial split from each rank's measured a_i and p_i (from a short probe)."""
+        self.overhead = [max(0.0, float(a)) for a in overhead]
+        self.seconds_per_sample = [max(float(p), 1e-9) for p in seconds_per_sample]
+        self.split = self.target()
+        self.history.append((step, list(self.split)))
+        return self.split
+
+    def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
+        """Feed every rank's compute time for a step and the samples each had; returns a new
+        split when the measured speeds moved far enough, else None (keep the current one)."""
+        for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
+            per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
+            if per_sample > 0:
+                old = self.seconds_per_sample[rank]
+                self.seconds_per_sample[rank] = old + self.smoothing * (per_sample - old)
+        self._steps += 1
+        if self._steps % self.interval:
+            return None
+        target = self.target()
+        now, then = self.step_time(self.split), self.step_time(target)
+        # Hysteresis in size (a real gain) and in time (seen at two decisions in a row).
+        self._wanted = self._wanted + 1 if now - then > self.threshold * now else 0
+        if self._wanted < self.patience:
+            return None
+        self._wanted = 0
+        self.split = target
+        self.history.append((step, list(target)))
+        return target
