@@ -81,6 +81,7 @@ class Reducer:
         self.buckets = [self._bucket(group, f"hvdhetero.grads.{i}") for i, group in enumerate(groups)]
         self.weight = 1.0
         self.steps = 0
+        self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
         if overlap:
             for bucket in self.buckets:
                 for p in bucket.params:
@@ -96,6 +97,7 @@ class Reducer:
             bucket.waiting -= 1
             if bucket.waiting == 0 and bucket.handle is None:
                 bucket.launch(self.weight)
+                self.launched_in_backward += 1
         return on_grad
 
     def prepare(self, weight: float) -> None:

@@ -23,40 +23,43 @@ def proportional_split(total: int, weights: Sequence[float], minimum: int = 0,
     """Integers summing to `total`, proportional to `weights` (largest remainder), each >= minimum
     and <= its cap. Raises ValueError when the caps or minimums make it impossible."""
     k = len(weights)
-    caps = list(caps) if caps is not None else [None] * k
+    caps = [math.inf if c is None else c for c in (caps if caps is not None else [None] * k)]
     if k == 0 or any(w < 0 for w in weights):
         raise ValueError(f"weights must be a non-empty list of non-negative numbers, got {list(weights)}")
     if minimum * k > total:
         raise ValueError(f"cannot give {k} ranks at least {minimum} each out of {total}")
-    cap_total = sum(math.inf if c is None else c for c in caps)
-    if cap_total < total:
-        raise ValueError(f"caps {caps} allow only {cap_total} samples per step, fewer than {total}")
-    out = [minimum] * k
-    free = [i for i in range(k) if caps[i] is None or caps[i] > minimum]
-    left = total - minimum * k
-    # Water-filling: hand out what is left in proportion to weight; a rank that hits its cap
-    # is frozen there and the rest is re-split among the others.
-    while left > 0 and free:
-        w = {i: float(weights[i]) for i in free}
-        if sum(w.values()) == 0:  # all-zero weights: split evenly
-            w = dict.fromkeys(free, 1.0)
-        share = {i: left * w[i] / sum(w.values()) for i in free}
-        give = {i: math.floor(share[i]) for i in free}
-        by_remainder = sorted(free, key=lambda i: (give[i] - share[i], i))
-        for i in by_remainder[: left - sum(give.values())]:
-            give[i] += 1
-        capped = False
+    if sum(caps) < total:
+        raise ValueError(f"caps {[None if c == math.inf else c for c in caps]} allow only {sum(caps)} "
+                         f"samples per step, fewer than {total}")
+    if sum(weights) == 0:
+        weights = [1.0] * k  # nothing known: split evenly
+    # Real-valued shares with bounds: a share below the minimum or above its cap is pinned
+    # there and the rest is shared among the others, until no share is out of bounds.
+    share: list[float] = [0.0] * k
+    free, left = set(range(k)), float(total)
+    while free:
+        wsum = sum(weights[i] for i in free)
         for i in free:
-            room = math.inf if caps[i] is None else caps[i] - out[i]
-            if give[i] >= room:
-                give[i], capped = int(room), True
-        for i in free:
-            out[i] += give[i]
-        left = total - sum(out)
-        free = [i for i in free if caps[i] is None or out[i] < caps[i]]
-        if not capped:
+            share[i] = left * weights[i] / wsum if wsum else left / len(free)
+        # Caps first: pinning a rank at its cap raises the others' shares, which may lift a
+        # rank that looked below the minimum above it.
+        pinned = {i: caps[i] for i in free if share[i] > caps[i]}
+        if not pinned:
+            pinned = {i: minimum for i in free if share[i] < minimum}
+        if not pinned:
             break
-    assert sum(out) == total, (out, total)
+        for i, value in pinned.items():
+            share[i] = value
+            free.discard(i)
+        left = total - sum(share[i] for i in range(k) if i not in free)
+    # Round down, then hand the samples left to the largest remainders that have room.
+    out = [math.floor(x + 1e-9) for x in share]
+    for i in sorted(range(k), key=lambda i: (out[i] - share[i], i)):
+        if sum(out) == total:
+            break
+        if out[i] < caps[i]:
+            out[i] += 1
+    assert sum(out) == total and all(minimum <= n <= c for n, c in zip(out, caps)), (out, total)
     return out
 
 

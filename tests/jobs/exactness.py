@@ -1,0 +1,64 @@
+"""Two ranks with unequal batches step through hvdhetero's Reducer; rank 0 compares the
+result with one process stepping on the joined batch and prints the relative errors as JSON.
+
+Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/exactness.py
+"""
+
+import copy
+import itertools
+import json
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+
+from hvdhetero import data, models
+from hvdhetero.reducer import Reducer
+
+SIZES = [37, 11]  # deliberately unequal local batches
+STEPS = 2  # the second step also checks optimizer state (momentum, Adam moments)
+
+
+def optimizer(name, model):
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def rel(a, b):
+    a = torch.cat([t.reshape(-1) for t in a]).double()
+    b = torch.cat([t.reshape(-1) for t in b]).double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+hvd.init()
+train, _, info = data.load("digits", "unused")
+x, y = train.tensors
+lo, n, total = sum(SIZES[: hvd.rank()]), SIZES[hvd.rank()], sum(SIZES)
+results = []
+for name, overlap, compression in itertools.product(["sgd", "adam"], [False, True], ["none", "fp16"]):
+    torch.manual_seed(0)
+    model = models.build("cnn", info).eval()  # eval: no dropout, the same function everywhere
+    ref = copy.deepcopy(model)
+    opt, ref_opt = optimizer(name, model), optimizer(name, ref)
+    reducer = Reducer(model.parameters(), compression, overlap=overlap, bucket_mb=0.1)
+    for step in range(STEPS):
+        xb, yb = x[step * total:(step + 1) * total], y[step * total:(step + 1) * total]
+        opt.zero_grad(set_to_none=True)
+        weight = n / total
+        if overlap:
+            reducer.prepare(weight)
+        F.cross_entropy(model(xb[lo:lo + n]), yb[lo:lo + n]).backward()
+        reducer.reduce(weight)
+        ref_opt.zero_grad(set_to_none=True)
+        F.cross_entropy(ref(xb), yb).backward()
+        grad_err = rel([p.grad for p in model.parameters()], [p.grad for p in ref.parameters()])
+        opt.step()
+        ref_opt.step()
+    results.append({"optimizer": name, "overlap": overlap, "compression": compression,
+                    "buckets": len(reducer.buckets),
+                    "launched_in_backward": reducer.launched_in_backward, "grad_rel_err": grad_err,
+                    "param_rel_err": rel(list(model.parameters()), list(ref.parameters()))})
+if hvd.rank() == 0:
+    print("EXACTNESS " + json.dumps(results), flush=True)
+hvd.shutdown()

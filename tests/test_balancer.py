@@ -1,0 +1,75 @@
+"""Balancer: proportional split, caps and minimums, and settling after a speed change."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hvdhetero.balancer import Balancer
+
+
+def simulate(balancer, per_sample, overhead, steps, noise=0.0, seed=0, change_at=None, new_per_sample=None):
+    """Drive `balancer` with step times t_i = a_i + p_i * n_i (times 1 +- noise)."""
+    rng = random.Random(seed)
+    splits = []
+    for step in range(steps):
+        p = new_per_sample if change_at is not None and step >= change_at else per_sample
+        times = [(a + pi * n) * (1 + rng.uniform(-noise, noise)) for a, pi, n in zip(overhead, p, balancer.split)]
+        balancer.observe(times, list(balancer.split), step)
+        splits.append(list(balancer.split))
+    return splits
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_split_is_proportional_to_speed_without_overhead(k):
+    b = Balancer(global_batch=440, size=2)
+    assert b.calibrate([0.0, 0.0], [1e-3, k * 1e-3]) == [round(440 * k / (k + 1)), round(440 / (k + 1))]
+
+
+def test_overhead_is_accounted_so_step_times_equalize():
+    b = Balancer(global_batch=100, size=2)
+    split = b.calibrate([0.010, 0.0], [1e-3, 1e-3])
+    assert split == [45, 55]  # 10 ms + 45 ms == 55 ms
+    assert b.step_time(split) == pytest.approx(0.055)
+
+
+def test_caps_and_minimums_hold():
+    b = Balancer(global_batch=256, size=3, caps=[None, 64, None], minimum=4)
+    split = b.calibrate([0, 0, 0], [1e-3, 1e-5, 1.0])
+    assert split[1] == 64 and split[2] == 4 and sum(split) == 256
+
+
+def test_impossible_caps_are_refused():
+    with pytest.raises(ValueError, match="allow only 40"):
+        Balancer(global_batch=64, size=2, caps=[20, 20])
+
+
+def test_settles_within_20_steps_after_the_speed_ratio_changes_and_then_holds():
+    b = Balancer(global_batch=256, size=2)
+    b.calibrate([0.002, 0.002], [1e-4, 1e-4])
+    splits = simulate(b, [1e-4, 1e-4], [0.002, 0.002], steps=120, noise=0.03, change_at=40,
+                      new_per_sample=[1e-4, 3e-4])
+    ideal = Balancer(global_batch=256, size=2)
+    ideal_split = ideal.calibrate([0.002, 0.002], [1e-4, 3e-4])
+    assert splits[39] == [128, 128]  # nothing changed before the change
+    # Within 20 steps of the change the split is within 3% of the ideal one ...
+    assert abs(splits[59][1] - ideal_split[1]) <= 0.03 * 256, (splits[59], ideal_split)
+    # ... and from then on it holds still (no oscillation).
+    assert all(s == splits[59] for s in splits[60:]), {tuple(s) for s in splits[60:]}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_alone_does_not_move_a_balanced_split(seed):
+    b = Balancer(global_batch=128, size=2)
+    b.calibrate([0.001, 0.001], [2e-4, 2e-4])
+    splits = simulate(b, [2e-4, 2e-4], [0.001, 0.001], steps=200, noise=0.05, seed=seed)
+    assert len(b.history) == 1 and all(s == [64, 64] for s in splits)
+
+
+def test_every_split_is_recorded():
+    b = Balancer(global_batch=100, size=2)
+    b.calibrate([0, 0], [1e-3, 1e-3])
+    simulate(b, [1e-3, 1e-3], [0, 0], steps=30, change_at=0, new_per_sample=[1e-3, 4e-3])
+    assert b.history[0] == (0, [50, 50])
+    assert len(b.history) >= 2 and abs(b.history[-1][1][1] - 20) <= 3  # ideal [80, 20]
