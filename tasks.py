@@ -85,3 +85,28 @@ def build_horovod(c, install=False):
         horovod_build.install()
     else:
         print(horovod_build.build_wheel())
+
+
+@task(help={
+    "slowdown": "the last rank acts this many times slower (straggler injection)",
+    "out": "also write the results as JSON here",
+    "hosts": "comma-separated inventory hosts (default: local, 2 CPU ranks)",
+    "batch_size": "global batch",
+    "steps": "timed steps per phase and repeat",
+    "repeats": "rounds of all phases (medians are reported)",
+    "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
+    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+    "dry_run": "print the horovodrun command and exit",
+})
+@_user_errors
+def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats=5, cycle_time_ms=5.0,
+          inventory=None, dry_run=False):
+    """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
+    inventory_ = inv.load(inventory or inv.default_path())
+    flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
+             "--repeats", str(int(repeats))] + (["--out", str(Path(out).resolve())] if out else [])
+    argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
+    env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
+    print(launch.printable(argv, env))
+    if not dry_run:
+        launch.run(argv, env)

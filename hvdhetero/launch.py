@@ -86,6 +86,18 @@ def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
 def command(inventory: Inventory, hosts: Sequence[Host], options: TrainOptions,
             launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` training `options` on `hosts`, one rank per slot."""
+    return job(inventory, hosts, ["hvdhetero.train", *options.flags()], launcher_python)
+
+
+def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[str],
+                  launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of the benchmark job (hvdhetero.bench) on `hosts`."""
+    return job(inventory, hosts, ["hvdhetero.bench", *flags], launcher_python)
+
+
+def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[str],
+        launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of `horovodrun --gloo` running `python -m MODULE FLAGS` once per slot."""
     if not hosts:
         raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
     if len({h.address for h in hosts}) != len(hosts):
@@ -107,8 +119,7 @@ def command(inventory: Inventory, hosts: Sequence[Host], options: TrainOptions,
         "--gloo",
         "--start-timeout", str(START_TIMEOUT_S),
         "--gloo-timeout-seconds", str(GLOO_TIMEOUT_S),
-        pythons.pop(), "-m", "hvdhetero.train",
-        *options.flags(),
+        pythons.pop(), "-m", *module_and_flags,
         "--hosts-json", json.dumps(host_settings(hosts), sort_keys=True),
     ]
     return argv, dict(RANK_ENV)

@@ -114,22 +114,11 @@ def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, datase
     for step, indices in enumerate(sampler):
         sizes = sampler.step_sizes(step)
         weight = len(indices) / sum(sizes)
-        t0 = time.perf_counter()
-        slept = me.straggle()
         optimizer.zero_grad(set_to_none=True)
         if cfg.overlap:
             reducer.prepare(weight)
-        if indices:  # the last step of an epoch may leave this rank no samples
-            x, y = batch(dataset, indices, me.device)
-            out = model(x)
-            loss = F.cross_entropy(out, y)
-            loss.backward()
-            loss_sum += loss.item() * len(indices)
-            correct += (out.argmax(1) == y).sum().item()
-            samples += len(indices)
-        me.device.synchronize()
-        seconds = time.perf_counter() - t0
-        me.last_compute = seconds - slept
+        step_loss, step_correct, seconds = forward_backward(model, *batch(dataset, indices, me.device), me)
+        loss_sum, correct, samples = loss_sum + step_loss, correct + step_correct, samples + len(indices)
         # Each rank's step time rides along with the gradients: every rank gets all of them.
         times = reducer.reduce(weight, extras=one_hot(seconds))
         optimizer.step()
@@ -150,6 +139,23 @@ def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, datase
         log.write("epoch", epoch=epoch, loss=loss_sum / samples, accuracy=correct / samples,
                   samples=int(samples), seconds=round(elapsed, 3), samples_per_s=samples / elapsed,
                   split=sampler.batch_sizes)
+
+
+def forward_backward(model, x, y, me: Rank) -> tuple[float, int, float]:
+    """Straggle (if asked), then forward and backward on this rank's batch, which may be empty
+    on an epoch's last step. Returns (summed loss, correct predictions, seconds taken)."""
+    t0 = time.perf_counter()
+    slept = me.straggle()
+    loss_sum, correct = 0.0, 0
+    if len(y):
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        loss_sum, correct = loss.item() * len(y), int((out.argmax(1) == y).sum())
+    me.device.synchronize()
+    seconds = time.perf_counter() - t0
+    me.last_compute = seconds - slept
+    return loss_sum, correct, seconds
 
 
 def one_hot(value: float) -> list[float]:
@@ -189,12 +195,7 @@ def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 3) -> float:
     x, y = batch(dataset, list(range(n)), me.device)
     best = float("inf")
     for i in range(steps + 1):
-        t0 = time.perf_counter()
-        slept = me.straggle()
-        F.cross_entropy(model(x), y).backward()
-        me.device.synchronize()
-        seconds = time.perf_counter() - t0
-        me.last_compute = seconds - slept
+        seconds = forward_backward(model, x, y, me)[2]
         if i:  # the first one warms up (and measures the compute the straggler scales)
             best = min(best, seconds)
     model.zero_grad(set_to_none=True)
@@ -220,6 +221,10 @@ def evaluate(model, dataset, device, batch_size: int = 256) -> dict:
 
 
 def batch(dataset, indices, device):
+    if not indices:
+        x, y = dataset[0]
+        return torch.empty(0, *torch.as_tensor(x).shape, device=device.torch_device), torch.empty(
+            0, dtype=torch.long, device=device.torch_device)
     if isinstance(dataset, torch.utils.data.TensorDataset):
         x, y = (t[indices] for t in dataset.tensors)
     else:

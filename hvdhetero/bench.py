@@ -1,0 +1,205 @@
+"""Benchmark, in one horovodrun job: each rank alone, plain Horovod, and hvdhetero.
+
+    invoke bench --slowdown 3 --out bench.json
+
+Same model, same global batch, same straggler (the last rank acts `slowdown` times slower by
+sleeping, so no CPU is taken from the other rank). Three phases, each warmed up and then
+timed over several repeats (medians):
+
+  solo       every rank trains alone on the whole global batch, no communication: T_i
+  horovod    hvd.DistributedOptimizer, equal local batches (plain data parallelism)
+  hvdhetero  our reducer with batches split by the balancer
+
+Efficiency E = combined samples/s / sum(T_i), the physical limit being 1; `vs_fastest` =
+combined / max(T_i). Rank 0 prints the table and writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero import data, devices, models
+from hvdhetero.balancer import Balancer
+from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
+from hvdhetero.train import Rank, batch, forward_backward, one_hot, probe_seconds
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--slowdown", type=float, default=1.0, help="the last rank is this many times slower")
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--batch-size", type=int, default=2048, help="global batch")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per phase and repeat")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of all phases; medians are reported")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each phase before the first round")
+    parser.add_argument("--data-dir", default="data")
+    parser.add_argument("--out", default="", help="write the results here as JSON")
+    parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
+    args = parser.parse_args(argv)
+    args.hosts = json.loads(args.hosts_json)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    hvd.init()  # Horovod: rendezvous with the other ranks
+    try:
+        host = args.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
+        device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
+        me = Rank(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
+        train_set, _, info = data.load(args.dataset, args.data_dir)
+        build = lambda: fresh_model(args, info, device)  # noqa: E731 - same start for every phase
+        phases = {"solo": solo_step(args, build, train_set, me),
+                  "horovod": horovod_step(args, build, train_set, me),
+                  "hvdhetero": hvdhetero_step(args, build, train_set, me)}
+        seconds = measure(args, phases)
+        solo = allreduce_sum(one_hot(args.batch_size / seconds["solo"]), "bench.solo")
+        horovod = {"samples_per_s": args.batch_size / seconds["horovod"], "split": phases["horovod"].split}
+        ours = {"samples_per_s": args.batch_size / seconds["hvdhetero"], "split": phases["hvdhetero"].split,
+                "splits": [split for _, split in phases["hvdhetero"].balancer.history]}
+        if hvd.rank() == 0:
+            report(args, solo, horovod, ours)
+    finally:
+        hvd.shutdown()
+
+
+def measure(args, phases: dict) -> dict[str, float]:
+    """Median seconds per step of each phase. The phases take turns within every repeat, so a
+    drift of the machine's speed (other tenants, clocks) touches all of them alike."""
+    for step in phases.values():
+        for _ in range(args.warmup):
+            step()
+    samples = {name: [] for name in phases}
+    for _ in range(args.repeats):
+        for name, step in phases.items():
+            # The slow rank's solo steps take `slowdown` x a whole global batch: fewer of them.
+            steps = max(2, args.steps // 4) if name == "solo" else args.steps
+            hvd.barrier()  # Horovod: every rank starts a phase together
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            # solo ranks never talk, so each timed itself; the jobs are timed to the last rank.
+            if name != "solo":
+                hvd.barrier()
+            samples[name].append((time.perf_counter() - t0) / steps)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def fresh_model(args, info, device):
+    torch.manual_seed(0)
+    model = models.build(args.model or models.default_for(args.dataset), info).to(device.torch_device)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def sampler(dataset, seed: int):
+    """draw(n): n random training samples (the benchmark measures speed, not learning)."""
+    gen = torch.Generator().manual_seed(seed)
+    return lambda n: torch.randint(len(dataset), (n,), generator=gen).tolist()
+
+
+def solo_step(args, build, dataset, me: Rank):
+    """This rank alone on the whole global batch: no communication."""
+    model, optimizer = build()
+    draw = sampler(dataset, seed=hvd.rank())
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        forward_backward(model, *batch(dataset, draw(args.batch_size), me.device), me)
+        optimizer.step()
+
+    return step
+
+
+def horovod_step(args, build, dataset, me: Rank):
+    """Plain Horovod: DistributedOptimizer averaging gradients, equal batches."""
+    model, optimizer = build()
+    # Horovod: the stock recipe. Our Horovod is CPU-only, which suits the CPU ranks a
+    # benchmark on this machine has.
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    local = args.batch_size // hvd.size()
+    draw = sampler(dataset, seed=100 + hvd.rank())
+
+    def step():
+        optimizer.zero_grad()
+        forward_backward(model, *batch(dataset, draw(local), me.device), me)
+        optimizer.step()
+
+    step.split = [local] * hvd.size()
+    return step
+
+
+def hvdhetero_step(args, build, dataset, me: Rank):
+    """Ours: calibrated split, online re-balancing, one fused weighted allreduce per step."""
+    model, optimizer = build()
+    broadcast_state(model, optimizer)
+    reducer = Reducer(model.parameters())
+    balancer = Balancer(args.batch_size, hvd.size())
+    small = max(1, args.batch_size // (4 * hvd.size()))
+    big = max(small + 1, args.batch_size // hvd.size())
+    t_small, t_big = (probe_seconds(model, dataset, me, n) for n in (small, big))
+    p = max((t_big - t_small) / (big - small), 0.1 * t_big / big)
+    both = allreduce_sum(one_hot(max(0.0, t_big - p * big)) + one_hot(p), "bench.calibrate")
+    balancer.calibrate(both[: hvd.size()], both[hvd.size():])
+    draw, steps = sampler(dataset, seed=200 + hvd.rank()), [0]
+
+    def step():
+        sizes = list(balancer.split)
+        n = sizes[hvd.rank()]
+        optimizer.zero_grad(set_to_none=True)
+        seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me)[2]
+        times = reducer.reduce(n / args.batch_size, extras=one_hot(seconds))
+        optimizer.step()
+        balancer.observe(times, sizes, steps[0])
+        steps[0] += 1
+        step.split = balancer.split
+
+    step.balancer, step.split = balancer, balancer.split
+    return step
+
+
+def report(args, solo: list[float], horovod: dict, ours: dict) -> None:
+    total, fastest = sum(solo), max(solo)
+    for job in (horovod, ours):
+        job["efficiency"] = job["samples_per_s"] / total
+        job["vs_fastest"] = job["samples_per_s"] / fastest
+    result = {
+        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "dataset": args.dataset,
+                   "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
+                   "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup},
+        "solo": {"samples_per_s": total, "per_rank_samples_per_s": solo, "fastest": fastest},
+        "horovod": horovod,
+        "hvdhetero": ours,
+        "hvdhetero_vs_horovod": ours["samples_per_s"] / horovod["samples_per_s"],
+    }
+    rows = [(f"solo rank {i}", s, None, None, "") for i, s in enumerate(solo)]
+    rows += [("solo, sum", total, 1.0, total / fastest, ""),
+             ("plain horovod", horovod["samples_per_s"], horovod["efficiency"], horovod["vs_fastest"],
+              str(horovod["split"])),
+             ("hvdhetero", ours["samples_per_s"], ours["efficiency"], ours["vs_fastest"], str(ours["split"]))]
+    print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, global batch "
+          f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats}x{args.steps} steps")
+    print(f"{'':16}{'samples/s':>12}{'E':>8}{'vs fastest':>12}  split")
+    for name, rate, eff, vs, split in rows:
+        e = f"{eff:8.3f}" if eff is not None else " " * 8
+        v = f"{vs:12.3f}" if vs is not None else " " * 12
+        print(f"{name:16}{rate:12,.0f}{e}{v}  {split}")
+    print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
