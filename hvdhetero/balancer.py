@@ -38,11 +38,11 @@ class Balancer:
     """Every rank keeps at least this many samples, so its speed stays measurable."""
     interval: int = 5
     """Steps between re-split decisions."""
-    threshold: float = 0.08
+    threshold: float = 0.03
     """Hysteresis: re-split only when the model predicts the step would get this much faster
     (a fraction of the current step time); smaller gains are within timing noise, and chasing
     them would make the split oscillate."""
-    patience: int = 2
+    patience: int = 3
     """Decisions in a row that must call for a re-split before it happens."""
     smoothing: float = 0.2
     """Weight of the newest measurement in the moving average of each rank's p_i."""
@@ -83,10 +83,15 @@ class Balancer:
         return max(a + p * n for a, p, n in zip(self.overhead, self.seconds_per_sample, split))
 
     def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0) -> list[int]:
-        """Initial split from each rank's measured a_i and p_i (from a short probe)."""
+        """Initial split from each rank's measured a_i and p_i (from a short probe). Like every
+        later change it must promise a gain above the threshold: ranks that measure alike
+        keep the even split instead of a skew made of probe noise."""
         self.overhead = [max(0.0, float(a)) for a in overhead]
         self.seconds_per_sample = [max(float(p), 1e-9) for p in seconds_per_sample]
-        self.split = self.target()
+        target = self.target()
+        now = self.step_time(self.split)
+        if now - self.step_time(target) > self.threshold * now:
+            self.split = target
         self.history.append((step, list(self.split)))
         return self.split
 

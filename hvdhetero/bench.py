@@ -6,7 +6,7 @@ Same model, same global batch, same straggler (the last rank acts `slowdown` tim
 sleeping, so no CPU is taken from the other rank). Three phases, each warmed up and then
 timed over several repeats (medians):
 
-  solo       every rank trains alone on the whole global batch, no communication: T_i
+  solo       every rank trains alone, no communication, on global/ranks samples a step: T_i
   horovod    hvd.DistributedOptimizer, equal local batches (plain data parallelism)
   hvdhetero  our reducer with batches split by the balancer
 
@@ -43,6 +43,8 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, default=5, help="rounds of all phases; medians are reported")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each phase before the first round")
     parser.add_argument("--data-dir", default="data")
+    parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                        help="hvdhetero reduces gradient buckets while backward runs")
     parser.add_argument("--out", default="", help="write the results here as JSON")
     parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
     args = parser.parse_args(argv)
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                   "horovod": horovod_step(args, build, train_set, me),
                   "hvdhetero": hvdhetero_step(args, build, train_set, me)}
         seconds = measure(args, phases)
-        solo = allreduce_sum(one_hot(args.batch_size / seconds["solo"]), "bench.solo")
+        solo = allreduce_sum(one_hot(phases["solo"].batch / seconds["solo"]), "bench.solo")
         horovod = {"samples_per_s": args.batch_size / seconds["horovod"], "split": phases["horovod"].split}
         ours = {"samples_per_s": args.batch_size / seconds["hvdhetero"], "split": phases["hvdhetero"].split,
                 "splits": [split for _, split in phases["hvdhetero"].balancer.history]}
@@ -82,8 +84,7 @@ def measure(args, phases: dict) -> dict[str, float]:
     samples = {name: [] for name in phases}
     for _ in range(args.repeats):
         for name, step in phases.items():
-            # The slow rank's solo steps take `slowdown` x a whole global batch: fewer of them.
-            steps = max(2, args.steps // 4) if name == "solo" else args.steps
+            steps = args.steps
             hvd.barrier()  # Horovod: every rank starts a phase together
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -108,15 +109,19 @@ def sampler(dataset, seed: int):
 
 
 def solo_step(args, build, dataset, me: Rank):
-    """This rank alone on the whole global batch: no communication."""
+    """This rank alone, no communication, on the batch plain data parallelism would give it
+    (global / ranks): per-sample speed depends on the batch, and at the whole global batch a
+    CPU rank falls out of cache and looks slower than it is."""
     model, optimizer = build()
     draw = sampler(dataset, seed=hvd.rank())
+    local = args.batch_size // hvd.size()
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        forward_backward(model, *batch(dataset, draw(args.batch_size), me.device), me)
+        forward_backward(model, *batch(dataset, draw(local), me.device), me)
         optimizer.step()
 
+    step.batch = local
     return step
 
 
@@ -143,7 +148,7 @@ def hvdhetero_step(args, build, dataset, me: Rank):
     """Ours: calibrated split, online re-balancing, one fused weighted allreduce per step."""
     model, optimizer = build()
     broadcast_state(model, optimizer)
-    reducer = Reducer(model.parameters())
+    reducer = Reducer(model.parameters(), overlap=args.overlap)
     balancer = Balancer(args.batch_size, hvd.size())
     small = max(1, args.batch_size // (4 * hvd.size()))
     big = max(small + 1, args.batch_size // hvd.size())
@@ -157,6 +162,8 @@ def hvdhetero_step(args, build, dataset, me: Rank):
         sizes = list(balancer.split)
         n = sizes[hvd.rank()]
         optimizer.zero_grad(set_to_none=True)
+        if args.overlap:
+            reducer.prepare(n / args.batch_size)
         seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me)[2]
         times = reducer.reduce(n / args.batch_size, extras=one_hot(seconds))
         optimizer.step()

@@ -79,6 +79,9 @@ class Host:
     """Memory cap: the most samples one rank of this host may take per step."""
     slowdown: float = 1.0
     """Straggler injection for experiments: each step takes this many times longer (>= 1)."""
+    wheelhouse: str | None = None
+    """A directory of wheels on that host; pip installs from it alone (--no-index), for hosts
+    without internet access."""
     line: int | None = None
     """Line of the inventory file where the host is defined (for messages; not a YAML key)."""
 
@@ -108,6 +111,8 @@ class Inventory:
     """All hosts, in file order."""
     default_hosts: tuple[str, ...]
     """Names of the hosts used when no --hosts is given."""
+    known_hosts: str | None = None
+    """The launcher's known_hosts file for SSH host keys; None means ~/.ssh/known_hosts."""
 
     def host(self, name: str) -> Host:
         """The host called `name`; ConfigError naming the known hosts if there is none."""
@@ -145,7 +150,7 @@ def load(path: str | Path) -> Inventory:
     path = Path(path)
     root = _compose(path)
     reader = _Reader(path)
-    top = reader.mapping(root, "", ("pins", "default_hosts", "hosts"))
+    top = reader.mapping(root, "", ("pins", "default_hosts", "known_hosts", "hosts"))
     reader.require(top, ("pins", "hosts"), root, "")
     pins = reader.pins(*top["pins"])
     hosts_node = top["hosts"][1]
@@ -154,7 +159,11 @@ def load(path: str | Path) -> Inventory:
         raise reader.error(hosts_node, "hosts", "is empty; define at least one host, "
                            "e.g. local: {address: localhost}")
     default = reader.default_hosts(top.get("default_hosts", (None, None))[1], hosts, root)
-    return Inventory(path=path, pins=pins, hosts=hosts, default_hosts=default)
+    known_hosts = None
+    if "known_hosts" in top:
+        known_hosts = reader.string(top["known_hosts"][1], "known_hosts", _PATH.fullmatch,
+                                    "a path to a known_hosts file, e.g. ~/.ssh/known_hosts")
+    return Inventory(path=path, pins=pins, hosts=hosts, default_hosts=default, known_hosts=known_hosts)
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -218,6 +227,7 @@ _HOST_RULES: dict[str, Callable[[_Reader, yaml.Node, str], Any]] = {
     "torch_index_url": _text(_URL.fullmatch, "an http(s) URL without spaces, quotes or shell chars"),
     "max_batch": _int(1),
     "slowdown": lambda reader, node, key: reader.number(node, key, 1.0),
+    "wheelhouse": _text(_PATH.fullmatch, "a directory of wheels on that host (no spaces)"),
 }
 _HOST_DEFAULTS = {f.name: f.default for f in fields(Host)}
 assert set(_HOST_RULES) == set(_HOST_DEFAULTS) - {"name", "line"}, "every Host field needs a rule"

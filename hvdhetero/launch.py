@@ -48,7 +48,7 @@ class TrainOptions:
     download: bool = False
     run_dir: str = "runs/latest"
     compression: str = "none"
-    overlap: bool = False
+    overlap: bool = True
     equal_split: bool = False
     slowdown: float = 1.0
 
@@ -57,7 +57,7 @@ class TrainOptions:
         for name, value in asdict(self).items():
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
-                out += [flag] if value else []
+                out += [flag if value else "--no-" + flag[2:]]
             elif value != "":
                 out += [flag, str(value)]
         return out

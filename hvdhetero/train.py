@@ -49,8 +49,8 @@ class TrainConfig:
     run_dir: str = "runs/latest"
     compression: str = "none"
     """Gradients on the wire: none (float32) or fp16."""
-    overlap: bool = False
-    """Start reducing gradient buckets while backward still runs."""
+    overlap: bool = True
+    """Start reducing gradient buckets while backward still runs (--no-overlap: after it)."""
     equal_split: bool = False
     """Give every rank the same batch (plain data parallelism) instead of balancing."""
     slowdown: float = 1.0
@@ -189,17 +189,13 @@ def make_balancer(cfg, me: Rank, model, dataset) -> Balancer:
     return balancer
 
 
-def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 3) -> float:
+def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 5) -> float:
     """This rank's compute time (forward + backward, straggling included) for n samples of the
-    real model: best of a few probes after one warm-up. The model is left unchanged."""
-    x, y = batch(dataset, list(range(n)), me.device)
-    best = float("inf")
-    for i in range(steps + 1):
-        seconds = forward_backward(model, x, y, me)[2]
-        if i:  # the first one warms up (and measures the compute the straggler scales)
-            best = min(best, seconds)
+    real model: the median of a few probes after one warm-up. The model is left unchanged."""
+    x, y = batch(dataset, [i % len(dataset) for i in range(n)], me.device)
+    times = [forward_backward(model, x, y, me)[2] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
-    return best
+    return sorted(times)[len(times) // 2]
 
 
 @torch.no_grad()
@@ -293,7 +289,8 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
         if f.name == "hosts":
             parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
         elif f.type == "bool":
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action="store_true")
+            parser.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction,
+                                default=f.default)
         else:
             kind = {"int": int, "float": float}.get(f.type, str)
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)

@@ -139,7 +139,7 @@ CASES = {  # id: (yaml text, line, dotted key, regex the message must match)
     "yaml syntax error": (BASE + "    slots: [1\n", 10, "(top level)", r"not valid YAML"),
     "tab indentation": (BASE + "\tslots: 2\n", 9, "(top level)", r"not valid YAML"),
     "top level a list": ("- local\n- mac\n", 1, "(top level)",
-                         r"must be a mapping of keys \(pins, default_hosts, hosts\), got a list"),
+                         r"must be a mapping of keys \(pins, default_hosts, known_hosts, hosts\), got a list"),
     "default unknown host": (BASE.replace("hosts:", "default_hosts: [local, mac]\nhosts:"), 6, "default_hosts",
                              r"names 'mac', which is not under hosts:; known hosts: local"),
     "default twice": (BASE.replace("hosts:", "default_hosts: [local, local]\nhosts:"), 6, "default_hosts",
