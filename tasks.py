@@ -70,6 +70,8 @@ def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, l
                                   run_dir=run_dir)
     argv, env = launch.command(inventory_, selected, options)
     print(launch.printable(argv, env))
+    if not dry_run and not all(h.is_local for h in selected):
+        _preflight(inventory_, selected, accept_new=False)
     if not dry_run:
         launch.run(argv, env)
         print(f"run directory: {run_dir}")
@@ -110,3 +112,49 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats
     print(launch.printable(argv, env))
     if not dry_run:
         launch.run(argv, env)
+
+
+def _preflight(inventory_, hosts, accept_new):
+    from hvdhetero import preflight
+
+    results = preflight.check(inventory_, list(hosts), accept_new=accept_new)
+    print(preflight.report(results))
+    code = preflight.exit_code(results)
+    if code:
+        raise Exit("check: refusing to go on; fix the problems above", code=code)
+
+
+@task(help={
+    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
+    "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
+    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+})
+@_user_errors
+def check(c, hosts=None, accept_new_host_keys=False, inventory=None):
+    """Pre-flight: SSH keys and host keys, same versions everywhere, interfaces, peers reachable."""
+    inventory_ = inv.load(inventory or inv.default_path())
+    _preflight(inventory_, inventory_.select(hosts), accept_new_host_keys)
+    print("check: all hosts ready")
+
+
+@task(help={
+    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
+    "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
+    "install_system_packages": "install missing compilers/cmake/libuv with apt (sudo) or brew",
+    "dry_run": "connect and print each host's plan; change nothing",
+    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+})
+@_user_errors
+def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages=False, dry_run=False,
+              inventory=None):
+    """Install matching envs on the hosts over SSH (torch, our Horovod, this hvdhetero); idempotent."""
+    from hvdhetero import remote_provision
+
+    inventory_ = inv.load(inventory or inv.default_path())
+    reports = remote_provision.provision(inventory_, list(inventory_.select(hosts)),
+                                         accept_new=accept_new_host_keys,
+                                         install_system=install_system_packages, dry_run=dry_run)
+    print(remote_provision.table(reports))
+    code = remote_provision.exit_code(reports)
+    if code:
+        raise Exit("provision: some hosts are not ready (see the table)", code=code)

@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -30,7 +31,7 @@ import torch
 from hvdhetero import data, devices, models
 from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.train import Rank, batch, forward_backward, one_hot, probe_seconds
+from hvdhetero.train import Rank, batch, forward_backward, one_hot, probe_seconds, set_gloo_interface
 
 
 def parse_args(argv):
@@ -54,16 +55,19 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    host = args.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
+    set_gloo_interface(host)
     hvd.init()  # Horovod: rendezvous with the other ranks
     try:
-        host = args.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
         device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
         me = Rank(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
         train_set, _, info = data.load(args.dataset, args.data_dir)
         build = lambda: fresh_model(args, info, device)  # noqa: E731 - same start for every phase
-        phases = {"solo": solo_step(args, build, train_set, me),
-                  "horovod": horovod_step(args, build, train_set, me),
-                  "hvdhetero": hvdhetero_step(args, build, train_set, me)}
+        # Each phase straggles from its own last step: a Rank apiece, or the first step of a
+        # phase would sleep (k-1) x the previous phase's (differently sized) compute.
+        phases = {"solo": solo_step(args, build, train_set, replace(me)),
+                  "horovod": horovod_step(args, build, train_set, replace(me)),
+                  "hvdhetero": hvdhetero_step(args, build, train_set, replace(me))}
         seconds = measure(args, phases)
         solo = allreduce_sum(one_hot(phases["solo"].batch / seconds["solo"]), "bench.solo")
         horovod = {"samples_per_s": args.batch_size / seconds["horovod"], "split": phases["horovod"].split}

@@ -4,7 +4,8 @@ Exit codes (documented in the README):
   0  success
   1  a step failed (a build, a training run, a rank died)
   2  bad input: inventory, config or command-line value; nothing was contacted or written
-  3  a host could not be reached (provisioning, pre-flight)
+  3  a host could not be reached (down, no route, sshd not answering)
+  4  SSH refused: a host key unknown or changed, or no key accepted
 """
 
 from __future__ import annotations
@@ -49,3 +50,15 @@ class UnreachableError(HvdHeteroError):
     """A host could not be reached over SSH."""
 
     exit_code = 3
+
+
+class HostKeyError(HvdHeteroError):
+    """A host's SSH key is not in known_hosts, or differs from the one recorded there."""
+
+    exit_code = 4
+
+
+class SSHAuthError(HvdHeteroError):
+    """The host accepted none of our keys (we never try passwords)."""
+
+    exit_code = 4

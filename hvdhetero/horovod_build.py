@@ -229,8 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install", action="store_true", help="install the wheel into this interpreter's env")
     parser.add_argument("--cache", type=Path, default=None, help="wheel cache (default ~/.cache/hvdhetero)")
     parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 0 if this env already has our build for its torch, 1 if not")
     args = parser.parse_args(argv)
     try:
+        if args.check:
+            current = installed_build(sys.executable)
+            return 0 if current and current.get("key") == spec_for().key else 1
         if args.print_key:
             print(spec_for().key)
         elif args.install:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hvdhetero import progress
+from hvdhetero import netinfo, progress
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.inventory import Host, Inventory
 
@@ -107,10 +107,10 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     if local and len(hosts) > 1:
         raise ConfigError(f"{inventory.path}: host '{local[0].name}' is this machine (address "
                           f"{local[0].address}); a multi-host job needs every host's LAN address")
-    pythons = {env_python(inventory, h) for h in hosts}
-    if len(pythons) > 1:
+    envs = {h.env for h in hosts}
+    if len(envs) > 1:
         raise ConfigError(f"{inventory.path}: horovodrun runs one command on every host, but the hosts' "
-                          f"envs differ ({', '.join(sorted(pythons))}); give them the same `env` path")
+                          f"envs differ ({', '.join(sorted(envs))}); give them the same `env` path")
     horovodrun = str(Path(launcher_python).parent / "horovodrun")
     argv = [
         horovodrun,
@@ -119,10 +119,60 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
         "--gloo",
         "--start-timeout", str(START_TIMEOUT_S),
         "--gloo-timeout-seconds", str(GLOO_TIMEOUT_S),
-        pythons.pop(), "-m", *module_and_flags,
-        "--hosts-json", json.dumps(host_settings(hosts), sort_keys=True),
     ]
-    return argv, dict(RANK_ENV)
+    env = dict(RANK_ENV)
+    if local:
+        python = [env_python(inventory, hosts[0])]
+    else:
+        argv += ssh_flags(inventory, hosts)
+        env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory)
+        python = remote_python(hosts[0].env)
+    argv += [*python, "-m", *module_and_flags, "--hosts-json", json.dumps(host_settings(hosts), sort_keys=True)]
+    return argv, env
+
+
+def remote_python(env: str) -> list[str]:
+    """The env's python on every host. A path under ~ or relative names each host's home, which
+    differs (/Users/a on a Mac, /home/a on Linux), so the host's own shell expands $HOME."""
+    if env.startswith("/"):
+        return [f"{env.rstrip('/')}/bin/python"]
+    rel = env[2:] if env.startswith("~/") else env
+    # The inventory only admits [A-Za-z0-9_./~+-] in env paths: safe inside this script.
+    return ["sh", "-c", f'exec "$HOME"/{rel.rstrip("/")}/bin/python "$@"', "sh"]
+
+
+def ssh_flags(inventory: Inventory, hosts: Sequence[Host]) -> list[str]:
+    """horovodrun's ssh port, identity and NIC list: it takes one port and one key for all hosts."""
+    flags = []
+    ports, keys = {h.port for h in hosts}, {h.identity for h in hosts}
+    if len(ports) > 1 or len(keys) > 1:
+        raise ConfigError(f"{inventory.path}: horovodrun uses one ssh port and one key for all hosts, but the "
+                          f"selected hosts differ ({sorted(ports)}, {sorted(map(str, keys))}); align them or "
+                          "use an ~/.ssh/config Host entry per host")
+    if ports != {22}:
+        flags += ["--ssh-port", str(ports.pop())]
+    if keys != {None}:
+        flags += ["--ssh-identity-file", os.path.expanduser(keys.pop())]
+    # horovodrun's rendezvous server binds the first NIC's address on the launcher, then each
+    # rank sets its own host's NIC (train.py) before hvd.init().
+    nics = [netinfo.interface_towards(hosts[0].address)] + [h.interface for h in hosts if h.interface]
+    return flags + ["--network-interfaces", ",".join(dict.fromkeys(n for n in nics if n))]
+
+
+def ssh_options(inventory: Inventory) -> str:
+    """Options for horovodrun's ssh (our Horovod patch 0004): keys only, host keys checked."""
+    known = os.path.expanduser(inventory.known_hosts or "~/.ssh/known_hosts")
+    return " ".join(["-o BatchMode=yes", "-o PasswordAuthentication=no", "-o StrictHostKeyChecking=yes",
+                     f"-o UserKnownHostsFile={shlex.quote(known)}", f"-o ConnectTimeout={START_TIMEOUT_S // 4}"])
+
+
+# What horovodrun may forward to remote ranks: it copies its own environment into every rank's
+# command line, so it gets this allowlist, never the launcher's whole environment (secrets).
+FORWARDED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "SSH_AUTH_SOCK", "TMPDIR")
+
+
+def forwarded_env(env: dict[str, str]) -> dict[str, str]:
+    return {**{k: os.environ[k] for k in FORWARDED if k in os.environ}, **env}
 
 
 def printable(argv: Sequence[str], env: dict[str, str]) -> str:
@@ -134,7 +184,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None)
     """Run the job in the foreground; its ranks' output goes straight to the console."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
-    with subprocess.Popen(list(argv), env={**os.environ, **env}, cwd=cwd, stdout=subprocess.PIPE,
+    with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
         progress.relay(proc.stdout)
     if proc.returncode != 0:

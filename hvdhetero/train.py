@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from hvdhetero import checkpoint, data, devices, models, progress
+from hvdhetero import checkpoint, data, devices, models, netinfo, progress
 from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.sampler import WeightedBatchSampler
@@ -79,9 +80,7 @@ class Rank:
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     host = cfg.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
-    if host.get("interface"):
-        # Horovod: Gloo takes one interface name; each host may call its NIC differently.
-        os.environ["HOROVOD_GLOO_IFACE"] = host["interface"]
+    set_gloo_interface(host)
     hvd.init()  # Horovod: rendezvous with the other ranks
     try:
         me = make_rank(cfg, host)
@@ -104,6 +103,18 @@ def main(argv: list[str] | None = None) -> None:
         finish(cfg, model, optimizer, test, time.perf_counter() - started, log)
     finally:
         hvd.shutdown()
+
+
+def set_gloo_interface(host: dict) -> None:
+    """Horovod: Gloo takes one interface name for all ranks, but each host may call its NIC
+    differently (en0 on a Mac, enp3s0 on a PC). Use this host's from the inventory, else the
+    NIC that routes to the launcher's rendezvous server."""
+    iface = host.get("interface")
+    rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    if not iface and rendezvous:
+        iface = netinfo.interface_towards(rendezvous)
+    if iface:
+        os.environ["HOROVOD_GLOO_IFACE"] = iface
 
 
 def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, dataset, me, log) -> None:
@@ -249,10 +260,12 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
 def start_log(cfg, me: Rank, balancer: Balancer) -> checkpoint.MetricsLog | None:
     described = hvd.allgather_object(me.device.describe(), name="hvdhetero.devices")  # all ranks
     slowdowns = hvd.allgather_object(me.slowdown, name="hvdhetero.slowdowns")
+    hostnames = hvd.allgather_object(socket.gethostname(), name="hvdhetero.hostnames")
     if hvd.rank() != 0:
         return None
     log = checkpoint.MetricsLog(Path(cfg.run_dir) / "metrics.jsonl")
-    log.write("start", config=asdict(cfg), ranks=hvd.size(), devices=described, slowdowns=slowdowns,
+    log.write("start", config=asdict(cfg), ranks=hvd.size(), hostnames=hostnames, devices=described,
+              slowdowns=slowdowns,
               overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
     log.write("split", epoch=0, step=0, split=balancer.split)
     return log

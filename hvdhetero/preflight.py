@@ -1,0 +1,142 @@
+"""`invoke check`: everything a multi-host job needs, verified before any rank starts.
+
+For every host: SSH with keys only and a known host key; the env's Python, torch, torchvision,
+Horovod (version and our patch set) and hvdhetero (digest of this checkout's sources) match
+the pins and each other; the configured network interface exists; and each host reaches the
+others. Every problem names the host and what to do. `invoke train` runs the same checks and
+refuses to launch on any problem.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from hvdhetero import remote_provision, ssh
+from hvdhetero.errors import HvdHeteroError
+from hvdhetero.inventory import Host, Inventory
+from hvdhetero.provision import same_release
+
+# Runs with the host's env Python: what is installed there, its NICs, and which peers it reaches.
+ENV_FACTS_PY = r"""
+import json, os, socket, sys
+from importlib import metadata
+peers = json.loads(sys.argv[1])
+def version(name):
+    try: return metadata.version(name)
+    except metadata.PackageNotFoundError: return None
+try:
+    from horovod import hvdhetero_build as m
+    build = {k: m.BUILD[k] for k in ("horovod", "patch_set", "key")}
+except Exception:
+    build = None
+try:
+    import psutil
+    nics = sorted(psutil.net_if_addrs())
+except Exception:
+    nics = sorted(n for _, n in socket.if_nameindex())
+reach = {}
+for name, (address, port) in peers.items():
+    try:
+        socket.create_connection((address, port), timeout=3).close(); reach[name] = True
+    except OSError:
+        reach[name] = False
+stamp = os.path.join(sys.prefix, sys.argv[2])
+digest = json.load(open(stamp)).get("digest") if os.path.exists(stamp) else None
+print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "torch": version("torch"),
+                  "torchvision": version("torchvision"), "hvdhetero": version("hvdhetero"),
+                  "digest": digest, "horovod": build, "nics": nics, "reach": reach}))
+"""
+
+
+@dataclass
+class HostFacts:
+    host: Host
+    facts: dict | None = None
+    error: str = ""
+    status: str = "ok"  # ok | refused | unreachable | failed
+    problems: list[str] = field(default_factory=list)
+
+
+def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool = False) -> HostFacts:
+    """Connect to `host` and read its env's facts; errors become its status, never raise."""
+    try:
+        conn = ssh.connect(host, inventory.known_hosts, accept_new=accept_new)
+    except HvdHeteroError as e:
+        return HostFacts(host, error=str(e), status="refused" if e.exit_code == 4 else "unreachable")
+    with conn:
+        home = ssh.run(conn, ["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout.strip()
+        py = posixpath.join(remote_provision.remote_path(host.env, home), "bin", "python")
+        targets = {p.name: (p.address, p.port) for p in peers if p.name != host.name}
+        r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, json.dumps(targets), remote_provision.STAMP], timeout=60)
+    if r.exited != 0:
+        return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
+                         f"({(r.stderr or r.stdout).strip()[-300:]}); run invoke provision --hosts {host.name}")
+    return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> None:
+    """Fill each result's problems: versions against the pins and each other, NICs, peers."""
+    pins = inventory.pins
+    reference = next((r for r in results if r.facts), None)
+    for r in results:
+        if not r.facts:
+            r.problems.append(r.error)
+            continue
+        f, h, fix = r.facts, r.host, f"run: invoke provision --hosts {r.host.name}"
+        if f["python"] != pins.python:
+            r.problems.append(f"{h.name}: Python {f['python']}, pins.python is {pins.python}")
+        for name, want in (("torch", h.torch_version(pins)), ("torchvision", h.torchvision_version(pins))):
+            if not same_release(f[name], want):
+                others = ", ".join(f"{o.host.name} has {o.facts[name]}" for o in results
+                                   if o is not r and o.facts)
+                r.problems.append(f"{h.name}: {name} {f[name]}, expected {want}"
+                                  f"{' (' + others + ')' if others else ''}; {fix}")
+        if f["digest"] != digest:
+            r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
+                              f"{digest}); {fix}")
+        build = f["horovod"]
+        if not build:
+            r.problems.append(f"{h.name}: Horovod there is not our patched build; {fix}")
+        elif build["horovod"] != pins.horovod or (reference and reference.facts["horovod"]
+                                                   and build["patch_set"] != reference.facts["horovod"]["patch_set"]):
+            r.problems.append(f"{h.name}: Horovod {build['horovod']} with patch set {build['patch_set'][:12]} "
+                              f"differs from pins/other hosts; {fix}")
+        if h.interface and h.interface not in f["nics"]:
+            r.problems.append(f"{h.name}: network interface {h.interface!r} not found there (it has: "
+                              f"{', '.join(f['nics'])}); set interface: for this host in {inventory.path}")
+        for peer, ok in f["reach"].items():
+            if not ok:
+                r.problems.append(f"{h.name}: cannot reach {peer} over TCP; same LAN? firewall?")
+        if r.problems:
+            r.status = "failed"
+
+
+def check(inventory: Inventory, hosts: list[Host], accept_new: bool = False) -> list[HostFacts]:
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        results = list(pool.map(lambda h: gather(inventory, h, hosts, accept_new), hosts))
+    problems(inventory, results, remote_provision.source_digest())
+    return results
+
+
+def report(results: list[HostFacts]) -> str:
+    lines = []
+    for r in results:
+        if r.facts and not r.problems:
+            f = r.facts
+            lines.append(f"{r.host.name}: ok: Python {f['python']}, torch {f['torch']}, Horovod "
+                         f"{f['horovod']['horovod']} (patches {f['horovod']['patch_set'][:12]}), "
+                         f"interface {r.host.interface or '(auto)'}")
+        else:
+            lines += [f"{r.host.name}: {r.status}: {p}" for p in r.problems]
+    return "\n".join(lines)
+
+
+def exit_code(results: list[HostFacts]) -> int:
+    statuses = {r.status for r in results}
+    for status, code in (("failed", 1), ("refused", 4), ("unreachable", 3)):
+        if status in statuses:
+            return code
+    return 0

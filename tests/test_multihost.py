@@ -1,0 +1,200 @@
+"""Multi-host, for real: two sshd hosts in network namespaces (ci/testhosts), provisioned over
+SSH, checked, and training one model together, launched from a third namespace. Also every
+way a host can refuse or be missing. Needs root (CI runs as root)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, VENV_BIN, requires_root
+from hvdhetero import checkpoint
+
+pytestmark = [requires_root, pytest.mark.slow]
+LAUNCH_NS = "hvdt-launch"
+STATE = Path(os.environ.get("HVDHETERO_TESTHOSTS_STATE", "/tmp/hvdhetero-testhosts"))
+# What the hosts' pip installs from (the namespaces have no internet).
+WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "tqdm", "scikit-learn",
+          "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel"]
+
+
+def launcher(*argv, timeout=900, check=False):
+    """Run a command in the launcher's namespace, stdin closed (a prompt would hang: it must not)."""
+    proc = subprocess.run(["ip", "netns", "exec", LAUNCH_NS, *map(str, argv)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{argv} exited {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def invoke(*args, inventory, timeout=1800, check=False):
+    return launcher(VENV_BIN / "invoke", *args, "--inventory", inventory, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Test hosts up (torn down at the end, even when a test fails), their wheelhouse filled."""
+    up = subprocess.run([ROOT / "ci/testhosts", "up", "--state", STATE], capture_output=True, text=True,
+                        timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    inventory = Path(up.stdout.strip().splitlines()[-1])
+    try:
+        subprocess.run([VENV_BIN / "python", "-m", "pip", "download", "--quiet", "-d", STATE / "wheelhouse",
+                        *WHEELS], check=True, timeout=1200, capture_output=True)
+        yield inventory
+    finally:
+        subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
+
+
+def variant(inventory: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the test inventory changed by `edit(dict)`."""
+    data = yaml.safe_load(inventory.read_text())
+    edit(data)
+    out = tmp_path / "inventory.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out
+
+
+def sshd_log_lines(host: str) -> int:
+    return len((STATE / host / "sshd.log").read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def provisioned(hosts):
+    first = invoke("provision", inventory=hosts)
+    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
+    return hosts, first
+
+
+def test_provision_installs_both_hosts(provisioned):
+    _, first = provisioned
+    table = first.stdout[first.stdout.index("host "):]
+    assert re.search(r"^h1\s+changed\s+venv, torch 2\.14\.1, hvdhetero", table, re.M), table
+    assert re.search(r"^h2\s+changed\s+venv, torch 2\.14\.1, hvdhetero", table, re.M), table
+
+
+def test_provision_again_changes_nothing(provisioned):
+    inventory, _ = provisioned
+    again = invoke("provision", inventory=inventory, check=True)
+    assert re.search(r"^h1\s+ok\s+nothing changed$", again.stdout, re.M), again.stdout
+    assert re.search(r"^h2\s+ok\s+nothing changed$", again.stdout, re.M), again.stdout
+
+
+def test_check_is_green(provisioned):
+    inventory, _ = provisioned
+    proc = invoke("check", inventory=inventory, check=True)
+    assert "h1: ok: Python 3.11, torch 2.14.1" in proc.stdout and "interface en0" in proc.stdout
+    assert "h2: ok:" in proc.stdout and "interface enp3s0" in proc.stdout
+    assert "check: all hosts ready" in proc.stdout
+
+
+def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
+    """h1's NIC is en0 and its hostname resolves to 127.0.1.1; h2's NIC is enp3s0."""
+    inventory, _ = provisioned
+    run_dir = tmp_path / "run"  # rank 0 runs on h1; /tmp is shared with the test hosts
+    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, inventory=inventory,
+                  timeout=900, check=True)
+    assert "--network-interfaces hvdtbr0,en0,enp3s0" in proc.stdout
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    start, end = records[0], records[-1]
+    assert start["ranks"] == 2 and start["hostnames"] == ["h1", "h2"]
+    assert end["test_accuracy"] >= 0.95, end
+    assert len(set(end["param_digests"])) == 1
+
+
+def test_hostile_values_reach_the_remote_shell_quoted(provisioned):
+    inventory, _ = provisioned
+    hostile = "$(touch /tmp/hvdt-pwned) `touch /tmp/hvdt-pwned`; touch /tmp/hvdt-pwned | x & 'q\""
+    Path("/tmp/hvdt-pwned").unlink(missing_ok=True)
+    code = ("import subprocess, sys; sys.exit(subprocess.run(['ip', 'netns', 'exec', 'hvdt-launch', "
+            "sys.executable, '-c', sys.argv[1], sys.argv[2]]).returncode)")
+    body = ("import sys; from hvdhetero import ssh; from hvdhetero.inventory import load; "
+            f"inv = load({str(inventory)!r}); c = ssh.connect(inv.host('h1'), inv.known_hosts); "
+            "r = ssh.run(c, ['printf', '%s', sys.argv[1]]); print(r.stdout, end='')")
+    proc = subprocess.run([VENV_BIN / "python", "-c", code, body, hostile], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.stdout == hostile, proc.stderr
+    assert not Path("/tmp/hvdt-pwned").exists()
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(provisioned, tmp_path):
+    inventory, _ = provisioned
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    edited = variant(inventory, tmp_path, lambda d: d.update(known_hosts=str(empty)))
+    before = sshd_log_lines("h1")
+    proc = invoke("check", "--hosts", "h1", inventory=edited, timeout=60)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "h1: refused: h1 (10.213.0.11): host key not in" in proc.stdout
+    assert re.search(r"ssh-ed25519 SHA256:[A-Za-z0-9+/]{43}", proc.stdout)
+    new = (STATE / "h1" / "sshd.log").read_text().splitlines()[before:]
+    assert not any("Accepted publickey" in line for line in new), "no login, so no command, may happen"
+    assert empty.read_text() == "", "an unknown key is never recorded without the opt-in flag"
+
+
+def test_changed_host_key_is_refused_showing_both_fingerprints(provisioned, tmp_path):
+    inventory, _ = provisioned
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "other"], check=True)
+    other = (tmp_path / "other.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"10.213.0.11 {other[0]} {other[1]}\n")
+    edited = variant(inventory, tmp_path, lambda d: d.update(known_hosts=str(known)))
+    proc = invoke("check", "--hosts", "h1", inventory=edited, timeout=60)
+    assert proc.returncode == 4
+    assert "host key CHANGED" in proc.stdout and proc.stdout.count("SHA256:") >= 2, proc.stdout
+
+
+def test_key_not_authorized_fails_fast_without_prompt(provisioned, tmp_path):
+    inventory, _ = provisioned
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "stranger"], check=True)
+    edited = variant(inventory, tmp_path, lambda d: d["hosts"]["h1"].update(identity=str(tmp_path / "stranger")))
+    t0 = time.monotonic()
+    proc = invoke("check", "--hosts", "h1", inventory=edited, timeout=60)
+    assert proc.returncode == 4 and "no key accepted" in proc.stdout and "passwords are never tried" in proc.stdout
+    assert time.monotonic() - t0 < 30
+
+
+def test_host_down_is_named_and_the_others_still_reported(provisioned, tmp_path):
+    inventory, _ = provisioned
+
+    def add_dead_host(d):
+        d["hosts"]["h3"] = {**d["hosts"]["h2"], "address": "10.213.0.13"}
+    edited = variant(inventory, tmp_path, add_dead_host)
+    proc = invoke("check", "--hosts", "h1,h2,h3", inventory=edited, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "h3: unreachable: h3 (root@10.213.0.13:22)" in proc.stdout
+    assert "h1: ok:" in proc.stdout and "h2: ok:" in proc.stdout
+
+
+def test_missing_interface_is_named(provisioned, tmp_path):
+    inventory, _ = provisioned
+    edited = variant(inventory, tmp_path, lambda d: d["hosts"]["h2"].update(interface="eth9"))
+    proc = invoke("check", inventory=edited, timeout=120)
+    assert proc.returncode == 1
+    assert "h2: failed: h2: network interface 'eth9' not found there (it has: " in proc.stdout
+    assert "enp3s0" in proc.stdout
+
+
+def test_torch_differing_on_one_host_stops_check_and_train(provisioned, tmp_path):
+    """Last: it changes h2's torch, then provisions h2 back."""
+    inventory, _ = provisioned
+    pip = ["ssh", "-F", STATE / "ssh_config", "h2", "env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=/opt/wheels",
+           "/srv/hvdhost/venv/bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "torch==2.13.0"]
+    launcher(*pip, timeout=600, check=True)
+    try:
+        proc = invoke("check", inventory=inventory, timeout=120)
+        assert proc.returncode == 1
+        assert "h2: torch 2.13.0+cpu, expected 2.14.1 (h1 has 2.14.1" in proc.stdout, proc.stdout
+        run_dir = tmp_path / "never"
+        train = invoke("train", "--hosts", "h1,h2", "--run-dir", run_dir, inventory=inventory, timeout=120)
+        assert train.returncode == 1 and "refusing to go on" in train.stderr
+        assert not run_dir.exists(), "no rank may start"
+    finally:
+        back = invoke("provision", "--hosts", "h2", inventory=inventory)
+        assert back.returncode == 0, back.stdout[-3000:]
