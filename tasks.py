@@ -14,6 +14,7 @@ from invoke import Exit, task
 
 from hvdhetero import inventory as inv
 from hvdhetero import launch
+from hvdhetero.config import TrainConfig
 from hvdhetero.errors import HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
@@ -65,7 +66,7 @@ def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, l
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
     run_dir = run_dir or str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{dataset}")
-    options = launch.TrainOptions(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
+    options = TrainConfig(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
                                   lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
                                   run_dir=run_dir)
     argv, env = launch.command(inventory_, selected, options)

@@ -62,3 +62,13 @@ class SSHAuthError(HvdHeteroError):
     """The host accepted none of our keys (we never try passwords)."""
 
     exit_code = 4
+
+
+def group_exit_code(statuses) -> int:
+    """One exit code for per-host results: 1 if a step failed anywhere, else 4 if SSH was
+    refused, else 3 if a host was unreachable, else 0."""
+    statuses = set(statuses)
+    for status, code in (("failed", 1), ("refused", 4), ("unreachable", 3)):
+        if status in statuses:
+            return code
+    return 0

@@ -12,10 +12,10 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvdhetero import netinfo, progress
+from hvdhetero.config import TrainConfig
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.inventory import Host, Inventory
 
@@ -31,36 +31,6 @@ RANK_ENV = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
 }
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """The user's choices for a run, forwarded to every rank as `hvdhetero.train` flags."""
-
-    dataset: str = "digits"
-    model: str = ""
-    epochs: int = 10
-    batch_size: int = 64
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    seed: int = 0
-    data_dir: str = "data"
-    download: bool = False
-    run_dir: str = "runs/latest"
-    compression: str = "none"
-    overlap: bool = True
-    equal_split: bool = False
-    slowdown: float = 1.0
-
-    def flags(self) -> list[str]:
-        out: list[str] = []
-        for name, value in asdict(self).items():
-            flag = "--" + name.replace("_", "-")
-            if isinstance(value, bool):
-                out += [flag if value else "--no-" + flag[2:]]
-            elif value != "":
-                out += [flag, str(value)]
-        return out
 
 
 def env_python(inventory: Inventory, host: Host) -> str:
@@ -83,7 +53,7 @@ def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
     }
 
 
-def command(inventory: Inventory, hosts: Sequence[Host], options: TrainOptions,
+def command(inventory: Inventory, hosts: Sequence[Host], options: TrainConfig,
             launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` training `options` on `hosts`, one rank per slot."""
     return job(inventory, hosts, ["hvdhetero.train", *options.flags()], launcher_python)

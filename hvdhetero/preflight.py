@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hvdhetero import remote_provision, ssh
-from hvdhetero.errors import HvdHeteroError
+from hvdhetero.errors import HvdHeteroError, group_exit_code
 from hvdhetero.inventory import Host, Inventory
 from hvdhetero.provision import same_release
 
@@ -134,9 +134,5 @@ def report(results: list[HostFacts]) -> str:
     return "\n".join(lines)
 
 
-def exit_code(results: list[HostFacts]) -> int:
-    statuses = {r.status for r in results}
-    for status, code in (("failed", 1), ("refused", 4), ("unreachable", 3)):
-        if status in statuses:
-            return code
-    return 0
+def exit_code(results) -> int:
+    return group_exit_code(r.status for r in results)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvdhetero import horovod_build, ssh
-from hvdhetero.errors import BuildError, HostKeyError, HvdHeteroError, SSHAuthError, UnreachableError
+from hvdhetero.errors import (BuildError, HostKeyError, HvdHeteroError, SSHAuthError, UnreachableError,
+                              group_exit_code)
 from hvdhetero.inventory import Host, Inventory, Pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,13 +213,8 @@ def provision(inventory: Inventory, hosts: list[Host], *, accept_new: bool = Fal
             return [f.result() for f in futures]
 
 
-def exit_code(reports: list[HostReport]) -> int:
-    """0 all ok/changed, 1 a step failed somewhere, 4 SSH refused, 3 a host unreachable."""
-    statuses = {r.status for r in reports}
-    for status, code in (("failed", 1), ("refused", 4), ("unreachable", 3)):
-        if status in statuses:
-            return code
-    return 0
+def exit_code(results) -> int:
+    return group_exit_code(r.status for r in results)
 
 
 def table(reports: list[HostReport]) -> str:

@@ -13,13 +13,11 @@ measured speed.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -28,36 +26,9 @@ import torch.nn.functional as F
 
 from hvdhetero import checkpoint, data, devices, models, netinfo, progress
 from hvdhetero.balancer import Balancer
+from hvdhetero.config import TrainConfig, parse_args
 from hvdhetero.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.sampler import WeightedBatchSampler
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What one training run does; every rank gets the same one from the launcher."""
-
-    dataset: str = "digits"
-    model: str = ""
-    """Empty: the dataset's default (cnn for digits/mnist, resnet18 for cifar10)."""
-    epochs: int = 10
-    batch_size: int = 64
-    """Global batch: the sum of all ranks' local batches."""
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    seed: int = 0
-    data_dir: str = "data"
-    download: bool = False
-    run_dir: str = "runs/latest"
-    compression: str = "none"
-    """Gradients on the wire: none (float32) or fp16."""
-    overlap: bool = True
-    """Start reducing gradient buckets while backward still runs (--no-overlap: after it)."""
-    equal_split: bool = False
-    """Give every rank the same batch (plain data parallelism) instead of balancing."""
-    slowdown: float = 1.0
-    """Straggler injection: the last rank sleeps (k-1) times its compute time every step."""
-    hosts: dict = field(default_factory=dict)
-    """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
 
 @dataclass
@@ -294,22 +265,6 @@ def finish(cfg, model, optimizer, test, seconds, log) -> None:
     print(f"hvdhetero: {cfg.dataset} on {hvd.size()} ranks, {cfg.epochs} epochs in {seconds:.1f} s: "
           f"test accuracy {test['test_accuracy']:.2%}, loss {test['test_loss']:.4f} ({in_sync}); "
           f"model {path}", flush=True)
-
-
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.train", description=__doc__.split("\n")[0])
-    for f in TrainConfig.__dataclass_fields__.values():
-        if f.name == "hosts":
-            parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
-        elif f.type == "bool":
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction,
-                                default=f.default)
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    args = vars(parser.parse_args(argv))
-    args["hosts"] = json.loads(args.pop("hosts_json"))
-    return TrainConfig(**args)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import pytest
 
 from hvdhetero import inventory as inv
 from hvdhetero import launch
+from hvdhetero.config import TrainConfig
 from hvdhetero.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_local_command_is_two_cpu_ranks_over_gloo():
     inventory = inv.load(ROOT / "inventory.yaml")
-    options = launch.TrainOptions(epochs=3, run_dir="/tmp/run")
+    options = TrainConfig(epochs=3, run_dir="/tmp/run")
     argv, env = launch.command(inventory, inventory.select(None), options,
                                launcher_python="/opt/venv/bin/python")
     assert argv == [
@@ -34,7 +35,7 @@ def test_local_command_is_two_cpu_ranks_over_gloo():
 def test_flags_round_trip_into_the_rank_config():
     from hvdhetero.train import parse_args  # the rank parses exactly what the launcher wrote
 
-    options = launch.TrainOptions(dataset="mnist", model="cnn", epochs=2, batch_size=96, lr=0.05,
+    options = TrainConfig(dataset="mnist", model="cnn", epochs=2, batch_size=96, lr=0.05,
                                   optimizer="sgd", download=True, run_dir="r", compression="fp16")
     cfg = parse_args(options.flags() + ["--hosts-json", '{"a": {"device": "mps"}}'])
     assert (cfg.dataset, cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.optimizer, cfg.download,
@@ -61,10 +62,10 @@ hosts:
 def test_local_host_cannot_join_a_multi_host_job(tmp_path):
     inventory = _two_hosts(tmp_path)
     with pytest.raises(ConfigError, match="host 'a' is this machine .*LAN address"):
-        launch.command(inventory, inventory.select("a,b"), launch.TrainOptions())
+        launch.command(inventory, inventory.select("a,b"), TrainConfig())
 
 
 def test_hosts_with_different_env_paths_are_refused(tmp_path):
     inventory = _two_hosts(tmp_path, first="10.0.0.1", env_b="/opt/other")
     with pytest.raises(ConfigError, match="give them the same `env` path"):
-        launch.command(inventory, inventory.select("a,b"), launch.TrainOptions())
+        launch.command(inventory, inventory.select("a,b"), TrainConfig())
