@@ -123,10 +123,14 @@ def ssh_flags(inventory: Inventory, hosts: Sequence[Host]) -> list[str]:
         flags += ["--ssh-port", str(ports.pop())]
     if keys != {None}:
         flags += ["--ssh-identity-file", os.path.expanduser(keys.pop())]
-    # horovodrun's rendezvous server binds the first NIC's address on the launcher, then each
-    # rank sets its own host's NIC (train.py) before hvd.init().
-    nics = [netinfo.interface_towards(hosts[0].address)] + [h.interface for h in hosts if h.interface]
-    return flags + ["--network-interfaces", ",".join(dict.fromkeys(n for n in nics if n))]
+    # horovodrun binds its rendezvous server to the address of "the first" NIC given, looked up
+    # on the launcher (and it keeps them in a set: any one may come first), so name only the
+    # launcher's own NIC towards the hosts; each rank then sets its host's NIC (train.py).
+    nic = netinfo.interface_towards(hosts[0].address)
+    if nic is None:
+        raise ConfigError(f"cannot tell which network interface of this machine reaches {hosts[0].name} "
+                          f"({hosts[0].address}); is it on this network?")
+    return flags + ["--network-interfaces", nic]
 
 
 def ssh_options(inventory: Inventory) -> str:

@@ -81,6 +81,7 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
     """Fill each result's problems: versions against the pins and each other, NICs, peers."""
     pins = inventory.pins
     reference = next((r for r in results if r.facts), None)
+    reachable = {r.host.name for r in results if r.facts}
     for r in results:
         if not r.facts:
             r.problems.append(r.error)
@@ -108,7 +109,7 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
             r.problems.append(f"{h.name}: network interface {h.interface!r} not found there (it has: "
                               f"{', '.join(f['nics'])}); set interface: for this host in {inventory.path}")
         for peer, ok in f["reach"].items():
-            if not ok:
+            if not ok and peer in reachable:  # an unreachable peer is reported once, as itself
                 r.problems.append(f"{h.name}: cannot reach {peer} over TCP; same LAN? firewall?")
         if r.problems:
             r.status = "failed"

@@ -100,7 +100,8 @@ def connect(host: Host, known_hosts: str | None = None, accept_new: bool = False
         raise UnreachableError(f"{where}: no answer within {timeout:g} s; is it on, on this network, "
                                "and is Remote Login / sshd enabled?") from None
     except (OSError, paramiko.SSHException) as e:
-        raise UnreachableError(f"{where}: cannot connect: {e}; is it on, and is sshd listening?") from None
+        reason = str(e).removeprefix("[Errno None] ")
+        raise UnreachableError(f"{where}: cannot connect: {reason}; is it on, and is sshd listening?") from None
     return conn
 
 

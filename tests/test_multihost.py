@@ -39,7 +39,9 @@ def invoke(*args, inventory, timeout=1800, check=False):
 
 @pytest.fixture(scope="module")
 def hosts():
-    """Test hosts up (torn down at the end, even when a test fails), their wheelhouse filled."""
+    """Fresh test hosts (torn down at the end, even when a test fails), their wheelhouse filled."""
+    if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # start from bare hosts
+        subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
     up = subprocess.run([ROOT / "ci/testhosts", "up", "--state", STATE], capture_output=True, text=True,
                         timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -49,7 +51,8 @@ def hosts():
                         *WHEELS], check=True, timeout=1200, capture_output=True)
         yield inventory
     finally:
-        subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
+        if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # a developer's fast re-run keeps them
+            subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
 
 
 def variant(inventory: Path, tmp_path: Path, edit) -> Path:
@@ -100,7 +103,7 @@ def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
     run_dir = tmp_path / "run"  # rank 0 runs on h1; /tmp is shared with the test hosts
     proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, inventory=inventory,
                   timeout=900, check=True)
-    assert "--network-interfaces hvdtbr0,en0,enp3s0" in proc.stdout
+    assert "--network-interfaces hvdtbr0 " in proc.stdout  # the launcher's NIC; ranks set their own
     records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
     assert start["ranks"] == 2 and start["hostnames"] == ["h1", "h2"]
