@@ -57,18 +57,23 @@ def test(c):
     "download": "let each host's first rank download the dataset",
     "run_dir": "metrics.jsonl and model.pt go here (default runs/<time>-<dataset>)",
     "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+    "slowdown": "straggler injection: the last rank acts this many times slower (experiments)",
+    "equal_split": "equal batches on every rank (plain data parallelism) instead of balancing",
+    "compression": "gradients on the wire: none (float32) or fp16",
     "dry_run": "print the horovodrun command and exit",
 })
 @_user_errors
 def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3, optimizer="adam",
-          data_dir="data", download=False, run_dir=None, inventory=None, dry_run=False):
+          data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0, equal_split=False,
+          compression="none", dry_run=False):
     """Train one model on the inventory's hosts with horovodrun --gloo (default: 2 CPU ranks here)."""
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
     run_dir = run_dir or str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{dataset}")
     options = TrainConfig(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
-                                  lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
-                                  run_dir=run_dir)
+                          lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
+                          run_dir=run_dir, slowdown=float(slowdown), equal_split=equal_split,
+                          compression=compression)
     argv, env = launch.command(inventory_, selected, options)
     print(launch.printable(argv, env))
     if not dry_run and not all(h.is_local for h in selected):
@@ -159,3 +164,30 @@ def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages
     code = remote_provision.exit_code(reports)
     if code:
         raise Exit("provision: some hosts are not ready (see the table)", code=code)
+
+
+@task(help={
+    "src": "local directory to push (e.g. data, holding MNIST/ or cifar-10-batches-py/)",
+    "dest": "directory on each host; relative = under that host's home (default: same as --src)",
+    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
+    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+})
+@_user_errors
+def sync(c, src="data", dest=None, hosts=None, inventory=None):
+    """Push a dataset directory to the hosts with rsync over ssh (host keys checked)."""
+    import subprocess
+
+    inventory_ = inv.load(inventory or inv.default_path())
+    if not Path(src).is_dir():
+        raise Exit(f"error: {src} is not a directory", code=2)
+    failed = []
+    for host in inventory_.select(hosts):
+        if host.is_local:
+            continue
+        argv = launch.sync_command(inventory_, host, src, dest or src)
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=3600)
+        print(f"{host.name}: {'ok' if proc.returncode == 0 else 'failed: ' + proc.stderr.strip()[-300:]}")
+        if proc.returncode != 0:
+            failed.append(host.name)
+    if failed:
+        raise Exit(f"sync: failed for {', '.join(failed)}", code=1)

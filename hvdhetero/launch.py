@@ -93,6 +93,10 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     env = dict(RANK_ENV)
     if local:
         python = [env_python(inventory, hosts[0])]
+        if not Path(python[0]).exists():
+            raise ConfigError(f"{inventory.path}: host '{hosts[0].name}' has env {hosts[0].env!r}, but "
+                              f"{python[0]} does not exist; run ci/setup, or fix env: (relative paths start "
+                              "at the inventory file's directory)")
     else:
         argv += ssh_flags(inventory, hosts)
         env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory)
@@ -163,3 +167,17 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None)
         progress.relay(proc.stdout)
     if proc.returncode != 0:
         raise LaunchError(f"training failed: horovodrun exited with {proc.returncode} (see the rank output above)")
+
+
+def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:
+    """rsync over ssh pushing directory `src` to `dest` on `host` (relative = its home), with
+    the same ssh rules as everything else: keys only, host key checked, no prompt."""
+    ssh_argv = ["ssh", "-p", str(host.port), *ssh_options(inventory).split()]
+    if host.identity:
+        ssh_argv += ["-i", os.path.expanduser(host.identity)]
+    target = f"{host.user + '@' if host.user else ''}{host.address}"
+    if ":" in host.address:
+        target = f"{host.user + '@' if host.user else ''}[{host.address}]"
+    # --protect-args: the remote path reaches the remote side as data, not through its shell.
+    return ["rsync", "-a", "--protect-args", "--timeout=60", "-e", shlex.join(ssh_argv),
+            src.rstrip("/") + "/", f"{target}:{dest}"]

@@ -111,6 +111,33 @@ def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
     assert len(set(end["param_digests"])) == 1
 
 
+def test_h1_hostname_resolves_to_loopback_like_ubuntu(hosts):
+    out = launcher("ssh", "-F", STATE / "ssh_config", "h1", "getent", "hosts", "h1", timeout=30, check=True)
+    assert out.stdout.split()[0] == "127.0.1.1"  # so h1 joining the job needs our patch 0003
+
+
+def test_sync_pushes_a_dataset_directory_to_every_host(provisioned, tmp_path):
+    inventory, _ = provisioned
+    src = tmp_path / "data with space"
+    (src / "MNIST" / "raw").mkdir(parents=True)
+    (src / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x01labels")
+    dest = "/srv/hvdhost/data"  # each host's own disk
+    proc = invoke("sync", "--src", src, "--dest", dest, inventory=inventory, timeout=120)
+    assert proc.returncode == 0 and "h1: ok" in proc.stdout and "h2: ok" in proc.stdout, proc.stdout + proc.stderr
+    for host in ("h1", "h2"):
+        copied = STATE / host / "srv" / "data" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+        assert copied.read_bytes() == b"\x00\x01labels"
+
+
+def test_provision_reports_every_host_when_one_is_down(provisioned, tmp_path):
+    inventory, _ = provisioned
+    edited = variant(inventory, tmp_path, lambda d: d["hosts"].update(h3={**d["hosts"]["h2"], "address": "10.213.0.13"}))
+    proc = invoke("provision", "--hosts", "h1,h2,h3", inventory=edited, timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert re.search(r"^h1\s+ok\s+nothing changed$", proc.stdout, re.M)
+    assert re.search(r"^h3\s+unreachable\s+h3 \(root@10.213.0.13:22\): cannot connect", proc.stdout, re.M), proc.stdout
+
+
 def test_hostile_values_reach_the_remote_shell_quoted(provisioned):
     inventory, _ = provisioned
     hostile = "$(touch /tmp/hvdt-pwned) `touch /tmp/hvdt-pwned`; touch /tmp/hvdt-pwned | x & 'q\""

@@ -67,3 +67,20 @@ def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--dry-run", "--run-dir", tmp_path / "r"], timeout=60)
     assert proc.stdout.count("horovodrun") == 1 and "hvdhetero.train" in proc.stdout
     assert not (tmp_path / "r").exists()
+
+
+def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
+    """The last rank 3x slower gets a smaller share, and the model learns what one process on
+    the same global batch learns: the gradient of each step is the same up to rounding."""
+    single = tmp_path / "single.yaml"
+    single.write_text((ROOT / "inventory.yaml").read_text().replace("slots: 2", "slots: 1")
+                      .replace("env: .venv", f"env: {ROOT / '.venv'}"))
+    runs = {}
+    for name, args in {"one": ["--inventory", single], "k3": ["--slowdown", "3"]}.items():
+        run_dir = tmp_path / name
+        run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--run-dir", run_dir, *args], timeout=600)
+        runs[name] = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    splits = [r["split"] for r in runs["k3"] if r["event"] == "split"]
+    assert all(s[0] >= 2 * s[1] for s in splits[1:] or splits), splits  # the slow rank got less
+    accuracy = {name: records[-1]["test_accuracy"] for name, records in runs.items()}
+    assert accuracy["one"] >= 0.95 and abs(accuracy["one"] - accuracy["k3"]) <= 0.005, accuracy
