@@ -31,7 +31,7 @@ import torch
 from hvdhetero import data, devices, models
 from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.train import Rank, batch, forward_backward, one_hot, probe_seconds, set_gloo_interface
+from hvdhetero.train import Rank, batch, forward_backward, one_hot, pin_cpu_rank, probe_seconds, set_gloo_interface
 
 
 def parse_args(argv):
@@ -46,6 +46,8 @@ def parse_args(argv):
     parser.add_argument("--data-dir", default="data")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                         help="hvdhetero reduces gradient buckets while backward runs")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="give each CPU rank its own cores (as training does)")
     parser.add_argument("--out", default="", help="write the results here as JSON")
     parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
     args = parser.parse_args(argv)
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     host = args.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
     set_gloo_interface(host)
+    if args.pin:
+        pin_cpu_rank(host)
     hvd.init()  # Horovod: rendezvous with the other ranks
     try:
         device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())

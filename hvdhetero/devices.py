@@ -198,3 +198,18 @@ def select(requested: str = "auto", local_rank: int = 0, local_size: int = 1) ->
     device = DEVICES[name]()
     device.setup(local_rank, local_size)
     return device
+
+
+def pin_local_rank(local_rank: int, local_size: int) -> list[int] | None:
+    """Give each CPU rank on a machine its own share of the cores. Called before hvd.init(),
+    so Horovod's background thread and Gloo's share the rank's cores instead of preempting
+    the other rank's compute. Returns the cores taken, None where it does not apply."""
+    if local_size <= 1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // local_size
+    if share == 0:
+        return None
+    mine = cores[local_rank * share:(local_rank + 1) * share]
+    os.sched_setaffinity(0, mine)
+    return mine

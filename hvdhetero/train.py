@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     host = cfg.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
     set_gloo_interface(host)
+    pin_cpu_rank(host)
     hvd.init()  # Horovod: rendezvous with the other ranks
     try:
         me = make_rank(cfg, host)
@@ -86,6 +87,13 @@ def set_gloo_interface(host: dict) -> None:
         iface = netinfo.interface_towards(rendezvous)
     if iface:
         os.environ["HOROVOD_GLOO_IFACE"] = iface
+
+
+def pin_cpu_rank(host: dict) -> None:
+    """CPU ranks sharing a machine get a core share each (horovodrun sets the local rank/size)."""
+    if host.get("device", "auto") == "cpu":
+        devices.pin_local_rank(int(os.environ.get("HOROVOD_LOCAL_RANK", 0)),
+                               int(os.environ.get("HOROVOD_LOCAL_SIZE", 1)))
 
 
 def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, dataset, me, log) -> None:
