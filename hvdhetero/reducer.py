@@ -71,7 +71,7 @@ class Reducer:
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none",
-                 overlap: bool = False, bucket_mb: float = 4.0):
+                 overlap: bool = False, bucket_mb: float = 0.5):
         if compression not in WIRE_DTYPES:
             raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
         self.params = [p for p in params if p.requires_grad]
