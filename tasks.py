@@ -18,6 +18,11 @@ from hvdhetero.config import TrainConfig
 from hvdhetero.errors import HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
+_REMOTE_HELP = {
+    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
+    "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
+    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+}
 
 
 def _user_errors(fn):
@@ -47,6 +52,7 @@ def test(c):
 
 @task(help={
     "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts, i.e. local)",
+    "inventory": _REMOTE_HELP["inventory"],
     "dataset": "digits (offline, default), mnist or cifar10",
     "model": "cnn or resnet18 (default: the dataset's own)",
     "epochs": "passes over the training set",
@@ -56,7 +62,6 @@ def test(c):
     "data_dir": "where mnist/cifar10 files live (downloaded there with --download)",
     "download": "let each host's first rank download the dataset",
     "run_dir": "metrics.jsonl and model.pt go here (default runs/<time>-<dataset>)",
-    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
     "slowdown": "straggler injection: the last rank acts this many times slower (experiments)",
     "equal_split": "equal batches on every rank (plain data parallelism) instead of balancing",
     "compression": "gradients on the wire: none (float32) or fp16",
@@ -99,11 +104,11 @@ def build_horovod(c, install=False):
     "slowdown": "the last rank acts this many times slower (straggler injection)",
     "out": "also write the results as JSON here",
     "hosts": "comma-separated inventory hosts (default: local, 2 CPU ranks)",
+    "inventory": _REMOTE_HELP["inventory"],
     "batch_size": "global batch",
     "steps": "timed steps per phase and repeat",
     "repeats": "rounds of all phases (medians are reported)",
     "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
-    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
     "dry_run": "print the horovodrun command and exit",
 })
 @_user_errors
@@ -130,11 +135,7 @@ def _preflight(inventory_, hosts, accept_new):
         raise Exit("check: refusing to go on; fix the problems above", code=code)
 
 
-@task(help={
-    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
-    "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
-    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
-})
+@task(help=_REMOTE_HELP)
 @_user_errors
 def check(c, hosts=None, accept_new_host_keys=False, inventory=None):
     """Pre-flight: SSH keys and host keys, same versions everywhere, interfaces, peers reachable."""
@@ -144,11 +145,9 @@ def check(c, hosts=None, accept_new_host_keys=False, inventory=None):
 
 
 @task(help={
-    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
-    "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
+    **_REMOTE_HELP,
     "install_system_packages": "install missing compilers/cmake/libuv with apt (sudo) or brew",
     "dry_run": "connect and print each host's plan; change nothing",
-    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
 })
 @_user_errors
 def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages=False, dry_run=False,
@@ -169,8 +168,8 @@ def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages
 @task(help={
     "src": "local directory to push (e.g. data, holding MNIST/ or cifar-10-batches-py/)",
     "dest": "directory on each host; relative = under that host's home (default: same as --src)",
-    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
-    "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
+    "hosts": _REMOTE_HELP["hosts"],
+    "inventory": _REMOTE_HELP["inventory"],
 })
 @_user_errors
 def sync(c, src="data", dest=None, hosts=None, inventory=None):
