@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hvdhetero import horovod_build, inventory as inv
 from hvdhetero.errors import BuildError, HvdHeteroError
+from hvdhetero.launch import env_python
 
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = ".hvdhetero-setup.json"
@@ -56,7 +57,7 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     """Bring the local host's env to the pins; returns what changed (empty: nothing)."""
     inventory = inv.load(inventory_path)
     host = inventory.host(host_name)
-    python = str(Path(inventory_python(inventory, host)))
+    python = env_python(inventory, host)  # the one place that maps a host's env to its python
     changed: list[str] = []
 
     torch_pin, vision_pin = host.torch_version(inventory.pins), host.torchvision_version(inventory.pins)
@@ -84,12 +85,6 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     stamp.write_text(json.dumps({"project": project_hash(), "root": str(ROOT)}))
     log("setup: " + (f"changed {', '.join(changed)}" if changed else "nothing to change, env is up to date"))
     return changed
-
-
-def inventory_python(inventory: inv.Inventory, host: inv.Host) -> str:
-    from hvdhetero.launch import env_python  # the one place that maps a host's env to its python
-
-    return env_python(inventory, host)
 
 
 def verify(python: str) -> None:
