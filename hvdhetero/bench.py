@@ -31,7 +31,8 @@ import torch
 from hvdhetero import data, devices, models
 from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.train import Rank, batch, forward_backward, one_hot, pin_cpu_rank, probe_seconds, set_gloo_interface
+from hvdhetero.train import (Rank, batch, calibrate, forward_backward, one_hot, pin_cpu_rank,
+                             set_gloo_interface)
 
 
 def parse_args(argv):
@@ -159,11 +160,7 @@ def hvdhetero_step(args, build, dataset, me: Rank):
     reducer = Reducer(model.parameters(), overlap=args.overlap)
     balancer = Balancer(args.batch_size, hvd.size())
     small = max(1, args.batch_size // (4 * hvd.size()))
-    big = max(small + 1, args.batch_size // hvd.size())
-    t_small, t_big = (probe_seconds(model, dataset, me, n) for n in (small, big))
-    p = max((t_big - t_small) / (big - small), 0.1 * t_big / big)
-    both = allreduce_sum(one_hot(max(0.0, t_big - p * big)) + one_hot(p), "bench.calibrate")
-    balancer.calibrate(both[: hvd.size()], both[hvd.size():])
+    calibrate(balancer, model, dataset, me, small=small, big=max(small + 1, args.batch_size // hvd.size()))
     draw, steps = sampler(dataset, seed=200 + hvd.rank()), [0]
 
     def step():

@@ -168,15 +168,19 @@ def make_balancer(cfg, me: Rank, model, dataset) -> Balancer:
     balancer = Balancer(cfg.batch_size, hvd.size(), caps=caps)
     if not cfg.equal_split:
         big = min(cfg.batch_size, len(dataset))
-        small = max(1, big // 4)
-        t_small, t_big = (probe_seconds(model, dataset, me, n) for n in (small, big))
-        # Two batch sizes separate the per-step overhead a from the per-sample cost p.
-        p = (t_big - t_small) / (big - small) if big > small else t_big / big
-        p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
-        a = max(0.0, t_big - p * big)
-        both = allreduce_sum(one_hot(a) + one_hot(p), "hvdhetero.calibrate")
-        balancer.calibrate(both[: hvd.size()], both[hvd.size():])
+        calibrate(balancer, model, dataset, me, small=max(1, big // 4), big=big)
     return balancer
+
+
+def calibrate(balancer: Balancer, model, dataset, me: Rank, small: int, big: int) -> None:
+    """Time this rank at two batch sizes, which separates its per-step overhead a from its
+    per-sample cost p; every rank's (a, p) reach every rank, which sets the first split."""
+    t_small, t_big = (probe_seconds(model, dataset, me, n) for n in (small, big))
+    p = (t_big - t_small) / (big - small) if big > small else t_big / big
+    p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
+    a = max(0.0, t_big - p * big)
+    both = allreduce_sum(one_hot(a) + one_hot(p), "hvdhetero.calibrate")
+    balancer.calibrate(both[: hvd.size()], both[hvd.size():])
 
 
 def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 5) -> float:
