@@ -7,7 +7,11 @@ under a key made of everything the binary depends on, so a second build is a cop
 
 It runs with the interpreter of the environment it builds for, locally or on a remote host:
 
-    python -m hvdhetero.horovod_build [--install] [--cache DIR]
+    python -m hvdhetero.horovod_build [--install] [--transport uv|tcp] [--cache DIR]
+
+The Gloo transport is a build choice (patch 0005): `uv` (libuv) is the only one macOS has, so
+a cluster with a Mac needs it on Linux too; `tcp` is stock Linux Horovod. Patches 0006/0007
+make uv's wire format the same on both systems and bound its connect wait.
 
 Launcher side: never imports torch or horovod itself (it asks the target interpreter).
 """
@@ -30,6 +34,8 @@ from pathlib import Path
 from hvdhetero.errors import BuildError, HvdHeteroError
 
 HOROVOD_VERSION = "0.28.1"
+TRANSPORTS = ("uv", "tcp")
+DEFAULT_TRANSPORT = "uv"
 # sha256 of horovod-0.28.1.tar.gz as published on PyPI; a download that differs is refused.
 SDIST_SHA256 = {"0.28.1": "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"}
 PATCH_ROOT = Path(__file__).parent / "patches"
@@ -64,6 +70,8 @@ class BuildSpec:
     platform: str
     """sysconfig platform, e.g. linux-x86_64 or macosx-14.0-arm64."""
     build_env: tuple[tuple[str, str], ...]
+    transport: str = DEFAULT_TRANSPORT
+    """Gloo transport compiled in: uv or tcp (HOROVOD_GLOO_TRANSPORT, read by patch 0005)."""
 
     @property
     def key(self) -> str:
@@ -98,7 +106,10 @@ def target_facts(python: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def spec_for(python: str = sys.executable, horovod: str = HOROVOD_VERSION) -> BuildSpec:
+def spec_for(python: str = sys.executable, horovod: str = HOROVOD_VERSION,
+             transport: str = DEFAULT_TRANSPORT) -> BuildSpec:
+    if transport not in TRANSPORTS:
+        raise BuildError(f"unknown Gloo transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
     facts = target_facts(python)
     return BuildSpec(
         horovod=horovod,
@@ -107,6 +118,7 @@ def spec_for(python: str = sys.executable, horovod: str = HOROVOD_VERSION) -> Bu
         python=facts["python"],
         platform=facts["platform"],
         build_env=tuple(sorted(BUILD_ENV.items())),
+        transport=transport,
     )
 
 
@@ -122,27 +134,26 @@ def cached_wheel(spec: BuildSpec, cache: Path) -> Path | None:
     return wheels[0] if wheels else None
 
 
-def build_wheel(python: str = sys.executable, cache: Path | None = None, log=print) -> Path:
+def build_wheel(python: str = sys.executable, cache: Path | None = None, log=print,
+                transport: str = DEFAULT_TRANSPORT) -> Path:
     """The patched Horovod wheel for `python`'s environment: from the cache, or built now."""
     cache = cache or default_cache()
-    spec = spec_for(python)
+    spec = spec_for(python, transport=transport)
     hit = cached_wheel(spec, cache)
     if hit:
         log(f"horovod: cached wheel {hit}")
         return hit
-    log(f"horovod: building {spec.horovod} (key {spec.key}) for torch {spec.torch}, {spec.python}, "
-        f"{spec.platform}; about 3-5 minutes")
+    log(f"horovod: building {spec.horovod} (key {spec.key}, Gloo transport {spec.transport}) for "
+        f"torch {spec.torch}, {spec.python}, {spec.platform}; about 3-5 minutes")
     sdist = fetch_sdist(python, spec.horovod, cache)
     final = cache / "horovod" / f"{spec.horovod}-{spec.key}"
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hvd-build-", dir=final.parent) as tmp:
-        src = unpack(sdist, Path(tmp))
-        for patch in patch_files(spec.horovod):
-            _run(["patch", "-p1", "--batch", "--forward", "-i", str(patch)], cwd=src,
-                 what=f"apply {patch.name}", capture=True)
+        src = patched_source(sdist, Path(tmp), spec.horovod)
         write_marker(src, spec)
         out = Path(tmp) / "wheel"
-        env = {**os.environ, **BUILD_ENV, "MAKEFLAGS": f"-j{os.cpu_count() or 2}"}
+        env = {**os.environ, **BUILD_ENV, "HOROVOD_GLOO_TRANSPORT": spec.transport,
+               "MAKEFLAGS": f"-j{os.cpu_count() or 2}"}
         _run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), "."],
              cwd=src, env=env, what="build horovod wheel", capture=True,
              log_to=final.parent / f"build-{spec.key}.log")
@@ -179,6 +190,15 @@ def unpack(sdist: Path, into: Path) -> Path:
     return into / sdist.name.removesuffix(".tar.gz")
 
 
+def patched_source(sdist: Path, into: Path, horovod: str = HOROVOD_VERSION) -> Path:
+    """The sdist unpacked under `into` with our patches applied; returns its root."""
+    src = unpack(sdist, into)
+    for patch in patch_files(horovod):
+        _run(["patch", "-p1", "--batch", "--forward", "-i", str(patch)], cwd=src,
+             what=f"apply {patch.name}", capture=True)
+    return src
+
+
 def write_marker(src: Path, spec: BuildSpec) -> None:
     """horovod/hvdhetero_build.py in the wheel: what this build is and which patches it carries."""
     info = {**asdict(spec), "key": spec.key, "patches": [p.name for p in patch_files(spec.horovod)]}
@@ -195,14 +215,16 @@ def installed_build(python: str = sys.executable) -> dict | None:
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
-def install(python: str = sys.executable, cache: Path | None = None, log=print) -> bool:
+def install(python: str = sys.executable, cache: Path | None = None, log=print,
+            transport: str = DEFAULT_TRANSPORT) -> bool:
     """Build (or reuse) and install our Horovod into `python`'s env; False if already there."""
-    spec = spec_for(python)
+    spec = spec_for(python, transport=transport)
     current = installed_build(python)
     if current and current.get("key") == spec.key:
-        log(f"horovod: {spec.horovod} with our patches already installed (key {spec.key})")
+        log(f"horovod: {spec.horovod} with our patches already installed (key {spec.key}, "
+            f"Gloo transport {spec.transport})")
         return False
-    wheel = build_wheel(python, cache, log=log)
+    wheel = build_wheel(python, cache, log=log, transport=transport)
     _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)],
          what="install the horovod wheel", capture=True)
     # Horovod's own runtime requirements (setup.py's require_list), minus what pip already has.
@@ -229,19 +251,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install", action="store_true", help="install the wheel into this interpreter's env")
     parser.add_argument("--cache", type=Path, default=None, help="wheel cache (default ~/.cache/hvdhetero)")
     parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")
+    parser.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
+                        help=f"Gloo transport to build (default {DEFAULT_TRANSPORT}: speaks to macOS ranks)")
     parser.add_argument("--check", action="store_true",
                         help="exit 0 if this env already has our build for its torch, 1 if not")
     args = parser.parse_args(argv)
     try:
         if args.check:
             current = installed_build(sys.executable)
-            return 0 if current and current.get("key") == spec_for().key else 1
+            return 0 if current and current.get("key") == spec_for(transport=args.transport).key else 1
         if args.print_key:
-            print(spec_for().key)
+            print(spec_for(transport=args.transport).key)
         elif args.install:
-            install(cache=args.cache)
+            install(cache=args.cache, transport=args.transport)
         else:
-            print(build_wheel(cache=args.cache))
+            print(build_wheel(cache=args.cache, transport=args.transport))
     except HvdHeteroError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -28,6 +28,7 @@ from hvdhetero.errors import ConfigError, InventoryError
 ENV_VAR = "HVDHETERO_INVENTORY"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
+TRANSPORTS = ("uv", "tcp")  # Gloo transports our Horovod build offers (hvdhetero.horovod_build)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class Pins:
     """torchvision version built against that torch."""
     horovod: str
     """Horovod version; built from the PyPI sdist with our patches (hvdhetero/patches/)."""
+    transport: str = "uv"
+    """Gloo transport Horovod is built with: "uv" (libuv; the only one macOS has, so the one a
+    Mac + Linux cluster needs) or "tcp" (stock Linux Horovod; Linux-only clusters)."""
 
 
 @dataclass(frozen=True)
@@ -330,12 +334,16 @@ class _Reader:
 
     def pins(self, key_node: yaml.Node, node: yaml.Node) -> Pins:
         names = [f.name for f in fields(Pins)]
+        versions = [n for n in names if n not in ("python", "transport")]
         items = self.mapping(node, "pins", names)
-        self.require(items, names, key_node, "pins")
+        self.require(items, ["python", *versions], key_node, "pins")
         python = self.string(items["python"][1], "pins.python", _PYTHON.fullmatch,
                              'a minor version such as "3.11"')
         rest = {name: self.string(items[name][1], f"pins.{name}", _VERSION.fullmatch, _VERSION_HELP)
-                for name in names if name != "python"}
+                for name in versions}
+        if "transport" in items:
+            rest["transport"] = self.string(items["transport"][1], "pins.transport", TRANSPORTS.__contains__,
+                                            "uv (Mac + Linux clusters) or tcp (Linux-only, stock Horovod)")
         return Pins(python=python, **rest)
 
     def host(self, name_node: yaml.Node, node: yaml.Node) -> Host:

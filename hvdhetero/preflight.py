@@ -1,7 +1,7 @@
 """`invoke check`: everything a multi-host job needs, verified before any rank starts.
 
 For every host: SSH with keys only and a known host key; the env's Python, torch, torchvision,
-Horovod (version and our patch set) and hvdhetero (digest of this checkout's sources) match
+Horovod (version, our patch set and its Gloo transport) and hvdhetero (digest of this checkout's sources) match
 the pins and each other; the configured network interface exists; and each host reaches the
 others. Every problem names the host and what to do. `invoke train` runs the same checks and
 refuses to launch on any problem.
@@ -14,7 +14,7 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hvdhetero import remote_provision, ssh
+from hvdhetero import horovod_build, remote_provision, ssh
 from hvdhetero.errors import HvdHeteroError, group_exit_code
 from hvdhetero.inventory import Host, Inventory
 from hvdhetero.provision import same_release
@@ -30,6 +30,9 @@ def version(name):
 try:
     from horovod import hvdhetero_build as m
     build = {k: m.BUILD[k] for k in ("horovod", "patch_set", "key")}
+    # Builds from before the transport option: stock choice, uv on macOS and tcp on Linux.
+    build["transport"] = m.BUILD.get("transport") or (
+        "uv" if m.BUILD.get("platform", "").startswith("macosx") else "tcp")
 except Exception:
     build = None
 try:
@@ -80,7 +83,7 @@ def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool
 def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> None:
     """Fill each result's problems: versions against the pins and each other, NICs, peers."""
     pins = inventory.pins
-    reference = next((r for r in results if r.facts), None)
+    patch_set = horovod_build.patch_set_hash(horovod_build.patch_files(pins.horovod))
     reachable = {r.host.name for r in results if r.facts}
     for r in results:
         if not r.facts:
@@ -101,10 +104,8 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
         build = f["horovod"]
         if not build:
             r.problems.append(f"{h.name}: Horovod there is not our patched build; {fix}")
-        elif build["horovod"] != pins.horovod or (reference and reference.facts["horovod"]
-                                                   and build["patch_set"] != reference.facts["horovod"]["patch_set"]):
-            r.problems.append(f"{h.name}: Horovod {build['horovod']} with patch set {build['patch_set'][:12]} "
-                              f"differs from pins/other hosts; {fix}")
+        else:
+            r.problems += _build_problems(h.name, build, results, pins, patch_set, fix)
         if h.interface and h.interface not in f["nics"]:
             r.problems.append(f"{h.name}: network interface {h.interface!r} not found there (it has: "
                               f"{', '.join(f['nics'])}); set interface: for this host in {inventory.path}")
@@ -113,6 +114,30 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                 r.problems.append(f"{h.name}: cannot reach {peer} over TCP; same LAN? firewall?")
         if r.problems:
             r.status = "failed"
+
+
+def _build_problems(name: str, build: dict, results: list[HostFacts], pins, patch_set: str,
+                    fix: str) -> list[str]:
+    """A host's Horovod against the build this checkout makes: version, patch set, transport.
+
+    Ranks whose Gloo transports differ cannot connect at all (tcp and uv speak different
+    protocols), and a different patch set may encode uv addresses differently, so a host
+    that differs is named with the command that rebuilds it.
+    """
+    others = [o for o in results if o.facts and o.facts.get("horovod") and o.host.name != name]
+    out = []
+    if build["horovod"] != pins.horovod:
+        out.append(f"{name}: Horovod {build['horovod']}, pins.horovod is {pins.horovod}; {fix}")
+    if build["patch_set"] != patch_set:
+        have = ", ".join(f"{o.host.name} has {o.facts['horovod']['patch_set'][:12]}" for o in others)
+        out.append(f"{name}: Horovod built with patch set {build['patch_set'][:12]}, this checkout's is "
+                   f"{patch_set[:12]}{' (' + have + ')' if have else ''}; re-provision {name}: {fix}")
+    if build["transport"] != pins.transport:
+        have = ", ".join(f"{o.host.name} has {o.facts['horovod']['transport']}" for o in others)
+        out.append(f"{name}: Horovod built with Gloo transport {build['transport']}, pins.transport is "
+                   f"{pins.transport}{' (' + have + ')' if have else ''}: ranks with different transports "
+                   f"cannot connect; re-provision {name}: {fix}")
+    return out
 
 
 def check(inventory: Inventory, hosts: list[Host], accept_new: bool = False) -> list[HostFacts]:
@@ -128,7 +153,8 @@ def report(results: list[HostFacts]) -> str:
         if r.facts and not r.problems:
             f = r.facts
             lines.append(f"{r.host.name}: ok: Python {f['python']}, torch {f['torch']}, Horovod "
-                         f"{f['horovod']['horovod']} (patches {f['horovod']['patch_set'][:12]}), "
+                         f"{f['horovod']['horovod']} (patches {f['horovod']['patch_set'][:12]}, "
+                         f"transport {f['horovod']['transport']}), "
                          f"interface {r.host.interface or '(auto)'}")
         else:
             lines += [f"{r.host.name}: {r.status}: {p}" for p in r.problems]

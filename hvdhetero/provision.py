@@ -79,8 +79,8 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     else:
         log("hvdhetero: editable install of this checkout is current")
 
-    if horovod_build.install(python, log=log):
-        changed.append(f"horovod {inventory.pins.horovod}")
+    if horovod_build.install(python, log=log, transport=inventory.pins.transport):
+        changed.append(f"horovod {inventory.pins.horovod} ({inventory.pins.transport})")
     verify(python)
     stamp.write_text(json.dumps({"project": project_hash(), "root": str(ROOT)}))
     log("setup: " + (f"changed {', '.join(changed)}" if changed else "nothing to change, env is up to date"))

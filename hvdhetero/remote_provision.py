@@ -32,8 +32,12 @@ STAMP = ".hvdhetero-provisioned.json"
 
 # Printed by the host's interpreter before anything is installed: what the plan depends on.
 FACTS_PY = r"""
-import json, os, platform, shutil, sys
-tools = {t: bool(shutil.which(t)) for t in ("c++", "make", "cmake", "patch")}
+import json, os, platform, shutil, subprocess, sys
+tools = {t: bool(shutil.which(t)) for t in ("c++", "make", "cmake", "patch", "pkg-config")}
+try:  # Gloo's uv transport links libuv statically, found through pkg-config
+    tools["libuv"] = subprocess.run(["pkg-config", "--exists", "libuv"], timeout=20).returncode == 0
+except (OSError, subprocess.SubprocessError):
+    tools["libuv"] = False
 print(json.dumps({"system": platform.system(), "machine": platform.machine(),
                   "python": "%d.%d" % sys.version_info[:2], "home": os.path.expanduser("~"),
                   "root": hasattr(os, "geteuid") and os.geteuid() == 0, "tools": tools}))
@@ -77,8 +81,10 @@ def remote_path(path: str, home: str) -> str:
     return posixpath.normpath(path if path.startswith("/") else posixpath.join(home, path))
 
 
-def missing_tools(facts: dict) -> list[str]:
-    return [t for t, ok in facts["tools"].items() if not ok]
+def missing_tools(facts: dict, transport: str = "uv") -> list[str]:
+    """Build tools the host lacks; pkg-config and libuv only matter for the uv transport."""
+    optional = () if transport == "uv" else ("pkg-config", "libuv")
+    return [t for t, ok in facts["tools"].items() if not ok and t not in optional]
 
 
 def system_packages_command(facts: dict) -> list[str]:
@@ -94,6 +100,9 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
     if facts["python"] != pins.python:
         raise BuildError(f"{host.name}: {host.python} is Python {facts['python']}, pins.python is {pins.python}: "
                          f"install Python {pins.python} there and set python: python{pins.python} for this host")
+    if facts["system"] == "Darwin" and pins.transport != "uv":
+        raise BuildError(f"{host.name}: macOS has only Gloo's uv transport, pins.transport is {pins.transport}: "
+                         "set transport: uv under pins: (it works between macOS and Linux)")
     env = remote_path(host.env, facts["home"])
     py = posixpath.join(env, "bin", "python")
     pip_env: dict[str, str] = {}
@@ -131,8 +140,9 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
                      '"$1" -m pip install --quiet "$2"; printf %s "$3" > "$4"', "sh", py, remote_wheel,
                      json.dumps({"digest": digest}), posixpath.join(env, STAMP)), env=penv),
         Step("horovod sdist", check=(py, "-c", sdist_ok), upload=(sdist, remote_sdist), action=("true",)),
-        Step(f"horovod {pins.horovod}", check=(py, "-m", "hvdhetero.horovod_build", "--check"),
-             action=(py, "-m", "hvdhetero.horovod_build", "--install"), env=penv),
+        Step(f"horovod {pins.horovod} ({pins.transport})",
+             check=(py, "-m", "hvdhetero.horovod_build", "--check", "--transport", pins.transport),
+             action=(py, "-m", "hvdhetero.horovod_build", "--install", "--transport", pins.transport), env=penv),
         Step("verify build", check=(posixpath.join(env, "bin", "horovodrun"), "--check-build"), action=("false",)),
         Step(f"verify device {host.device}", action=("false",), check=(
             py, "-c", f"from hvdhetero import devices; print(devices.select({host.device!r}).describe())")),
@@ -167,7 +177,7 @@ def provision_host(inventory: Inventory, host: Host, artifacts: tuple[str, str],
                 raise BuildError(f"{host.name}: cannot run {host.python}: {(r.stderr or r.stdout).strip()[-500:]}; "
                                  "install Python or set python: for this host")
             facts = json.loads(r.stdout.strip().splitlines()[-1])
-            missing = missing_tools(facts)
+            missing = missing_tools(facts, inventory.pins.transport)
             if missing:
                 cmd = system_packages_command(facts)
                 if not install_system or dry_run:
