@@ -7,6 +7,7 @@ and an exit code (see errors.py: 1 failed, 2 bad input, 3 unreachable).
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 
@@ -107,17 +108,32 @@ def build_horovod(c, install=False):
     "inventory": _REMOTE_HELP["inventory"],
     "batch_size": "global batch",
     "steps": "timed steps per phase and repeat",
-    "repeats": "rounds of all phases (medians are reported)",
+    "repeats": "rounds of all phases, medians reported (default 5; with --allreduce: timed allreduces, 10)",
     "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
     "dry_run": "print the horovodrun command and exit",
+    "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
+    "sizes_mb": "with --allreduce: buffer sizes in MB",
+    "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
+    "rounds": "with --allreduce: jobs per transport, taking turns (medians are reported)",
 })
 @_user_errors
-def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats=5, cycle_time_ms=5.0,
-          inventory=None, dry_run=False):
+def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats=0, cycle_time_ms=5.0,
+          inventory=None, dry_run=False, allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
+    if allreduce:
+        from hvdhetero import allreduce_bench
+
+        sizes = [float(s) for s in str(sizes_mb).split(",") if s]
+        result = allreduce_bench.compare(inventory_, list(inventory_.select(hosts)),
+                                         [t for t in str(transports).split(",") if t], sizes,
+                                         repeats=int(repeats) or 10, rounds=int(rounds))
+        print(allreduce_bench.render(result))
+        if out:
+            Path(out).write_text(json.dumps(result, indent=1))
+        return
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
-             "--repeats", str(int(repeats))] + (["--out", str(Path(out).resolve())] if out else [])
+             "--repeats", str(int(repeats) or 5)] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))

@@ -113,6 +113,11 @@ def overlay(python: str, transport: str, log=print) -> Path:
 def compare(inventory: Inventory, hosts: list[Host], transports: list[str], sizes_mb: list[float],
             repeats: int = 10, rounds: int = 3, log=print) -> dict:
     """Run the allreduce job `rounds` times per transport, the transports taking turns."""
+    unknown = [t for t in transports if t not in horovod_build.TRANSPORTS]
+    if unknown or not transports:
+        raise ConfigError(f"--transports {','.join(transports)}: choose from {', '.join(horovod_build.TRANSPORTS)}")
+    if not hosts:
+        raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
     python = launch.env_python(inventory, hosts[0]) if hosts[0].is_local else None
     if python is None and transports != [inventory.pins.transport]:
         raise ConfigError(f"on remote hosts only the installed build can be measured: use --transports "

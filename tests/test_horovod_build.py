@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ROOT, VENV_BIN, requires_root, run_cmd
 from hvdhetero import horovod_build as hb
+from hvdhetero import inventory as inv
 
 
 def _spec(**changes):
@@ -22,7 +23,7 @@ def _spec(**changes):
 
 @pytest.mark.parametrize("field,value", [
     ("horovod", "0.28.2"), ("patch_set", "q"), ("torch", "2.14.1+cu130"), ("python", "cp312"),
-    ("platform", "macosx-14.0-arm64"), ("build_env", (("A", "2"),)),
+    ("platform", "macosx-14.0-arm64"), ("build_env", (("A", "2"),)), ("transport", "tcp"),
 ])
 def test_cache_key_changes_with_everything_the_binary_depends_on(field, value):
     assert _spec().key == _spec().key
@@ -45,7 +46,12 @@ def test_our_patches_apply_cleanly_to_the_pypi_sdist(tmp_path):
                               capture_output=True, text=True)
         assert proc.returncode == 0, f"{patch.name} does not apply:\n{proc.stdout}{proc.stderr}"
     assert "set(CMAKE_CXX_STANDARD 20)" in (src / "CMakeLists.txt").read_text()
-    assert "gloo_iface_ = global_context.gloo_iface_;" in (src / "horovod/common/gloo/gloo_context.cc").read_text()
+    context = (src / "horovod/common/gloo/gloo_context.cc").read_text()
+    assert "gloo_iface_ = global_context.gloo_iface_;" in context
+    assert "#if defined(__linux__) && !defined(HOROVOD_GLOO_TRANSPORT_UV)" in context
+    uv = src / "third_party/gloo/gloo/transport/uv"
+    assert "wire::decode(bytes.data(), bytes.size())" in (uv / "address.cc").read_text()
+    assert '"${libuv_INCLUDE_DIRS}"' in (src / "third_party/gloo/cmake/Dependencies.cmake").read_text()
 
 
 def test_installed_horovod_is_our_build_for_this_env():
@@ -53,7 +59,9 @@ def test_installed_horovod_is_our_build_for_this_env():
     assert info is not None, "horovod in .venv is not our patched build: run ci/setup"
     assert info["patches"] == [p.name for p in hb.patch_files()]
     assert info["patch_set"] == hb.patch_set_hash(hb.patch_files())
-    assert info["key"] == hb.spec_for(sys.executable).key
+    pins = inv.load(inv.default_path()).pins
+    assert info["transport"] == pins.transport
+    assert info["key"] == hb.spec_for(sys.executable, transport=pins.transport).key
 
 
 def test_check_build_lists_pytorch_and_gloo():

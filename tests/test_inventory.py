@@ -112,6 +112,8 @@ CASES = {  # id: (yaml text, line, dotted key, regex the message must match)
     "slowdown 0.5": (BASE + "    slowdown: 0.5\n", 9, "hosts.local.slowdown", r"number >= 1, got '0.5'"),
     "slowdown fast": (BASE + "    slowdown: fast\n", 9, "hosts.local.slowdown", r"number >= 1, got 'fast'"),
     "device gpu": (BASE + "    device: gpu\n", 9, "hosts.local.device", r"auto, cpu, cuda, mps, got 'gpu'"),
+    "transport quic": (BASE.replace("pins:\n", "pins:\n  transport: quic\n"), 2, "pins.transport",
+                       r"must be uv \(Mac \+ Linux clusters\) or tcp \(Linux-only, stock Horovod\), got 'quic'"),
     "python pin unquoted": (BASE.replace('"3.11"', "3.11"), 2, "pins.python",
                             r"got '3.11' \(a number\); quote it: \"3.11\""),
     "python 3.10 keeps its zero": (BASE.replace('"3.11"', "3.10"), 2, "pins.python", r"quote it: \"3.10\""),
@@ -160,6 +162,12 @@ def test_malformed_inventory(tmp_path, text, line, key, match):
     assert f"key '{key}'" in message
     assert (raised.value.line, raised.value.key) == (line, key)
     assert raised.value.exit_code == 2
+
+
+def test_transport_defaults_to_uv_and_takes_tcp(tmp_path):
+    assert load(write(tmp_path, BASE)).pins.transport == "uv"
+    tcp = load(write(tmp_path, BASE.replace("pins:\n", "pins:\n  transport: tcp\n")))
+    assert tcp.pins.transport == "tcp"
 
 
 def test_missing_file_says_how_to_create_it(tmp_path):

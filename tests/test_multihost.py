@@ -4,6 +4,7 @@ way a host can refuse or be missing. Needs root (CI runs as root)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -212,7 +213,7 @@ def test_missing_interface_is_named(provisioned, tmp_path):
 
 
 def test_torch_differing_on_one_host_stops_check_and_train(provisioned, tmp_path):
-    """Last: it changes h2's torch, then provisions h2 back."""
+    """It changes h2's torch, then provisions h2 back."""
     inventory, _ = provisioned
     pip = ["ssh", "-F", STATE / "ssh_config", "h2", "env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=/opt/wheels",
            "/srv/hvdhost/venv/bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "torch==2.13.0"]
@@ -228,3 +229,44 @@ def test_torch_differing_on_one_host_stops_check_and_train(provisioned, tmp_path
     finally:
         back = invoke("provision", "--hosts", "h2", inventory=inventory)
         assert back.returncode == 0, back.stdout[-3000:]
+
+
+def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str) -> tuple[dict, dict]:
+    """One training run across h1,h2 (fixed seed) and one allreduce job: (end record, digests)."""
+    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, inventory=inventory,
+                  timeout=900, check=True)
+    assert f"transport {transport}" in proc.stdout  # the pre-flight's report of both hosts
+    end = checkpoint.read_metrics(run_dir / "metrics.jsonl")[-1]
+    out = run_dir.parent / f"allreduce-{transport}.json"
+    invoke("bench", "--allreduce", "--hosts", "h1,h2", "--transports", transport, "--rounds", "1",
+           "--repeats", "2", "--sizes-mb", "1,16", "--out", out, inventory=inventory, timeout=600, check=True)
+    result = json.loads(out.read_text())
+    assert result["bit_identical"], result  # repeats within the job agree
+    return end, {mb: row["sha256"] for mb, row in result["transports"][transport]["sizes"].items()}
+
+
+def test_uv_and_tcp_builds_train_alike_and_allreduce_bit_identically(provisioned, tmp_path):
+    """The hosts run the uv transport (the inventory's default). Switching pins.transport to tcp:
+    check names the host still on uv, then with both rebuilt the same job reaches the same
+    accuracy and the allreduce of the same inputs gives the same bits. Last: it re-provisions
+    both hosts back to uv."""
+    inventory, _ = provisioned
+    uv_end, uv_sums = _train_and_allreduce(inventory, tmp_path / "uv" / "run", "uv")
+    tcp_inventory = variant(inventory, tmp_path, lambda d: d["pins"].update(transport="tcp"))
+    try:
+        one = invoke("provision", "--hosts", "h1", inventory=tcp_inventory, timeout=1800)
+        assert one.returncode == 0 and re.search(r"^h1\s+changed\s+horovod 0\.28\.1 \(tcp\)", one.stdout, re.M), \
+            one.stdout[-3000:] + one.stderr[-3000:]
+        mixed = invoke("check", inventory=tcp_inventory, timeout=120)
+        assert mixed.returncode == 1, mixed.stdout
+        assert ("h2: failed: h2: Horovod built with Gloo transport uv, pins.transport is tcp (h1 has tcp): ranks "
+                "with different transports cannot connect; re-provision h2") in mixed.stdout, mixed.stdout
+        assert "h1: ok:" in mixed.stdout
+        invoke("provision", "--hosts", "h2", inventory=tcp_inventory, timeout=1800, check=True)
+        tcp_end, tcp_sums = _train_and_allreduce(tcp_inventory, tmp_path / "tcp" / "run", "tcp")
+    finally:
+        back = invoke("provision", inventory=inventory, timeout=1800)
+        assert back.returncode == 0, back.stdout[-3000:]
+    assert tcp_sums == uv_sums
+    assert abs(tcp_end["test_accuracy"] - uv_end["test_accuracy"]) <= 0.005, (uv_end, tcp_end)
+    assert uv_end["test_accuracy"] >= 0.95

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
@@ -12,9 +13,9 @@ from hvdhetero.inventory import Host, Pins
 
 PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1")
 LINUX = {"system": "Linux", "machine": "x86_64", "python": "3.11", "home": "/home/alice", "root": False,
-         "tools": {"c++": True, "make": True, "cmake": True, "patch": True}}
+         "tools": {"c++": True, "make": True, "cmake": True, "patch": True, "pkg-config": True, "libuv": True}}
 MAC = {**LINUX, "system": "Darwin", "machine": "arm64", "home": "/Users/alice",
-       "tools": {"c++": True, "make": True, "cmake": False, "patch": True}}
+       "tools": {"c++": True, "make": True, "cmake": False, "patch": True, "pkg-config": True, "libuv": True}}
 
 
 def names(steps):
@@ -25,7 +26,7 @@ def test_linux_plan_steps_and_paths():
     host = Host(name="pc", address="192.168.1.20", env="~/hvdhetero/.venv", python="python3.11",
                 torch_index_url="https://download.pytorch.org/whl/cu130")
     steps = rp.plan(host, PINS, LINUX, "d1g3st", "/tmp/w/hvdhetero-0.1.0-py3-none-any.whl", "/c/horovod-0.28.1.tar.gz")
-    assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "horovod sdist", "horovod 0.28.1",
+    assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "horovod sdist", "horovod 0.28.1 (uv)",
                             "verify build", "verify device auto"]
     venv = steps[0]
     assert venv.check == ("test", "-x", "/home/alice/hvdhetero/.venv/bin/python")
@@ -35,7 +36,10 @@ def test_linux_plan_steps_and_paths():
     assert dict(torch.env) == {"PIP_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cu130"}
     assert steps[2].upload == ("/tmp/w/hvdhetero-0.1.0-py3-none-any.whl",
                                "/home/alice/.cache/hvdhetero/upload/pc/hvdhetero-0.1.0-py3-none-any.whl")
-    assert steps[4].action == ("/home/alice/hvdhetero/.venv/bin/python", "-m", "hvdhetero.horovod_build", "--install")
+    assert steps[4].name == "horovod 0.28.1 (uv)"
+    assert steps[4].action == ("/home/alice/hvdhetero/.venv/bin/python", "-m", "hvdhetero.horovod_build",
+                               "--install", "--transport", "uv")
+    assert steps[4].check[-3:] == ("--check", "--transport", "uv")
 
 
 def test_darwin_arm64_plan_and_system_packages():
@@ -48,6 +52,21 @@ def test_darwin_arm64_plan_and_system_packages():
     assert rp.missing_tools(MAC) == ["cmake"]
     assert rp.system_packages_command(MAC) == ["brew", "install", "cmake", "libuv", "pkg-config"]
     assert rp.system_packages_command(LINUX)[:3] == ["sudo", "-n", "apt-get"]
+
+
+def test_tcp_transport_is_refused_for_a_mac_with_the_fix():
+    tcp = dataclasses.replace(PINS, transport="tcp")
+    with pytest.raises(BuildError, match=r"mac: macOS has only Gloo's uv transport, pins.transport is tcp: "
+                                         r"set transport: uv under pins:"):
+        rp.plan(Host(name="mac", address="m"), tcp, MAC, "d", "/w.whl", "/s.tar.gz")
+    assert rp.plan(Host(name="pc", address="p"), tcp, LINUX, "d", "/w.whl", "/s.tar.gz")[4].name == "horovod 0.28.1 (tcp)"
+
+
+def test_libuv_is_a_build_requirement_of_the_uv_transport_only():
+    bare = {**LINUX, "tools": {**LINUX["tools"], "pkg-config": False, "libuv": False}}
+    assert rp.missing_tools(bare, "uv") == ["pkg-config", "libuv"]
+    assert rp.missing_tools(bare, "tcp") == []
+    assert "libuv1-dev" in rp.system_packages_command(bare) and "pkg-config" in rp.system_packages_command(bare)
 
 
 def test_wrong_python_is_refused_with_the_fix():

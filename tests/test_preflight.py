@@ -1,0 +1,65 @@
+"""`invoke check`'s verdicts from the facts hosts report: pure, no SSH (tests/test_multihost.py
+runs the real thing against sshd hosts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hvdhetero import horovod_build, preflight
+from hvdhetero.inventory import Host, Inventory, Pins
+
+PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1", transport="uv")
+PATCHES = horovod_build.patch_set_hash(horovod_build.patch_files())
+HOSTS = (Host(name="mac", address="10.0.0.2", device="mps"), Host(name="pc", address="10.0.0.3"))
+INVENTORY = Inventory(path=Path("/x/inventory.yaml"), pins=PINS, hosts=HOSTS,
+                      default_hosts=("mac", "pc"), known_hosts=None)
+
+
+def facts(transport="uv", patch_set=PATCHES, horovod="0.28.1"):
+    return {"python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "hvdhetero": "0.1.0", "digest": "d",
+            "horovod": {"horovod": horovod, "patch_set": patch_set, "key": "k", "transport": transport},
+            "nics": ["en0", "lo"], "reach": {}}
+
+
+def verdicts(mac: dict, pc: dict, pins: Pins = PINS):
+    inventory = Inventory(path=INVENTORY.path, pins=pins, hosts=INVENTORY.hosts, default_hosts=("mac", "pc"),
+                          known_hosts=None)
+    results = [preflight.HostFacts(HOSTS[0], facts=mac), preflight.HostFacts(HOSTS[1], facts=pc)]
+    preflight.problems(inventory, results, "d")
+    return results
+
+
+def test_matching_builds_pass_and_the_report_names_the_transport():
+    mac, pc = verdicts(facts(), facts())
+    assert (mac.status, mac.problems, pc.status, pc.problems) == ("ok", [], "ok", [])
+    assert "transport uv" in preflight.report([mac, pc]).splitlines()[0]
+
+
+def test_a_host_with_the_other_transport_is_named_with_the_fix():
+    """Stock Linux Horovod (tcp) cannot talk to a Mac (uv): check says which host to rebuild."""
+    mac, pc = verdicts(facts(), facts(transport="tcp"))
+    assert mac.problems == [] and pc.status == "failed"
+    (problem,) = pc.problems
+    assert problem.startswith("pc: Horovod built with Gloo transport tcp, pins.transport is uv (mac has uv)")
+    assert "cannot connect; re-provision pc: run: invoke provision --hosts pc" in problem
+    assert preflight.exit_code([mac, pc]) == 1
+
+
+def test_a_host_with_another_patch_set_is_named():
+    mac, pc = verdicts(facts(patch_set="0" * 64), facts())
+    assert pc.problems == []
+    (problem,) = mac.problems
+    assert problem.startswith(f"mac: Horovod built with patch set 000000000000, this checkout's is {PATCHES[:12]} "
+                              f"(pc has {PATCHES[:12]}); re-provision mac")
+
+
+def test_tcp_pins_flag_the_uv_hosts():
+    tcp = Pins(**{**PINS.__dict__, "transport": "tcp"})
+    mac, pc = verdicts(facts(), facts(transport="tcp"), pins=tcp)
+    assert pc.problems == [] and "Gloo transport uv, pins.transport is tcp (pc has tcp)" in mac.problems[0]
+
+
+def test_horovod_version_and_stock_build_are_problems():
+    mac, pc = verdicts(facts(horovod="0.28.0"), {**facts(), "horovod": None})
+    assert mac.problems[0].startswith("mac: Horovod 0.28.0, pins.horovod is 0.28.1")
+    assert pc.problems == ["pc: Horovod there is not our patched build; run: invoke provision --hosts pc"]
