@@ -16,7 +16,7 @@ from invoke import Exit, task
 from hvdhetero import inventory as inv
 from hvdhetero import launch
 from hvdhetero.config import TrainConfig
-from hvdhetero.errors import HvdHeteroError
+from hvdhetero.errors import ConfigError, HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
 _REMOTE_HELP = {
@@ -66,12 +66,13 @@ def test(c):
     "slowdown": "straggler injection: the last rank acts this many times slower (experiments)",
     "equal_split": "equal batches on every rank (plain data parallelism) instead of balancing",
     "compression": "gradients on the wire: none (float32) or fp16",
+    "micro_batch": "most samples per forward/backward, gradients accumulating: auto (timed per rank), 0 (all) or N",
     "dry_run": "print the horovodrun command and exit",
 })
 @_user_errors
 def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3, optimizer="adam",
           data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0, equal_split=False,
-          compression="none", dry_run=False):
+          compression="none", micro_batch="auto", dry_run=False):
     """Train one model on the inventory's hosts with horovodrun --gloo (default: 2 CPU ranks here)."""
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
@@ -79,7 +80,7 @@ def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, l
     options = TrainConfig(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
                           lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
                           run_dir=run_dir, slowdown=float(slowdown), equal_split=equal_split,
-                          compression=compression)
+                          compression=compression, micro_batch=_micro_batch(micro_batch))
     argv, env = launch.command(inventory_, selected, options)
     print(launch.printable(argv, env))
     if not dry_run and not all(h.is_local for h in selected):
@@ -111,6 +112,7 @@ def build_horovod(c, install=False):
     "repeats": "rounds of all phases, medians reported (default 5; with --allreduce: timed allreduces, 10)",
     "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
     "dry_run": "print the horovodrun command and exit",
+    "micro_batch": "chunk size of the solo and hvdhetero phases: auto (timed per rank), 0 (whole batch) or N",
     "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
     "sizes_mb": "with --allreduce: buffer sizes in MB",
     "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
@@ -118,7 +120,7 @@ def build_horovod(c, install=False):
 })
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats=0, cycle_time_ms=5.0,
-          inventory=None, dry_run=False, allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
+          inventory=None, dry_run=False, micro_batch="auto", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
     if allreduce:
@@ -133,12 +135,19 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats
             Path(out).write_text(json.dumps(result, indent=1))
         return
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
-             "--repeats", str(int(repeats) or 5)] + (["--out", str(Path(out).resolve())] if out else [])
+             "--repeats", str(int(repeats) or 5), "--micro-batch", _micro_batch(micro_batch)] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))
     if not dry_run:
         launch.run(argv, env)
+
+
+def _micro_batch(value) -> str:
+    value = str(value)
+    if value != "auto" and not value.isdigit():
+        raise ConfigError(f"--micro-batch must be auto, 0 (the whole batch) or a positive integer, got {value!r}")
+    return value
 
 
 def _preflight(inventory_, hosts, accept_new):

@@ -31,8 +31,8 @@ import torch
 from hvdhetero import data, devices, models
 from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.train import (Rank, batch, calibrate, forward_backward, one_hot, pin_cpu_rank,
-                             set_gloo_interface)
+from hvdhetero.train import (Rank, batch, calibrate, forward_backward, micro_batch_for, one_hot,
+                             pin_cpu_rank, set_gloo_interface)
 
 
 def parse_args(argv):
@@ -49,6 +49,10 @@ def parse_args(argv):
                         help="hvdhetero reduces gradient buckets while backward runs")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="give each CPU rank its own cores (as training does)")
+    parser.add_argument("--micro-batch", default="auto",
+                        help="chunk size of solo and hvdhetero steps: auto (timed per rank), 0 (whole batch) "
+                             "or N; plain Horovod always runs its whole batch (hvd.DistributedOptimizer "
+                             "reduces after every backward)")
     parser.add_argument("--out", default="", help="write the results here as JSON")
     parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
     args = parser.parse_args(argv)
@@ -68,16 +72,20 @@ def main(argv: list[str] | None = None) -> None:
         me = Rank(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
         train_set, _, info = data.load(args.dataset, args.data_dir)
         build = lambda: fresh_model(args, info, device)  # noqa: E731 - same start for every phase
+        # One chunk size for this rank's solo and hvdhetero phases, timed on a scratch model up
+        # to the whole global batch (the share this rank may get).
+        chunk = micro_batch_for(args.micro_batch, build()[0], train_set, me, args.batch_size)
         # Each phase straggles from its own last step: a Rank apiece, or the first step of a
         # phase would sleep (k-1) x the previous phase's (differently sized) compute.
-        phases = {"solo": solo_step(args, build, train_set, replace(me)),
+        phases = {"solo": solo_step(args, build, train_set, replace(me, micro_batch=chunk)),
                   "horovod": horovod_step(args, build, train_set, replace(me)),
-                  "hvdhetero": hvdhetero_step(args, build, train_set, replace(me))}
+                  "hvdhetero": hvdhetero_step(args, build, train_set, replace(me, micro_batch=chunk))}
+        chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
         seconds = measure(args, phases)
         solo = allreduce_sum(one_hot(phases["solo"].batch / seconds["solo"]), "bench.solo")
         horovod = {"samples_per_s": args.batch_size / seconds["horovod"], "split": phases["horovod"].split}
         ours = {"samples_per_s": args.batch_size / seconds["hvdhetero"], "split": phases["hvdhetero"].split,
-                "splits": [split for _, split in phases["hvdhetero"].balancer.history]}
+                "splits": [split for _, split in phases["hvdhetero"].balancer.history], "micro_batches": chunks}
         if hvd.rank() == 0:
             report(args, solo, horovod, ours)
     finally:
@@ -167,9 +175,8 @@ def hvdhetero_step(args, build, dataset, me: Rank):
         sizes = list(balancer.split)
         n = sizes[hvd.rank()]
         optimizer.zero_grad(set_to_none=True)
-        if args.overlap:
-            reducer.prepare(n / args.batch_size)
-        seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me)[2]
+        arm = (lambda: reducer.prepare(n / args.batch_size)) if args.overlap else None
+        seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me, arm)[2]
         times = reducer.reduce(n / args.batch_size, extras=one_hot(seconds))
         optimizer.step()
         balancer.observe(times, sizes, steps[0])
@@ -198,7 +205,8 @@ def report(args, solo: list[float], horovod: dict, ours: dict) -> None:
     rows += [("solo, sum", total, 1.0, total / fastest, ""),
              ("plain horovod", horovod["samples_per_s"], horovod["efficiency"], horovod["vs_fastest"],
               str(horovod["split"])),
-             ("hvdhetero", ours["samples_per_s"], ours["efficiency"], ours["vs_fastest"], str(ours["split"]))]
+             ("hvdhetero", ours["samples_per_s"], ours["efficiency"], ours["vs_fastest"],
+              f"{ours['split']}, chunks {ours['micro_batches']}")]
     print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, global batch "
           f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats}x{args.steps} steps")
     print(f"{'':16}{'samples/s':>12}{'E':>8}{'vs fastest':>12}  split")

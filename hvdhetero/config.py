@@ -34,6 +34,11 @@ class TrainConfig:
     """Give every rank the same batch (plain data parallelism) instead of balancing."""
     slowdown: float = 1.0
     """Straggler injection: the last rank sleeps (k-1) times its compute time every step."""
+    micro_batch: str = "auto"
+    """Most samples a rank runs forward/backward at once; its gradients accumulate over the
+    chunks before the one allreduce. auto: each rank times a few chunk sizes on its device at
+    start and keeps the fastest (a CPU is faster on cache-sized chunks than on a 2000-sample
+    batch; a GPU keeps the whole batch); 0: the whole local batch; N: at most N."""
     hosts: dict = field(default_factory=dict)
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 

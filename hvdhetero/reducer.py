@@ -67,7 +67,8 @@ class Reducer:
     Without overlap, every gradient goes into one buffer after backward. With `overlap=True`
     the parameters are cut into buckets of about `bucket_mb` (in reverse order, as backward
     produces them); a bucket's allreduce starts as soon as its last gradient is accumulated,
-    while backward still runs. Call `prepare(weight)` before backward in that mode.
+    while backward still runs. Call `prepare(weight)` before backward in that mode; with
+    micro-batches, right before the last chunk's backward (earlier chunks only accumulate).
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none",
@@ -82,6 +83,7 @@ class Reducer:
         self.weight = 1.0
         self.steps = 0
         self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
+        self.armed = False  # hooks launch buckets only after prepare(), until reduce()
         if overlap:
             for bucket in self.buckets:
                 for p in bucket.params:
@@ -94,6 +96,8 @@ class Reducer:
 
     def _hook(self, bucket: _Bucket):
         def on_grad(_param):
+            if not self.armed:  # an earlier micro-batch's backward: gradients still accumulate
+                return
             bucket.waiting -= 1
             if bucket.waiting == 0 and bucket.handle is None:
                 bucket.launch(self.weight)
@@ -103,6 +107,7 @@ class Reducer:
     def prepare(self, weight: float) -> None:
         """Set this rank's weight n_i / sum(n) for the coming backward (overlap mode)."""
         self.weight = weight
+        self.armed = True
         for bucket in self.buckets:
             bucket.waiting = len(bucket.params)
 
@@ -120,6 +125,7 @@ class Reducer:
                 bucket.launch(weight)
         for bucket in self.buckets:
             bucket.finish()
+        self.armed = False
         self.steps += 1
         if extra is None:
             return None

@@ -17,7 +17,7 @@ import hashlib
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -39,6 +39,8 @@ class Rank:
     slowdown: float
     max_batch: int | None
     last_compute: float = 0.0
+    micro_batch: int | None = None
+    """Most samples per forward/backward (gradients accumulate over chunks); None: all."""
 
     def straggle(self) -> float:
         """Act `slowdown` times slower: sleep (k-1) x the last step's compute, no CPU used."""
@@ -105,9 +107,8 @@ def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, datase
         sizes = sampler.step_sizes(step)
         weight = len(indices) / sum(sizes)
         optimizer.zero_grad(set_to_none=True)
-        if cfg.overlap:
-            reducer.prepare(weight)
-        step_loss, step_correct, seconds = forward_backward(model, *batch(dataset, indices, me.device), me)
+        arm = (lambda: reducer.prepare(weight)) if cfg.overlap else None
+        step_loss, step_correct, seconds = forward_backward(model, *batch(dataset, indices, me.device), me, arm)
         loss_sum, correct, samples = loss_sum + step_loss, correct + step_correct, samples + len(indices)
         # Each rank's step time rides along with the gradients: every rank gets all of them.
         times = reducer.reduce(weight, extras=one_hot(seconds))
@@ -131,17 +132,27 @@ def train_epoch(cfg, epoch, model, optimizer, reducer, balancer, sampler, datase
                   split=sampler.batch_sizes)
 
 
-def forward_backward(model, x, y, me: Rank) -> tuple[float, int, float]:
+def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[float, int, float]:
     """Straggle (if asked), then forward and backward on this rank's batch, which may be empty
-    on an epoch's last step. Returns (summed loss, correct predictions, seconds taken)."""
+    on an epoch's last step, in chunks of at most `me.micro_batch` samples whose gradients
+    accumulate to the whole batch's mean. `before_last_backward()` runs just before the last
+    chunk's backward (the overlapping reducer arms its hooks there). Returns (summed loss,
+    correct predictions, seconds taken)."""
     t0 = time.perf_counter()
     slept = me.straggle()
-    loss_sum, correct = 0.0, 0
-    if len(y):
-        out = model(x)
-        loss = F.cross_entropy(out, y)
+    loss_sum, correct, n = 0.0, 0, len(y)
+    chunk = min(me.micro_batch or n, n)
+    for start in range(0, n, chunk or 1):
+        xc, yc = x[start:start + chunk], y[start:start + chunk]
+        out = model(xc)
+        loss = F.cross_entropy(out, yc)
+        if len(yc) != n:  # a chunk: weight its mean by its share of the batch
+            loss = loss * (len(yc) / n)
+        if before_last_backward is not None and start + chunk >= n:
+            before_last_backward()
         loss.backward()
-        loss_sum, correct = loss.item() * len(y), int((out.argmax(1) == y).sum())
+        loss_sum += loss.item() * n
+        correct += int((out.argmax(1) == yc).sum())
     me.device.synchronize()
     seconds = time.perf_counter() - t0
     me.last_compute = seconds - slept
@@ -164,6 +175,8 @@ def make_rank(cfg: TrainConfig, host: dict) -> Rank:
 
 def make_balancer(cfg, me: Rank, model, dataset) -> Balancer:
     """The starting split: equal, or proportional to each rank's measured speed on this model."""
+    largest = min(cfg.batch_size, me.max_batch or cfg.batch_size)
+    me.micro_batch = micro_batch_for(cfg.micro_batch, model, dataset, me, largest)
     caps = hvd.allgather_object(me.max_batch, name="hvdhetero.caps")
     balancer = Balancer(cfg.batch_size, hvd.size(), caps=caps)
     if not cfg.equal_split:
@@ -183,13 +196,52 @@ def calibrate(balancer: Balancer, model, dataset, me: Rank, small: int, big: int
     balancer.calibrate(both[: hvd.size()], both[hvd.size():])
 
 
+MICRO_BATCH_CANDIDATES = (64, 128, 256, 512, 1024)
+
+
+def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int) -> int | None:
+    """The chunk size this rank runs: from the setting, or timed on its own device (auto)."""
+    if setting == "auto":
+        return tune_micro_batch(model, dataset, me, largest)
+    if not setting.isdigit():
+        raise ValueError(f"--micro-batch must be auto, 0 or a positive integer, got {setting!r}")
+    return int(setting) or None
+
+
+def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
+    """The chunk size (a few powers of two below `largest`, or all of it) with the least
+    compute time per sample on this rank's device; None if that is the whole batch. Each
+    candidate runs whole chunks, at least 512 samples; straggling is off (it is sleep)."""
+    candidates = [c for c in MICRO_BATCH_CANDIDATES if c < largest] + [largest]
+    if len(candidates) == 1:
+        return None
+    probe = replace(me, slowdown=1.0)
+    per_sample = {}
+    for c in candidates:
+        probe.micro_batch = c
+        n = c * max(1, -(-512 // c))
+        per_sample[c] = probe_compute(model, dataset, probe, n, steps=2)[1] / n
+    best = min(per_sample, key=per_sample.get)
+    return None if best >= largest else best
+
+
 def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 5) -> float:
     """This rank's compute time (forward + backward, straggling included) for n samples of the
     real model: the median of a few probes after one warm-up. The model is left unchanged."""
+    return probe_compute(model, dataset, me, n, steps)[0]
+
+
+def probe_compute(model, dataset, me: Rank, n: int, steps: int = 5) -> tuple[float, float]:
+    """Medians of (step seconds with straggling, compute seconds) over `steps` probes of n
+    samples after one warm-up; the model's gradients are cleared after."""
     x, y = batch(dataset, [i % len(dataset) for i in range(n)], me.device)
-    times = [forward_backward(model, x, y, me)[2] for _ in range(steps + 1)][1:]
+    times, computes = [], []
+    for _ in range(steps + 1):
+        times.append(forward_backward(model, x, y, me)[2])
+        computes.append(me.last_compute)
     model.zero_grad(set_to_none=True)
-    return sorted(times)[len(times) // 2]
+    median = lambda v: sorted(v[1:])[len(v[1:]) // 2]  # noqa: E731 - first run is the warm-up
+    return median(times), median(computes)
 
 
 @torch.no_grad()
@@ -244,11 +296,12 @@ def start_log(cfg, me: Rank, balancer: Balancer) -> checkpoint.MetricsLog | None
     described = hvd.allgather_object(me.device.describe(), name="hvdhetero.devices")  # all ranks
     slowdowns = hvd.allgather_object(me.slowdown, name="hvdhetero.slowdowns")
     hostnames = hvd.allgather_object(socket.gethostname(), name="hvdhetero.hostnames")
+    micro = hvd.allgather_object(me.micro_batch, name="hvdhetero.micro_batches")
     if hvd.rank() != 0:
         return None
     log = checkpoint.MetricsLog(Path(cfg.run_dir) / "metrics.jsonl")
     log.write("start", config=asdict(cfg), ranks=hvd.size(), hostnames=hostnames, devices=described,
-              slowdowns=slowdowns,
+              slowdowns=slowdowns, micro_batches=micro,
               overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
     log.write("split", epoch=0, step=0, split=balancer.split)
     return log

@@ -24,7 +24,7 @@ def test_local_command_is_two_cpu_ranks_over_gloo():
         str(ROOT / ".venv" / "bin" / "python"), "-m", "hvdhetero.train",
         "--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--lr", "0.001",
         "--optimizer", "adam", "--seed", "0", "--data-dir", "data", "--no-download", "--run-dir", "/tmp/run",
-        "--compression", "none", "--overlap", "--no-equal-split", "--slowdown", "1.0",
+        "--compression", "none", "--overlap", "--no-equal-split", "--slowdown", "1.0", "--micro-batch", "auto",
         "--hosts-json", json.dumps({"localhost": {"device": "cpu", "interface": None, "max_batch": None,
                                                   "slowdown": 1.0}}, sort_keys=True),
     ]

@@ -232,9 +232,11 @@ def test_torch_differing_on_one_host_stops_check_and_train(provisioned, tmp_path
 
 
 def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str) -> tuple[dict, dict]:
-    """One training run across h1,h2 (fixed seed) and one allreduce job: (end record, digests)."""
-    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, inventory=inventory,
-                  timeout=900, check=True)
+    """One training run across h1,h2 and one allreduce job: (end record, digests). Equal split:
+    the balanced one follows timings, which differ between runs; this way the run is a pure
+    function of the seed and of what the transport delivers."""
+    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--equal-split", "--run-dir", run_dir,
+                  inventory=inventory, timeout=900, check=True)
     assert f"transport {transport}" in proc.stdout  # the pre-flight's report of both hosts
     end = checkpoint.read_metrics(run_dir / "metrics.jsonl")[-1]
     out = run_dir.parent / f"allreduce-{transport}.json"
@@ -247,8 +249,8 @@ def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str) -> tupl
 
 def test_uv_and_tcp_builds_train_alike_and_allreduce_bit_identically(provisioned, tmp_path):
     """The hosts run the uv transport (the inventory's default). Switching pins.transport to tcp:
-    check names the host still on uv, then with both rebuilt the same job reaches the same
-    accuracy and the allreduce of the same inputs gives the same bits. Last: it re-provisions
+    check names the host still on uv, then with both rebuilt the same job ends with bit-identical
+    parameters (so the same accuracy) and the allreduce of the same inputs gives the same bits. Last: it re-provisions
     both hosts back to uv."""
     inventory, _ = provisioned
     uv_end, uv_sums = _train_and_allreduce(inventory, tmp_path / "uv" / "run", "uv")
@@ -268,5 +270,6 @@ def test_uv_and_tcp_builds_train_alike_and_allreduce_bit_identically(provisioned
         back = invoke("provision", inventory=inventory, timeout=1800)
         assert back.returncode == 0, back.stdout[-3000:]
     assert tcp_sums == uv_sums
-    assert abs(tcp_end["test_accuracy"] - uv_end["test_accuracy"]) <= 0.005, (uv_end, tcp_end)
     assert uv_end["test_accuracy"] >= 0.95
+    assert tcp_end["test_accuracy"] == uv_end["test_accuracy"]
+    assert tcp_end["param_digests"] == uv_end["param_digests"]  # bit-identical models

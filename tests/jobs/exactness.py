@@ -1,5 +1,6 @@
-"""Two ranks with unequal batches step through hvdhetero's Reducer; rank 0 compares the
-result with one process stepping on the joined batch and prints the relative errors as JSON.
+"""Two ranks with unequal batches step through hvdhetero's Reducer (and the training loop's
+forward_backward, whole batches or micro-batches of 8); rank 0 compares the result with one
+process stepping on the joined batch and prints the relative errors as JSON.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/exactness.py
 """
@@ -12,8 +13,9 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from hvdhetero import data, models
+from hvdhetero import data, devices, models
 from hvdhetero.reducer import Reducer
+from hvdhetero.train import Rank, forward_backward
 
 SIZES = [37, 11]  # deliberately unequal local batches
 STEPS = 2  # the second step also checks optimizer state (momentum, Adam moments)
@@ -36,7 +38,9 @@ train, _, info = data.load("digits", "unused")
 x, y = train.tensors
 lo, n, total = sum(SIZES[: hvd.rank()]), SIZES[hvd.rank()], sum(SIZES)
 results = []
-for name, overlap, compression in itertools.product(["sgd", "adam"], [False, True], ["none", "fp16"]):
+for name, overlap, compression, micro in itertools.product(["sgd", "adam"], [False, True], ["none", "fp16"],
+                                                          [0, 8]):
+    me = Rank(device=devices.select("cpu"), slowdown=1.0, max_batch=None, micro_batch=micro or None)
     torch.manual_seed(0)
     model = models.build("cnn", info).eval()  # eval: no dropout, the same function everywhere
     ref = copy.deepcopy(model)
@@ -46,16 +50,15 @@ for name, overlap, compression in itertools.product(["sgd", "adam"], [False, Tru
         xb, yb = x[step * total:(step + 1) * total], y[step * total:(step + 1) * total]
         opt.zero_grad(set_to_none=True)
         weight = n / total
-        if overlap:
-            reducer.prepare(weight)
-        F.cross_entropy(model(xb[lo:lo + n]), yb[lo:lo + n]).backward()
+        arm = (lambda: reducer.prepare(weight)) if overlap else None
+        forward_backward(model, xb[lo:lo + n], yb[lo:lo + n], me, arm)
         reducer.reduce(weight)
         ref_opt.zero_grad(set_to_none=True)
         F.cross_entropy(ref(xb), yb).backward()
         grad_err = rel([p.grad for p in model.parameters()], [p.grad for p in ref.parameters()])
         opt.step()
         ref_opt.step()
-    results.append({"optimizer": name, "overlap": overlap, "compression": compression,
+    results.append({"optimizer": name, "overlap": overlap, "compression": compression, "micro_batch": micro,
                     "buckets": len(reducer.buckets),
                     "launched_in_backward": reducer.launched_in_backward, "grad_rel_err": grad_err,
                     "param_rel_err": rel(list(model.parameters()), list(ref.parameters()))})

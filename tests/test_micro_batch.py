@@ -1,0 +1,80 @@
+"""Micro-batches: a rank runs its share in chunks whose gradients accumulate to the batch's.
+(The exactness across two real ranks, with micro-batches of 8, is in tests/test_reducer.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hvdhetero import data, devices, models
+from hvdhetero.train import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
+
+
+@pytest.fixture(scope="module")
+def digits():
+    train, _, info = data.load("digits", "unused")
+    return train, info
+
+
+def grads_after(model, x, y, micro):
+    model.zero_grad(set_to_none=True)
+    loss, correct, _ = forward_backward(model, x, y, Rank(devices.select("cpu"), 1.0, None, micro_batch=micro))
+    return [p.grad.clone() for p in model.parameters()], loss, correct
+
+
+def test_chunks_accumulate_to_the_whole_batch_gradient_loss_and_accuracy(digits):
+    train, info = digits
+    torch.manual_seed(0)
+    model = models.build("cnn", info).eval()
+    x, y = train.tensors[0][:100], train.tensors[1][:100]
+    whole, loss, correct = grads_after(model, x, y, None)
+    for micro in (1, 7, 32, 99, 100, 500):
+        chunked, chunk_loss, chunk_correct = grads_after(model, x, y, micro)
+        for a, b in zip(chunked, whole):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        assert chunk_loss == pytest.approx(loss, rel=1e-5) and chunk_correct == correct
+
+
+def test_an_empty_share_runs_no_chunk(digits):
+    train, info = digits
+    model = models.build("cnn", info)
+    called = []
+    loss, correct, _ = forward_backward(model, train.tensors[0][:0], train.tensors[1][:0],
+                                        Rank(devices.select("cpu"), 1.0, None, micro_batch=8), lambda: called.append(1))
+    assert (loss, correct, called) == (0.0, 0, [])
+
+
+def test_the_overlap_hook_is_armed_before_the_last_chunk_only(digits):
+    train, info = digits
+    model = models.build("cnn", info)
+    events = []
+    first = next(model.parameters())
+    first.register_post_accumulate_grad_hook(lambda p: events.append("grad"))
+    forward_backward(model, train.tensors[0][:20], train.tensors[1][:20],
+                     Rank(devices.select("cpu"), 1.0, None, micro_batch=8), lambda: events.append("arm"))
+    assert events == ["grad", "grad", "arm", "grad"]  # chunks of 8, 8, 4
+
+
+@pytest.mark.parametrize("setting,expected", [("0", None), ("64", 64)])
+def test_fixed_settings(digits, setting, expected):
+    train, info = digits
+    me = Rank(devices.select("cpu"), 1.0, None)
+    assert micro_batch_for(setting, models.build("cnn", info), train, me, 1024) == expected
+
+
+def test_auto_picks_a_candidate_or_the_whole_batch_and_leaves_the_model_alone(digits):
+    train, info = digits
+    model = models.build("cnn", info)
+    before = [p.detach().clone() for p in model.parameters()]
+    me = Rank(devices.select("cpu"), 3.0, None)  # a straggler: tuning must not sleep
+    chosen = micro_batch_for("auto", model, train, me, 300)
+    assert chosen is None or chosen in [c for c in MICRO_BATCH_CANDIDATES if c < 300]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    assert micro_batch_for("auto", model, train, me, 64) is None  # no candidate below the batch
+
+
+def test_bad_setting_is_refused(digits):
+    train, info = digits
+    with pytest.raises(ValueError, match="--micro-batch must be auto, 0 or a positive integer, got 'big'"):
+        micro_batch_for("big", models.build("cnn", info), train, Rank(devices.select("cpu"), 1.0, None), 64)
