@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -75,11 +74,11 @@ def main(argv: list[str] | None = None) -> None:
         # One chunk size for this rank's solo and hvdhetero phases, timed on a scratch model up
         # to the whole global batch (the share this rank may get).
         chunk = micro_batch_for(args.micro_batch, build()[0], train_set, me, args.batch_size)
-        # Each phase straggles from its own last step: a Rank apiece, or the first step of a
-        # phase would sleep (k-1) x the previous phase's (differently sized) compute.
-        phases = {"solo": solo_step(args, build, train_set, replace(me, micro_batch=chunk)),
-                  "horovod": horovod_step(args, build, train_set, replace(me)),
-                  "hvdhetero": hvdhetero_step(args, build, train_set, replace(me, micro_batch=chunk))}
+        # Each phase straggles from its own recent steps (a Rank apiece): phases differ in
+        # chunking and batch, so one phase's per-sample compute is not another's.
+        phases = {"solo": solo_step(args, build, train_set, me.fresh(micro_batch=chunk)),
+                  "horovod": horovod_step(args, build, train_set, me.fresh()),
+                  "hvdhetero": hvdhetero_step(args, build, train_set, me.fresh(micro_batch=chunk))}
         chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
         seconds = measure(args, phases)
         solo = allreduce_sum(one_hot(phases["solo"].batch / seconds["solo"]), "bench.solo")

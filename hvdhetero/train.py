@@ -17,7 +17,9 @@ import hashlib
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, replace
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -41,13 +43,24 @@ class Rank:
     last_compute: float = 0.0
     micro_batch: int | None = None
     """Most samples per forward/backward (gradients accumulate over chunks); None: all."""
+    per_sample: deque = field(default_factory=lambda: deque(maxlen=5))
+    """Compute seconds per sample of the last steps (the straggler's measure)."""
 
-    def straggle(self) -> float:
-        """Act `slowdown` times slower: sleep (k-1) x the last step's compute, no CPU used."""
-        pause = (self.slowdown - 1.0) * self.last_compute
-        if pause > 0:
-            time.sleep(pause)
+    def straggle(self, n: int) -> float:
+        """Act `slowdown` times slower on a step of n samples: sleep (k-1) x its compute time,
+        measured as the median per-sample compute of the last steps times n, before computing
+        (so gradients are ready when a slow device's would be). No CPU is used. The median
+        keeps one noisy step from being multiplied by k-1 into the next; the scaling by n keeps
+        a re-split (or the next benchmark phase) from sleeping for the previous batch size."""
+        if self.slowdown <= 1.0 or not self.per_sample or not n:
+            return 0.0
+        pause = (self.slowdown - 1.0) * statistics.median(self.per_sample) * n
+        time.sleep(pause)
         return pause
+
+    def fresh(self, **changes) -> "Rank":
+        """A copy with its own (empty) straggler history."""
+        return replace(self, per_sample=deque(maxlen=5), **changes)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,7 +152,7 @@ def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[
     chunk's backward (the overlapping reducer arms its hooks there). Returns (summed loss,
     correct predictions, seconds taken)."""
     t0 = time.perf_counter()
-    slept = me.straggle()
+    slept = me.straggle(len(y))
     loss_sum, correct, n = 0.0, 0, len(y)
     chunk = min(me.micro_batch or n, n)
     for start in range(0, n, chunk or 1):
@@ -156,6 +169,8 @@ def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[
     me.device.synchronize()
     seconds = time.perf_counter() - t0
     me.last_compute = seconds - slept
+    if len(y):
+        me.per_sample.append(me.last_compute / len(y))
     return loss_sum, correct, seconds
 
 
@@ -197,6 +212,7 @@ def calibrate(balancer: Balancer, model, dataset, me: Rank, small: int, big: int
 
 
 MICRO_BATCH_CANDIDATES = (64, 128, 256, 512, 1024)
+TUNE_MARGIN = 0.03
 
 
 def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int) -> int | None:
@@ -210,38 +226,39 @@ def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int) -> int
 
 def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
     """The chunk size (a few powers of two below `largest`, or all of it) with the least
-    compute time per sample on this rank's device; None if that is the whole batch. Each
+    compute time per sample on this rank's device, preferring larger chunks unless a smaller
+    one is more than 3% faster; None if that is the whole batch. Each
     candidate runs whole chunks, at least 512 samples; straggling is off (it is sleep)."""
     candidates = [c for c in MICRO_BATCH_CANDIDATES if c < largest] + [largest]
     if len(candidates) == 1:
         return None
-    probe = replace(me, slowdown=1.0)
+    probe = me.fresh(slowdown=1.0)
     per_sample = {}
     for c in candidates:
         probe.micro_batch = c
         n = c * max(1, -(-512 // c))
-        per_sample[c] = probe_compute(model, dataset, probe, n, steps=2)[1] / n
-    best = min(per_sample, key=per_sample.get)
+        x, y = batch(dataset, [i % len(dataset) for i in range(n)], me.device)
+        runs = []
+        for _ in range(4):  # the first is a warm-up; the fastest of the rest is the device's cost
+            forward_backward(model, x, y, probe)
+            runs.append(probe.last_compute)
+        per_sample[c] = min(runs[1:]) / n
+    model.zero_grad(set_to_none=True)
+    # Largest first; a smaller chunk must be clearly faster (3%) to win over timing noise.
+    best = largest
+    for c in sorted(per_sample, reverse=True):
+        if per_sample[c] < per_sample[best] * (1 - TUNE_MARGIN):
+            best = c
     return None if best >= largest else best
 
 
 def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 5) -> float:
     """This rank's compute time (forward + backward, straggling included) for n samples of the
     real model: the median of a few probes after one warm-up. The model is left unchanged."""
-    return probe_compute(model, dataset, me, n, steps)[0]
-
-
-def probe_compute(model, dataset, me: Rank, n: int, steps: int = 5) -> tuple[float, float]:
-    """Medians of (step seconds with straggling, compute seconds) over `steps` probes of n
-    samples after one warm-up; the model's gradients are cleared after."""
     x, y = batch(dataset, [i % len(dataset) for i in range(n)], me.device)
-    times, computes = [], []
-    for _ in range(steps + 1):
-        times.append(forward_backward(model, x, y, me)[2])
-        computes.append(me.last_compute)
+    times = [forward_backward(model, x, y, me)[2] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
-    median = lambda v: sorted(v[1:])[len(v[1:]) // 2]  # noqa: E731 - first run is the warm-up
-    return median(times), median(computes)
+    return sorted(times)[len(times) // 2]
 
 
 @torch.no_grad()
