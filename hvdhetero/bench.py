@@ -81,9 +81,15 @@ def main(argv: list[str] | None = None) -> None:
                   "hvdhetero": hvdhetero_step(args, build, train_set, me.fresh(micro_batch=chunk))}
         chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
         seconds = measure(args, phases)
-        solo = allreduce_sum(one_hot(phases["solo"].batch / seconds["solo"]), "bench.solo")
-        horovod = {"samples_per_s": args.batch_size / seconds["horovod"], "split": phases["horovod"].split}
-        ours = {"samples_per_s": args.batch_size / seconds["hvdhetero"], "split": phases["hvdhetero"].split,
+        # Every rank's solo rate in every round, on every rank.
+        mine = [phases["solo"].batch / s for s in seconds["solo"]]
+        flat = allreduce_sum([v for r in range(hvd.size()) for v in (mine if r == hvd.rank() else [0.0] * len(mine))],
+                             "bench.solo")
+        solo = [flat[r * len(mine):(r + 1) * len(mine)] for r in range(hvd.size())]
+        horovod = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["horovod"]],
+                   "split": phases["horovod"].split}
+        ours = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["hvdhetero"]],
+                "split": phases["hvdhetero"].split,
                 "splits": [split for _, split in phases["hvdhetero"].balancer.history], "micro_batches": chunks}
         if hvd.rank() == 0:
             report(args, solo, horovod, ours)
@@ -91,9 +97,10 @@ def main(argv: list[str] | None = None) -> None:
         hvd.shutdown()
 
 
-def measure(args, phases: dict) -> dict[str, float]:
-    """Median seconds per step of each phase. The phases take turns within every repeat, so a
-    drift of the machine's speed (other tenants, clocks) touches all of them alike."""
+def measure(args, phases: dict) -> dict[str, list[float]]:
+    """Seconds per step of each phase in every round. The phases take turns within a round, so
+    a drift of the machine's speed (other tenants, clocks) touches all of them alike, and the
+    ratios are taken within rounds."""
     for step in phases.values():
         for _ in range(args.warmup):
             step()
@@ -109,7 +116,7 @@ def measure(args, phases: dict) -> dict[str, float]:
             if name != "solo":
                 hvd.barrier()
             samples[name].append((time.perf_counter() - t0) / steps)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def fresh_model(args, info, device):
@@ -186,19 +193,30 @@ def hvdhetero_step(args, build, dataset, me: Rank):
     return step
 
 
-def report(args, solo: list[float], horovod: dict, ours: dict) -> None:
+def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict) -> None:
+    """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
+    ratios within each round (paired, so the VM's drift between rounds cancels)."""
+    med = statistics.median
+    rounds = range(len(solo_rounds[0]))
+    total_r = [sum(rank[r] for rank in solo_rounds) for r in rounds]
+    fastest_r = [max(rank[r] for rank in solo_rounds) for r in rounds]
+    solo = [med(rank) for rank in solo_rounds]
     total, fastest = sum(solo), max(solo)
     for job in (horovod, ours):
-        job["efficiency"] = job["samples_per_s"] / total
-        job["vs_fastest"] = job["samples_per_s"] / fastest
+        rates = job["per_round_samples_per_s"]
+        job["samples_per_s"] = med(rates)
+        job["efficiency"] = med(rates[r] / total_r[r] for r in rounds)
+        job["vs_fastest"] = med(rates[r] / fastest_r[r] for r in rounds)
     result = {
         "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "dataset": args.dataset,
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
                    "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup},
-        "solo": {"samples_per_s": total, "per_rank_samples_per_s": solo, "fastest": fastest},
+        "solo": {"samples_per_s": total, "per_rank_samples_per_s": solo, "fastest": fastest,
+                 "per_round_samples_per_s": total_r, "per_round_fastest": fastest_r},
         "horovod": horovod,
         "hvdhetero": ours,
-        "hvdhetero_vs_horovod": ours["samples_per_s"] / horovod["samples_per_s"],
+        "hvdhetero_vs_horovod": med(o / h for o, h in zip(ours["per_round_samples_per_s"],
+                                                          horovod["per_round_samples_per_s"])),
     }
     rows = [(f"solo rank {i}", s, None, None, "") for i, s in enumerate(solo)]
     rows += [("solo, sum", total, 1.0, total / fastest, ""),
