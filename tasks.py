@@ -15,8 +15,8 @@ from invoke import Exit, task
 
 from hvdhetero import inventory as inv
 from hvdhetero import launch
-from hvdhetero.config import TrainConfig
-from hvdhetero.errors import ConfigError, HvdHeteroError
+from hvdhetero.config import TrainConfig, check_micro_batch
+from hvdhetero.errors import HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
 _REMOTE_HELP = {
@@ -80,7 +80,7 @@ def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, l
     options = TrainConfig(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
                           lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
                           run_dir=run_dir, slowdown=float(slowdown), equal_split=equal_split,
-                          compression=compression, micro_batch=_micro_batch(micro_batch))
+                          compression=compression, micro_batch=check_micro_batch(micro_batch))
     argv, env = launch.command(inventory_, selected, options)
     print(launch.printable(argv, env))
     if not dry_run and not all(h.is_local for h in selected):
@@ -135,19 +135,12 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats
             Path(out).write_text(json.dumps(result, indent=1))
         return
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
-             "--repeats", str(int(repeats) or 5), "--micro-batch", _micro_batch(micro_batch)] + (["--out", str(Path(out).resolve())] if out else [])
+             "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch)] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))
     if not dry_run:
         launch.run(argv, env)
-
-
-def _micro_batch(value) -> str:
-    value = str(value)
-    if value != "auto" and not value.isdigit():
-        raise ConfigError(f"--micro-batch must be auto, 0 (the whole batch) or a positive integer, got {value!r}")
-    return value
 
 
 def _preflight(inventory_, hosts, accept_new):

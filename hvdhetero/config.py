@@ -9,6 +9,8 @@ import argparse
 import json
 from dataclasses import asdict, dataclass, field
 
+from hvdhetero.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -54,6 +56,14 @@ class TrainConfig:
             elif value != "":
                 out += [flag, str(value)]
         return out
+
+
+def check_micro_batch(value) -> str:
+    """A --micro-batch setting as given (auto, 0 for the whole batch, or N), else ConfigError."""
+    value = str(value)
+    if value != "auto" and not value.isdigit():
+        raise ConfigError(f"--micro-batch must be auto, 0 or a positive integer, got {value!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:

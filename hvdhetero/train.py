@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from hvdhetero import checkpoint, data, devices, models, netinfo, progress
 from hvdhetero.balancer import Balancer
-from hvdhetero.config import TrainConfig, parse_args
+from hvdhetero.config import TrainConfig, check_micro_batch, parse_args
 from hvdhetero.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.sampler import WeightedBatchSampler
 
@@ -217,10 +217,8 @@ TUNE_MARGIN = 0.03
 
 def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int) -> int | None:
     """The chunk size this rank runs: from the setting, or timed on its own device (auto)."""
-    if setting == "auto":
+    if check_micro_batch(setting) == "auto":
         return tune_micro_batch(model, dataset, me, largest)
-    if not setting.isdigit():
-        raise ValueError(f"--micro-batch must be auto, 0 or a positive integer, got {setting!r}")
     return int(setting) or None
 
 

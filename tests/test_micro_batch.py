@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import VENV_BIN, run_cmd
 from hvdhetero import data, devices, models
+from hvdhetero.errors import ConfigError
 from hvdhetero.train import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
 
 
@@ -76,5 +78,13 @@ def test_auto_picks_a_candidate_or_the_whole_batch_and_leaves_the_model_alone(di
 
 def test_bad_setting_is_refused(digits):
     train, info = digits
-    with pytest.raises(ValueError, match="--micro-batch must be auto, 0 or a positive integer, got 'big'"):
+    with pytest.raises(ConfigError, match="--micro-batch must be auto, 0 or a positive integer, got 'big'"):
         micro_batch_for("big", models.build("cnn", info), train, Rank(devices.select("cpu"), 1.0, None), 64)
+
+
+@pytest.mark.parametrize("task", ["train", "bench"])
+def test_bad_setting_on_the_command_line_exits_2_before_any_rank_starts(task):
+    proc = run_cmd([VENV_BIN / "invoke", task, "--micro-batch", "12x", "--dry-run"], timeout=120, check=False)
+    assert proc.returncode == 2
+    assert "--micro-batch must be auto, 0 or a positive integer, got '12x'" in proc.stderr
+    assert "horovodrun" not in proc.stdout
