@@ -97,7 +97,7 @@ def overlay(python: str, transport: str, log=print) -> Path:
     target = horovod_build.default_cache() / "overlay" / f"{spec.horovod}-{spec.key}"
     if (target / "horovod" / f"{horovod_build.MARKER_MODULE}.py").exists():
         return target
-    wheel = horovod_build.build_wheel(python, log=log, transport=transport)
+    wheel = horovod_build.build_wheel(python, log=log, spec=spec)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         proc = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--target",

@@ -135,10 +135,11 @@ def cached_wheel(spec: BuildSpec, cache: Path) -> Path | None:
 
 
 def build_wheel(python: str = sys.executable, cache: Path | None = None, log=print,
-                transport: str = DEFAULT_TRANSPORT) -> Path:
-    """The patched Horovod wheel for `python`'s environment: from the cache, or built now."""
+                transport: str = DEFAULT_TRANSPORT, spec: BuildSpec | None = None) -> Path:
+    """The patched Horovod wheel for `python`'s environment: from the cache, or built now.
+    `spec`, if the caller already has it, saves probing the environment again."""
     cache = cache or default_cache()
-    spec = spec_for(python, transport=transport)
+    spec = spec or spec_for(python, transport=transport)
     hit = cached_wheel(spec, cache)
     if hit:
         log(f"horovod: cached wheel {hit}")
@@ -224,7 +225,7 @@ def install(python: str = sys.executable, cache: Path | None = None, log=print,
         log(f"horovod: {spec.horovod} with our patches already installed (key {spec.key}, "
             f"Gloo transport {spec.transport})")
         return False
-    wheel = build_wheel(python, cache, log=log, transport=transport)
+    wheel = build_wheel(python, cache, log=log, spec=spec)
     _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)],
          what="install the horovod wheel", capture=True)
     # Horovod's own runtime requirements (setup.py's require_list), minus what pip already has.

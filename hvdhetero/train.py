@@ -235,7 +235,7 @@ def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
     for c in candidates:
         probe.micro_batch = c
         n = c * max(1, -(-512 // c))
-        x, y = batch(dataset, [i % len(dataset) for i in range(n)], me.device)
+        x, y = probe_batch(dataset, n, me.device)
         runs = []
         for _ in range(4):  # the first is a warm-up; the fastest of the rest is the device's cost
             forward_backward(model, x, y, probe)
@@ -253,7 +253,7 @@ def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
 def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 5) -> float:
     """This rank's compute time (forward + backward, straggling included) for n samples of the
     real model: the median of a few probes after one warm-up. The model is left unchanged."""
-    x, y = batch(dataset, [i % len(dataset) for i in range(n)], me.device)
+    x, y = probe_batch(dataset, n, me.device)
     times = [forward_backward(model, x, y, me)[2] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2]
@@ -275,6 +275,11 @@ def evaluate(model, dataset, device, batch_size: int = 256) -> dict:
         count += len(indices)
     loss, correct, count = allreduce_sum([loss, correct, count], "hvdhetero.eval")
     return {"test_loss": loss / count, "test_accuracy": correct / count, "test_samples": int(count)}
+
+
+def probe_batch(dataset, n: int, device):
+    """n samples for timing probes: the dataset's first ones, cycled if it has fewer."""
+    return batch(dataset, [i % len(dataset) for i in range(n)], device)
 
 
 def batch(dataset, indices, device):
