@@ -150,7 +150,9 @@ def compare(inventory: Inventory, hosts: list[Host], transports: list[str], size
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
-    """Medians over rounds per transport and size; ratios against tcp; digest agreement."""
+    """Medians over rounds per transport and size; ratios against tcp; digest agreement:
+    bit-identical means every repeat of every job gave the same sums for a size, whatever
+    the transport."""
     table: dict[str, dict] = {}
     for t, jobs in runs.items():
         rows = {}
@@ -164,8 +166,10 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             }
         table[t] = {"ranks": jobs[0]["ranks"], "sizes": rows}
     digests = {t: {mb: row["sha256"] for mb, row in v["sizes"].items()} for t, v in table.items()}
+    repeatable = all(s["repeatable"] for jobs in runs.values() for j in jobs for s in j["sizes"])
     result = {"transports": table,
-              "bit_identical": len({json.dumps(d, sort_keys=True) for d in digests.values()}) == 1
+              "bit_identical": repeatable
+              and len({json.dumps(d, sort_keys=True) for d in digests.values()}) == 1
               and all(len(h) == 1 for d in digests.values() for h in d.values())}
     if "uv" in table and "tcp" in table:
         result["uv_vs_tcp"] = {mb: table["uv"]["sizes"][mb]["algbw_gb_per_s"] / row["algbw_gb_per_s"]

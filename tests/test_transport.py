@@ -34,3 +34,21 @@ def test_the_allreduce_bench_refuses_an_unknown_transport():
                    check=False)
     assert proc.returncode == 2
     assert "--transports uv,quic: choose from uv, tcp" in proc.stderr
+
+
+def _job(transport, sha, repeatable=True):
+    return {"transport": transport, "ranks": 2, "sizes": [
+        {"mb": 1.0, "median_s": 0.002, "algbw_gb_per_s": 0.5, "busbw_gb_per_s": 0.5, "sha256": sha,
+         "repeatable": repeatable}]}
+
+
+@pytest.mark.parametrize("runs,identical", [
+    ({"uv": [_job("uv", "a"), _job("uv", "a")], "tcp": [_job("tcp", "a")]}, True),
+    ({"uv": [_job("uv", "a")], "tcp": [_job("tcp", "b")]}, False),  # transports disagree
+    ({"uv": [_job("uv", "a"), _job("uv", "b")], "tcp": [_job("tcp", "a")]}, False),  # rounds disagree
+    ({"uv": [_job("uv", "a", repeatable=False)], "tcp": [_job("tcp", "a")]}, False),  # repeats within a job
+])
+def test_bit_identical_needs_every_repeat_round_and_transport_to_agree(runs, identical):
+    from hvdhetero import allreduce_bench
+
+    assert allreduce_bench.summarize(runs)["bit_identical"] is identical
