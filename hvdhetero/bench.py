@@ -30,8 +30,8 @@ import torch
 from hvdhetero import data, devices, models
 from hvdhetero.balancer import Balancer
 from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.train import (Rank, batch, calibrate, forward_backward, micro_batch_for, one_hot,
-                             pin_cpu_rank, set_gloo_interface)
+from hvdhetero.step import Rank, batch, forward_backward, micro_batch_for
+from hvdhetero.train import calibrate, one_hot, pin_cpu_rank, set_gloo_interface
 
 
 def parse_args(argv):

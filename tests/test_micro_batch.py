@@ -9,7 +9,7 @@ import torch
 from conftest import VENV_BIN, run_cmd
 from hvdhetero import data, devices, models
 from hvdhetero.errors import ConfigError
-from hvdhetero.train import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
+from hvdhetero.step import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
 
 
 @pytest.fixture(scope="module")

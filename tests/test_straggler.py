@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hvdhetero import devices
-from hvdhetero.train import Rank
+from hvdhetero.step import Rank
 
 
 @pytest.fixture

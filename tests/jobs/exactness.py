@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from hvdhetero import data, devices, models
 from hvdhetero.reducer import Reducer
-from hvdhetero.train import Rank, forward_backward
+from hvdhetero.step import Rank, forward_backward
 
 SIZES = [37, 11]  # deliberately unequal local batches
 STEPS = 2  # the second step also checks optimizer state (momentum, Adam moments)

@@ -1,0 +1,133 @@
+"""One step of compute on this rank's device: forward and backward over its share of the
+batch, in micro-batches whose gradients accumulate, with the straggler injection experiments
+use, and the timing that picks the micro-batch size. Training and the benchmark both step
+through here; gradients leave through the reducer (reducer.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+
+from hvdhetero import devices
+from hvdhetero.config import check_micro_batch
+
+
+@dataclass
+class Rank:
+    """This rank's place in the job and the straggler factor that applies to it."""
+
+    device: devices.Device
+    slowdown: float
+    max_batch: int | None
+    last_compute: float = 0.0
+    micro_batch: int | None = None
+    """Most samples per forward/backward (gradients accumulate over chunks); None: all."""
+    per_sample: deque = field(default_factory=lambda: deque(maxlen=5))
+    """Compute seconds per sample of the last steps (the straggler's measure)."""
+
+    def straggle(self, n: int) -> float:
+        """Act `slowdown` times slower on a step of n samples: sleep (k-1) x its compute time,
+        measured as the median per-sample compute of the last steps times n, before computing
+        (so gradients are ready when a slow device's would be). No CPU is used. The median
+        keeps one noisy step from being multiplied by k-1 into the next; the scaling by n keeps
+        a re-split (or the next benchmark phase) from sleeping for the previous batch size."""
+        if self.slowdown <= 1.0 or not self.per_sample or not n:
+            return 0.0
+        pause = (self.slowdown - 1.0) * statistics.median(self.per_sample) * n
+        time.sleep(pause)
+        return pause
+
+    def fresh(self, **changes) -> "Rank":
+        """A copy with its own (empty) straggler history."""
+        return replace(self, per_sample=deque(maxlen=5), **changes)
+
+
+def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[float, int, float]:
+    """Straggle (if asked), then forward and backward on this rank's batch, which may be empty
+    on an epoch's last step, in chunks of at most `me.micro_batch` samples whose gradients
+    accumulate to the whole batch's mean. `before_last_backward()` runs just before the last
+    chunk's backward (the overlapping reducer arms its hooks there). Returns (summed loss,
+    correct predictions, seconds taken)."""
+    t0 = time.perf_counter()
+    slept = me.straggle(len(y))
+    loss_sum, correct, n = 0.0, 0, len(y)
+    chunk = min(me.micro_batch or n, n)
+    for start in range(0, n, chunk or 1):
+        xc, yc = x[start:start + chunk], y[start:start + chunk]
+        out = model(xc)
+        loss = F.cross_entropy(out, yc)
+        if len(yc) != n:  # a chunk: weight its mean by its share of the batch
+            loss = loss * (len(yc) / n)
+        if before_last_backward is not None and start + chunk >= n:
+            before_last_backward()
+        loss.backward()
+        loss_sum += loss.item() * n
+        correct += int((out.argmax(1) == yc).sum())
+    me.device.synchronize()
+    seconds = time.perf_counter() - t0
+    me.last_compute = seconds - slept
+    if len(y):
+        me.per_sample.append(me.last_compute / len(y))
+    return loss_sum, correct, seconds
+
+
+def probe_batch(dataset, n: int, device):
+    """n samples for timing probes: the dataset's first ones, cycled if it has fewer."""
+    return batch(dataset, [i % len(dataset) for i in range(n)], device)
+
+
+def batch(dataset, indices, device):
+    if not indices:
+        x, y = dataset[0]
+        return torch.empty(0, *torch.as_tensor(x).shape, device=device.torch_device), torch.empty(
+            0, dtype=torch.long, device=device.torch_device)
+    if isinstance(dataset, torch.utils.data.TensorDataset):
+        x, y = (t[indices] for t in dataset.tensors)
+    else:
+        x, y = torch.utils.data.default_collate([dataset[i] for i in indices])
+    return x.to(device.torch_device), y.to(device.torch_device)
+
+
+MICRO_BATCH_CANDIDATES = (64, 128, 256, 512, 1024)
+TUNE_MARGIN = 0.03
+
+
+def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int) -> int | None:
+    """The chunk size this rank runs: from the setting, or timed on its own device (auto)."""
+    if check_micro_batch(setting) == "auto":
+        return tune_micro_batch(model, dataset, me, largest)
+    return int(setting) or None
+
+
+def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
+    """The chunk size (a few powers of two below `largest`, or all of it) with the least
+    compute time per sample on this rank's device, preferring larger chunks unless a smaller
+    one is more than 3% faster; None if that is the whole batch. Each
+    candidate runs whole chunks, at least 512 samples; straggling is off (it is sleep)."""
+    candidates = [c for c in MICRO_BATCH_CANDIDATES if c < largest] + [largest]
+    if len(candidates) == 1:
+        return None
+    probe = me.fresh(slowdown=1.0)
+    per_sample = {}
+    for c in candidates:
+        probe.micro_batch = c
+        n = c * max(1, -(-512 // c))
+        x, y = probe_batch(dataset, n, me.device)
+        runs = []
+        for _ in range(4):  # the first is a warm-up; the fastest of the rest is the device's cost
+            forward_backward(model, x, y, probe)
+            runs.append(probe.last_compute)
+        per_sample[c] = min(runs[1:]) / n
+    model.zero_grad(set_to_none=True)
+    # Largest first; a smaller chunk must be clearly faster (3%) to win over timing noise.
+    best = largest
+    for c in sorted(per_sample, reverse=True):
+        if per_sample[c] < per_sample[best] * (1 - TUNE_MARGIN):
+            best = c
+    return None if best >= largest else best
