@@ -95,6 +95,22 @@ class Balancer:
         self.history.append((step, list(self.split)))
         return self.split
 
+    def refine(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int = 0) -> list[int]:
+        """Re-measure at the calibrated split: each rank timed steps of exactly its share, which
+        replace its per-sample cost outright (the calibration probes ran other batch sizes, and
+        a_i + p_i * n only extrapolates to the share). Re-splits under the same threshold as
+        calibration."""
+        for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
+            per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
+            if per_sample > 0:
+                self.seconds_per_sample[rank] = per_sample
+        target = self.target()
+        now = self.step_time(self.split)
+        if target != self.split and now - self.step_time(target) > self.threshold * now:
+            self.split = target
+            self.history.append((step, list(target)))
+        return self.split
+
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
         """Feed every rank's compute time for a step and the samples each had; returns a new
         split when the measured speeds moved far enough, else None (keep the current one)."""

@@ -28,24 +28,34 @@ class Rank:
     last_compute: float = 0.0
     micro_batch: int | None = None
     """Most samples per forward/backward (gradients accumulate over chunks); None: all."""
-    per_sample: deque = field(default_factory=lambda: deque(maxlen=5))
-    """Compute seconds per sample of the last steps (the straggler's measure)."""
+    recent: deque = field(default_factory=lambda: deque(maxlen=5))
+    """(samples, compute seconds) of the last steps: the straggler's measure."""
 
     def straggle(self, n: int) -> float:
-        """Act `slowdown` times slower on a step of n samples: sleep (k-1) x its compute time,
-        measured as the median per-sample compute of the last steps times n, before computing
-        (so gradients are ready when a slow device's would be). No CPU is used. The median
-        keeps one noisy step from being multiplied by k-1 into the next; the scaling by n keeps
-        a re-split (or the next benchmark phase) from sleeping for the previous batch size."""
-        if self.slowdown <= 1.0 or not self.per_sample or not n:
+        """Act `slowdown` times slower on a step of n samples, before computing it (so
+        gradients are ready when a slow device's would be): sleep (k-1) x the median compute
+        time of the last steps of exactly n samples. No CPU is used. The median keeps one
+        noisy step from being multiplied by k-1 into the next; keying on n keeps a re-split
+        (or a probe of another size) from sleeping for another batch's time, including its
+        per-step overhead. Returns the pause, 0 when no step of n samples was measured yet
+        (then `straggle_after` sleeps once the step's own compute is known)."""
+        same = [seconds for samples, seconds in self.recent if samples == n]
+        if self.slowdown <= 1.0 or not same or not n:
             return 0.0
-        pause = (self.slowdown - 1.0) * statistics.median(self.per_sample) * n
+        return self._sleep((self.slowdown - 1.0) * statistics.median(same))
+
+    def straggle_after(self, n: int, compute: float) -> float:
+        """The first step of n samples: sleep (k-1) x its own compute, after computing it."""
+        return self._sleep((self.slowdown - 1.0) * compute) if self.slowdown > 1.0 and n else 0.0
+
+    @staticmethod
+    def _sleep(pause: float) -> float:
         time.sleep(pause)
         return pause
 
     def fresh(self, **changes) -> "Rank":
         """A copy with its own (empty) straggler history."""
-        return replace(self, per_sample=deque(maxlen=5), **changes)
+        return replace(self, recent=deque(maxlen=5), **changes)
 
 
 def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[float, int, float]:
@@ -70,11 +80,12 @@ def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[
         loss_sum += loss.item() * n
         correct += int((out.argmax(1) == yc).sum())
     me.device.synchronize()
-    seconds = time.perf_counter() - t0
-    me.last_compute = seconds - slept
-    if len(y):
-        me.per_sample.append(me.last_compute / len(y))
-    return loss_sum, correct, seconds
+    me.last_compute = time.perf_counter() - t0 - slept
+    if not slept:
+        me.straggle_after(n, me.last_compute)
+    if n:
+        me.recent.append((n, me.last_compute))
+    return loss_sum, correct, time.perf_counter() - t0
 
 
 def probe_batch(dataset, n: int, device):
@@ -114,16 +125,17 @@ def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
-    per_sample = {}
-    for c in candidates:
-        probe.micro_batch = c
-        n = c * max(1, -(-512 // c))
-        x, y = probe_batch(dataset, n, me.device)
-        runs = []
-        for _ in range(4):  # the first is a warm-up; the fastest of the rest is the device's cost
+    batches = {c: probe_batch(dataset, c * max(1, -(-512 // c)), me.device) for c in candidates}
+    per_sample = {c: float("inf") for c in candidates}
+    # Round-robin: a warm-up round, then the fastest of 3 rounds per candidate. Timing the
+    # candidates in turns (not one after the other) lets a drift of the machine's speed touch
+    # them all alike; one after the other it once made 64 look fastest on both ranks.
+    for round_ in range(4):
+        for c, (x, y) in batches.items():
+            probe.micro_batch = c
             forward_backward(model, x, y, probe)
-            runs.append(probe.last_compute)
-        per_sample[c] = min(runs[1:]) / n
+            if round_:
+                per_sample[c] = min(per_sample[c], probe.last_compute / len(y))
     model.zero_grad(set_to_none=True)
     # Largest first; a smaller chunk must be clearly faster (3%) to win over timing noise.
     best = largest

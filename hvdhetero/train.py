@@ -142,13 +142,19 @@ def make_balancer(cfg, me: Rank, model, dataset) -> Balancer:
 
 def calibrate(balancer: Balancer, model, dataset, me: Rank, small: int, big: int) -> None:
     """Time this rank at two batch sizes, which separates its per-step overhead a from its
-    per-sample cost p; every rank's (a, p) reach every rank, which sets the first split."""
+    per-sample cost p; every rank's (a, p) reach every rank, which sets the first split; then
+    one more probe at that split refines each p."""
     t_small, t_big = (probe_seconds(model, dataset, me, n) for n in (small, big))
     p = (t_big - t_small) / (big - small) if big > small else t_big / big
     p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
     a = max(0.0, t_big - p * big)
     both = allreduce_sum(one_hot(a) + one_hot(p), "hvdhetero.calibrate")
     balancer.calibrate(both[: hvd.size()], both[hvd.size():])
+    # Then time each rank at exactly its share: at K=10 the slow rank's share is far below
+    # `small`, where the straight line through two probes misses by 10-20% (measured).
+    sizes = list(balancer.split)
+    mine = probe_seconds(model, dataset, me, sizes[hvd.rank()])
+    balancer.refine(allreduce_sum(one_hot(mine), "hvdhetero.refine"), sizes)
 
 
 def probe_seconds(model, dataset, me: Rank, n: int, steps: int = 5) -> float:

@@ -73,3 +73,23 @@ def test_every_split_is_recorded():
     simulate(b, [1e-3, 1e-3], [0, 0], steps=30, change_at=0, new_per_sample=[1e-3, 4e-3])
     assert b.history[0] == (0, [50, 50])
     assert len(b.history) >= 2 and abs(b.history[-1][1][1] - 20) <= 3  # ideal [80, 20]
+
+
+def test_refine_corrects_a_calibration_that_mis_extrapolated_to_the_slow_ranks_share():
+    # Calibration probes ran 256 and 1024 samples; the slow rank really costs 1.8 ms a sample
+    # plus 30 ms a step at its small share, but the two probes put it at 1.4 ms and 60 ms.
+    b = Balancer(global_batch=2048, size=2)
+    first = b.calibrate([0.0, 0.060], [150e-6, 1.4e-3])
+    truth = Balancer(global_batch=2048, size=2)
+    ideal = truth.calibrate([0.0, 0.030], [150e-6, 1.8e-3])
+    seconds = [0.0 + 150e-6 * first[0], 0.030 + 1.8e-3 * first[1]]  # timed at exactly the split
+    refined = b.refine(seconds, first)
+    assert refined != first and abs(refined[1] - ideal[1]) <= 2, (first, refined, ideal)
+    assert b.history == [(0, first), (0, refined)]
+
+
+def test_refine_keeps_the_split_when_the_share_measures_as_predicted():
+    b = Balancer(global_batch=2048, size=2)
+    first = b.calibrate([0.0, 0.030], [150e-6, 1.8e-3])
+    seconds = [150e-6 * first[0] * 1.01, (0.030 + 1.8e-3 * first[1]) * 0.99]  # within noise
+    assert b.refine(seconds, first) == first and len(b.history) == 1
