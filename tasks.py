@@ -108,7 +108,8 @@ def build_horovod(c, install=False):
     "hosts": "comma-separated inventory hosts (default: local, 2 CPU ranks)",
     "inventory": _REMOTE_HELP["inventory"],
     "batch_size": "global batch",
-    "steps": "timed steps per phase and repeat",
+    "steps": "timed steps per phase and repeat (at least)",
+    "min_seconds": "quick phases take more steps, to be timed over at least this long per repeat",
     "repeats": "rounds of all phases, medians reported (default 5; with --allreduce: timed allreduces, 10)",
     "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
     "dry_run": "print the horovodrun command and exit",
@@ -119,7 +120,7 @@ def build_horovod(c, install=False):
     "rounds": "with --allreduce: jobs per transport, taking turns (medians are reported)",
 })
 @_user_errors
-def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats=0, cycle_time_ms=5.0,
+def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
           inventory=None, dry_run=False, micro_batch="auto", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
@@ -135,6 +136,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, repeats
             Path(out).write_text(json.dumps(result, indent=1))
         return
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
+             "--min-seconds", str(float(min_seconds)),
              "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch)] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -40,7 +41,10 @@ def parse_args(argv):
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--model", default="")
     parser.add_argument("--batch-size", type=int, default=2048, help="global batch")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per phase and repeat")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per phase and repeat (at least)")
+    parser.add_argument("--min-seconds", type=float, default=6.0,
+                        help="a phase whose steps are quick takes more of them, to be timed over at least this "
+                             "long in each repeat (a 1-second window on a shared VM is mostly noise)")
     parser.add_argument("--repeats", type=int, default=5, help="rounds of all phases; medians are reported")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each phase before the first round")
     parser.add_argument("--data-dir", default="data")
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
                   "horovod": horovod_step(args, build, train_set, me.fresh()),
                   "hvdhetero": hvdhetero_step(args, build, train_set, me.fresh(micro_batch=chunk))}
         chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
-        seconds = measure(args, phases)
+        seconds, counts = measure(args, phases)
         # Every rank's solo rate in every round, on every rank.
         mine = [phases["solo"].batch / s for s in seconds["solo"]]
         flat = allreduce_sum([v for r in range(hvd.size()) for v in (mine if r == hvd.rank() else [0.0] * len(mine))],
@@ -92,31 +96,39 @@ def main(argv: list[str] | None = None) -> None:
                 "split": phases["hvdhetero"].split,
                 "splits": [split for _, split in phases["hvdhetero"].balancer.history], "micro_batches": chunks}
         if hvd.rank() == 0:
-            report(args, solo, horovod, ours)
+            report(args, solo, horovod, ours, counts)
     finally:
         hvd.shutdown()
 
 
-def measure(args, phases: dict) -> dict[str, list[float]]:
-    """Seconds per step of each phase in every round. The phases take turns within a round, so
-    a drift of the machine's speed (other tenants, clocks) touches all of them alike, and the
-    ratios are taken within rounds."""
-    for step in phases.values():
+def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, object]]:
+    """Seconds per step of each phase in every round, and the steps each phase was timed over.
+    The phases take turns within a round, so a drift of the machine's speed (other tenants,
+    clocks) touches all of them alike, and the ratios are taken within rounds. A phase takes
+    at least `steps` steps and, by its warm-up's pace, enough to last `min_seconds`: solo
+    ranks each their own count (they never talk), a job's ranks the largest count."""
+    counts = {}
+    for name, step in phases.items():
+        warm = []
         for _ in range(args.warmup):
+            t0 = time.perf_counter()
             step()
+            warm.append(time.perf_counter() - t0)
+        want = max(args.steps, math.ceil(args.min_seconds / min(warm))) if warm and min(warm) > 0 else args.steps
+        counts[name] = want if name == "solo" else int(max(allreduce_sum(one_hot(want), f"bench.steps.{name}")))
     samples = {name: [] for name in phases}
     for _ in range(args.repeats):
         for name, step in phases.items():
-            steps = args.steps
             hvd.barrier()  # Horovod: every rank starts a phase together
             t0 = time.perf_counter()
-            for _ in range(steps):
+            for _ in range(counts[name]):
                 step()
             # solo ranks never talk, so each timed itself; the jobs are timed to the last rank.
             if name != "solo":
                 hvd.barrier()
-            samples[name].append((time.perf_counter() - t0) / steps)
-    return samples
+            samples[name].append((time.perf_counter() - t0) / counts[name])
+    counts["solo"] = hvd.allgather_object(counts["solo"], name="bench.steps.solo")
+    return samples, counts
 
 
 def fresh_model(args, info, device):
@@ -193,7 +205,7 @@ def hvdhetero_step(args, build, dataset, me: Rank):
     return step
 
 
-def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict) -> None:
+def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, counts: dict) -> None:
     """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
     ratios within each round (paired, so the VM's drift between rounds cancels)."""
     med = statistics.median
@@ -210,7 +222,8 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict) -> N
     result = {
         "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "dataset": args.dataset,
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
-                   "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup},
+                   "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,
+                   "warmup": args.warmup, "timed_steps": counts},
         "solo": {"samples_per_s": total, "per_rank_samples_per_s": solo, "fastest": fastest,
                  "per_round_samples_per_s": total_r, "per_round_fastest": fastest_r},
         "horovod": horovod,
@@ -225,7 +238,8 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict) -> N
              ("hvdhetero", ours["samples_per_s"], ours["efficiency"], ours["vs_fastest"],
               f"{ours['split']}, chunks {ours['micro_batches']}")]
     print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, global batch "
-          f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats}x{args.steps} steps")
+          f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats} rounds; "
+          f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}")
     print(f"{'':16}{'samples/s':>12}{'E':>8}{'vs fastest':>12}  split")
     for name, rate, eff, vs, split in rows:
         e = f"{eff:8.3f}" if eff is not None else " " * 8

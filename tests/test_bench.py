@@ -13,9 +13,13 @@ pytestmark = pytest.mark.slow
 def test_bench_writes_the_documented_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_cmd([VENV_BIN / "invoke", "bench", "--slowdown", "3", "--steps", "1", "--repeats", "3",
-                    "--batch-size", "256", "--out", out], timeout=600)
+                    "--min-seconds", "0.3", "--batch-size", "256", "--out", out], timeout=600)
     result = json.loads(out.read_text())
     assert result["config"]["slowdown"] == 3.0 and result["config"]["ranks"] == 2
+    # Quick phases took more than --steps 1, to be timed over >= 0.3 s a round; the slow rank
+    # alone needs fewer steps for that than the fast one.
+    timed = result["config"]["timed_steps"]
+    assert timed["solo"][0] > 1 and timed["solo"][0] >= timed["solo"][1] and timed["hvdhetero"] > 1, timed
     assert len(result["solo"]["per_rank_samples_per_s"]) == 2
     solo = result["solo"]
     assert solo["samples_per_s"] == pytest.approx(sum(solo["per_rank_samples_per_s"]))
