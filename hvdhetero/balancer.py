@@ -98,15 +98,16 @@ class Balancer:
     def refine(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int = 0) -> list[int]:
         """Re-measure at the calibrated split: each rank timed steps of exactly its share, which
         replace its per-sample cost outright (the calibration probes ran other batch sizes, and
-        a_i + p_i * n only extrapolates to the share). Re-splits under the same threshold as
-        calibration."""
+        a_i + p_i * n only extrapolates to the share). Moves to the equal-time split of what was
+        measured without the hysteresis threshold: a one-off decision cannot oscillate, and at
+        K=10 a slow rank short of 20 samples costs the job <3% a step, for ever (measured: 131
+        samples where 149 were due, the slow rank idle 40 ms a step)."""
         for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
             per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
             if per_sample > 0:
                 self.seconds_per_sample[rank] = per_sample
         target = self.target()
-        now = self.step_time(self.split)
-        if target != self.split and now - self.step_time(target) > self.threshold * now:
+        if target != self.split:
             self.split = target
             self.history.append((step, list(target)))
         return self.split
