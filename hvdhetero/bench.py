@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
                    "split": phases["horovod"].split}
         ours = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["hvdhetero"]],
                 "split": phases["hvdhetero"].split,
-                "splits": [split for _, split in phases["hvdhetero"].balancer.history], "micro_batches": chunks}
+                "splits": [split for _, split in phases["hvdhetero"].balancer.history], "micro_batches": chunks,
+                "per_rank_step_ms": hvd.allgather_object(where_time_goes(phases["hvdhetero"].timings),
+                                                         name="bench.where")}
         if hvd.rank() == 0:
             report(args, solo, horovod, ours, counts)
     finally:
@@ -195,14 +197,23 @@ def hvdhetero_step(args, build, dataset, me: Rank):
         optimizer.zero_grad(set_to_none=True)
         arm = (lambda: reducer.prepare(n / args.batch_size)) if args.overlap else None
         seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me, arm)[2]
+        t0 = time.perf_counter()
         times = reducer.reduce(n / args.batch_size, extras=one_hot(seconds))
+        step.timings.append((seconds, time.perf_counter() - t0))
         optimizer.step()
         balancer.observe(times, sizes, steps[0])
         steps[0] += 1
         step.split = balancer.split
 
-    step.balancer, step.split = balancer, balancer.split
+    step.balancer, step.split, step.timings = balancer, balancer.split, []
     return step
+
+
+def where_time_goes(timings: list[tuple[float, float]]) -> dict[str, float]:
+    """This rank's median step: compute (forward/backward, straggling included) and the reduce,
+    which is mostly waiting for the slowest rank when the split is off."""
+    return {"compute_ms": 1e3 * statistics.median(c for c, _ in timings),
+            "reduce_ms": 1e3 * statistics.median(r for _, r in timings)} if timings else {}
 
 
 def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, counts: dict) -> None:
@@ -245,6 +256,9 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, coun
         e = f"{eff:8.3f}" if eff is not None else " " * 8
         v = f"{vs:12.3f}" if vs is not None else " " * 12
         print(f"{name:16}{rate:12,.0f}{e}{v}  {split}")
+    steps = ours["per_rank_step_ms"]
+    print("hvdhetero median step, ms per rank: compute " + " / ".join(f"{r['compute_ms']:.1f}" for r in steps)
+          + ", reduce (mostly waiting for the slower rank) " + " / ".join(f"{r['reduce_ms']:.1f}" for r in steps))
     print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

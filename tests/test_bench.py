@@ -36,4 +36,11 @@ def test_bench_writes_the_documented_json(tmp_path):
         assert r["vs_fastest"] == pytest.approx(statistics.median(
             [j / f for j, f in zip(rates, solo["per_round_fastest"])]))
     assert result["horovod"]["split"] == [128, 128]
+    # Where hvdhetero's step went, per rank: compute and reduce are parts of one step (in ms)
+    steps = result["hvdhetero"]["per_rank_step_ms"]
+    step_ms = [1e3 * 256 / r for r in result["hvdhetero"]["per_round_samples_per_s"]]
+    assert len(steps) == 2, steps
+    for r in steps:
+        assert 0.2 * min(step_ms) < r["compute_ms"] and r["compute_ms"] + r["reduce_ms"] < 1.5 * max(step_ms), (r, step_ms)
+    assert "hvdhetero median step, ms per rank: compute" in proc.stdout
     assert "hvdhetero / plain horovod" in proc.stdout
