@@ -95,6 +95,15 @@ class Balancer:
         self.history.append((step, list(self.split)))
         return self.split
 
+    def _measured(self, step_seconds: Sequence[float], sizes: Sequence[int]):
+        """(rank, seconds per sample) for each rank whose step shows a per-sample cost: its time
+        less its overhead, over its samples (a rank with no samples, or within its overhead,
+        tells nothing)."""
+        for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
+            per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
+            if per_sample > 0:
+                yield rank, per_sample
+
     def refine(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int = 0) -> list[int]:
         """Re-measure at the calibrated split: each rank timed steps of exactly its share, which
         replace its per-sample cost outright (the calibration probes ran other batch sizes, and
@@ -102,10 +111,8 @@ class Balancer:
         measured without the hysteresis threshold: a one-off decision cannot oscillate, and at
         K=10 a slow rank short of 20 samples costs the job <3% a step, for ever (measured: 131
         samples where 149 were due, the slow rank idle 40 ms a step)."""
-        for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
-            per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
-            if per_sample > 0:
-                self.seconds_per_sample[rank] = per_sample
+        for rank, per_sample in self._measured(step_seconds, sizes):
+            self.seconds_per_sample[rank] = per_sample
         target = self.target()
         if target != self.split:
             self.split = target
@@ -115,11 +122,9 @@ class Balancer:
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
         """Feed every rank's compute time for a step and the samples each had; returns a new
         split when the measured speeds moved far enough, else None (keep the current one)."""
-        for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
-            per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
-            if per_sample > 0:
-                old = self.seconds_per_sample[rank]
-                self.seconds_per_sample[rank] = old + self.smoothing * (per_sample - old)
+        for rank, per_sample in self._measured(step_seconds, sizes):
+            old = self.seconds_per_sample[rank]
+            self.seconds_per_sample[rank] = old + self.smoothing * (per_sample - old)
         self._steps += 1
         if self._steps % self.interval:
             return None
