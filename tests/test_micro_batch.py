@@ -88,3 +88,21 @@ def test_bad_setting_on_the_command_line_exits_2_before_any_rank_starts(task):
     assert proc.returncode == 2
     assert "--micro-batch must be auto, 0 or a positive integer, got '12x'" in proc.stderr
     assert "horovodrun" not in proc.stdout
+
+
+def test_auto_times_the_candidates_in_turns(digits, monkeypatch):
+    """A drift of the machine's speed must touch every candidate alike: a warm-up round, then
+    three timed rounds, each visiting every candidate once, not each candidate's runs in a row."""
+    from hvdhetero import step
+
+    train, info = digits
+    order, real = [], step.forward_backward
+
+    def recording(model, x, y, me, *args):
+        order.append(me.micro_batch)
+        return real(model, x, y, me, *args)
+
+    monkeypatch.setattr(step, "forward_backward", recording)
+    step.tune_micro_batch(models.build("cnn", info), train, Rank(devices.select("cpu"), 1.0, None), 300)
+    one_round = [c for c in MICRO_BATCH_CANDIDATES if c < 300] + [300]
+    assert order == one_round * 4, order
