@@ -67,12 +67,13 @@ def test(c):
     "equal_split": "equal batches on every rank (plain data parallelism) instead of balancing",
     "compression": "gradients on the wire: none (float32) or fp16",
     "micro_batch": "most samples per forward/backward, gradients accumulating: auto (timed per rank), 0 (all) or N",
+    "seed": "seeds the model's initial weights, the shuffling and dropout",
     "dry_run": "print the horovodrun command and exit",
-})
+}, auto_shortflags=False)
 @_user_errors
 def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3, optimizer="adam",
           data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0, equal_split=False,
-          compression="none", micro_batch="auto", dry_run=False):
+          compression="none", micro_batch="auto", seed=0, dry_run=False):
     """Train one model on the inventory's hosts with horovodrun --gloo (default: 2 CPU ranks here)."""
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
@@ -80,7 +81,8 @@ def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, l
     options = TrainConfig(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
                           lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
                           run_dir=run_dir, slowdown=float(slowdown), equal_split=equal_split,
-                          compression=compression, micro_batch=check_micro_batch(micro_batch))
+                          compression=compression, micro_batch=check_micro_batch(micro_batch),
+                          seed=int(seed))
     argv, env = launch.command(inventory_, selected, options)
     print(launch.printable(argv, env))
     if not dry_run and not all(h.is_local for h in selected):
@@ -118,7 +120,7 @@ def build_horovod(c, install=False):
     "sizes_mb": "with --allreduce: buffer sizes in MB",
     "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
     "rounds": "with --allreduce: jobs per transport, taking turns (medians are reported)",
-})
+}, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
           inventory=None, dry_run=False, micro_batch="auto", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):

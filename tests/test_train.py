@@ -69,12 +69,21 @@ def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
-    """The last rank 3x slower gets a smaller share, and the model learns what one process on
-    the same global batch learns: the gradient of each step is the same up to rounding."""
+def _one_rank_inventory(tmp_path):
+    """The default inventory with one slot: one process trains on the whole global batch."""
     single = tmp_path / "single.yaml"
     single.write_text((ROOT / "inventory.yaml").read_text().replace("slots: 2", "slots: 1")
                       .replace("env: .venv", f"env: {ROOT / '.venv'}"))
+    return single
+
+
+def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
+    """The last rank 3x slower gets a smaller share, and the model learns as well as one process on
+    the same global batch. The runs are not identical (each rank draws its own dropout masks, and
+    the split moves with timings), so they are compared within the seed-to-seed spread: over
+    seeds 0-6 (`invoke train --epochs 15 --seed S`) one process reached 0.981-0.997 and the K=3
+    job 0.986-0.994, never more than 0.009 apart at the same seed."""
+    single = _one_rank_inventory(tmp_path)
     runs = {}
     for name, args in {"one": ["--inventory", single], "k3": ["--slowdown", "3"]}.items():
         run_dir = tmp_path / name
@@ -83,4 +92,18 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
     splits = [r["split"] for r in runs["k3"] if r["event"] == "split"]
     assert all(s[0] >= 2 * s[1] for s in splits[1:] or splits), splits  # the slow rank got less
     accuracy = {name: records[-1]["test_accuracy"] for name, records in runs.items()}
-    assert accuracy["one"] >= 0.95 and abs(accuracy["one"] - accuracy["k3"]) <= 0.005, accuracy
+    assert accuracy["one"] >= 0.95 and accuracy["k3"] >= accuracy["one"] - 0.015, accuracy
+
+
+def test_same_seed_repeats_a_run_and_another_seed_does_not(tmp_path):
+    """One rank, whole batches (no timing-driven choices): --seed alone decides the result."""
+    single = _one_rank_inventory(tmp_path)
+    digests = []
+    for i, seed in enumerate([1, 1, 2]):
+        run_dir = tmp_path / f"r{i}"
+        run_cmd([VENV_BIN / "invoke", "train", "--epochs", "1", "--micro-batch", "0", "--seed", seed,
+                 "--inventory", single, "--run-dir", run_dir], timeout=300)
+        records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+        assert records[0]["config"]["seed"] == seed
+        digests.append(records[-1]["param_digests"][0])
+    assert digests[0] == digests[1] != digests[2]
