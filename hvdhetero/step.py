@@ -26,15 +26,32 @@ class Rank:
     slowdown: float
     max_batch: int | None
     last_compute: float = 0.0
+    """Wall-clock seconds of the last forward/backward, straggling excluded."""
+    last_busy: float = 0.0
+    """What the straggler multiplies: the last forward/backward's compute on this device (see
+    `busy_clock`)."""
     micro_batch: int | None = None
     """Most samples per forward/backward (gradients accumulate over chunks); None: all."""
     recent: deque = field(default_factory=lambda: deque(maxlen=5))
-    """(samples, compute seconds) of the last steps: the straggler's measure."""
+    """(samples, busy seconds) of the last steps: the straggler's measure."""
+
+    def busy_clock(self):
+        """The clock that times this rank's device compute. A CPU rank computing on one thread
+        (every pinned rank does) uses that thread's CPU time: the Horovod background thread's
+        allreduce, which overlaps the last backward on the same core, is communication, and a
+        slower device would not slow it down; nor the background thread's coordination cycles,
+        nor another tenant's use of the core. Multiplied by k-1 they made up ~15% of a K=10
+        straggler's time (`invoke bench --slowdown 10`: its solo rate was 540-576 samples/s by
+        wall clock, 682 by this clock). Other devices, and multi-threaded CPU ranks, use wall
+        time."""
+        if self.device.name == "cpu" and torch.get_num_threads() == 1:
+            return time.thread_time
+        return time.perf_counter
 
     def straggle(self, n: int) -> float:
         """Act `slowdown` times slower on a step of n samples, before computing it (so
         gradients are ready when a slow device's would be): sleep (k-1) x the median compute
-        time of the last steps of exactly n samples. No CPU is used. The median keeps one
+        (`busy_clock`) of the last steps of exactly n samples. No CPU is used. The median keeps one
         noisy step from being multiplied by k-1 into the next; keying on n keeps a re-split
         (or a probe of another size) from sleeping for another batch's time, including its
         per-step overhead. Returns the pause, 0 when no step of n samples was measured yet
@@ -45,7 +62,8 @@ class Rank:
         return self._sleep((self.slowdown - 1.0) * statistics.median(same))
 
     def straggle_after(self, n: int, compute: float) -> float:
-        """The first step of n samples: sleep (k-1) x its own compute, after computing it."""
+        """The first step of n samples: sleep (k-1) x its own compute (`busy_clock`), after
+        computing it."""
         return self._sleep((self.slowdown - 1.0) * compute) if self.slowdown > 1.0 and n else 0.0
 
     @staticmethod
@@ -66,6 +84,8 @@ def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[
     correct predictions, seconds taken)."""
     t0 = time.perf_counter()
     slept = me.straggle(len(y))
+    clock = me.busy_clock()
+    busy0 = clock()
     loss_sum, correct, n = 0.0, 0, len(y)
     chunk = min(me.micro_batch or n, n)
     for start in range(0, n, chunk or 1):
@@ -80,11 +100,12 @@ def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[
         loss_sum += loss.item() * n
         correct += int((out.argmax(1) == yc).sum())
     me.device.synchronize()
+    me.last_busy = clock() - busy0
     me.last_compute = time.perf_counter() - t0 - slept
     if not slept:
-        me.straggle_after(n, me.last_compute)
+        me.straggle_after(n, me.last_busy)
     if n:
-        me.recent.append((n, me.last_compute))
+        me.recent.append((n, me.last_busy))
     return loss_sum, correct, time.perf_counter() - t0
 
 

@@ -46,9 +46,9 @@ def test_a_step_takes_k_times_its_compute_from_the_first_step_on():
         x, y = torch.randn(n, 1, 8, 8), torch.randint(10, (n,))
         seconds = forward_backward(model, x, y, me)[2]
         # first of its size: 3x its own compute after it; then 3x the earlier step's before it
-        asleep = 3 * (computed[0] if len(computed) == 1 else me.last_compute)
+        asleep = 3 * (computed[0] if len(computed) == 1 else me.last_busy)
         assert seconds >= me.last_compute + asleep - 1e-4, (n, seconds, me.last_compute, asleep)
-        computed.append(me.last_compute)
+        computed.append(me.last_busy)
     assert [n for n, _ in me.recent] == [64, 64, 32]
 
 
@@ -65,3 +65,26 @@ def test_no_slowdown_never_sleeps(sleeps):
     me = Rank(devices.select("cpu"), 1.0, None)
     me.recent.append((1000, 0.5))
     assert me.straggle(1000) == 0.0 and me.straggle_after(1000, 0.5) == 0.0 and sleeps == []
+
+
+def test_a_one_thread_cpu_rank_multiplies_its_compute_not_the_time_its_thread_stood_still(sleeps):
+    """On a pinned CPU rank the Horovod background thread's allreduce runs on the same core,
+    inside the last backward: communication, which a slower device would not slow. Here a
+    50 ms block inside the step stands for it; the straggler multiplies only the compute."""
+    threads = torch.get_num_threads()
+    me = Rank(devices.select("cpu"), 10.0, None)
+    torch.set_num_threads(1)  # as devices.select gives a rank pinned to one core
+    try:
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        x, y = torch.randn(16, 1, 8, 8), torch.randint(10, (16,))
+        forward_backward(model, x, y, me, before_last_backward=lambda: _block(0.05))
+        assert me.last_compute >= 0.05 > 0.01 > me.last_busy  # the wall clock saw the block, the busy clock not
+        assert sleeps == [pytest.approx(9 * me.last_busy)]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _block(seconds):
+    """Stand still without using CPU (time.sleep is patched out in these tests)."""
+    import select
+    select.select([], [], [], seconds)
