@@ -46,6 +46,15 @@ class Balancer:
     """Decisions in a row that must call for a re-split before it happens."""
     smoothing: float = 0.2
     """Weight of the newest measurement in the moving average of each rank's p_i."""
+    settle: int = 20
+    """Steps at one split after which a smaller but sustained imbalance is corrected too."""
+    fine_threshold: float = 0.01
+    """The least gain worth a re-split once `settle` steps at the split are averaged (the
+    mean of many steps is far less noisy than the moving average, so a smaller gain is real;
+    at threshold 3% a K=10 job ran with its slow rank 4-5% behind or ahead for good)."""
+    confidence: float = 4.0
+    """...and the imbalance behind that gain must exceed this many standard errors of the
+    averaged step times (noise, measured), so a balanced split does not wander."""
     overhead: list[float] = field(default_factory=list)
     """a_i: seconds per step that do not depend on the batch, from calibration."""
     seconds_per_sample: list[float] = field(default_factory=list)
@@ -61,10 +70,11 @@ class Balancer:
         self.seconds_per_sample = [1.0] * self.size
         self.split = self.target()
         self._steps = self._wanted = 0
+        self._settled = _Moments(self.size)
 
-    def target(self) -> list[int]:
+    def target(self, per_sample: Sequence[float] | None = None) -> list[int]:
         """The integer split that makes a_i + p_i * n_i equal across ranks."""
-        a, p = self.overhead, self.seconds_per_sample
+        a, p = self.overhead, per_sample or self.seconds_per_sample
         # Equal time T with sum(n_i) = B: n_i = (T - a_i) / p_i, T = (B + sum a_i/p_i) / sum 1/p_i.
         # A rank whose overhead alone exceeds T gets the minimum (weight 0 here).
         active = list(range(self.size))
@@ -78,9 +88,9 @@ class Balancer:
         weights = [max(0.0, (t - a[i]) / p[i]) if i in active else 0.0 for i in range(self.size)]
         return proportional_split(self.global_batch, weights, self.minimum, self.caps)
 
-    def step_time(self, split: Sequence[int]) -> float:
+    def step_time(self, split: Sequence[int], per_sample: Sequence[float] | None = None) -> float:
         """Predicted time of a step with `split`: the slowest rank's."""
-        return max(a + p * n for a, p, n in zip(self.overhead, self.seconds_per_sample, split))
+        return max(a + p * n for a, p, n in zip(self.overhead, per_sample or self.seconds_per_sample, split))
 
     def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0) -> list[int]:
         """Initial split from each rank's measured a_i and p_i (from a short probe). Like every
@@ -92,6 +102,7 @@ class Balancer:
         now = self.step_time(self.split)
         if now - self.step_time(target) > self.threshold * now:
             self.split = target
+        self._settled = _Moments(self.size)
         self.history.append((step, list(self.split)))
         return self.split
 
@@ -115,8 +126,7 @@ class Balancer:
             self.seconds_per_sample[rank] = per_sample
         target = self.target()
         if target != self.split:
-            self.split = target
-            self.history.append((step, list(target)))
+            self._move(target, step)
         return self.split
 
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
@@ -125,6 +135,8 @@ class Balancer:
         for rank, per_sample in self._measured(step_seconds, sizes):
             old = self.seconds_per_sample[rank]
             self.seconds_per_sample[rank] = old + self.smoothing * (per_sample - old)
+            if list(sizes) == self.split:
+                self._settled.add(rank, per_sample)
         self._steps += 1
         if self._steps % self.interval:
             return None
@@ -132,9 +144,52 @@ class Balancer:
         now, then = self.step_time(self.split), self.step_time(target)
         # Hysteresis in size (a real gain) and in time (seen at two decisions in a row).
         self._wanted = self._wanted + 1 if now - then > self.threshold * now else 0
-        if self._wanted < self.patience:
+        if self._wanted >= self.patience:
+            return self._move(target, step)
+        settled = self._settled_target()
+        return self._move(settled, step) if settled else None
+
+    def _settled_target(self) -> list[int] | None:
+        """The split for the mean per-sample costs of the steps at the current split, if that
+        many steps were seen, the gain is above `fine_threshold` and the imbalance behind it
+        (slowest minus fastest predicted time) is `confidence` standard errors clear of noise."""
+        stats = self._settled.summary()
+        if stats is None or min(count for _, _, count in stats) < self.settle:
             return None
+        mean = [m for m, _, _ in stats]
+        target = self.target(mean)
+        now, then = self.step_time(self.split, mean), self.step_time(target, mean)
+        if target == self.split or now - then <= self.fine_threshold * now:
+            return None
+        times = [(a + m * n, se * n) for a, (m, se, _), n in zip(self.overhead, stats, self.split)]
+        (slow, slow_se), (fast, fast_se) = max(times), min(times)
+        if slow - fast <= self.confidence * (slow_se ** 2 + fast_se ** 2) ** 0.5:
+            return None
+        self.seconds_per_sample = mean  # the better estimate, and the one the move is based on
+        return target
+
+    def _move(self, target: list[int], step: int) -> list[int]:
         self._wanted = 0
+        self._settled = _Moments(self.size)
         self.split = target
         self.history.append((step, list(target)))
         return target
+
+
+class _Moments:
+    """Running mean and standard error of each rank's per-sample cost (Welford)."""
+
+    def __init__(self, size: int):
+        self.count, self.mean, self.m2 = [0] * size, [0.0] * size, [0.0] * size
+
+    def add(self, rank: int, value: float) -> None:
+        self.count[rank] += 1
+        delta = value - self.mean[rank]
+        self.mean[rank] += delta / self.count[rank]
+        self.m2[rank] += delta * (value - self.mean[rank])
+
+    def summary(self) -> list[tuple[float, float, int]] | None:
+        """(mean, standard error of the mean, count) per rank; None until every rank has 2."""
+        if min(self.count) < 2:
+            return None
+        return [(m, (m2 / (n - 1) / n) ** 0.5, n) for m, m2, n in zip(self.mean, self.m2, self.count)]

@@ -45,7 +45,7 @@ def test_impossible_caps_are_refused():
         Balancer(global_batch=64, size=2, caps=[20, 20])
 
 
-def test_settles_within_20_steps_after_the_speed_ratio_changes_and_then_holds():
+def test_settles_within_20_steps_after_the_speed_ratio_changes_then_sharpens_and_holds():
     b = Balancer(global_batch=256, size=2)
     b.calibrate([0.002, 0.002], [1e-4, 1e-4])
     splits = simulate(b, [1e-4, 1e-4], [0.002, 0.002], steps=120, noise=0.03, change_at=40,
@@ -55,8 +55,11 @@ def test_settles_within_20_steps_after_the_speed_ratio_changes_and_then_holds():
     assert splits[39] == [128, 128]  # nothing changed before the change
     # Within 20 steps of the change the split is within 3% of the ideal one ...
     assert abs(splits[59][1] - ideal_split[1]) <= 0.03 * 256, (splits[59], ideal_split)
-    # ... and from then on it holds still (no oscillation).
-    assert all(s == splits[59] for s in splits[60:]), {tuple(s) for s in splits[60:]}
+    # ... the averaged steps at that split then correct what the moving average's lag left
+    # (at most one more move, within a sample of the ideal) and from then on it holds still.
+    moves = [split for step, split in b.history if step >= 40]
+    assert 1 <= len(moves) <= 2 and abs(moves[-1][1] - ideal_split[1]) <= 1, (moves, ideal_split)
+    assert all(s == splits[-1] for s in splits[90:]), {tuple(s) for s in splits[90:]}
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -105,3 +108,32 @@ def test_refine_keeps_the_split_of_ranks_that_measure_alike():
     b = Balancer(global_batch=2048, size=2)
     first = b.calibrate([0.002, 0.002], [150e-6, 150e-6])
     assert b.refine([0.002 + 150e-6 * 1024] * 2, first) == first == [1024, 1024] and len(b.history) == 1
+
+
+def test_a_sustained_imbalance_below_the_threshold_is_corrected_once_averaged():
+    """K=10-like ranks whose calibration put the slow rank 3% fast: the job is ~1.5% slower per
+    step than it could be, under the 3% threshold, so the moving average alone never moves.
+    Averaged over `settle` steps at that split, the imbalance is clear of 3% noise: one move,
+    to within a sample of the ideal split, which then holds."""
+    true_p, overhead = [150e-6, 1.75e-3], [0.001, 0.015]
+    ideal = Balancer(global_batch=2048, size=2).calibrate(overhead, true_p)
+    coarse_only = Balancer(global_batch=2048, size=2, fine_threshold=1.0)
+    start = coarse_only.calibrate(overhead, [150e-6, 1.70e-3])
+    assert start[1] > ideal[1]
+    simulate(coarse_only, true_p, overhead, steps=200, noise=0.03)
+    assert coarse_only.split == start  # the 3% hysteresis alone leaves it
+    for seed in range(5):
+        b = Balancer(global_batch=2048, size=2)
+        b.calibrate(overhead, [150e-6, 1.70e-3])
+        splits = simulate(b, true_p, overhead, steps=200, noise=0.03, seed=seed)
+        assert len(b.history) == 2 and abs(b.split[1] - ideal[1]) <= 1, (b.history, ideal)
+        assert b.history[1][0] < 2 * b.settle and splits[-1] == b.split
+        assert b.step_time(b.split, true_p) < b.step_time(start, true_p)
+
+
+def test_noise_alone_does_not_move_a_balanced_k10_split():
+    for seed in range(10):
+        b = Balancer(global_batch=2048, size=2)
+        start = b.calibrate([0.001, 0.015], [150e-6, 1.6e-3])
+        simulate(b, [150e-6, 1.6e-3], [0.001, 0.015], steps=300, noise=0.05, seed=seed)
+        assert b.history == [(0, start)], b.history
