@@ -116,6 +116,8 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
             t0 = time.perf_counter()
             step()
             warm.append(time.perf_counter() - t0)
+        if hasattr(step, "timings"):
+            step.timings.clear()  # a step's breakdown is kept for timed steps only
         want = max(args.steps, math.ceil(args.min_seconds / min(warm))) if warm and min(warm) > 0 else args.steps
         counts[name] = want if name == "solo" else int(max(allreduce_sum(one_hot(want), f"bench.steps.{name}")))
     samples = {name: [] for name in phases}
@@ -192,6 +194,7 @@ def hvdhetero_step(args, build, dataset, me: Rank):
     draw, steps = sampler(dataset, seed=200 + hvd.rank()), [0]
 
     def step():
+        started = time.perf_counter()
         sizes = list(balancer.split)
         n = sizes[hvd.rank()]
         optimizer.zero_grad(set_to_none=True)
@@ -199,21 +202,27 @@ def hvdhetero_step(args, build, dataset, me: Rank):
         seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me, arm)[2]
         t0 = time.perf_counter()
         times = reducer.reduce(n / args.batch_size, extras=one_hot(seconds))
-        step.timings.append((seconds, time.perf_counter() - t0))
+        reduced = time.perf_counter() - t0
         optimizer.step()
         balancer.observe(times, sizes, steps[0])
         steps[0] += 1
         step.split = balancer.split
+        step.timings.append((seconds, reduced, time.perf_counter() - started))
 
     step.balancer, step.split, step.timings = balancer, balancer.split, []
     return step
 
 
-def where_time_goes(timings: list[tuple[float, float]]) -> dict[str, float]:
-    """This rank's median step: compute (forward/backward, straggling included) and the reduce,
-    which is mostly waiting for the slowest rank when the split is off."""
-    return {"compute_ms": 1e3 * statistics.median(c for c, _ in timings),
-            "reduce_ms": 1e3 * statistics.median(r for _, r in timings)} if timings else {}
+def where_time_goes(timings: list[tuple[float, float, float]]) -> dict:
+    """This rank's median step: compute (forward/backward, straggling included), the reduce
+    (mostly waiting for the slowest rank when the split is off) and the whole step; its mean
+    step (what the rate sees: a few slow steps count in full); and every step's three times."""
+    if not timings:
+        return {}
+    compute, reduce, whole = zip(*timings)
+    return {"compute_ms": 1e3 * statistics.median(compute), "reduce_ms": 1e3 * statistics.median(reduce),
+            "step_ms": 1e3 * statistics.median(whole), "mean_step_ms": 1e3 * statistics.fmean(whole),
+            "steps_ms": [[round(1e3 * t, 2) for t in step] for step in timings]}
 
 
 def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, counts: dict) -> None:
@@ -258,7 +267,9 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, coun
         print(f"{name:16}{rate:12,.0f}{e}{v}  {split}")
     steps = ours["per_rank_step_ms"]
     print("hvdhetero median step, ms per rank: compute " + " / ".join(f"{r['compute_ms']:.1f}" for r in steps)
-          + ", reduce (mostly waiting for the slower rank) " + " / ".join(f"{r['reduce_ms']:.1f}" for r in steps))
+          + ", reduce (mostly waiting for the slower rank) " + " / ".join(f"{r['reduce_ms']:.1f}" for r in steps)
+          + ", whole step " + " / ".join(f"{r['step_ms']:.1f}" for r in steps)
+          + f"; mean step {steps[0]['mean_step_ms']:.1f}")
     print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
