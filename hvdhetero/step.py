@@ -18,6 +18,10 @@ from hvdhetero import devices
 from hvdhetero.config import check_micro_batch
 
 
+STRAGGLER_WINDOW = 25
+"""Steps of one size whose median compute a straggler multiplies."""
+
+
 @dataclass
 class Rank:
     """This rank's place in the job and the straggler factor that applies to it."""
@@ -32,7 +36,7 @@ class Rank:
     `busy_clock`)."""
     micro_batch: int | None = None
     """Most samples per forward/backward (gradients accumulate over chunks); None: all."""
-    recent: deque = field(default_factory=lambda: deque(maxlen=5))
+    recent: deque = field(default_factory=lambda: deque(maxlen=STRAGGLER_WINDOW))
     """(samples, busy seconds) of the last steps: the straggler's measure."""
 
     def busy_clock(self):
@@ -52,7 +56,10 @@ class Rank:
         """Act `slowdown` times slower on a step of n samples, before computing it (so
         gradients are ready when a slow device's would be): sleep (k-1) x the median compute
         (`busy_clock`) of the last steps of exactly n samples. No CPU is used. The median keeps one
-        noisy step from being multiplied by k-1 into the next; keying on n keeps a re-split
+        noisy step from being multiplied by k-1 into the next, and its long window keeps the
+        VM's slow stretches out of the sleep: a device k times slower takes k times the typical
+        time, and its noise is its own (this step's compute), not the host's times k-1 (with
+        5 steps, a K=10 straggler's steps swung 240-337 ms with the VM). Keying on n keeps a re-split
         (or a probe of another size) from sleeping for another batch's time, including its
         per-step overhead. Returns the pause, 0 when no step of n samples was measured yet
         (then `straggle_after` sleeps once the step's own compute is known)."""
@@ -73,7 +80,7 @@ class Rank:
 
     def fresh(self, **changes) -> "Rank":
         """A copy with its own (empty) straggler history."""
-        return replace(self, recent=deque(maxlen=5), **changes)
+        return replace(self, recent=deque(maxlen=STRAGGLER_WINDOW), **changes)
 
 
 def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[float, int, float]:
