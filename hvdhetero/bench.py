@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, object]]:
     """Seconds per step of each phase in every round, and the steps each phase was timed over.
-    The phases take turns within a round, so a drift of the machine's speed (other tenants,
-    clocks) touches all of them alike, and the ratios are taken within rounds. A phase takes
+    The phases take turns within a round (`phase_order`), so a drift of the machine's speed
+    (other tenants, clocks) touches all of them alike, and the ratios are taken within rounds. A phase takes
     at least `steps` steps and, by its warm-up's pace, enough to last `min_seconds`: solo
     ranks each their own count (they never talk), a job's ranks the largest count."""
     counts = {}
@@ -121,8 +121,9 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
         want = max(args.steps, math.ceil(args.min_seconds / min(warm))) if warm and min(warm) > 0 else args.steps
         counts[name] = want if name == "solo" else int(max(allreduce_sum(one_hot(want), f"bench.steps.{name}")))
     samples = {name: [] for name in phases}
-    for _ in range(args.repeats):
-        for name, step in phases.items():
+    for round_ in range(args.repeats):
+        for name in phase_order(list(phases), round_):
+            step = phases[name]
             hvd.barrier()  # Horovod: every rank starts a phase together
             t0 = time.perf_counter()
             for _ in range(counts[name]):
@@ -133,6 +134,15 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
             samples[name].append((time.perf_counter() - t0) / counts[name])
     counts["solo"] = hvd.allgather_object(counts["solo"], name="bench.steps.solo")
     return samples, counts
+
+
+def phase_order(names: list[str], round_: int) -> list[str]:
+    """The order of the phases in a round: the two whose ratio is the headline (solo and
+    hvdhetero) run next to each other, first one then the other in turns, so that neither
+    gains from its place and the VM's slow stretches (10-20 s) touch both alike; plain Horovod,
+    whose steps are long at a large slowdown (8 steps x 2.7 s at K=10), runs last."""
+    pair = ["solo", "hvdhetero"] if round_ % 2 == 0 else ["hvdhetero", "solo"]
+    return [n for n in pair if n in names] + [n for n in names if n not in pair]
 
 
 def fresh_model(args, info, device):

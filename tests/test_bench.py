@@ -7,9 +7,17 @@ import pytest
 
 from conftest import VENV_BIN, run_cmd
 
-pytestmark = pytest.mark.slow
+
+def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_and_horovod_last():
+    from hvdhetero.bench import phase_order
+
+    names = ["solo", "horovod", "hvdhetero"]
+    orders = [phase_order(names, r) for r in range(4)]
+    assert orders[0] == orders[2] == ["solo", "hvdhetero", "horovod"]
+    assert orders[1] == orders[3] == ["hvdhetero", "solo", "horovod"]
 
 
+@pytest.mark.slow
 def test_bench_writes_the_documented_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_cmd([VENV_BIN / "invoke", "bench", "--slowdown", "3", "--steps", "1", "--repeats", "3",
@@ -42,5 +50,8 @@ def test_bench_writes_the_documented_json(tmp_path):
     assert len(steps) == 2, steps
     for r in steps:
         assert 0.2 * min(step_ms) < r["compute_ms"] and r["compute_ms"] + r["reduce_ms"] < 1.5 * max(step_ms), (r, step_ms)
+        # every timed step (3 rounds, warm-up left out): compute and reduce happen within it
+        assert len(r["steps_ms"]) == 3 * timed["hvdhetero"], (len(r["steps_ms"]), timed)
+        assert all(c + d <= w + 0.02 for c, d, w in r["steps_ms"]), r["steps_ms"]
     assert "hvdhetero median step, ms per rank: compute" in proc.stdout
     assert "hvdhetero / plain horovod" in proc.stdout
