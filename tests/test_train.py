@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -77,22 +78,31 @@ def _one_rank_inventory(tmp_path):
     return single
 
 
+CONVERGENCE_SEEDS = range(6)
+
+
 def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
-    """The last rank 3x slower gets a smaller share, and the model learns as well as one process on
-    the same global batch. The runs are not identical (each rank draws its own dropout masks, and
-    the split moves with timings), so they are compared within the seed-to-seed spread: over
-    seeds 0-6 (`invoke train --epochs 15 --seed S`) one process reached 0.981-0.997 and the K=3
-    job 0.986-0.994, never more than 0.009 apart at the same seed."""
+    """The last rank 3x slower gets a smaller share, and the model reaches the test accuracy of
+    one process on the same global batch, within 0.5 percentage points. One run of each cannot
+    show that: the 360 test samples move accuracy in steps of 0.28 pp, and the runs are not
+    identical (each rank draws its own dropout masks, and the split follows timings), so at one
+    seed they differed by -0.56 to +0.83 pp (seeds 0-6, `invoke train --epochs 15 --seed S`).
+    The test compares the mean over 6 seeds (standard error of the difference ~0.2 pp)."""
     single = _one_rank_inventory(tmp_path)
-    runs = {}
-    for name, args in {"one": ["--inventory", single], "k3": ["--slowdown", "3"]}.items():
-        run_dir = tmp_path / name
-        run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--run-dir", run_dir, *args], timeout=600)
-        runs[name] = checkpoint.read_metrics(run_dir / "metrics.jsonl")
-    splits = [r["split"] for r in runs["k3"] if r["event"] == "split"]
-    assert all(s[0] >= 2 * s[1] for s in splits[1:] or splits), splits  # the slow rank got less
-    accuracy = {name: records[-1]["test_accuracy"] for name, records in runs.items()}
-    assert accuracy["one"] >= 0.95 and accuracy["k3"] >= accuracy["one"] - 0.015, accuracy
+    accuracy = {"one": [], "k3": []}
+    for seed in CONVERGENCE_SEEDS:
+        for name, args in {"one": ["--inventory", single], "k3": ["--slowdown", "3"]}.items():
+            run_dir = tmp_path / f"{name}-{seed}"
+            run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--run-dir", run_dir, *args],
+                    timeout=600)
+            records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+            accuracy[name].append(records[-1]["test_accuracy"])
+            if name == "k3":
+                splits = [r["split"] for r in records if r["event"] == "split"]
+                assert all(s[0] >= 2 * s[1] for s in splits[1:] or splits), splits  # the slow rank got less
+    mean = {name: statistics.fmean(values) for name, values in accuracy.items()}
+    assert min(accuracy["one"] + accuracy["k3"]) >= 0.95, accuracy
+    assert abs(mean["one"] - mean["k3"]) <= 0.005, (mean, accuracy)
 
 
 def test_same_seed_repeats_a_run_and_another_seed_does_not(tmp_path):
