@@ -147,12 +147,17 @@ class Balancer:
         if self._wanted >= self.patience:
             return self._move(target, step)
         settled = self._settled_target()
-        return self._move(settled, step) if settled else None
+        if settled is None:
+            return None
+        target, mean = settled
+        self.seconds_per_sample = mean  # the better estimate, and the one the move is based on
+        return self._move(target, step)
 
-    def _settled_target(self) -> list[int] | None:
-        """The split for the mean per-sample costs of the steps at the current split, if that
-        many steps were seen, the gain is above `fine_threshold` and the imbalance behind it
-        (slowest minus fastest predicted time) is `confidence` standard errors clear of noise."""
+    def _settled_target(self) -> tuple[list[int], list[float]] | None:
+        """The split for the mean per-sample costs of the steps at the current split, and those
+        means, if that many steps were seen, the gain is above `fine_threshold` and the imbalance
+        behind it (slowest minus fastest predicted time) is `confidence` standard errors clear
+        of noise."""
         stats = self._settled.summary()
         if stats is None or min(count for _, _, count in stats) < self.settle:
             return None
@@ -165,8 +170,7 @@ class Balancer:
         (slow, slow_se), (fast, fast_se) = max(times), min(times)
         if slow - fast <= self.confidence * (slow_se ** 2 + fast_se ** 2) ** 0.5:
             return None
-        self.seconds_per_sample = mean  # the better estimate, and the one the move is based on
-        return target
+        return target, mean
 
     def _move(self, target: list[int], step: int) -> list[int]:
         self._wanted = 0

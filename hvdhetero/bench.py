@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> None:
 def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, object]]:
     """Seconds per step of each phase in every round, and the steps each phase was timed over.
     The phases take turns within a round (`phase_order`), so a drift of the machine's speed
-    (other tenants, clocks) touches all of them alike, and the ratios are taken within rounds. A phase takes
-    at least `steps` steps and, by its warm-up's pace, enough to last `min_seconds`: solo
-    ranks each their own count (they never talk), a job's ranks the largest count."""
+    (other tenants, clocks) touches all of them alike, and the ratios are taken within rounds.
+    A phase takes at least `steps` steps and, by its warm-up's pace, enough to last
+    `min_seconds`: solo ranks each their own count (they never talk), a job's ranks the
+    largest count."""
     counts = {}
     for name, step in phases.items():
         warm = []
@@ -276,10 +277,10 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, coun
         v = f"{vs:12.3f}" if vs is not None else " " * 12
         print(f"{name:16}{rate:12,.0f}{e}{v}  {split}")
     steps = ours["per_rank_step_ms"]
-    print("hvdhetero median step, ms per rank: compute " + " / ".join(f"{r['compute_ms']:.1f}" for r in steps)
-          + ", reduce (mostly waiting for the slower rank) " + " / ".join(f"{r['reduce_ms']:.1f}" for r in steps)
-          + ", whole step " + " / ".join(f"{r['step_ms']:.1f}" for r in steps)
-          + f"; mean step {steps[0]['mean_step_ms']:.1f}")
+    per_rank = lambda key: " / ".join(f"{r[key]:.1f}" for r in steps)  # noqa: E731
+    print(f"hvdhetero median step, ms per rank: compute {per_rank('compute_ms')}, reduce (mostly waiting for "
+          f"the slower rank) {per_rank('reduce_ms')}, whole step {per_rank('step_ms')}; "
+          f"mean step {steps[0]['mean_step_ms']:.1f}")
     print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
