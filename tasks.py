@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from invoke import Exit, task
+from invoke.parser import Argument
 
 from hvdhetero import inventory as inv
 from hvdhetero import launch
@@ -24,6 +25,25 @@ _REMOTE_HELP = {
     "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
     "inventory": "inventory file (default inventory.yaml or $HVDHETERO_INVENTORY)",
 }
+
+
+def _named_value_errors(set_value):
+    """Invoke casts option values (`--epochs x` through int) while it parses the command line,
+    before any task runs, and a value that does not cast ended in a traceback. This makes it
+    our bad-input error for every option alike: the option, the value, the type wanted, exit 2."""
+
+    @functools.wraps(set_value)
+    def checked(self, value, cast=True):
+        try:
+            return set_value(self, value, cast)
+        except ValueError:
+            wanted = {int: "an integer", float: "a number"}.get(self.kind, getattr(self.kind, "__name__", "?"))
+            raise Exit(f"error: --{self.name.replace('_', '-')} must be {wanted}, got {value!r}", code=2) from None
+
+    return checked
+
+
+Argument.set_value = _named_value_errors(Argument.set_value)
 
 
 def _user_errors(fn):

@@ -64,6 +64,16 @@ def test_unknown_host_fails_before_launch():
     assert "horovodrun" not in proc.stdout
 
 
+@pytest.mark.parametrize("option, value, wanted", [("--seed", "abc", "an integer"),
+                                                   ("--batch-size", "1.5", "an integer"),
+                                                   ("--slowdown", "fast", "a number")])
+def test_a_value_of_the_wrong_type_is_named_not_a_traceback(option, value, wanted):
+    proc = run_cmd([VENV_BIN / "invoke", "train", option, value, "--dry-run"], check=False, timeout=60)
+    assert proc.returncode == 2
+    assert f"error: {option} must be {wanted}, got '{value}'" in proc.stderr
+    assert "Traceback" not in proc.stderr and "horovodrun" not in proc.stdout
+
+
 def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--dry-run", "--run-dir", tmp_path / "r"], timeout=60)
     assert proc.stdout.count("horovodrun") == 1 and "hvdhetero.train" in proc.stdout
