@@ -14,8 +14,8 @@ from pathlib import Path
 from invoke import Exit, task
 from invoke.parser import Argument
 
-from hvdhetero import inventory as inv
-from hvdhetero import launch
+from hvdhetero.cluster import inventory as inv
+from hvdhetero.cluster import launch
 from hvdhetero.config import TrainConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
 
@@ -116,7 +116,7 @@ def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, l
 @_user_errors
 def build_horovod(c, install=False):
     """Build (or fetch from the cache) our patched Horovod wheel for this env and print its path."""
-    from hvdhetero import horovod_build
+    from hvdhetero.cluster import horovod_build
 
     if install:
         horovod_build.install()
@@ -147,7 +147,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
     if allreduce:
-        from hvdhetero import allreduce_bench
+        from hvdhetero.bench import allreduce as allreduce_bench
 
         sizes = [float(s) for s in str(sizes_mb).split(",") if s]
         result = allreduce_bench.compare(inventory_, list(inventory_.select(hosts)),
@@ -168,7 +168,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
 
 
 def _preflight(inventory_, hosts, accept_new):
-    from hvdhetero import preflight
+    from hvdhetero.cluster import preflight
 
     results = preflight.check(inventory_, list(hosts), accept_new=accept_new)
     print(preflight.report(results))
@@ -195,7 +195,7 @@ def check(c, hosts=None, accept_new_host_keys=False, inventory=None):
 def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages=False, dry_run=False,
               inventory=None):
     """Install matching envs on the hosts over SSH (torch, our Horovod, this hvdhetero); idempotent."""
-    from hvdhetero import remote_provision
+    from hvdhetero.cluster import remote_provision
 
     inventory_ = inv.load(inventory or inv.default_path())
     reports = remote_provision.provision(inventory_, list(inventory_.select(hosts)),

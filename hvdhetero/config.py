@@ -45,7 +45,7 @@ class TrainConfig:
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
     def flags(self) -> list[str]:
-        """This config as `python -m hvdhetero.train` flags (hosts travel as --hosts-json)."""
+        """This config as `python -m hvdhetero.recipes.train` flags (hosts travel as --hosts-json)."""
         out: list[str] = []
         for name, value in asdict(self).items():
             flag = "--" + name.replace("_", "-")
@@ -67,7 +67,7 @@ def check_micro_batch(value) -> str:
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.train", description="One rank of a hvdhetero job.")
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.recipes.train", description="One rank of a hvdhetero job.")
     for f in TrainConfig.__dataclass_fields__.values():
         if f.name == "hosts":
             parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")

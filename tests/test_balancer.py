@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hvdhetero.balancer import Balancer
+from hvdhetero.rank.balancer import Balancer
 
 
 def simulate(balancer, per_sample, overhead, steps, noise=0.0, seed=0, change_at=None, new_per_sample=None):

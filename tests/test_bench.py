@@ -9,7 +9,7 @@ from conftest import VENV_BIN, run_cmd
 
 
 def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_and_horovod_last():
-    from hvdhetero.bench import phase_order
+    from hvdhetero.bench.throughput import phase_order
 
     names = ["solo", "horovod", "hvdhetero"]
     orders = [phase_order(names, r) for r in range(4)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchvision import datasets
 
-from hvdhetero import data
+from hvdhetero.recipes import data
 from hvdhetero.errors import ConfigError, DataError
 
 

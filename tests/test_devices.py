@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hvdhetero import devices
+from hvdhetero.rank import devices
 from hvdhetero.errors import ConfigError
 
 CPU_ONLY = {"cuda": False, "mps": False, "cpu": True}

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from conftest import ROOT, VENV_BIN, requires_root, run_cmd
-from hvdhetero import horovod_build as hb
-from hvdhetero import inventory as inv
+from hvdhetero.cluster import horovod_build as hb
+from hvdhetero.cluster import inventory as inv
 
 
 def _spec(**changes):

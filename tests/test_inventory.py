@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hvdhetero.errors import ConfigError, InventoryError
-from hvdhetero.inventory import Host, Inventory, Pins, default_path, load
+from hvdhetero.cluster.inventory import Host, Inventory, Pins, default_path, load
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.yaml"
 PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1")
@@ -219,6 +219,6 @@ def test_launcher_side_imports_no_torch_or_horovod():
     import subprocess
     import sys
 
-    code = "import sys, hvdhetero.inventory; print(sorted({'torch', 'horovod'} & set(sys.modules)))"
+    code = "import sys, hvdhetero.cluster.inventory; print(sorted({'torch', 'horovod'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

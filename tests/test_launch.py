@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdhetero import inventory as inv
-from hvdhetero import launch
+from hvdhetero.cluster import inventory as inv
+from hvdhetero.cluster import launch
 from hvdhetero.config import TrainConfig
 from hvdhetero.errors import ConfigError
 
@@ -21,7 +21,7 @@ def test_local_command_is_two_cpu_ranks_over_gloo():
     assert argv == [
         "/opt/venv/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
         "--start-timeout", "120", "--gloo-timeout-seconds", "120",
-        str(ROOT / ".venv" / "bin" / "python"), "-m", "hvdhetero.train",
+        str(ROOT / ".venv" / "bin" / "python"), "-m", "hvdhetero.recipes.train",
         "--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--lr", "0.001",
         "--optimizer", "adam", "--seed", "0", "--data-dir", "data", "--no-download", "--run-dir", "/tmp/run",
         "--compression", "none", "--overlap", "--no-equal-split", "--slowdown", "1.0", "--micro-batch", "auto",
@@ -33,7 +33,7 @@ def test_local_command_is_two_cpu_ranks_over_gloo():
 
 
 def test_flags_round_trip_into_the_rank_config():
-    from hvdhetero.train import parse_args  # the rank parses exactly what the launcher wrote
+    from hvdhetero.recipes.train import parse_args  # the rank parses exactly what the launcher wrote
 
     options = TrainConfig(dataset="mnist", model="cnn", epochs=2, batch_size=96, lr=0.05,
                                   optimizer="sgd", download=True, run_dir="r", compression="fp16")

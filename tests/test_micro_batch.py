@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from conftest import VENV_BIN, run_cmd
-from hvdhetero import data, devices, models
+from hvdhetero.recipes import data
+from hvdhetero.rank import devices
+from hvdhetero.recipes import models
 from hvdhetero.errors import ConfigError
-from hvdhetero.step import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
+from hvdhetero.rank.step import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def test_bad_setting_on_the_command_line_exits_2_before_any_rank_starts(task):
 def test_auto_times_the_candidates_in_turns(digits, monkeypatch):
     """A drift of the machine's speed must touch every candidate alike: a warm-up round, then
     three timed rounds, each visiting every candidate once, not each candidate's runs in a row."""
-    from hvdhetero import step
+    from hvdhetero.rank import step
 
     train, info = digits
     order, real = [], step.forward_backward

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from hvdhetero import data, models
-from hvdhetero.data import DatasetInfo
+from hvdhetero.recipes import data
+from hvdhetero.recipes import models
+from hvdhetero.recipes.data import DatasetInfo
 from hvdhetero.errors import ConfigError
 
 DIGITS = DatasetInfo("digits", num_classes=10, in_channels=1, image_size=8)

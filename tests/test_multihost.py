@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, VENV_BIN, requires_root
-from hvdhetero import checkpoint
+from hvdhetero.rank import checkpoint
 
 pytestmark = [requires_root, pytest.mark.slow]
 LAUNCH_NS = "hvdt-launch"
@@ -145,7 +145,7 @@ def test_hostile_values_reach_the_remote_shell_quoted(provisioned):
     Path("/tmp/hvdt-pwned").unlink(missing_ok=True)
     code = ("import subprocess, sys; sys.exit(subprocess.run(['ip', 'netns', 'exec', 'hvdt-launch', "
             "sys.executable, '-c', sys.argv[1], sys.argv[2]]).returncode)")
-    body = ("import sys; from hvdhetero import ssh; from hvdhetero.inventory import load; "
+    body = ("import sys; from hvdhetero.cluster import ssh; from hvdhetero.cluster.inventory import load; "
             f"inv = load({str(inventory)!r}); c = ssh.connect(inv.host('h1'), inv.known_hosts); "
             "r = ssh.run(c, ['printf', '%s', sys.argv[1]]); print(r.stdout, end='')")
     proc = subprocess.run([VENV_BIN / "python", "-c", code, body, hostile], capture_output=True, text=True,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hvdhetero import horovod_build, preflight
-from hvdhetero.inventory import Host, Inventory, Pins
+from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import preflight
+from hvdhetero.cluster.inventory import Host, Inventory, Pins
 
 PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1", transport="uv")
 PATCHES = horovod_build.patch_set_hash(horovod_build.patch_files())

@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from hvdhetero import remote_provision as rp
+from hvdhetero.cluster import remote_provision as rp
 from hvdhetero.errors import BuildError
-from hvdhetero.inventory import Host, Pins
+from hvdhetero.cluster.inventory import Host, Pins
 
 PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1")
 LINUX = {"system": "Linux", "machine": "x86_64", "python": "3.11", "home": "/home/alice", "root": False,
@@ -37,7 +37,7 @@ def test_linux_plan_steps_and_paths():
     assert steps[2].upload == ("/tmp/w/hvdhetero-0.1.0-py3-none-any.whl",
                                "/home/alice/.cache/hvdhetero/upload/pc/hvdhetero-0.1.0-py3-none-any.whl")
     assert steps[4].name == "horovod 0.28.1 (uv)"
-    assert steps[4].action == ("/home/alice/hvdhetero/.venv/bin/python", "-m", "hvdhetero.horovod_build",
+    assert steps[4].action == ("/home/alice/hvdhetero/.venv/bin/python", "-m", "hvdhetero.cluster.horovod_build",
                                "--install", "--transport", "uv")
     assert steps[4].check[-3:] == ("--check", "--transport", "uv")
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdhetero.sampler import WeightedBatchSampler, proportional_split
+from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 
 
 def epoch(n, sizes, seed=0, epoch_no=0, drop_last=False):

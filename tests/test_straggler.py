@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from hvdhetero import devices
-from hvdhetero.step import Rank, forward_backward
+from hvdhetero.rank import devices
+from hvdhetero.rank.step import Rank, forward_backward
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
-from hvdhetero import checkpoint, data, models
+from hvdhetero.rank import checkpoint
+from hvdhetero.recipes import data
+from hvdhetero.recipes import models
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +78,7 @@ def test_a_value_of_the_wrong_type_is_named_not_a_traceback(option, value, wante
 
 def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--dry-run", "--run-dir", tmp_path / "r"], timeout=60)
-    assert proc.stdout.count("horovodrun") == 1 and "hvdhetero.train" in proc.stdout
+    assert proc.stdout.count("horovodrun") == 1 and "hvdhetero.recipes.train" in proc.stdout
     assert not (tmp_path / "r").exists()
 
 

@@ -49,6 +49,6 @@ def _job(transport, sha, repeatable=True):
     ({"uv": [_job("uv", "a", repeatable=False)], "tcp": [_job("tcp", "a")]}, False),  # repeats within a job
 ])
 def test_bit_identical_needs_every_repeat_round_and_transport_to_agree(runs, identical):
-    from hvdhetero import allreduce_bench
+    from hvdhetero.bench import allreduce as allreduce_bench
 
     assert allreduce_bench.summarize(runs)["bit_identical"] is identical

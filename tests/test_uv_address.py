@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from hvdhetero import horovod_build as hb
+from hvdhetero.cluster import horovod_build as hb
 
 pytestmark = pytest.mark.skipif(not shutil.which("g++") or not shutil.which("pkg-config"),
                                 reason="needs g++ and pkg-config (ci/setup installs them)")

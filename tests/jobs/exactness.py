@@ -13,9 +13,11 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from hvdhetero import data, devices, models
-from hvdhetero.reducer import Reducer
-from hvdhetero.step import Rank, forward_backward
+from hvdhetero.recipes import data
+from hvdhetero.rank import devices
+from hvdhetero.recipes import models
+from hvdhetero.rank.reducer import Reducer
+from hvdhetero.rank.step import Rank, forward_backward
 
 SIZES = [37, 11]  # deliberately unequal local batches
 STEPS = 2  # the second step also checks optimizer state (momentum, Adam moments)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torchvision
 from torch import nn
 
-from hvdhetero.data import DatasetInfo
+from hvdhetero.recipes.data import DatasetInfo
 from hvdhetero.errors import ConfigError
 
 MODELS = ("cnn", "resnet18")

@@ -25,7 +25,7 @@ import paramiko
 from fabric import Connection
 
 from hvdhetero.errors import HostKeyError, HvdHeteroError, SSHAuthError, UnreachableError
-from hvdhetero.inventory import Host
+from hvdhetero.cluster.inventory import Host
 
 CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 1800  # a remote Horovod build is the longest step

@@ -28,7 +28,7 @@ from hvdhetero.errors import ConfigError, InventoryError
 ENV_VAR = "HVDHETERO_INVENTORY"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
-TRANSPORTS = ("uv", "tcp")  # Gloo transports our Horovod build offers (hvdhetero.horovod_build)
+TRANSPORTS = ("uv", "tcp")  # Gloo transports our Horovod build offers (hvdhetero.cluster.horovod_build)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hvdhetero import horovod_build, remote_provision, ssh
+from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import remote_provision
+from hvdhetero.cluster import ssh
 from hvdhetero.errors import HvdHeteroError, group_exit_code
-from hvdhetero.inventory import Host, Inventory
-from hvdhetero.provision import same_release
+from hvdhetero.cluster.inventory import Host, Inventory
+from hvdhetero.cluster.provision import same_release
 
 # Runs with the host's env Python: what is installed there, its NICs, and which peers it reaches.
 ENV_FACTS_PY = r"""

@@ -5,7 +5,7 @@
     invoke train --slowdown 3                      # the last rank acts 3x slower (experiments)
     invoke train --dry-run                         # print the horovodrun command instead
 
-which runs `horovodrun -np N -H host:slots --gloo python -m hvdhetero.train ...`. Each rank
+which runs `horovodrun -np N -H host:slots --gloo python -m hvdhetero.recipes.train ...`. Each rank
 computes on its own device (mps, cuda or cpu); gradients meet on the CPU through Gloo, each
 rank weighted by its share of the step's samples; the balancer sizes each rank's batch by its
 measured speed.
@@ -24,12 +24,16 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from hvdhetero import checkpoint, data, devices, models, netinfo, progress
-from hvdhetero.balancer import Balancer
+from hvdhetero import netinfo, progress
+from hvdhetero.rank import checkpoint
+from hvdhetero.recipes import data
+from hvdhetero.rank import devices
+from hvdhetero.recipes import models
+from hvdhetero.rank.balancer import Balancer
 from hvdhetero.config import TrainConfig, parse_args
-from hvdhetero.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
-from hvdhetero.sampler import WeightedBatchSampler
-from hvdhetero.step import Rank, batch, forward_backward, micro_batch_for, probe_batch
+from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
+from hvdhetero.rank.sampler import WeightedBatchSampler
+from hvdhetero.rank.step import Rank, batch, forward_backward, micro_batch_for, probe_batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,7 +207,7 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
 
 
 def start_log(cfg, me: Rank, balancer: Balancer) -> checkpoint.MetricsLog | None:
-    described = hvd.allgather_object(me.device.describe(), name="hvdhetero.devices")  # all ranks
+    described = hvd.allgather_object(me.device.describe(), name="hvdhetero.rank.devices")  # all ranks
     slowdowns = hvd.allgather_object(me.slowdown, name="hvdhetero.slowdowns")
     hostnames = hvd.allgather_object(socket.gethostname(), name="hvdhetero.hostnames")
     micro = hvd.allgather_object(me.micro_batch, name="hvdhetero.micro_batches")

@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdhetero import horovod_build, ssh
+from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import ssh
 from hvdhetero.errors import (BuildError, HostKeyError, HvdHeteroError, SSHAuthError, UnreachableError,
                               group_exit_code)
-from hvdhetero.inventory import Host, Inventory, Pins
+from hvdhetero.cluster.inventory import Host, Inventory, Pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".hvdhetero-provisioned.json"
 
 # Printed by the host's interpreter before anything is installed: what the plan depends on.
@@ -141,11 +142,11 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
                      json.dumps({"digest": digest}), posixpath.join(env, STAMP)), env=penv),
         Step("horovod sdist", check=(py, "-c", sdist_ok), upload=(sdist, remote_sdist), action=("true",)),
         Step(f"horovod {pins.horovod} ({pins.transport})",
-             check=(py, "-m", "hvdhetero.horovod_build", "--check", "--transport", pins.transport),
-             action=(py, "-m", "hvdhetero.horovod_build", "--install", "--transport", pins.transport), env=penv),
+             check=(py, "-m", "hvdhetero.cluster.horovod_build", "--check", "--transport", pins.transport),
+             action=(py, "-m", "hvdhetero.cluster.horovod_build", "--install", "--transport", pins.transport), env=penv),
         Step("verify build", check=(posixpath.join(env, "bin", "horovodrun"), "--check-build"), action=("false",)),
         Step(f"verify device {host.device}", action=("false",), check=(
-            py, "-c", f"from hvdhetero import devices; print(devices.select({host.device!r}).describe())")),
+            py, "-c", f"from hvdhetero.rank import devices; print(devices.select({host.device!r}).describe())")),
     ]
 
 

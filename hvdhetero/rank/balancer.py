@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hvdhetero.sampler import proportional_split
+from hvdhetero.rank.sampler import proportional_split
 
 
 @dataclass

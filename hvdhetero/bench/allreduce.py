@@ -30,9 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hvdhetero import horovod_build, launch
+from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import launch
 from hvdhetero.errors import ConfigError, LaunchError
-from hvdhetero.inventory import Host, Inventory
+from hvdhetero.cluster.inventory import Host, Inventory
 
 JOB_TIMEOUT_S = 600
 DEFAULT_SIZES_MB = (1, 16, 64)
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     import horovod.torch as hvd
     import torch
 
-    from hvdhetero.train import set_gloo_interface
+    from hvdhetero.recipes.train import set_gloo_interface
 
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.allreduce_bench")
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.bench.allreduce")
     parser.add_argument("--sizes-mb", default="1,16,64")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -132,7 +133,7 @@ def compare(inventory: Inventory, hosts: list[Host], transports: list[str], size
         for r in range(rounds):
             for t in transports:
                 out = Path(tmp) / f"{t}-{r}.json"
-                argv, env = launch.job(inventory, hosts, ["hvdhetero.allreduce_bench", *flags, "--out", str(out)])
+                argv, env = launch.job(inventory, hosts, ["hvdhetero.bench.allreduce", *flags, "--out", str(out)])
                 env["HOROVOD_CYCLE_TIME"] = "1"  # ms: measure the transport, not Horovod's batching wait
                 if paths[t] is not None:
                     env["PYTHONPATH"] = str(paths[t])

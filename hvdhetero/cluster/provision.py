@@ -16,11 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvdhetero import horovod_build, inventory as inv
+from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import inventory as inv
 from hvdhetero.errors import BuildError, HvdHeteroError
-from hvdhetero.launch import env_python
+from hvdhetero.cluster.launch import env_python
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".hvdhetero-setup.json"
 
 
@@ -99,7 +100,7 @@ def verify(python: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.provision")
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.cluster.provision")
     parser.add_argument("--local", action="store_true", required=True, help="set up this checkout's env")
     parser.add_argument("--inventory", type=Path, default=None)
     args = parser.parse_args(argv)

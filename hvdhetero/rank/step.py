@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from hvdhetero import devices
+from hvdhetero.rank import devices
 from hvdhetero.config import check_micro_batch
 
 

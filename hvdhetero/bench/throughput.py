@@ -28,15 +28,17 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-from hvdhetero import data, devices, models
-from hvdhetero.balancer import Balancer
-from hvdhetero.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.step import Rank, batch, forward_backward, micro_batch_for
-from hvdhetero.train import calibrate, one_hot, pin_cpu_rank, set_gloo_interface
+from hvdhetero.recipes import data
+from hvdhetero.rank import devices
+from hvdhetero.recipes import models
+from hvdhetero.rank.balancer import Balancer
+from hvdhetero.rank.reducer import Reducer, allreduce_sum, broadcast_state
+from hvdhetero.rank.step import Rank, batch, forward_backward, micro_batch_for
+from hvdhetero.recipes.train import calibrate, one_hot, pin_cpu_rank, set_gloo_interface
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.bench.throughput", description=__doc__.split("\n")[0])
     parser.add_argument("--slowdown", type=float, default=1.0, help="the last rank is this many times slower")
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--model", default="")

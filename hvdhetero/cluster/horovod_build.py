@@ -7,7 +7,7 @@ under a key made of everything the binary depends on, so a second build is a cop
 
 It runs with the interpreter of the environment it builds for, locally or on a remote host:
 
-    python -m hvdhetero.horovod_build [--install] [--transport uv|tcp] [--cache DIR]
+    python -m hvdhetero.cluster.horovod_build [--install] [--transport uv|tcp] [--cache DIR]
 
 The Gloo transport is a build choice (patch 0005): `uv` (libuv) is the only one macOS has, so
 a cluster with a Mac needs it on Linux too; `tcp` is stock Linux Horovod. Patches 0006/0007
@@ -38,7 +38,7 @@ TRANSPORTS = ("uv", "tcp")
 DEFAULT_TRANSPORT = "uv"
 # sha256 of horovod-0.28.1.tar.gz as published on PyPI; a download that differs is refused.
 SDIST_SHA256 = {"0.28.1": "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"}
-PATCH_ROOT = Path(__file__).parent / "patches"
+PATCH_ROOT = Path(__file__).resolve().parents[1] / "patches"
 # Written into the horovod package so the installed build can say what it carries.
 MARKER_MODULE = "hvdhetero_build"
 
@@ -204,7 +204,7 @@ def write_marker(src: Path, spec: BuildSpec) -> None:
     """horovod/hvdhetero_build.py in the wheel: what this build is and which patches it carries."""
     info = {**asdict(spec), "key": spec.key, "patches": [p.name for p in patch_files(spec.horovod)]}
     (src / "horovod" / f"{MARKER_MODULE}.py").write_text(
-        '"""Written by hvdhetero.horovod_build: this Horovod carries our patches."""\n'
+        '"""Written by hvdhetero.cluster.horovod_build: this Horovod carries our patches."""\n'
         f"BUILD = {info!r}\n"
     )
 
@@ -248,7 +248,7 @@ def _run(argv, *, what: str, cwd=None, env=None, capture=False, log_to: Path | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.horovod_build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.cluster.horovod_build", description=__doc__.split("\n")[0])
     parser.add_argument("--install", action="store_true", help="install the wheel into this interpreter's env")
     parser.add_argument("--cache", type=Path, default=None, help="wheel cache (default ~/.cache/hvdhetero)")
     parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")

@@ -17,7 +17,7 @@ from pathlib import Path
 from hvdhetero import netinfo, progress
 from hvdhetero.config import TrainConfig
 from hvdhetero.errors import ConfigError, LaunchError
-from hvdhetero.inventory import Host, Inventory
+from hvdhetero.cluster.inventory import Host, Inventory
 
 # Every network wait of a job is bounded: the rendezvous and Gloo's own operations.
 START_TIMEOUT_S = 120
@@ -56,13 +56,13 @@ def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
 def command(inventory: Inventory, hosts: Sequence[Host], options: TrainConfig,
             launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` training `options` on `hosts`, one rank per slot."""
-    return job(inventory, hosts, ["hvdhetero.train", *options.flags()], launcher_python)
+    return job(inventory, hosts, ["hvdhetero.recipes.train", *options.flags()], launcher_python)
 
 
 def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[str],
                   launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of the benchmark job (hvdhetero.bench) on `hosts`."""
-    return job(inventory, hosts, ["hvdhetero.bench", *flags], launcher_python)
+    """(argv, env) of the benchmark job (hvdhetero.bench.throughput) on `hosts`."""
+    return job(inventory, hosts, ["hvdhetero.bench.throughput", *flags], launcher_python)
 
 
 def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[str],

@@ -1,0 +1,79 @@
+"""The package's layout rules: the launcher side (hvdhetero/cluster) never imports torch or
+horovod, so `invoke --list`, `check` and `--dry-run` start without them; the rank side
+(hvdhetero/rank) never opens SSH or imports Invoke; the public API module imports nothing heavy
+until a script calls it."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "hvdhetero"
+FORBIDDEN = {
+    "cluster": {"torch", "torchvision", "horovod", "hvdhetero.rank", "hvdhetero.recipes", "hvdhetero.bench"},
+    "rank": {"fabric", "paramiko", "invoke", "hvdhetero.cluster", "hvdhetero.recipes", "hvdhetero.bench"},
+}
+
+
+def imported_modules(path) -> set[str]:
+    """Every module an `import` or `from ... import` in the file names, at any depth (a lazy
+    import inside a function counts too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def violations(side: str) -> list[str]:
+    out = []
+    for path in sorted((PACKAGE / side).rglob("*.py")):
+        for name in imported_modules(path):
+            for bad in FORBIDDEN[side]:
+                if name == bad or name.startswith(bad + "."):
+                    out.append(f"{path.relative_to(ROOT)} imports {name}")
+    return out
+
+
+@pytest.mark.parametrize("side", sorted(FORBIDDEN))
+def test_each_side_imports_only_what_it_may(side):
+    assert (PACKAGE / side).is_dir()
+    assert violations(side) == []
+
+
+def test_the_rule_check_sees_a_violation(tmp_path, monkeypatch):
+    """The checker itself: a cluster module importing torch lazily is caught."""
+    bad = tmp_path / "hvdhetero" / "cluster"
+    bad.mkdir(parents=True)
+    (bad / "oops.py").write_text("def f():\n    import torch.nn as nn\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "hvdhetero")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert violations("cluster") == ["hvdhetero/cluster/oops.py imports torch.nn"]
+
+
+def test_launcher_modules_load_without_torch_or_horovod():
+    modules = sorted(f"hvdhetero.cluster.{p.stem}" for p in (PACKAGE / "cluster").glob("*.py")
+                     if p.stem != "__init__")
+    code = (f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; import hvdhetero, tasks; "
+            "print(sorted({'torch', 'horovod', 'torchvision'} & {m.split('.')[0] for m in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_concept_sits_in_its_side_folder():
+    """A newcomer finds the module from the concept's name and knows which process runs it."""
+    where = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    for module in ("cluster/inventory.py", "cluster/launch.py", "cluster/ssh.py", "cluster/provision.py",
+                   "cluster/preflight.py", "cluster/horovod_build.py", "rank/devices.py", "rank/reducer.py",
+                   "rank/balancer.py", "rank/sampler.py", "rank/step.py", "rank/checkpoint.py",
+                   "recipes/data.py", "recipes/models.py", "bench/throughput.py", "bench/allreduce.py"):
+        assert module in where, module
