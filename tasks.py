@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from invoke.parser import Argument
 
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
-from hvdhetero.config import TrainConfig, check_micro_batch
+from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
@@ -74,42 +75,82 @@ def test(c):
 @task(help={
     "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts, i.e. local)",
     "inventory": _REMOTE_HELP["inventory"],
-    "dataset": "digits (offline, default), mnist or cifar10",
-    "model": "cnn or resnet18 (default: the dataset's own)",
-    "epochs": "passes over the training set",
-    "batch_size": "global batch: the sum of every rank's batch",
-    "lr": "learning rate",
-    "optimizer": "adam or sgd (momentum 0.9)",
-    "data_dir": "where mnist/cifar10 files live (downloaded there with --download)",
-    "download": "let each host's first rank download the dataset",
-    "run_dir": "metrics.jsonl and model.pt go here (default runs/<time>-<dataset>)",
+    "script": "your training script (written on `import hvdhetero as hh`); its own arguments go after `--`",
+    "workdir": "with --script: the folder each rank starts in, shipped to remote hosts (default: the script's)",
+    "dataset": "built-in recipe: digits (offline, default), mnist or cifar10",
+    "model": "built-in recipe: cnn or resnet18 (default: the dataset's own)",
+    "epochs": "built-in recipe: passes over the training set",
+    "batch_size": "built-in recipe: global batch, the sum of every rank's batch",
+    "lr": "built-in recipe: learning rate",
+    "optimizer": "built-in recipe: adam or sgd (momentum 0.9)",
+    "data_dir": "built-in recipe: where mnist/cifar10 files live (downloaded there with --download)",
+    "download": "built-in recipe: let each host's first rank download the dataset",
+    "run_dir": "metrics.jsonl and saved files go here (default runs/<time>-<dataset or script>)",
     "slowdown": "straggler injection: the last rank acts this many times slower (experiments)",
     "equal_split": "equal batches on every rank (plain data parallelism) instead of balancing",
     "compression": "gradients on the wire: none (float32) or fp16",
+    "precision": "mixed precision in job.autocast(): fp32, bf16 or fp16 (mapped per device: fp16 with loss "
+                 "scaling on cuda/mps, bf16 on cpu)",
     "micro_batch": "most samples per forward/backward, gradients accumulating: auto (timed per rank), 0 (all) or N",
     "seed": "seeds the model's initial weights, the shuffling and dropout",
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
-def train(c, hosts=None, dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3, optimizer="adam",
-          data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0, equal_split=False,
-          compression="none", micro_batch="auto", seed=0, dry_run=False):
-    """Train one model on the inventory's hosts with horovodrun --gloo (default: 2 CPU ranks here)."""
+def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3,
+          optimizer="adam", data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0,
+          equal_split=False, compression="none", precision="fp32", micro_batch="auto", seed=0, dry_run=False):
+    """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
+    (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
-    run_dir = run_dir or str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{dataset}")
-    options = TrainConfig(dataset=dataset, model=model, epochs=int(epochs), batch_size=int(batch_size),
-                          lr=float(lr), optimizer=optimizer, data_dir=data_dir, download=download,
-                          run_dir=run_dir, slowdown=float(slowdown), equal_split=equal_split,
-                          compression=compression, micro_batch=check_micro_batch(micro_batch),
-                          seed=int(seed))
-    argv, env = launch.command(inventory_, selected, options)
+    name = Path(script).stem if script else dataset
+    run_dir = str(Path(run_dir).resolve()) if run_dir else str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+    config = JobConfig(run_dir=run_dir, seed=int(seed), compression=compression, equal_split=equal_split,
+                       slowdown=float(slowdown), micro_batch=check_micro_batch(micro_batch), precision=precision)
+    if script:
+        folder, rel = workdir_of(script, workdir)
+        program = launch.script(rel, str(folder), _script_args())
+    else:
+        program = launch.recipe(["--dataset", dataset, "--epochs", str(int(epochs)), "--batch-size",
+                                 str(int(batch_size)), "--lr", str(float(lr)), "--optimizer", optimizer,
+                                 "--data-dir", data_dir, *(["--model", model] if model else []),
+                                 *(["--download"] if download else []), *_script_args()])
+    remote = not all(h.is_local for h in selected)
+    if script and remote:  # each host starts in its copy of the folder, named by its content
+        from hvdhetero.cluster import workdir as workdir_mod
+
+        program = launch.script(rel, "~/" + workdir_mod.remote_dir(workdir_mod.digest(folder)), _script_args())
+    argv, env = launch.command(inventory_, selected, config, program)
     print(launch.printable(argv, env))
-    if not dry_run and not all(h.is_local for h in selected):
+    if dry_run:
+        return
+    if remote:
         _preflight(inventory_, selected, accept_new=False)
-    if not dry_run:
-        launch.run(argv, env)
-        print(f"run directory: {run_dir}")
+        if script:
+            for host, what in workdir_mod.ship(inventory_, list(selected), folder).items():
+                print(f"{host}: workdir {what}")
+    launch.run(argv, env)
+    print(f"run directory: {run_dir}")
+
+
+def workdir_of(script: str, workdir: str) -> tuple[Path, str]:
+    """(the folder the ranks start in, the script's path inside it), or exit 2 naming the problem."""
+    path = Path(script).resolve()
+    if not path.is_file():
+        raise Exit(f"error: --script {script}: no such file", code=2)
+    folder = Path(workdir).resolve() if workdir else path.parent
+    if not folder.is_dir():
+        raise Exit(f"error: --workdir {workdir}: no such directory", code=2)
+    if not path.is_relative_to(folder):
+        raise Exit(f"error: --script {script} is not inside --workdir {folder}: the ranks start there, and "
+                   "only that folder is shipped to the hosts", code=2)
+    return folder, str(path.relative_to(folder))
+
+
+def _script_args() -> list[str]:
+    """What follows `--` on the command line, token for token (Invoke keeps it as one string)."""
+    argv = sys.argv
+    return argv[argv.index("--") + 1:] if "--" in argv else []
 
 
 @task(help={"install": "also install it into this checkout's .venv"})

@@ -1,3 +1,57 @@
-"""hvdhetero: one PyTorch model trained across MPS, CUDA and CPU machines with Horovod over Gloo."""
+"""hvdhetero: one PyTorch model trained across MPS, CUDA and CPU machines with Horovod over Gloo.
+
+The public API a training script uses (see README "Your own model"):
+
+    import hvdhetero as hh
+    job = hh.init()
+    model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=512)
+    for epoch in job.epochs(10):
+        for x, y in loader:
+            with job.autocast():
+                loss = F.cross_entropy(model(x), y)
+            job.backward(loss)
+            optimizer.step(); optimizer.zero_grad()
+
+Launched with `invoke train --script my_train.py`. Nothing else in the package is public.
+Importing it is cheap: torch and Horovod load when a script calls `init()` (the launcher side,
+hvdhetero.cluster, never loads them).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+__all__ = ["init", "Job"]
+
+if TYPE_CHECKING:
+    from hvdhetero.rank.job import Job
+
+_job = None
+
+
+def init(**overrides) -> "Job":
+    """Join the job (rendezvous with the other ranks), set up this rank's device and settings,
+    and return the Job. The settings come from `invoke train` (the job's --seed, --precision,
+    --compression, ...); `overrides` (e.g. `seed=1`) change them for this script. Run without the
+    launcher, the script is a job of one rank. Calling it again returns the same Job."""
+    global _job
+    if _job is None:
+        from dataclasses import replace
+
+        from hvdhetero.config import ENV_VAR, JobConfig
+        from hvdhetero.rank.job import Job
+
+        text = os.environ.get(ENV_VAR)
+        config = JobConfig.from_json(text) if text else JobConfig()
+        _job = Job(replace(config, **overrides) if overrides else config)
+    return _job
+
+
+def __getattr__(name: str):
+    if name == "Job":
+        from hvdhetero.rank.job import Job
+
+        return Job
+    raise AttributeError(f"module 'hvdhetero' has no attribute {name!r}")

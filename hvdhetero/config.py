@@ -1,37 +1,37 @@
-"""What one training run does: the user's choices, shared by the launcher and every rank.
+"""What a job's engine does: the user's choices that every rank shares, whatever script it runs.
 
-Torch-free, so the launcher builds the ranks' flags from the same dataclass the ranks parse.
+Torch-free: the launcher builds it from the command line and hands it to every rank (as JSON,
+through `python -m hvdhetero.rank.runner --job-json`), and `hh.init()` reads it there. The
+script's own options (dataset, epochs, learning rate...) are the script's business: they travel
+as its command-line arguments.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from hvdhetero.errors import ConfigError
 
+ENV_VAR = "HVDHETERO_JOB"
+"""Where the runner leaves the job's JSON for `hh.init()` in the same process."""
+
+COMPRESSIONS = ("none", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """What one training run does; every rank gets the same one from the launcher."""
+class JobConfig:
+    """The engine's settings for one job; every rank gets the same one from the launcher."""
 
-    dataset: str = "digits"
-    model: str = ""
-    """Empty: the dataset's default (cnn for digits/mnist, resnet18 for cifar10)."""
-    epochs: int = 10
-    batch_size: int = 64
-    """Global batch: the sum of all ranks' local batches."""
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    seed: int = 0
-    data_dir: str = "data"
-    download: bool = False
     run_dir: str = "runs/latest"
+    """metrics.jsonl and whatever `job.save` writes go here (rank 0)."""
+    seed: int = 0
+    """Seeds torch, the shuffling and dropout on every rank (rank 0's initial weights win)."""
     compression: str = "none"
     """Gradients on the wire: none (float32) or fp16."""
     overlap: bool = True
-    """Start reducing gradient buckets while backward still runs (--no-overlap: after it)."""
+    """Start reducing gradient buckets while backward still runs (False: after it)."""
     equal_split: bool = False
     """Give every rank the same batch (plain data parallelism) instead of balancing."""
     slowdown: float = 1.0
@@ -41,21 +41,34 @@ class TrainConfig:
     chunks before the one allreduce. auto: each rank times a few chunk sizes on its device at
     start and keeps the fastest (a CPU is faster on cache-sized chunks than on a 2000-sample
     batch; a GPU keeps the whole batch); 0: the whole local batch; N: at most N."""
+    precision: str = "fp32"
+    """Mixed precision inside `job.autocast()`: fp32 (off), bf16 or fp16, mapped per device
+    (rank/precision.py): fp16 with loss scaling on CUDA and MPS, bf16 on CPU and CUDA."""
     hosts: dict = field(default_factory=dict)
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
-    def flags(self) -> list[str]:
-        """This config as `python -m hvdhetero.recipes.train` flags (hosts travel as --hosts-json)."""
-        out: list[str] = []
-        for name, value in asdict(self).items():
-            flag = "--" + name.replace("_", "-")
-            if name == "hosts":
-                continue
-            if isinstance(value, bool):
-                out += [flag if value else "--no-" + flag[2:]]
-            elif value != "":
-                out += [flag, str(value)]
-        return out
+    def __post_init__(self):
+        check_micro_batch(self.micro_batch)
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not self.slowdown >= 1.0:
+            raise ConfigError(f"--slowdown must be a number >= 1 (how many times slower the last rank acts), "
+                              f"got {self.slowdown!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobConfig":
+        values = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"job settings: unknown keys {unknown}; allowed: {', '.join(sorted(known))} "
+                              "(is the launcher's hvdhetero the same version as this host's?)")
+        return cls(**values)
 
 
 def check_micro_batch(value) -> str:
@@ -64,19 +77,3 @@ def check_micro_batch(value) -> str:
     if value != "auto" and not value.isdigit():
         raise ConfigError(f"--micro-batch must be auto, 0 or a positive integer, got {value!r}")
     return value
-
-
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.recipes.train", description="One rank of a hvdhetero job.")
-    for f in TrainConfig.__dataclass_fields__.values():
-        if f.name == "hosts":
-            parser.add_argument("--hosts-json", default="{}", help="per-host settings (from the launcher)")
-        elif f.type == "bool":
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction,
-                                default=f.default)
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    args = vars(parser.parse_args(argv))
-    args["hosts"] = json.loads(args.pop("hosts_json"))
-    return TrainConfig(**args)

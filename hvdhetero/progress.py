@@ -1,9 +1,11 @@
-"""Rank 0's progress, drawn as a progress bar in the launcher's terminal.
+"""Rank 0's progress and any rank's failure, as the launcher's console shows them.
 
 horovodrun forwards each rank's output with a `[rank]<stdout>:` prefix and splits a bar's
 carriage-return updates into garbled lines, and rank 0 may run on another machine. So rank 0
-prints one tagged JSON line per update (throttled), and the launcher, reading horovodrun's
-output, turns those lines into a tqdm bar per epoch and passes every other line through.
+prints one tagged JSON line per update (throttled), a failing rank one tagged summary
+(rank/runner.py), and the launcher, reading horovodrun's output, turns the progress lines into
+a tqdm bar per epoch, collects the failures, and passes every other line through. Both ends of
+this protocol live here; the rank side needs nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import IO, Iterable
 
 TAG = "@@hvdhetero-progress "
+ERROR_TAG = "@@hvdhetero-error "
 # horovodrun's prefix on forwarded rank output, e.g. "[0]<stdout>:" (maybe with a timestamp).
 PREFIX = re.compile(r"^(?:\S+ )?\[(\d+)\]<(stdout|stderr)>:")
 _last = 0.0
@@ -30,15 +33,19 @@ def report(*, step: int, steps: int, min_interval: float = 0.2, **fields) -> Non
     print(TAG + json.dumps({"step": step, "steps": steps, **fields}), flush=True)
 
 
-def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> None:
+def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> list[dict]:
     """Launcher side: draw tagged lines as one bar per epoch; echo the rest (rank 0's own
-    lines without horovodrun's prefix)."""
+    lines without horovodrun's prefix). Returns the failures ranks reported, in order; once one
+    is in, horovodrun's own tracebacks about stopping the other ranks are not echoed."""
     from tqdm import tqdm
 
-    bar, bar_epoch = None, None
+    bar, bar_epoch, failures = None, None, []
     for line in lines:
         match = PREFIX.match(line)
         body = line[match.end():] if match else line
+        if body.startswith(ERROR_TAG):
+            failures.append(json.loads(body[len(ERROR_TAG):]))
+            continue
         if body.startswith(TAG):
             update = json.loads(body[len(TAG):])
             if update["epoch"] != bar_epoch:
@@ -48,14 +55,37 @@ def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> None:
                 bar = tqdm(total=update["steps"], desc=f"epoch {bar_epoch + 1}/{update['epochs']}",
                            unit="step", file=out, dynamic_ncols=True, leave=True)
             bar.update(update["step"] - bar.n)
-            bar.set_postfix(loss=f"{update['loss']:.4f}", acc=f"{update['acc']:.3f}",
-                            samples_s=f"{update['samples_per_s']:,.0f}")
+            bar.set_postfix({k: _short(k, v) for k, v in update.items()
+                             if k not in ("step", "steps", "epoch", "epochs")})
             continue
         if bar is not None and bar.n >= bar.total:
             bar.close()
             bar = None
+        if failures and not match:
+            continue  # horovodrun's "Process N exit with status" and its own traceback
         own = match is not None and match.group(1) == "0" and body.startswith("hvdhetero:")
         out.write(body if own else line)
         out.flush()
     if bar is not None:
         bar.close()
+    return failures
+
+
+def _short(key: str, value):
+    if isinstance(value, float):
+        return f"{value:,.0f}" if key.endswith("_per_s") else f"{value:.4f}"
+    return value
+
+
+def failure_summary(failures: list[dict]) -> str:
+    """One message for the console: the first rank that failed, where, what, its last frames."""
+    first = failures[0]
+    lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
+    lines += [f"  {frame}" for frame in first["frames"]]
+    if first.get("log"):
+        lines.append(f"  full traceback: {first['log']} (on {first['hostname']})")
+    others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
+    if others:
+        lines.append(f"  then also: {', '.join(others)}")
+    lines.append("  the other ranks were stopped")
+    return "\n".join(lines)

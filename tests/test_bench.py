@@ -8,13 +8,13 @@ import pytest
 from conftest import VENV_BIN, run_cmd
 
 
-def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_and_horovod_last():
+def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_then_the_engine_and_horovod_last():
     from hvdhetero.bench.throughput import phase_order
 
-    names = ["solo", "horovod", "hvdhetero"]
+    names = ["solo", "horovod", "hvdhetero", "engine"]
     orders = [phase_order(names, r) for r in range(4)]
-    assert orders[0] == orders[2] == ["solo", "hvdhetero", "horovod"]
-    assert orders[1] == orders[3] == ["hvdhetero", "solo", "horovod"]
+    assert orders[0] == orders[2] == ["solo", "hvdhetero", "engine", "horovod"]
+    assert orders[1] == orders[3] == ["hvdhetero", "solo", "engine", "horovod"]
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_bench_writes_the_documented_json(tmp_path):
     assert solo["samples_per_s"] == pytest.approx(sum(solo["per_rank_samples_per_s"]))
     assert len(solo["per_round_samples_per_s"]) == 3
     assert all(f < t for f, t in zip(solo["per_round_fastest"], solo["per_round_samples_per_s"]))
-    for job in ("horovod", "hvdhetero"):
+    for job in ("horovod", "hvdhetero", "engine"):
         r = result[job]
         rates = r["per_round_samples_per_s"]
         assert len(rates) == 3 and r["samples_per_s"] == pytest.approx(statistics.median(rates))
@@ -55,3 +55,8 @@ def test_bench_writes_the_documented_json(tmp_path):
         assert all(c + d <= w + 0.02 for c, d, w in r["steps_ms"]), r["steps_ms"]
     assert "hvdhetero median step, ms per rank: compute" in proc.stdout
     assert "hvdhetero / plain horovod" in proc.stdout
+    # The public API (hvdhetero) against the bare engine, paired within rounds
+    assert result["api_overhead"] == pytest.approx(statistics.median(
+        [e / o - 1 for e, o in zip(result["engine"]["per_round_samples_per_s"],
+                                   result["hvdhetero"]["per_round_samples_per_s"])]))
+    assert "public API overhead" in proc.stdout

@@ -1,46 +1,64 @@
 """The horovodrun command as data: argv and env for the inventory's hosts."""
 
-import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
-from hvdhetero.config import TrainConfig
+from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_local_command_is_two_cpu_ranks_over_gloo():
+def test_local_command_is_two_cpu_ranks_over_gloo_running_the_recipe_through_the_runner():
     inventory = inv.load(ROOT / "inventory.yaml")
-    options = TrainConfig(epochs=3, run_dir="/tmp/run")
-    argv, env = launch.command(inventory, inventory.select(None), options,
+    config = JobConfig(run_dir="/tmp/run", precision="bf16")
+    argv, env = launch.command(inventory, inventory.select(None), config, launch.recipe(["--epochs", "3"]),
                                launcher_python="/opt/venv/bin/python")
+    settings = replace(config, hosts={"localhost": {"device": "cpu", "interface": None, "max_batch": None,
+                                                    "slowdown": 1.0}})
     assert argv == [
         "/opt/venv/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
         "--start-timeout", "120", "--gloo-timeout-seconds", "120",
-        str(ROOT / ".venv" / "bin" / "python"), "-m", "hvdhetero.recipes.train",
-        "--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--lr", "0.001",
-        "--optimizer", "adam", "--seed", "0", "--data-dir", "data", "--no-download", "--run-dir", "/tmp/run",
-        "--compression", "none", "--overlap", "--no-equal-split", "--slowdown", "1.0", "--micro-batch", "auto",
-        "--hosts-json", json.dumps({"localhost": {"device": "cpu", "interface": None, "max_batch": None,
-                                                  "slowdown": 1.0}}, sort_keys=True),
+        str(ROOT / ".venv" / "bin" / "python"), "-m", "hvdhetero.rank.runner", "--job-json", settings.to_json(),
+        "--module", "hvdhetero.recipes.train", "--", "--epochs", "3",
     ]
     assert env == {"PYTHONUNBUFFERED": "1", "PYTORCH_ENABLE_MPS_FALLBACK": "1",
                    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120"}
 
 
-def test_flags_round_trip_into_the_rank_config():
-    from hvdhetero.recipes.train import parse_args  # the rank parses exactly what the launcher wrote
+def test_what_the_launcher_writes_is_what_the_rank_reads():
+    from hvdhetero.rank.runner import parse_args  # the rank side parses exactly what the launcher wrote
 
-    options = TrainConfig(dataset="mnist", model="cnn", epochs=2, batch_size=96, lr=0.05,
-                                  optimizer="sgd", download=True, run_dir="r", compression="fp16")
-    cfg = parse_args(options.flags() + ["--hosts-json", '{"a": {"device": "mps"}}'])
-    assert (cfg.dataset, cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.optimizer, cfg.download,
-            cfg.run_dir, cfg.compression) == ("mnist", "cnn", 2, 96, 0.05, "sgd", True, "r", "fp16")
-    assert cfg.hosts == {"a": {"device": "mps"}}
+    inventory = inv.load(ROOT / "inventory.yaml")
+    config = JobConfig(run_dir="r", compression="fp16", micro_batch="64", slowdown=3.0, seed=7)
+    argv, _ = launch.command(inventory, inventory.select(None), config,
+                             launch.script("sub/train.py", "/w d", ["--lr", "0.1", "--", "x y"]))
+    args = parse_args(argv[argv.index("hvdhetero.rank.runner") + 1:])
+    assert (args.workdir, args.script, args.module, args.args) == ("/w d", "sub/train.py", None,
+                                                                    ["--lr", "0.1", "--", "x y"])
+    got = JobConfig.from_json(args.job_json)
+    assert replace(got, hosts={}) == config and got.hosts["localhost"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"compression": "bf16"}, "--compression must be one of none, fp16, got 'bf16'"),
+    ({"precision": "fp8"}, "--precision must be one of fp32, bf16, fp16, got 'fp8'"),
+    ({"slowdown": 0.5}, "--slowdown must be a number >= 1"),
+    ({"micro_batch": "-3"}, "--micro-batch must be auto, 0 or a positive integer, got '-3'"),
+])
+def test_job_settings_are_checked_where_they_are_made(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        JobConfig(**values)
+
+
+def test_a_job_setting_the_rank_does_not_know_is_named():
+    with pytest.raises(ConfigError, match=r"unknown keys \['sync'\]"):
+        JobConfig.from_json('{"sync": "diloco:8"}')
 
 
 def test_printable_command_quotes_every_word():
@@ -62,13 +80,13 @@ hosts:
 def test_local_host_cannot_join_a_multi_host_job(tmp_path):
     inventory = _two_hosts(tmp_path)
     with pytest.raises(ConfigError, match="host 'a' is this machine .*LAN address"):
-        launch.command(inventory, inventory.select("a,b"), TrainConfig())
+        launch.command(inventory, inventory.select("a,b"), JobConfig(), launch.recipe([]))
 
 
 def test_hosts_with_different_env_paths_are_refused(tmp_path):
     inventory = _two_hosts(tmp_path, first="10.0.0.1", env_b="/opt/other")
     with pytest.raises(ConfigError, match="give them the same `env` path"):
-        launch.command(inventory, inventory.select("a,b"), TrainConfig())
+        launch.command(inventory, inventory.select("a,b"), JobConfig(), launch.recipe([]))
 
 
 def test_sync_command_checks_host_keys_and_quotes_paths(tmp_path):

@@ -44,7 +44,7 @@ def test_a_step_takes_k_times_its_compute_from_the_first_step_on():
     computed = []
     for n in (64, 64, 32):
         x, y = torch.randn(n, 1, 8, 8), torch.randint(10, (n,))
-        seconds = forward_backward(model, x, y, me)[2]
+        seconds = forward_backward(model, (x, y), me)[1]
         # first of its size: 3x its own compute after it; then 3x the earlier step's before it
         asleep = 3 * (computed[0] if len(computed) == 1 else me.last_busy)
         assert seconds >= me.last_compute + asleep - 1e-4, (n, seconds, me.last_compute, asleep)
@@ -77,7 +77,7 @@ def test_a_one_thread_cpu_rank_multiplies_its_compute_not_the_time_its_thread_st
     try:
         model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
         x, y = torch.randn(16, 1, 8, 8), torch.randint(10, (16,))
-        forward_backward(model, x, y, me, before_last_backward=lambda: _block(0.05))
+        forward_backward(model, (x, y), me, before_last_backward=lambda: _block(0.05))
         assert me.last_compute >= 0.05 > 0.01 > me.last_busy  # the wall clock saw the block, the busy clock not
         assert sleeps == [pytest.approx(9 * me.last_busy)]
     finally:

@@ -8,7 +8,10 @@ timed over several repeats (medians):
 
   solo       every rank trains alone, no communication, on global/ranks samples a step: T_i
   horovod    hvd.DistributedOptimizer, equal local batches (plain data parallelism)
-  hvdhetero  our reducer with batches split by the balancer
+  hvdhetero  a training loop on the public API (job.prepare / job.backward / optimizer.step),
+             as a user's script runs it: balanced split, overlapped weighted reduction
+  engine     the same reducer and balancer driven directly (no API): the API's overhead is
+             hvdhetero against engine, paired within rounds
 
 Efficiency E = combined samples/s / sum(T_i), the physical limit being 1; `vs_fastest` =
 combined / max(T_i). Rank 0 prints the table and writes it as JSON.
@@ -19,22 +22,29 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+from hvdhetero.config import JobConfig
+from hvdhetero.rank import host as rank_host
+from hvdhetero.rank.calibrate import calibrate
+from hvdhetero.rank.host import one_hot
+from hvdhetero.rank.job import Job
 
 from hvdhetero.recipes import data
 from hvdhetero.rank import devices
 from hvdhetero.recipes import models
 from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.rank.step import Rank, batch, forward_backward, micro_batch_for
-from hvdhetero.recipes.train import calibrate, one_hot, pin_cpu_rank, set_gloo_interface
+from hvdhetero.rank.step import Rank, forward_backward, micro_batch_for
 
 
 def parse_args(argv):
@@ -67,11 +77,8 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    host = args.hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
-    set_gloo_interface(host)
-    if args.pin:
-        pin_cpu_rank(host)
-    hvd.init()  # Horovod: rendezvous with the other ranks
+    host = rank_host.settings(args.hosts)
+    rank_host.join(host, pin=args.pin)
     try:
         device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
         me = Rank(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
@@ -84,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         # chunking and batch, so one phase's per-sample compute is not another's.
         phases = {"solo": solo_step(args, build, train_set, me.fresh(micro_batch=chunk)),
                   "horovod": horovod_step(args, build, train_set, me.fresh()),
-                  "hvdhetero": hvdhetero_step(args, build, train_set, me.fresh(micro_batch=chunk))}
+                  "hvdhetero": api_step(args, build, train_set, host, chunk),
+                  "engine": engine_step(args, build, train_set, me.fresh(micro_batch=chunk))}
         chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
         seconds, counts = measure(args, phases)
         # Every rank's solo rate in every round, on every rank.
@@ -94,13 +102,14 @@ def main(argv: list[str] | None = None) -> None:
         solo = [flat[r * len(mine):(r + 1) * len(mine)] for r in range(hvd.size())]
         horovod = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["horovod"]],
                    "split": phases["horovod"].split}
-        ours = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["hvdhetero"]],
-                "split": phases["hvdhetero"].split,
-                "splits": [split for _, split in phases["hvdhetero"].balancer.history], "micro_batches": chunks,
-                "per_rank_step_ms": hvd.allgather_object(where_time_goes(phases["hvdhetero"].timings),
-                                                         name="bench.where")}
+        ours, engine = ({"per_round_samples_per_s": [args.batch_size / s for s in seconds[name]],
+                         "split": phases[name].split,
+                         "splits": [split for _, split in phases[name].balancer.history], "micro_batches": chunks,
+                         "per_rank_step_ms": hvd.allgather_object(where_time_goes(phases[name].timings),
+                                                                  name=f"bench.where.{name}")}
+                        for name in ("hvdhetero", "engine"))
         if hvd.rank() == 0:
-            report(args, solo, horovod, ours, counts)
+            report(args, solo, horovod, ours, engine, counts)
     finally:
         hvd.shutdown()
 
@@ -143,9 +152,11 @@ def phase_order(names: list[str], round_: int) -> list[str]:
     """The order of the phases in a round: the two whose ratio is the headline (solo and
     hvdhetero) run next to each other, first one then the other in turns, so that neither
     gains from its place and the VM's slow stretches (10-20 s) touch both alike; plain Horovod,
-    whose steps are long at a large slowdown (8 steps x 2.7 s at K=10), runs last."""
+    whose steps are long at a large slowdown (8 steps x 2.7 s at K=10), runs last; the bare
+    engine, whose ratio to hvdhetero is the API's overhead, right after the pair."""
     pair = ["solo", "hvdhetero"] if round_ % 2 == 0 else ["hvdhetero", "solo"]
-    return [n for n in pair if n in names] + [n for n in names if n not in pair]
+    rest = ["engine"] + [n for n in names if n not in pair + ["engine"]]
+    return [n for n in pair + rest if n in names]
 
 
 def fresh_model(args, info, device):
@@ -170,7 +181,7 @@ def solo_step(args, build, dataset, me: Rank):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        forward_backward(model, *batch(dataset, draw(local), me.device), me)
+        forward_backward(model, take(dataset, draw(local), me), me)
         optimizer.step()
 
     step.batch = local
@@ -189,15 +200,62 @@ def horovod_step(args, build, dataset, me: Rank):
 
     def step():
         optimizer.zero_grad()
-        forward_backward(model, *batch(dataset, draw(local), me.device), me)
+        forward_backward(model, take(dataset, draw(local), me), me)
         optimizer.step()
 
     step.split = [local] * hvd.size()
     return step
 
 
-def hvdhetero_step(args, build, dataset, me: Rank):
-    """Ours: calibrated split, online re-balancing, one fused weighted allreduce per step."""
+def take(dataset, indices, me: Rank):
+    return tuple(t[indices].to(me.device.torch_device) for t in dataset.tensors)
+
+
+def api_step(args, build, dataset, host: dict, chunk: int | None):
+    """Ours, as a user's script runs it: `job.prepare` (calibrated split), then a loop of
+    forward, `job.backward`, `optimizer.step()`; one call is one global step (all its chunks)."""
+    model, optimizer = build()
+    config = JobConfig(run_dir=tempfile.mkdtemp(prefix="hvdhetero-bench-"), slowdown=args.slowdown,
+                       overlap=args.overlap, micro_batch=str(chunk or 0))
+    job = Job(replace_hosts(config, args.hosts), pin=args.pin)
+    job.report_progress = False  # the benchmark prints its own table
+    # The API deals each epoch out once: a dataset several global batches long.
+    times = max(2, -(-4 * args.batch_size // len(dataset)))
+    data = TensorDataset(*(t.repeat(times, *[1] * (t.dim() - 1)) for t in dataset.tensors))
+    model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=args.batch_size,
+                                           loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+
+    def batches():
+        while True:
+            yield from loader
+            job.epoch += 1
+
+    it = batches()
+
+    def step():
+        started, target = time.perf_counter(), job.step + 1
+        while job.step < target:
+            x, y = next(it)
+            loss = F.cross_entropy(model(x), y)
+            job.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        step.split = job._prepared.balancer.split
+        step.timings.append((*job.last_step_seconds, time.perf_counter() - started))
+
+    step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
+    return step
+
+
+def replace_hosts(config: JobConfig, hosts: dict) -> JobConfig:
+    from dataclasses import replace
+
+    return replace(config, hosts=hosts)
+
+
+def engine_step(args, build, dataset, me: Rank):
+    """The engine alone: calibrated split, online re-balancing, one fused weighted allreduce per
+    step, driven directly (what hvdhetero measured before the public API existed)."""
     model, optimizer = build()
     broadcast_state(model, optimizer)
     reducer = Reducer(model.parameters(), overlap=args.overlap)
@@ -212,7 +270,7 @@ def hvdhetero_step(args, build, dataset, me: Rank):
         n = sizes[hvd.rank()]
         optimizer.zero_grad(set_to_none=True)
         arm = (lambda: reducer.prepare(n / args.batch_size)) if args.overlap else None
-        seconds = forward_backward(model, *batch(dataset, draw(n), me.device), me, arm)[2]
+        seconds = forward_backward(model, take(dataset, draw(n), me), me, arm)[1]
         t0 = time.perf_counter()
         times = reducer.reduce(n / args.batch_size, extras=one_hot(seconds))
         reduced = time.perf_counter() - t0
@@ -238,7 +296,7 @@ def where_time_goes(timings: list[tuple[float, float, float]]) -> dict:
             "steps_ms": [[round(1e3 * t, 2) for t in step] for step in timings]}
 
 
-def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, counts: dict) -> None:
+def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict) -> None:
     """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
     ratios within each round (paired, so the VM's drift between rounds cancels)."""
     med = statistics.median
@@ -247,7 +305,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, coun
     fastest_r = [max(rank[r] for rank in solo_rounds) for r in rounds]
     solo = [med(rank) for rank in solo_rounds]
     total, fastest = sum(solo), max(solo)
-    for job in (horovod, ours):
+    for job in (horovod, ours, engine):
         rates = job["per_round_samples_per_s"]
         job["samples_per_s"] = med(rates)
         job["efficiency"] = med(rates[r] / total_r[r] for r in rounds)
@@ -261,18 +319,25 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, coun
                  "per_round_samples_per_s": total_r, "per_round_fastest": fastest_r},
         "horovod": horovod,
         "hvdhetero": ours,
+        "engine": engine,
         "hvdhetero_vs_horovod": med(o / h for o, h in zip(ours["per_round_samples_per_s"],
                                                           horovod["per_round_samples_per_s"])),
+        # The public API's cost: how much faster the bare engine ran, paired within rounds.
+        "api_overhead": med(e / o - 1 for e, o in zip(engine["per_round_samples_per_s"],
+                                                      ours["per_round_samples_per_s"])),
     }
     rows = [(f"solo rank {i}", s, None, None, "") for i, s in enumerate(solo)]
     rows += [("solo, sum", total, 1.0, total / fastest, ""),
              ("plain horovod", horovod["samples_per_s"], horovod["efficiency"], horovod["vs_fastest"],
               str(horovod["split"])),
              ("hvdhetero", ours["samples_per_s"], ours["efficiency"], ours["vs_fastest"],
-              f"{ours['split']}, chunks {ours['micro_batches']}")]
+              f"{ours['split']}, chunks {ours['micro_batches']}"),
+             ("engine (no API)", engine["samples_per_s"], engine["efficiency"], engine["vs_fastest"],
+              str(engine["split"]))]
     print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, global batch "
           f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats} rounds; "
-          f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}")
+          f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}, "
+          f"engine {counts['engine']}")
     print(f"{'':16}{'samples/s':>12}{'E':>8}{'vs fastest':>12}  split")
     for name, rate, eff, vs, split in rows:
         e = f"{eff:8.3f}" if eff is not None else " " * 8
@@ -284,6 +349,8 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, coun
           f"the slower rank) {per_rank('reduce_ms')}, whole step {per_rank('step_ms')}; "
           f"mean step {steps[0]['mean_step_ms']:.1f}")
     print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x", flush=True)
+    print(f"public API overhead (engine alone / hvdhetero, paired per round): {result['api_overhead']:+.2%}",
+          flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -14,8 +14,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dataclasses import replace
+
 from hvdhetero import netinfo, progress
-from hvdhetero.config import TrainConfig
+from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.cluster.inventory import Host, Inventory
 
@@ -53,10 +55,28 @@ def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
     }
 
 
-def command(inventory: Inventory, hosts: Sequence[Host], options: TrainConfig,
+RECIPE = "hvdhetero.recipes.train"
+"""The built-in training script (a user of the public API like any other)."""
+
+
+def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, program: Sequence[str],
             launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of `horovodrun --gloo` training `options` on `hosts`, one rank per slot."""
-    return job(inventory, hosts, ["hvdhetero.recipes.train", *options.flags()], launcher_python)
+    """(argv, env) of `horovodrun --gloo` running a training script on `hosts`, one rank per
+    slot, through the rank-side runner: `program` is `script(...)`'s or `recipe(...)`'s list."""
+    settings = replace(config, hosts=host_settings(hosts)).to_json()
+    return job(inventory, hosts, ["hvdhetero.rank.runner", "--job-json", settings, *program], launcher_python,
+               hosts_json=False)
+
+
+def recipe(args: Sequence[str]) -> list[str]:
+    """The runner's arguments for the built-in recipe with its own `args`."""
+    return ["--module", RECIPE, "--", *args]
+
+
+def script(path: str, workdir: str, args: Sequence[str]) -> list[str]:
+    """The runner's arguments for a user's script at `path` (relative to `workdir`, where each
+    rank starts; ~ is each host's home) with its own `args`."""
+    return ["--workdir", workdir, "--script", path, "--", *args]
 
 
 def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[str],
@@ -66,7 +86,7 @@ def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[s
 
 
 def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[str],
-        launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+        launcher_python: str = sys.executable, hosts_json: bool = True) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` running `python -m MODULE FLAGS` once per slot."""
     if not hosts:
         raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
@@ -101,7 +121,9 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
         argv += ssh_flags(inventory, hosts)
         env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory)
         python = remote_python(hosts[0].env)
-    argv += [*python, "-m", *module_and_flags, "--hosts-json", json.dumps(host_settings(hosts), sort_keys=True)]
+    argv += [*python, "-m", *module_and_flags]
+    if hosts_json:
+        argv += ["--hosts-json", json.dumps(host_settings(hosts), sort_keys=True)]
     return argv, env
 
 
@@ -164,7 +186,9 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None)
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
-        progress.relay(proc.stdout)
+        failures = progress.relay(proc.stdout)
+    if failures:
+        raise LaunchError(progress.failure_summary(failures))
     if proc.returncode != 0:
         raise LaunchError(f"training failed: horovodrun exited with {proc.returncode} (see the rank output above)")
 

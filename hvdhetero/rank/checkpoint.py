@@ -33,23 +33,39 @@ class Snapshot:
 
 def save(snapshot: Snapshot, path: str | Path) -> Path:
     """Write `snapshot` to `path` atomically (temp file + fsync + rename)."""
+    return save_object(snapshot.__dict__, path)
+
+
+def save_object(obj: Any, path: str | Path) -> Path:
+    """torch.save `obj` to `path` atomically: temp file in the same directory, fsync, rename,
+    fsync of the directory (so the rename itself survives a power cut)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(snapshot.__dict__, f)
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
 
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> Snapshot:
-    return Snapshot(**torch.load(Path(path), map_location=map_location, weights_only=False))
+    """A Snapshot back; tensors and plain values only (weights_only: nothing is unpickled)."""
+    return Snapshot(**torch.load(Path(path), map_location=map_location, weights_only=True))
 
 
 class MetricsLog:

@@ -133,6 +133,21 @@ class Reducer:
         return extra.tolist()
 
 
+    def overflowed(self) -> bool:
+        """Whether the last reduced gradients hold an inf or NaN. The sum carries any rank's
+        overflow (IEEE addition propagates inf and NaN) and every rank holds the same bytes,
+        so every rank answers alike: the loss-scaling skip needs no message of its own."""
+        return any(not bool(torch.isfinite(b.buffer).all()) for b in self.buckets)
+
+    def grad_norm(self, norm_type: float = 2.0) -> float:
+        """The norm of the last reduced gradients, from the CPU buffers (the same bytes on every
+        rank) in float64: identical on every rank, whatever device each computes on."""
+        flat = [b.buffer.to(torch.float64) for b in self.buckets]
+        if norm_type == float("inf"):
+            return max(float(f.abs().max()) if f.numel() else 0.0 for f in flat)
+        return float(sum(float(f.abs().pow(norm_type).sum()) for f in flat) ** (1.0 / norm_type))
+
+
 def _buckets(params: list[torch.nn.Parameter], bucket_mb: float) -> list[list[torch.nn.Parameter]]:
     limit, groups, size = bucket_mb * 2**20, [[]], 0
     for p in params:

@@ -6,7 +6,9 @@ One permutation of the dataset per (seed, epoch) is shared by all ranks. Step s 
 B = sum(b) indices of it; rank i gets the slice at offset b_0 + ... + b_{i-1} of length b_i.
 The final step of an epoch holds the N mod B samples left: they are split across ranks in
 proportion to b (largest remainder), so a rank may get none on that step; with
-`drop_last=True` that partial step is skipped instead. The split may change between steps
+`drop_last=True` that partial step is skipped instead. With `min_share=1` (the prepared
+loader's: a user's model may not take an empty batch) every rank gets at least one sample of the
+final step, and a final step too small for that is skipped. The split may change between steps
 (the balancer re-splits) as long as every rank sets the same split before the same step.
 """
 
@@ -67,13 +69,13 @@ class WeightedBatchSampler:
     """Yields this rank's list of dataset indices for each step of an epoch."""
 
     def __init__(self, dataset_size: int, batch_sizes: Sequence[int], rank: int, *,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = False):
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, min_share: int = 0):
         if dataset_size <= 0:
             raise ValueError(f"dataset is empty (size {dataset_size})")
         if not 0 <= rank < len(batch_sizes):
             raise ValueError(f"rank {rank} outside 0..{len(batch_sizes) - 1}")
         self.n, self.rank, self.seed = dataset_size, rank, seed
-        self.shuffle, self.drop_last = shuffle, drop_last
+        self.shuffle, self.drop_last, self.min_share = shuffle, drop_last, min_share
         self.epoch = 0
         self.set_batch_sizes(batch_sizes)
 
@@ -93,25 +95,31 @@ class WeightedBatchSampler:
 
     def __len__(self) -> int:
         full, rest = divmod(self.n, self.global_batch)
-        return full + (1 if rest and not self.drop_last else 0)
+        keep = rest and not self.drop_last and rest >= self.min_share * len(self.batch_sizes)
+        return full + (1 if keep else 0)
 
     def step_sizes(self, step: int) -> list[int]:
         """Every rank's sample count at `step` of the epoch (the same on all ranks)."""
         start = step * self.global_batch
         if start + self.global_batch <= self.n:
             return list(self.batch_sizes)
-        return proportional_split(max(0, self.n - start), self.batch_sizes)
+        return proportional_split(max(0, self.n - start), self.batch_sizes, self.min_share)
 
-    def _order(self) -> torch.Tensor:
+    def order(self) -> torch.Tensor:
+        """This epoch's permutation of the dataset (the same on every rank)."""
         if not self.shuffle:
             return torch.arange(self.n)
         gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         return torch.randperm(self.n, generator=gen)
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self._order()
+        order = self.order()
         for step in range(len(self)):
             # Re-read the split every step: the balancer may have changed it.
-            sizes = self.step_sizes(step)
-            start = step * self.global_batch + sum(sizes[: self.rank])
-            yield order[start : start + sizes[self.rank]].tolist()
+            yield self.step_indices(order, step)
+
+    def step_indices(self, order: torch.Tensor, step: int) -> list[int]:
+        """This rank's indices at `step`, under the split set now."""
+        sizes = self.step_sizes(step)
+        start = step * self.global_batch + sum(sizes[: self.rank])
+        return order[start : start + sizes[self.rank]].tolist()

@@ -9,12 +9,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
-from hvdhetero.rank import devices
+from hvdhetero.rank import batches, devices
 from hvdhetero.config import check_micro_batch
 
 
@@ -73,6 +74,17 @@ class Rank:
         computing it."""
         return self._sleep((self.slowdown - 1.0) * compute) if self.slowdown > 1.0 and n else 0.0
 
+    def finish_step(self, n: int, busy: float, wall: float, slept: float) -> None:
+        """Record a step of n samples that kept the device busy `busy` seconds (`busy_clock`)
+        and took `wall` seconds with `slept` of straggling; a first step of its size, which
+        slept nothing before, straggles now."""
+        self.last_busy = busy
+        self.last_compute = wall - slept
+        if not slept:
+            self.straggle_after(n, busy)
+        if n:
+            self.recent.append((n, busy))
+
     @staticmethod
     def _sleep(pause: float) -> float:
         time.sleep(pause)
@@ -83,68 +95,55 @@ class Rank:
         return replace(self, recent=deque(maxlen=STRAGGLER_WINDOW), **changes)
 
 
-def forward_backward(model, x, y, me: Rank, before_last_backward=None) -> tuple[float, int, float]:
-    """Straggle (if asked), then forward and backward on this rank's batch, which may be empty
-    on an epoch's last step, in chunks of at most `me.micro_batch` samples whose gradients
+def cross_entropy_loss(model, batch) -> torch.Tensor:
+    """The loss of an (inputs, targets) batch under a classifier: the built-in recipes' loss."""
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
+def forward_backward(model, batch, me: Rank, before_last_backward=None,
+                     loss_fn: Callable = cross_entropy_loss) -> tuple[float, float]:
+    """Straggle (if asked), then forward and backward of `loss_fn(model, batch)` on this rank's
+    batch, which may be empty, in chunks of at most `me.micro_batch` samples whose gradients
     accumulate to the whole batch's mean. `before_last_backward()` runs just before the last
-    chunk's backward (the overlapping reducer arms its hooks there). Returns (summed loss,
-    correct predictions, seconds taken)."""
+    chunk's backward (the overlapping reducer arms its hooks there). What the timing probes,
+    the micro-batch tuner and the benchmark's bare-engine phases run; a training script steps
+    through `Job` (rank/job.py), which times the same way. Returns (summed loss, seconds)."""
     t0 = time.perf_counter()
-    slept = me.straggle(len(y))
+    n = batches.size(batch)
+    slept = me.straggle(n)
     clock = me.busy_clock()
     busy0 = clock()
-    loss_sum, correct, n = 0.0, 0, len(y)
+    loss_sum = 0.0
     chunk = min(me.micro_batch or n, n)
     for start in range(0, n, chunk or 1):
-        xc, yc = x[start:start + chunk], y[start:start + chunk]
-        out = model(xc)
-        loss = F.cross_entropy(out, yc)
-        if len(yc) != n:  # a chunk: weight its mean by its share of the batch
-            loss = loss * (len(yc) / n)
+        part = batches.take(batch, start, start + chunk)
+        loss = loss_fn(model, part)
+        share = min(chunk, n - start)
+        if share != n:  # a chunk: weight its mean by its share of the batch
+            loss = loss * (share / n)
         if before_last_backward is not None and start + chunk >= n:
             before_last_backward()
         loss.backward()
         loss_sum += loss.item() * n
-        correct += int((out.argmax(1) == yc).sum())
     me.device.synchronize()
-    me.last_busy = clock() - busy0
-    me.last_compute = time.perf_counter() - t0 - slept
-    if not slept:
-        me.straggle_after(n, me.last_busy)
-    if n:
-        me.recent.append((n, me.last_busy))
-    return loss_sum, correct, time.perf_counter() - t0
-
-
-def probe_batch(dataset, n: int, device):
-    """n samples for timing probes: the dataset's first ones, cycled if it has fewer."""
-    return batch(dataset, [i % len(dataset) for i in range(n)], device)
-
-
-def batch(dataset, indices, device):
-    if not indices:
-        x, y = dataset[0]
-        return torch.empty(0, *torch.as_tensor(x).shape, device=device.torch_device), torch.empty(
-            0, dtype=torch.long, device=device.torch_device)
-    if isinstance(dataset, torch.utils.data.TensorDataset):
-        x, y = (t[indices] for t in dataset.tensors)
-    else:
-        x, y = torch.utils.data.default_collate([dataset[i] for i in indices])
-    return x.to(device.torch_device), y.to(device.torch_device)
+    me.finish_step(n, clock() - busy0, time.perf_counter() - t0, slept)
+    return loss_sum, time.perf_counter() - t0
 
 
 MICRO_BATCH_CANDIDATES = (64, 128, 256, 512, 1024)
 TUNE_MARGIN = 0.03
 
 
-def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int) -> int | None:
+def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int,
+                    loss_fn: Callable = cross_entropy_loss, collate_fn: Callable | None = None) -> int | None:
     """The chunk size this rank runs: from the setting, or timed on its own device (auto)."""
     if check_micro_batch(setting) == "auto":
-        return tune_micro_batch(model, dataset, me, largest)
+        return tune_micro_batch(model, dataset, me, largest, loss_fn, collate_fn)
     return int(setting) or None
 
 
-def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
+def tune_micro_batch(model, dataset, me: Rank, largest: int, loss_fn: Callable = cross_entropy_loss,
+                     collate_fn: Callable | None = None) -> int | None:
     """The chunk size (a few powers of two below `largest`, or all of it) with the least
     compute time per sample on this rank's device, preferring larger chunks unless a smaller
     one is more than 3% faster; None if that is the whole batch. Each
@@ -153,17 +152,18 @@ def tune_micro_batch(model, dataset, me: Rank, largest: int) -> int | None:
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
-    batches = {c: probe_batch(dataset, c * max(1, -(-512 // c)), me.device) for c in candidates}
+    probes = {c: batches.probe(dataset, c * max(1, -(-512 // c)), me.device.torch_device, collate_fn)
+              for c in candidates}
     per_sample = {c: float("inf") for c in candidates}
     # Round-robin: a warm-up round, then the fastest of 3 rounds per candidate. Timing the
     # candidates in turns (not one after the other) lets a drift of the machine's speed touch
     # them all alike; one after the other it once made 64 look fastest on both ranks.
     for round_ in range(4):
-        for c, (x, y) in batches.items():
+        for c, batch in probes.items():
             probe.micro_batch = c
-            forward_backward(model, x, y, probe)
+            forward_backward(model, batch, probe, loss_fn=loss_fn)
             if round_:
-                per_sample[c] = min(per_sample[c], probe.last_compute / len(y))
+                per_sample[c] = min(per_sample[c], probe.last_compute / batches.size(batch))
     model.zero_grad(set_to_none=True)
     # Largest first; a smaller chunk must be clearly faster (3%) to win over timing noise.
     best = largest

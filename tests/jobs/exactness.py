@@ -53,7 +53,7 @@ for name, overlap, compression, micro in itertools.product(["sgd", "adam"], [Fal
         opt.zero_grad(set_to_none=True)
         weight = n / total
         arm = (lambda: reducer.prepare(weight)) if overlap else None
-        forward_backward(model, xb[lo:lo + n], yb[lo:lo + n], me, arm)
+        forward_backward(model, (xb[lo:lo + n], yb[lo:lo + n]), me, arm)
         reducer.reduce(weight)
         ref_opt.zero_grad(set_to_none=True)
         F.cross_entropy(ref(xb), yb).backward()

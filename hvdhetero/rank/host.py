@@ -1,0 +1,64 @@
+"""This rank's host, before and at the rendezvous: its NIC for Gloo, its CPU cores, its device
+and straggler settings from the inventory (handed over by the launcher in the job's settings).
+"""
+
+from __future__ import annotations
+
+import os
+
+import horovod.torch as hvd
+
+from hvdhetero import netinfo
+from hvdhetero.rank import devices
+from hvdhetero.rank.step import Rank
+
+
+def settings(hosts: dict) -> dict:
+    """This host's inventory settings, found by the name horovodrun gave it."""
+    return hosts.get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
+
+
+def join(host: dict, pin: bool = True) -> None:
+    """Set this host's Gloo NIC, give a CPU rank its cores, then rendezvous (idempotent)."""
+    if hvd.is_initialized():
+        return
+    set_gloo_interface(host)
+    if pin:
+        pin_cpu_rank(host)
+    hvd.init()  # Horovod: rendezvous with the other ranks
+
+
+def set_gloo_interface(host: dict) -> None:
+    """Horovod: Gloo takes one interface name for all ranks, but each host may call its NIC
+    differently (en0 on a Mac, enp3s0 on a PC). Use this host's from the inventory, else the
+    NIC that routes to the launcher's rendezvous server."""
+    iface = host.get("interface")
+    rendezvous = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    if not iface and rendezvous:
+        iface = netinfo.interface_towards(rendezvous)
+    if iface:
+        os.environ["HOROVOD_GLOO_IFACE"] = iface
+
+
+def pin_cpu_rank(host: dict) -> None:
+    """CPU ranks sharing a machine get a core share each (horovodrun sets the local rank/size)."""
+    if host.get("device", "auto") == "cpu":
+        devices.pin_local_rank(int(os.environ.get("HOROVOD_LOCAL_RANK", 0)),
+                               int(os.environ.get("HOROVOD_LOCAL_SIZE", 1)))
+
+
+def make_rank(host: dict, slowdown: float) -> Rank:
+    """This rank's device and straggler factor: the host's own, times the job's `slowdown` on
+    the last rank (experiments)."""
+    device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
+    factor = float(host.get("slowdown") or 1.0)
+    if hvd.rank() == hvd.size() - 1:
+        factor *= slowdown
+    return Rank(device=device, slowdown=factor, max_batch=host.get("max_batch"))
+
+
+def one_hot(value: float) -> list[float]:
+    """A list with `value` at this rank's place: summed across ranks, every rank's value."""
+    out = [0.0] * hvd.size()
+    out[hvd.rank()] = value
+    return out

@@ -1,0 +1,385 @@
+"""The Job behind the public API: what a training script talks to inside each rank.
+
+    job = hh.init()
+    model = Net().to(job.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=512)
+    for epoch in job.epochs(20):
+        for x, y in loader:                 # this rank's balanced share, on job.device
+            with job.autocast():
+                loss = F.cross_entropy(model(x), y)
+            job.backward(loss)              # weighted exact reduction across ranks
+            optimizer.step(); optimizer.zero_grad()
+        job.log(loss=loss.item())
+    job.save(model.state_dict(), "model.pt")
+
+Behind those names: the balancer sizes each rank's share by its measured speed, the sampler
+deals every epoch out once, the loader cuts a share into micro-batches, `backward` accumulates
+them and on the step's last chunk reduces every gradient weighted by n_i / sum(n) (overlapped
+with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimizer returned by
+`prepare` steps once per global step and skips a step whose gradients overflowed anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero import progress
+from hvdhetero.config import JobConfig
+from hvdhetero.errors import ConfigError
+from hvdhetero.rank import batches, checkpoint, host, precision
+from hvdhetero.rank.balancer import Balancer
+from hvdhetero.rank.calibrate import calibrate
+from hvdhetero.rank.loader import Item, Loader
+from hvdhetero.rank.optimizer import JobOptimizer
+from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
+from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
+from hvdhetero.rank.step import micro_batch_for
+
+
+class Job:
+    """One rank's view of the job. Create it with `hvdhetero.init()`."""
+
+    def __init__(self, config: JobConfig, pin: bool = True):
+        self.config = config
+        self._host = host.settings(config.hosts)
+        host.join(self._host, pin=pin)
+        self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.is_main = self.rank == 0
+        self.me = host.make_rank(self._host, config.slowdown)
+        self.device: torch.device = self.me.device.torch_device
+        """Where this rank computes: move the model there before `prepare`."""
+        self.precision = precision.resolve(config.precision, self.me.device.name)
+        self.loss_scale = precision.LossScale() if self.precision.scaled else None
+        self.run_dir = Path(config.run_dir)
+        self.epoch = 0
+        self.step = 0
+        """Global optimizer steps taken so far (the same on every rank)."""
+        self._metrics = checkpoint.MetricsLog(self.run_dir / "metrics.jsonl") if self.is_main else None
+        self._prepared = None
+        self._item: Item | None = None
+        self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
+        self._accumulating = self._skip = self._reduced = False
+        self._loss_sum = self._samples = self._global_samples = 0.0
+        self._last_scalars: dict = {}
+        self._started = self._epoch_started = time.perf_counter()
+        self._epochs = 1
+        self.report_progress = True
+        self.last_step_seconds = (0.0, 0.0)
+        """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
+        torch.manual_seed(config.seed)
+
+    # -- what a script calls ------------------------------------------------------------------
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, *, global_batch: int,
+                collate_fn: Callable | None = None, num_workers: int = 0, loss_fn: Callable | None = None,
+                scheduler=None):
+        """Make every rank start from rank 0's model and optimizer state, size each rank's share
+        of `global_batch` by its measured speed, and return (model, optimizer, loader).
+
+        `loss_fn(model, batch) -> loss` is how calibration times your real step before training;
+        without it, a probe calls `model(batch[0])` (or `model(batch)` for a tensor or dict batch)
+        and backpropagates the output's mean; if that fails, the ranks start from an equal split
+        and balance from the first steps' timings instead.
+
+        With micro-batches the loader yields a step's share in chunks and the optimizer steps on
+        the last; an LR scheduler you step every batch must be passed as `scheduler=` so that it
+        too steps once per global step (one stepped per epoch needs nothing)."""
+        self._check_prepare(model, optimizer, dataset, global_batch)
+        broadcast_state(model, optimizer)
+        cfg = self.config
+        reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
+        probe = loss_fn or _probe_loss
+        with _unchanged(model):
+            largest = min(global_batch, self.me.max_batch or global_batch)
+            try:
+                self.me.micro_batch = micro_batch_for(cfg.micro_batch, model, dataset, self.me, largest,
+                                                      probe, collate_fn)
+                probe_failed = ""
+            except Exception as err:  # noqa: BLE001 - any error of the user's model in a probe
+                self.me.micro_batch = int(cfg.micro_batch) if cfg.micro_batch.isdigit() else None
+                self.me.micro_batch = self.me.micro_batch or None
+                probe_failed = f"{type(err).__name__}: {err}"
+            failed = hvd.allgather_object(probe_failed, name="hvdhetero.probe")
+            caps = hvd.allgather_object(self.me.max_batch, name="hvdhetero.caps")
+            balancer = Balancer(global_batch, self.size, caps=caps)
+            if not cfg.equal_split and not any(failed):
+                big = min(global_batch, len(dataset))
+                calibrate(balancer, model, dataset, self.me, small=max(1, big // 4), big=big,
+                          loss_fn=probe, collate_fn=collate_fn)
+        if any(failed) and self.is_main:
+            print(f"hvdhetero: calibration probe failed ({next(f for f in failed if f)}); starting from an "
+                  "equal split and balancing from the first steps (pass loss_fn=... to prepare)", flush=True)
+        sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
+        loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
+                        on_item=self._on_item, epoch=lambda: self.epoch)
+        wrapped = JobOptimizer(optimizer, self)
+        if scheduler is not None:
+            scheduler.step = self._once_per_step(scheduler.step)
+        self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
+        self._start_log(balancer)
+        return model, wrapped, loader
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the
+        step's last chunk, the weighted exact reduction of every gradient across ranks."""
+        item, p = self._item, self._prepared
+        if p is None or item is None:
+            raise RuntimeError("job.backward() needs a batch from the loader that job.prepare() returned")
+        self._loss_sum += float(loss.detach()) * item.n
+        scale = item.n / item.share if item.chunks > 1 else 1.0
+        if self.loss_scale is not None:
+            scale *= self.loss_scale.scale
+        weight = item.share / sum(item.sizes)
+        unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
+        if item.last and self.config.overlap:
+            p.reducer.prepare(weight * unscale)
+        (loss * scale if scale != 1.0 else loss).backward()
+        if not item.last:
+            self._accumulating = True
+            return
+        self.me.device.synchronize()
+        began, busy0, slept = self._began
+        self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
+        seconds = time.perf_counter() - began
+        # Each rank's step time rides along with the gradients: every rank gets all of them.
+        reduce_started = time.perf_counter()
+        times = p.reducer.reduce(weight * unscale, extras=host.one_hot(seconds))
+        self.last_step_seconds = (seconds, time.perf_counter() - reduce_started)
+        self._accumulating, self._reduced = False, True
+        self._skip = self.loss_scale is not None and p.reducer.overflowed()
+        if self.loss_scale is not None:
+            self.loss_scale.update(self._skip)
+        self._samples += item.share
+        self._global_samples += sum(item.sizes)
+        if not self.config.equal_split:
+            new = p.balancer.observe(times, list(item.sizes), step=item.step)
+            if new:
+                at = p.loader.resplit(new, item.step)
+                self._write("split", step=at, split=new)
+        if self.is_main and self.report_progress:
+            progress.report(epoch=self.epoch, epochs=self._epochs, step=item.step % len(p.loader) + 1,
+                            steps=len(p.loader), loss=self._loss_sum / max(self._samples, 1),
+                            samples_per_s=self._global_samples / max(time.perf_counter() - self._epoch_started, 1e-9))
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip the reduced gradients to `max_norm`, identically on every rank (the norm comes from
+        the reduced CPU buffers, the same bytes everywhere). Returns the norm before clipping;
+        None between the micro-batches of a step (nothing is reduced yet)."""
+        p = self._prepared
+        if p is None or self._accumulating or not self._reduced:
+            return None
+        total = p.reducer.grad_norm(norm_type)
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            for param in p.reducer.params:
+                if param.grad is not None:
+                    param.grad.mul_(coef)
+        return torch.tensor(total)
+
+    def autocast(self):
+        """The device's mixed precision when the job's --precision asks for it; else nothing."""
+        return self.precision.autocast()
+
+    def epochs(self, n: int):
+        """The epoch numbers 0..n-1; each ends with every rank's training loss and speed in the
+        metrics and BatchNorm-style buffers averaged across ranks. After the last, the run's end
+        record (every rank's parameter digest) is written."""
+        if n < 1:
+            raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
+        self._epochs = n
+        for epoch in range(n):
+            self.epoch = epoch
+            self._loss_sum = self._samples = self._global_samples = 0.0
+            self._epoch_started = time.perf_counter()
+            yield epoch
+            self._end_epoch()
+        self._end()
+
+    def log(self, **scalars) -> None:
+        """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
+        epoch and step; the last ones also go into the run's end record."""
+        values = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scalars.items()}
+        self._last_scalars.update(values)
+        self._write("log", epoch=self.epoch, step=self.step, **values)
+
+    @torch.no_grad()
+    def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None) -> dict:
+        """Run `fn(batch) -> {name: sum}` over `dataset`, each rank on a disjoint part (sized by
+        its speed), the prepared model in eval mode; returns every name's sum over all ranks."""
+        model = self._prepared.model if self._prepared else None
+        if model is not None:
+            average_buffers(model)
+            was_training = model.training
+            model.eval()
+        split = self._prepared.balancer.split if self._prepared else [1] * self.size
+        shares = proportional_split(batch_size * self.size, split)
+        sampler = WeightedBatchSampler(len(dataset), shares, self.rank, shuffle=False)
+        sums: dict[str, float] = {}
+        for indices in sampler:
+            if indices:
+                batch = batches.to_device(batches.collate(dataset, indices, collate_fn), self.device)
+                with self.autocast():
+                    for k, v in fn(batch).items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+        if model is not None and was_training:
+            model.train()
+        names = sorted(set().union(*hvd.allgather_object(sorted(sums), name="hvdhetero.eval_names")))
+        return dict(zip(names, allreduce_sum([sums.get(k, 0.0) for k in names], "hvdhetero.eval")))
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        hvd.barrier()
+
+    def save(self, obj, name: str) -> Path:
+        """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
+        atomically; every rank gets the path."""
+        if self._prepared is not None:
+            average_buffers(self._prepared.model)
+        path = self.run_dir / name
+        if self.is_main:
+            checkpoint.save_object(obj, path)
+        return path
+
+    def _check_prepare(self, model, optimizer, dataset, global_batch) -> None:
+        """Refuse, with the fix, what would go wrong later or silently."""
+        if self._prepared is not None:
+            raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"job.prepare(model, ...): expected a torch.nn.Module, got {type(model).__name__}")
+        elsewhere = {str(p.device) for p in model.parameters()
+                     if (p.device.type, p.device.index or 0) != (self.device.type, self.device.index or 0)}
+        if elsewhere:
+            raise ConfigError(f"job.prepare(): the model has parameters on {', '.join(sorted(elsewhere))}, but this "
+                              f"rank computes on {self.device}: call model.to(job.device) before prepare()")
+        mine = {id(p) for p in model.parameters()}
+        foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
+        if foreign:
+            raise ConfigError(f"job.prepare(): the optimizer holds {foreign} parameter(s) that are not the model's: "
+                              "build it from model.parameters() after model.to(job.device)")
+        if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__") \
+                or not hasattr(dataset, "__len__"):
+            raise ConfigError(f"job.prepare(): the dataset must be map-style (__len__ and __getitem__), got "
+                              f"{type(dataset).__name__}: the balancer deals each rank its share by index")
+        if not isinstance(global_batch, int) or global_batch < self.size:
+            raise ConfigError(f"job.prepare(global_batch={global_batch!r}): must be an integer of at least the "
+                              f"number of ranks ({self.size}), so that every rank gets a sample")
+        if global_batch > len(dataset):
+            raise ConfigError(f"job.prepare(global_batch={global_batch}): the dataset holds only {len(dataset)} "
+                              "samples; lower global_batch or use a larger dataset")
+
+    # -- called by the loader and the optimizer --------------------------------------------------
+
+    def _on_item(self, item: Item) -> None:
+        """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
+        self._item = item
+        if item.chunk == 0:
+            self._reduced = False
+            slept = self.me.straggle(item.share)
+            self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
+
+    def _stepped(self) -> bool:
+        """The prepared optimizer asks whether to step: not between micro-batches, not when the
+        step's reduced gradients overflowed (every rank skips alike)."""
+        if self._accumulating:
+            return False
+        if self._prepared is not None and self._item is not None and not self._reduced:
+            raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
+                               "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
+                               "never reduced and their models drift apart")
+        self._reduced = False
+        self.step += 1
+        return not self._skip
+
+    def _once_per_step(self, step: Callable) -> Callable:
+        def between_micro_batches_nothing(*args, **kwargs):
+            return None if self._accumulating else step(*args, **kwargs)
+        return between_micro_batches_nothing
+
+    def _zero_grad_allowed(self) -> bool:
+        return not self._accumulating
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def _write(self, event: str, **fields) -> None:
+        if self._metrics is not None:
+            self._metrics.write(event, **fields)
+
+    def _start_log(self, balancer: Balancer) -> None:
+        gathered = {k: hvd.allgather_object(v, name=f"hvdhetero.start.{k}") for k, v in {
+            "hostnames": socket.gethostname(), "devices": self.me.device.describe(),
+            "slowdowns": self.me.slowdown, "micro_batches": self.me.micro_batch,
+            "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
+        self._write("start", config=_jsonable(self.config), ranks=self.size, **gathered,
+                    overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
+        self._write("split", epoch=0, step=0, split=balancer.split)
+        if self.precision.note:
+            print(f"hvdhetero: rank {self.rank}: {self.precision.note}", flush=True)
+
+    def _end_epoch(self) -> None:
+        loss_sum, samples = allreduce_sum([self._loss_sum, self._samples], "hvdhetero.train_stats")
+        if self._prepared is not None:
+            average_buffers(self._prepared.model)
+        seconds = time.perf_counter() - self._epoch_started
+        self._write("epoch", epoch=self.epoch, loss=loss_sum / max(samples, 1), samples=int(samples),
+                    seconds=round(seconds, 3), samples_per_s=samples / seconds,
+                    split=self._prepared.sampler.batch_sizes if self._prepared else None,
+                    skipped_steps=self.loss_scale.skipped if self.loss_scale else 0)
+
+    def _end(self) -> None:
+        model = self._prepared.model if self._prepared else None
+        digests = hvd.allgather_object(param_digest(model) if model is not None else "", name="hvdhetero.digests")
+        self._write("end", seconds=round(time.perf_counter() - self._started, 3), param_digests=digests,
+                    **self._last_scalars)
+
+
+class _Prepared:
+    def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
+
+
+def _probe_loss(model, batch) -> torch.Tensor:
+    """Calibration's stand-in for a loss: the model's output on the batch's inputs, averaged."""
+    out = model(batch[0] if isinstance(batch, (tuple, list)) else batch)
+    tensor = batches._first_tensor(out)
+    if tensor is None or not tensor.is_floating_point():
+        raise TypeError(f"the model's output holds no floating-point tensor ({type(out).__name__})")
+    return tensor.float().mean()
+
+
+class _unchanged:
+    """Calibration probes run forward/backward on the real model: put back its buffers
+    (BatchNorm statistics) and leave no gradients."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.saved = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+
+    def __exit__(self, *exc):
+        for k, v in self.model.named_buffers():
+            v.copy_(self.saved[k])
+        self.model.zero_grad(set_to_none=True)
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's and buffer's bytes: equal digests mean identical replicas."""
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode() + p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _jsonable(config: JobConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)

@@ -1,0 +1,115 @@
+"""The loader `job.prepare` returns: this rank's share of every global batch, on its device.
+
+Each step of an epoch, the sampler hands this rank its share of the global batch (sized by the
+balancer); the loader cuts it into micro-batches of at most `chunk` samples, collates each and
+moves it to the rank's device. The job learns from `Item`s which chunk of which step the user's
+code is working on, so that `job.backward` accumulates, reduces on the step's last chunk, and
+knows every rank's sample count for the weights.
+
+With DataLoader workers, batches are collated ahead in other processes: the indices of the next
+`prefetch_factor x num_workers` chunks are drawn before the current step has ended. A new split
+from the balancer therefore takes effect a fixed number of steps later, the same on every rank
+(`lag`), never on a step whose indices some rank already drew: every sample of an epoch is
+still seen once, and every rank agrees on every step's sizes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from hvdhetero.rank import batches
+from hvdhetero.rank.sampler import WeightedBatchSampler
+
+
+@dataclass(frozen=True)
+class Item:
+    """Where a chunk sits: global step, its place among the step's chunks, this rank's samples
+    in the chunk and in the whole step, and every rank's samples in the step."""
+
+    step: int
+    chunk: int
+    chunks: int
+    n: int
+    share: int
+    sizes: tuple[int, ...]
+
+    @property
+    def last(self) -> bool:
+        return self.chunk == self.chunks - 1
+
+
+class Loader:
+    """Iterates one epoch (the job's current one): this rank's chunks, each on the device."""
+
+    def __init__(self, dataset, sampler: WeightedBatchSampler, device: torch.device, chunk: int | None,
+                 collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
+                 epoch: Callable[[], int] = lambda: 0):
+        self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
+        self.collate_fn, self.num_workers = collate_fn, num_workers
+        self.on_item = on_item or (lambda item: None)
+        self.epoch = epoch
+        self.lag = 2 * num_workers  # DataLoader's default prefetch_factor, per worker
+        self._pending: list[tuple[int, list[int]]] = []
+        self._workers: torch.utils.data.DataLoader | None = None
+
+    def __len__(self) -> int:
+        """Steps per epoch (the same on every rank)."""
+        return len(self.sampler)
+
+    def resplit(self, sizes: list[int], after_step: int) -> int:
+        """Use `sizes` from the step `lag` steps after `after_step` on; returns that step."""
+        at = after_step + 1 + self.lag
+        self._pending.append((at, list(sizes)))
+        return at
+
+    def _chunks(self) -> Iterator[tuple[list[int], Item]]:
+        """(indices, Item) for every chunk of this rank in the epoch, drawn as late as possible."""
+        epoch, steps = self.epoch(), len(self.sampler)
+        self.sampler.set_epoch(epoch)
+        order = self.sampler.order()
+        for step in range(steps):
+            global_step = epoch * steps + step
+            while self._pending and self._pending[0][0] <= global_step:
+                self.sampler.set_batch_sizes(self._pending.pop(0)[1])
+            indices = self.sampler.step_indices(order, step)
+            sizes = tuple(self.sampler.step_sizes(step))
+            size = self.chunk or len(indices)
+            parts = [indices[i:i + size] for i in range(0, len(indices), size)]
+            for i, part in enumerate(parts):
+                yield part, Item(global_step, i, len(parts), len(part), len(indices), sizes)
+
+    def __iter__(self):
+        if self.num_workers == 0:
+            for indices, item in self._chunks():
+                batch = batches.to_device(batches.collate(self.dataset, indices, self.collate_fn), self.device)
+                self.on_item(item)
+                yield batch
+            return
+        drawn: deque[Item] = deque()
+
+        def index_lists():
+            for indices, item in self._chunks():
+                drawn.append(item)
+                yield indices
+
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_sampler=_Once(index_lists()), num_workers=self.num_workers,
+            collate_fn=self.collate_fn or torch.utils.data.default_collate)
+        for batch in loader:  # in order: the oldest drawn item is this batch's
+            item = drawn.popleft()
+            self.on_item(item)
+            yield batches.to_device(batch, self.device)
+
+
+class _Once:
+    """A one-pass iterable as a DataLoader batch_sampler (it only iterates it)."""
+
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        return self.it

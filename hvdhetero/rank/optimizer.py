@@ -1,0 +1,57 @@
+"""The optimizer `job.prepare` returns: the user's, stepping once per global step.
+
+It shares the user's param_groups and state (an LR scheduler built on either one schedules
+both) and is a torch.optim.Optimizer, so schedulers accept it. Between the micro-batches of a
+step `step()` and `zero_grad()` do nothing (gradients are still accumulating), and a step whose
+reduced gradients overflowed under fp16 loss scaling is skipped on every rank alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class JobOptimizer(torch.optim.Optimizer):
+    """Wraps `optimizer` for `job`; everything else is the wrapped optimizer's."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, job):  # noqa: D107 - no super().__init__: shares state
+        self.optimizer, self.job = optimizer, job
+        self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
+        self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def step(self, closure=None):
+        if self.job._stepped():
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.job._zero_grad_allowed():
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"JobOptimizer({self.optimizer!r})"

@@ -1,0 +1,90 @@
+"""Mixed precision per device, and a loss scale every rank agrees on.
+
+`--precision` is one choice for the job; each device runs what it does well:
+
+    requested   cuda            mps             cpu
+    fp32        float32         float32         float32
+    bf16        bfloat16        float16 + scale bfloat16
+    fp16        float16 + scale float16 + scale bfloat16
+
+A CPU has no fast float16 matmul in torch (autocast on the CPU takes bfloat16), so fp16 maps to
+bf16 there; MPS takes float16 (its bfloat16 needs macOS 14 and is slower on M1/M2), so bf16 maps
+to fp16 there. Each mapping is said once in the rank's log line.
+
+float16 needs loss scaling (small gradients underflow). The scale must be the same on every
+rank, and a step whose gradients overflowed on *any* rank must be skipped by *every* rank, or
+the replicas part. Both follow from where the overflow shows: an inf or NaN in one rank's
+gradient is inf or NaN in the reduced sum on every rank (IEEE addition propagates them, and the
+allreduce hands every rank the same bytes), so each rank checks the reduced gradients, reaches
+the same verdict, and updates an identical scale. Gradients are still reduced in float32 (or
+fp16 on the wire when asked), unscaled before they leave the device buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_NATIVE = {"cuda": {"bf16", "fp16"}, "mps": {"fp16"}, "cpu": {"bf16"}}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What `job.autocast()` does on this rank."""
+
+    requested: str
+    device: str
+    dtype: torch.dtype | None
+    """Autocast dtype, None for float32 (autocast off)."""
+
+    @property
+    def scaled(self) -> bool:
+        """float16 needs a loss scale."""
+        return self.dtype == torch.float16
+
+    @property
+    def note(self) -> str:
+        """How the request was mapped on this device, for the log ('' when taken as asked)."""
+        taken = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+        if taken == self.requested:
+            return ""
+        return f"--precision {self.requested} runs as {taken} on {self.device} (no fast {self.requested} there)"
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device, dtype=self.dtype)
+
+
+def resolve(requested: str, device: str) -> Precision:
+    """The precision a `device` rank runs for the job's `requested` one."""
+    if requested == "fp32":
+        return Precision(requested, device, None)
+    native = _NATIVE.get(device, {"bf16"})
+    taken = requested if requested in native else next(iter(sorted(native)))
+    return Precision(requested, device, _DTYPES[taken])
+
+
+@dataclass
+class LossScale:
+    """A dynamic loss scale, updated identically on every rank from the reduced gradients'
+    verdict: halve on an overflow (and skip that step), double after `interval` clean steps."""
+
+    scale: float = 2.0 ** 16
+    interval: int = 2000
+    clean: int = 0
+    skipped: int = 0
+
+    def update(self, overflowed: bool) -> None:
+        if overflowed:
+            self.scale = max(self.scale / 2.0, 1.0)
+            self.clean = 0
+            self.skipped += 1
+            return
+        self.clean += 1
+        if self.clean >= self.interval:
+            self.scale *= 2.0
+            self.clean = 0

@@ -1,0 +1,89 @@
+"""What horovodrun starts on every slot: the job's settings, then the training script.
+
+    python -m hvdhetero.rank.runner --job-json '{...}' [--workdir DIR] (--module M | --script PATH) [-- ARGS]
+
+It puts the job's settings where `hh.init()` finds them, moves into the script's working
+directory (shipped to remote hosts by the launcher), and runs the script as `__main__` with its
+own arguments: the built-in recipe (`--module hvdhetero.recipes.train`) and a user's script
+alike. If the script raises, the rank prints one tagged summary line (host, rank, exception, its
+last frames) for the launcher to show instead of a traceback wall, saves the whole traceback
+under the run directory, and exits 1 at once (horovodrun then stops the other ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from hvdhetero import progress
+from hvdhetero.config import ENV_VAR, JobConfig
+
+FRAMES = 4
+"""Frames of the traceback the summary shows (the innermost ones)."""
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="python -m hvdhetero.rank.runner", description=__doc__.split("\n")[0])
+    parser.add_argument("--job-json", default="{}", help="the job's settings (JobConfig as JSON, from the launcher)")
+    parser.add_argument("--workdir", default="", help="run the script from here (~ = this host's home)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--module", help="a module to run as __main__ (the built-in recipe)")
+    what.add_argument("--script", help="a script to run as __main__, relative to --workdir")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments, after --")
+    args = parser.parse_args(argv)
+    if args.args[:1] == ["--"]:
+        args.args = args.args[1:]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = JobConfig.from_json(args.job_json)
+    os.environ[ENV_VAR] = config.to_json()
+    if args.workdir:
+        os.chdir(os.path.expanduser(args.workdir))
+    try:
+        if args.module:
+            sys.argv = [args.module, *args.args]
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(args.script)
+            sys.argv = [script, *args.args]
+            sys.path.insert(0, os.path.dirname(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            fail(config, f"SystemExit: {done.code}", [])
+        raise
+    except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
+        fail(config, f"{type(err).__name__}: {err}", traceback.extract_tb(err.__traceback__),
+             traceback.format_exc())
+
+
+def fail(config: JobConfig, what: str, frames, full: str = "") -> None:
+    """Report this rank's failure in one tagged line, keep the whole traceback, exit 1 now."""
+    rank = int(os.environ.get("HOROVOD_RANK", 0))
+    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    log = Path(config.run_dir) / f"rank-{rank}-error.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(full or what + "\n")
+    except OSError:
+        log = None
+    summary = {"rank": rank, "host": host, "hostname": socket.gethostname(), "error": what,
+               "frames": [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+                          for f in frames[-FRAMES:]],
+               "log": str(log) if log else None}
+    print(progress.ERROR_TAG + json.dumps(summary), flush=True)
+    sys.stderr.flush()
+    os._exit(1)  # Horovod's atexit shutdown would wait on peers stuck in a collective with us
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Exactness through the public API: two ranks with unequal shares (the last rank 3x slower, so
+the balancer gives it less) take two steps of `job.prepare`/`job.backward`/`optimizer.step()`;
+rank 0 replays them in one process on the joined batches and prints the relative errors as JSON.
+Cases: SGD with momentum, two param groups and a per-batch StepLR; AdamW; with and without
+gradient clipping, overlap and micro-batches of 8.
+
+Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
+"""
+
+import copy
+import itertools
+import json
+import sys
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+
+import hvdhetero as hh
+from hvdhetero.config import JobConfig
+from hvdhetero.recipes import data, models
+
+STEPS = 2
+GLOBAL_BATCH = 48
+MAX_NORM = 0.5  # below the CNN's first gradient norms (~1-2): clipping really happens
+
+
+def build(name, model):
+    if name == "sgd":
+        head = list(model[-1].parameters())
+        rest = [p for p in model.parameters() if all(p is not h for h in head)]
+        opt = torch.optim.SGD([{"params": rest}, {"params": head, "lr": 0.05}], lr=0.1, momentum=0.9)
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01), None
+
+
+def rel(a, b):
+    a = torch.cat([t.detach().reshape(-1) for t in a]).double()
+    b = torch.cat([t.detach().reshape(-1) for t in b]).double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+run_dir = sys.argv[1]
+train, _, info = data.load("digits", "unused")
+results = []
+for i, (name, clip, overlap, micro) in enumerate(itertools.product(["sgd", "adamw"], [False, True], [False, True],
+                                                                  [0, 8])):
+    job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro)))
+    torch.manual_seed(i + hvd.rank())  # different initial weights per rank: prepare must broadcast rank 0's
+    model = models.build("cnn", info).eval()  # eval: no dropout, the same function on every rank
+    optimizer, scheduler = build(name, model)
+    model, optimizer, loader = job.prepare(model, optimizer, train, global_batch=GLOBAL_BATCH, scheduler=scheduler,
+                                           loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    ref = copy.deepcopy(model)
+    ref_opt, ref_sched = build(name, ref)
+    seen, chunks, sizes = [], 0, None
+    for x, y in loader:
+        seen.append((x, y))
+        chunks += 1
+        loss = F.cross_entropy(model(x), y)
+        job.backward(loss)
+        if clip:
+            job.clip_grad_norm_(MAX_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        if job._item.last:
+            # the step ended on this chunk: replay it in one process on both ranks' samples
+            mine = (torch.cat([a for a, _ in seen]), torch.cat([b for _, b in seen]))
+            sizes = job._item.sizes
+            both = hvd.allgather_object(mine, name=f"api.joined.{i}.{job.step}")
+            xb, yb = torch.cat([a for a, _ in both]), torch.cat([b for _, b in both])
+            ref_opt.zero_grad(set_to_none=True)
+            F.cross_entropy(ref(xb), yb).backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
+            ref_opt.step()
+            if ref_sched is not None:
+                ref_sched.step()
+            seen = []
+        if job.step == STEPS:
+            break
+    results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": list(sizes),
+                    "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
+                    "ref_lr": [g["lr"] for g in ref_opt.param_groups],
+                    "param_rel_err": rel(model.parameters(), ref.parameters())})
+if hvd.rank() == 0:
+    print("API_EXACTNESS " + json.dumps(results), flush=True)
