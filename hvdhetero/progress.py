@@ -34,8 +34,8 @@ def report(*, step: int, steps: int, min_interval: float = 0.2, **fields) -> Non
 
 
 def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> list[dict]:
-    """Launcher side: draw tagged lines as one bar per epoch; echo the rest (rank 0's own
-    lines without horovodrun's prefix). Returns the failures ranks reported, in order; once one
+    """Launcher side: draw tagged lines as one bar per epoch; echo the rest (rank 0's printed
+    lines without horovodrun's prefix, as a script's print reads on one machine). Returns the failures ranks reported, in order; once one
     is in, horovodrun's own tracebacks about stopping the other ranks are not echoed."""
     from tqdm import tqdm
 
@@ -61,9 +61,9 @@ def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> list[dict]:
         if bar is not None and bar.n >= bar.total:
             bar.close()
             bar = None
-        if failures and not match:
-            continue  # horovodrun's "Process N exit with status" and its own traceback
-        own = match is not None and match.group(1) == "0" and body.startswith("hvdhetero:")
+        if failures and (not match or body.strip() == "Terminated"):
+            continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
+        own = match is not None and match.group(1) == "0" and match.group(2) == "stdout"
         out.write(body if own else line)
         out.flush()
     if bar is not None:

@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> None:
             fail(config, f"SystemExit: {done.code}", [])
         raise
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
-        fail(config, f"{type(err).__name__}: {err}", traceback.extract_tb(err.__traceback__),
-             traceback.format_exc())
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if not f.filename.startswith("<frozen") and f.filename != __file__]
+        fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
 
 
 def fail(config: JobConfig, what: str, frames, full: str = "") -> None:

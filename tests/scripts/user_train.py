@@ -1,0 +1,87 @@
+"""A user's own training script, as a user writes one (not one of our examples): its own
+dataset class yielding dicts, its own model and loss, SGD with two param groups, a StepLR
+schedule, gradient clipping. Run by tests/test_script.py through `invoke train --script`.
+
+    invoke train --script tests/scripts/user_train.py -- --epochs 8
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
+
+import hvdhetero as hh
+
+
+class Digits(torch.utils.data.Dataset):
+    """scikit-learn's 8x8 digits as dicts; the first 1,500 train, the rest test."""
+
+    def __init__(self, train: bool):
+        x, y = load_digits(return_X_y=True)
+        part = slice(0, 1500) if train else slice(1500, None)
+        self.x = torch.tensor(x[part] / 16.0, dtype=torch.float32)
+        self.y = torch.tensor(y[part])
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"pixels": self.x[i], "label": self.y[i]}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU())
+        self.head = nn.Linear(64, 10)
+        self.only_rank_0 = nn.Parameter(torch.zeros(3))  # gets a gradient on rank 0, none elsewhere
+
+    def forward(self, pixels, rank=0):
+        out = self.head(self.body(pixels))
+        return out + 0.0 * self.only_rank_0.sum() if rank == 0 else out
+
+
+def smoothed_cross_entropy(logits, target, smoothing=0.05):
+    """The user's own loss: cross-entropy against label-smoothed targets (mean over the batch)."""
+    logp = F.log_softmax(logits, dim=1)
+    return -((1 - smoothing) * logp.gather(1, target[:, None]).squeeze(1) + smoothing * logp.mean(1)).mean()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=0.1)
+    args = parser.parse_args()
+
+    job = hh.init()
+    model = Net().to(job.device)
+    optimizer = torch.optim.SGD([{"params": model.body.parameters()},
+                                 {"params": [*model.head.parameters(), model.only_rank_0], "lr": args.lr / 2}],
+                                lr=args.lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)  # stepped per epoch
+    model, optimizer, loader = job.prepare(model, optimizer, Digits(train=True), global_batch=100)
+    for epoch in job.epochs(args.epochs):
+        model.train()
+        for batch in loader:
+            loss = smoothed_cross_entropy(model(batch["pixels"], job.rank), batch["label"])
+            job.backward(loss)
+            job.clip_grad_norm_(2.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        scheduler.step()
+
+        def score(batch):
+            logits = model(batch["pixels"])
+            return {"correct": (logits.argmax(1) == batch["label"]).sum(), "count": len(batch["label"])}
+
+        test = job.evaluate(score, Digits(train=False))
+        job.log(test_accuracy=test["correct"] / test["count"], lr=scheduler.get_last_lr()[0])
+    job.save(model.state_dict(), "model.pt")
+    if job.is_main:
+        print(f"user script: test accuracy {test['correct'] / test['count']:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""`invoke train --script`: a user's own script on two real ranks, launched as the built-in
+recipe is, and what the user sees when it is wrong."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.rank import checkpoint
+
+pytestmark = pytest.mark.slow
+SCRIPTS = ROOT / "tests" / "scripts"
+
+
+def test_a_users_own_script_trains_to_its_target_on_two_ranks(tmp_path):
+    """Its own Dataset of dicts, model, loss, SGD with param groups, StepLR, clipping, a
+    parameter only rank 0 gives a gradient; arguments after `--` reach it."""
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--run-dir", run_dir,
+                    "--", "--epochs", "12"], timeout=600)
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    start, end = records[0], records[-1]
+    assert start["event"] == "start" and start["ranks"] == 2
+    logs = [r for r in records if r["event"] == "log"]
+    assert [r["epoch"] for r in logs] == list(range(12)), "--epochs 12 reached the script"
+    assert logs[-1]["lr"] == pytest.approx(0.1 * 0.5 ** 4), "the StepLR stepped once per epoch"
+    assert end["test_accuracy"] >= 0.9, end
+    assert len(set(end["param_digests"])) == 1, "ranks in sync"
+    assert f"user script: test accuracy {end['test_accuracy']:.4f}" in proc.stdout  # rank 0's print, plain
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    assert set(state) >= {"head.weight", "only_rank_0"}
+
+
+def test_a_missing_script_is_refused_before_anything_starts(tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", tmp_path / "nope.py", "--run-dir", tmp_path / "r"],
+                   check=False, timeout=60)
+    assert proc.returncode == 2
+    assert f"error: --script {tmp_path / 'nope.py'}: no such file" in proc.stderr
+    assert "horovodrun" not in proc.stdout and not (tmp_path / "r").exists()
+
+
+def test_a_script_outside_its_workdir_is_refused(tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--workdir", tmp_path,
+                    "--dry-run"], check=False, timeout=60)
+    assert proc.returncode == 2 and "is not inside --workdir" in proc.stderr
+
+
+def test_dry_run_shows_the_runner_and_the_scripts_arguments(tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--dry-run", "--",
+                    "--lr", "0.5"], timeout=60)
+    assert f"--workdir {SCRIPTS} --script user_train.py -- --lr 0.5" in proc.stdout
+
+
+def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "raises.py", "--run-dir", run_dir],
+                   check=False, timeout=120)
+    assert proc.returncode == 1
+    assert "error: rank 1 on host localhost failed: ValueError: boom on purpose" in proc.stderr
+    assert "raises.py:12 in <module>: load_config(job.rank)" in proc.stderr
+    assert 'raises.py:8 in load_config: raise ValueError("boom on purpose")' in proc.stderr
+    assert "runpy" not in proc.stderr and "the other ranks were stopped" in proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output and "Horovod detected" not in output, output  # no walls
+    assert "Traceback" in (run_dir / "rank-1-error.log").read_text(), "the whole traceback is kept"
+    leftover = subprocess.run(["pgrep", "-f", "raises.py"], capture_output=True, text=True)
+    assert leftover.stdout == "", "no rank is left running"
