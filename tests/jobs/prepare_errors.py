@@ -1,0 +1,38 @@
+"""Every mistake job.prepare refuses, tried one after the other in one process (a job of one
+rank: a script run without the launcher); prints each message as JSON."""
+
+import json
+
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset, TensorDataset
+
+import hvdhetero as hh
+
+job = hh.init(run_dir="/tmp/hvdhetero-prepare-errors")
+data = TensorDataset(torch.randn(100, 4), torch.randint(2, (100,)))
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from ()
+
+
+cases = {
+    "dataset smaller than the global batch": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), data),
+    "global batch below the ranks": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), data),
+    "model on another device": lambda m: (m.to(torch.float32).to("meta"), torch.optim.SGD(m.parameters(), 0.1), data),
+    "optimizer of another model": lambda m: (m, torch.optim.SGD(nn.Linear(4, 2).parameters(), 0.1), data),
+    "iterable dataset": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), Stream()),
+}
+batches = {"dataset smaller than the global batch": 101, "global batch below the ranks": 0}
+out = {}
+for name, make in cases.items():
+    model = nn.Linear(4, 2)
+    args = make(model)
+    try:
+        job.prepare(*args, global_batch=batches.get(name, 10))
+        out[name] = "accepted"
+    except Exception as err:  # noqa: BLE001
+        out[name] = f"{type(err).__name__}: {err}"
+print("PREPARE_ERRORS " + json.dumps(out), flush=True)

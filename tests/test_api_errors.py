@@ -1,0 +1,32 @@
+"""What `job.prepare` refuses, each with the fix in its message. Run as a user's script run
+without the launcher (a job of one rank), in a process of its own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, run_cmd
+
+
+@pytest.fixture(scope="module")
+def messages():
+    proc = run_cmd([VENV_BIN / "python", ROOT / "tests" / "jobs" / "prepare_errors.py"], timeout=120)
+    return json.loads(proc.stdout.split("PREPARE_ERRORS ", 1)[1])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dataset smaller than the global batch",
+     "ConfigError: job.prepare(global_batch=101): the dataset holds only 100 samples; lower global_batch"),
+    ("global batch below the ranks",
+     "ConfigError: job.prepare(global_batch=0): must be an integer of at least the number of ranks (1)"),
+    ("model on another device",
+     "ConfigError: job.prepare(): the model has parameters on meta, but this rank computes on cpu: call "
+     "model.to(job.device) before prepare()"),
+    ("optimizer of another model",
+     "ConfigError: job.prepare(): the optimizer holds 2 parameter(s) that are not the model's"),
+    ("iterable dataset", "ConfigError: job.prepare(): the dataset must be map-style (__len__ and __getitem__)"),
+])
+def test_prepare_refuses_with_the_fix(messages, case, message):
+    assert messages[case].startswith(message), messages[case]
