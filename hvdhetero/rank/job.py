@@ -23,6 +23,7 @@ with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimize
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -71,7 +72,7 @@ class Job:
         self._last_scalars: dict = {}
         self._started = self._epoch_started = time.perf_counter()
         self._epochs = 1
-        self.report_progress = True
+        self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         torch.manual_seed(config.seed)
