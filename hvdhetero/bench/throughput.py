@@ -219,9 +219,12 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
                        overlap=args.overlap, micro_batch=str(chunk or 0))
     job = Job(replace_hosts(config, args.hosts), pin=args.pin)
     job.report_progress = False  # the benchmark prints its own table
-    # The API deals each epoch out once: a dataset several global batches long.
-    times = max(2, -(-4 * args.batch_size // len(dataset)))
-    data = TensorDataset(*(t.repeat(times, *[1] * (t.dim() - 1)) for t in dataset.tensors))
+    # The API deals each epoch out once: a dataset of exactly 4 global batches, so that every
+    # step is a whole one (a short last step credited as a whole made hvdhetero look 11% faster
+    # than the bare engine, at E 1.07).
+    length = 4 * args.batch_size
+    times = -(-length // len(dataset))
+    data = TensorDataset(*(t.repeat(times, *[1] * (t.dim() - 1))[:length] for t in dataset.tensors))
     model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=args.batch_size,
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
 
