@@ -32,6 +32,11 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def packages(value: str) -> str:
+    """BASE with `packages: <value>` as line 2, under pins:."""
+    return BASE.replace("pins:\n", f"pins:\n  packages: {value}\n")
+
+
 def test_repo_inventory_loads_with_local_default():
     inv = load(REPO_INVENTORY)
     assert inv.pins == PINS
@@ -45,6 +50,7 @@ def test_repo_inventory_examples_are_valid_when_uncommented(tmp_path):
     text = re.sub(r"^  # ", "  ", REPO_INVENTORY.read_text(), flags=re.M)
     inv = load(write(tmp_path, text))
     mac, pc = inv.select("mac,pc")
+    assert inv.pins.packages == ("einops==0.8.1", "sentencepiece==0.2.0")
     assert (mac.device, mac.interface, mac.identity, mac.is_local) == ("mps", "en0", "~/.ssh/id_ed25519", False)
     assert (pc.device, pc.max_batch, pc.torch_version(inv.pins)) == ("cuda", 512, "2.14.1")
 
@@ -149,6 +155,35 @@ CASES = {  # id: (yaml text, line, dotted key, regex the message must match)
     "default empty": (BASE.replace("hosts:", "default_hosts: []\nhosts:"), 6, "default_hosts", r"is empty"),
     "no default and no local": (BASE.replace("local:", "mac:"), 1, "default_hosts",
                                 r"no host named 'local'; add e.g. default_hosts: \[mac\]"),
+    "package range": (packages('["einops>=0.8"]'), 2, "pins.packages",
+                      r"^\S+: key 'pins.packages': 'einops>=0\.8' is not an exact pin; pin each package exactly as "
+                      r"name==version, e\.g\. packages: \[\"einops==0\.8\.1\"\] \(no version ranges, URLs, extras, "
+                      r"spaces or shell characters\)$"),
+    "package unpinned": (packages("[einops]"), 2, "pins.packages", r"'einops' is not an exact pin; pin each package"),
+    "package url": (packages('["einops @ https://x.org/einops.whl"]'), 2, "pins.packages",
+                    r"'einops @ https://x\.org/einops\.whl' is not an exact pin; pin each package exactly"),
+    "package with space": (packages('["einops == 0.8.1"]'), 2, "pins.packages",
+                           r"'einops == 0\.8\.1' is not an exact pin; pin each package exactly as name==version"),
+    "package semicolon": (packages('["einops==0.8.1; rm -rf ~"]'), 2, "pins.packages",
+                          r"'einops==0\.8\.1; rm -rf ~' is not an exact pin"),
+    "package command substitution": (packages('["einops==$(id)"]'), 2, "pins.packages",
+                                     r"'einops==\$\(id\)' is not an exact pin"),
+    "package read as a pip option": (packages('["--index-url==http://evil"]'), 2, "pins.packages",
+                                     r"'--index-url==http://evil' is not an exact pin"),
+    "packages not a list": (packages("einops==0.8.1"), 2, "pins.packages",
+                            r"must be a list, got 'einops==0\.8\.1' \(a string\); pin each package exactly as "
+                            r"name==version"),
+    "package a number": (packages("[0.8]"), 2, "pins.packages",
+                         r"each entry must be a string, got '0\.8' \(a number\); pin each package exactly"),
+    "package twice as pip names it": (packages('\n    - sentencepiece==0.2.0\n    - einops==0.8.1\n'
+                                               '    - SentencePiece==0.1.99\n'), 5, "pins.packages",
+                                      r"'SentencePiece==0\.1\.99' pins sentencepiece again "
+                                      r"\('sentencepiece==0\.2\.0' on line 3\); pin each package once$"),
+    "package dash and underscore are one": (packages('[typing_extensions==4.12.2, Typing-Extensions==4.12.2]'), 2,
+                                            "pins.packages", r"pins typing-extensions again"),
+    "package torch pinned twice": (packages('["Torch==2.13.0"]'), 2, "pins.packages",
+                                   r"'Torch==2\.13\.0': torch is installed from pins\.torch; remove it from "
+                                   r"pins\.packages$"),
 }
 
 
@@ -162,6 +197,20 @@ def test_malformed_inventory(tmp_path, text, line, key, match):
     assert f"key '{key}'" in message
     assert (raised.value.line, raised.value.key) == (line, key)
     assert raised.value.exit_code == 2
+
+
+def test_packages_load_as_exact_pins_in_file_order(tmp_path):
+    pins = load(write(tmp_path, packages('["sentencepiece==0.2.0", "einops==0.8.1", "Jinja2==3.1.4", '
+                                         '"torch-geometric==2.6.1", "tzdata==2024.1", "x==1!2.0.post1+local_1"]'))).pins
+    assert pins.packages == ("sentencepiece==0.2.0", "einops==0.8.1", "Jinja2==3.1.4", "torch-geometric==2.6.1",
+                             "tzdata==2024.1", "x==1!2.0.post1+local_1")
+    assert list(pins.package_versions().items())[:2] == [("sentencepiece", "0.2.0"), ("einops", "0.8.1")]
+    assert pins == Pins(**{**PINS.__dict__, "packages": pins.packages})
+
+
+@pytest.mark.parametrize("text", [BASE, packages("[]"), packages(""), packages("~")])
+def test_packages_default_to_none(tmp_path, text):
+    assert load(write(tmp_path, text)).pins.packages == ()
 
 
 def test_transport_defaults_to_uv_and_takes_tcp(tmp_path):

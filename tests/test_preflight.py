@@ -3,10 +3,15 @@ runs the real thing against sshd hosts)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 from hvdhetero.cluster import horovod_build
 from hvdhetero.cluster import preflight
+from hvdhetero.cluster import remote_provision
 from hvdhetero.cluster.inventory import Host, Inventory, Pins
 
 PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1", transport="uv")
@@ -16,10 +21,10 @@ INVENTORY = Inventory(path=Path("/x/inventory.yaml"), pins=PINS, hosts=HOSTS,
                       default_hosts=("mac", "pc"), known_hosts=None)
 
 
-def facts(transport="uv", patch_set=PATCHES, horovod="0.28.1"):
+def facts(transport="uv", patch_set=PATCHES, horovod="0.28.1", packages=None):
     return {"python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "hvdhetero": "0.1.0", "digest": "d",
             "horovod": {"horovod": horovod, "patch_set": patch_set, "key": "k", "transport": transport},
-            "nics": ["en0", "lo"], "reach": {}}
+            "nics": ["en0", "lo"], "reach": {}, "packages": packages or {}}
 
 
 def verdicts(mac: dict, pc: dict, pins: Pins = PINS):
@@ -64,3 +69,36 @@ def test_horovod_version_and_stock_build_are_problems():
     mac, pc = verdicts(facts(horovod="0.28.0"), {**facts(), "horovod": None})
     assert mac.problems[0].startswith("mac: Horovod 0.28.0, pins.horovod is 0.28.1")
     assert pc.problems == ["pc: Horovod there is not our patched build; run: invoke provision --hosts pc"]
+
+
+PACKAGES = Pins(**{**PINS.__dict__, "packages": ("einops==0.8.1", "sentencepiece==0.2.0")})
+
+
+def test_matching_packages_pass_and_a_local_build_tag_satisfies_a_bare_pin():
+    mac, pc = verdicts(facts(packages={"einops": "0.8.1", "sentencepiece": "0.2.0"}),
+                       facts(packages={"einops": "0.8.1+local", "sentencepiece": "0.2.0"}), pins=PACKAGES)
+    assert (mac.status, mac.problems, pc.status, pc.problems) == ("ok", [], "ok", [])
+
+
+def test_a_missing_or_other_package_version_is_named_with_the_fix():
+    mac, pc = verdicts(facts(packages={"einops": "0.8.1", "sentencepiece": "0.1.99"}),
+                       facts(packages={"einops": None, "sentencepiece": "0.2.0"}), pins=PACKAGES)
+    assert mac.problems == ["mac: sentencepiece 0.1.99, expected 0.2.0 (pc has 0.2.0); run: invoke provision --hosts mac"]
+    assert pc.problems == ["pc: einops not installed, expected 0.8.1 (mac has 0.8.1); run: invoke provision --hosts pc"]
+    assert (mac.status, pc.status, preflight.exit_code([mac, pc])) == ("failed", "failed", 1)
+    assert "pc: failed: pc: einops not installed" in preflight.report([mac, pc])
+
+
+def test_a_package_missing_everywhere_is_named_on_every_host():
+    mac, pc = verdicts(facts(packages={"sentencepiece": "0.2.0"}), facts(packages={"sentencepiece": "0.2.0"}),
+                       pins=PACKAGES)
+    assert mac.problems == ["mac: einops not installed, expected 0.8.1 (pc has none); run: invoke provision --hosts mac"]
+    assert pc.problems == ["pc: einops not installed, expected 0.8.1 (mac has none); run: invoke provision --hosts pc"]
+
+
+def test_the_probe_reports_each_pinned_package_version():
+    """The facts script itself, run by this interpreter: the pinned names it is given, found or None."""
+    argv = [sys.executable, "-c", preflight.ENV_FACTS_PY, "{}", remote_provision.STAMP,
+            json.dumps(["PyYAML", "hvdhetero-no-such-package"])]
+    out = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout)
+    assert out["packages"] == {"PyYAML": metadata.version("PyYAML"), "hvdhetero-no-such-package": None}

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import subprocess
+import sys
+import venv
+import zipfile
+from importlib import metadata
 
 import pytest
 
+from hvdhetero.cluster import provision
 from hvdhetero.cluster import remote_provision as rp
 from hvdhetero.errors import BuildError
 from hvdhetero.cluster.inventory import Host, Pins
@@ -69,6 +75,71 @@ def test_libuv_is_a_build_requirement_of_the_uv_transport_only():
     assert "libuv1-dev" in rp.system_packages_command(bare) and "pkg-config" in rp.system_packages_command(bare)
 
 
+def test_packages_step_follows_hvdhetero_and_installs_the_pins():
+    pins = dataclasses.replace(PINS, packages=("einops==0.8.1", "sentencepiece==0.2.0"))
+    host = Host(name="pc", address="h", env="~/e", wheelhouse="~/wheels")
+    steps = rp.plan(host, pins, LINUX, "d", "/w.whl", "/s.tar.gz")
+    assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "packages einops==0.8.1 sentencepiece==0.2.0",
+                            "horovod sdist", "horovod 0.28.1 (uv)", "verify build", "verify device auto"]
+    packages = steps[3]
+    assert packages.action == ("/home/alice/e/bin/python", "-m", "pip", "install", "--quiet",
+                               "einops==0.8.1", "sentencepiece==0.2.0")
+    assert packages.check[:2] == ("/home/alice/e/bin/python", "-c")
+    assert dict(packages.env) == {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/home/alice/wheels"}  # offline hosts too
+    assert packages.upload is None
+
+
+@pytest.mark.parametrize("packages, exit_code", [
+    ((f"PyYAML=={metadata.version('PyYAML')}",), 0),
+    ((f"pyyaml=={metadata.version('PyYAML')}", f"Pytest=={metadata.version('pytest')}"), 0),  # pip's names
+    ((f"PyYAML=={metadata.version('PyYAML')}", "pytest==0.0.1"), 1),
+    (("hvdhetero-no-such-package==1.0",), 1),
+])
+def test_packages_check_runs_in_a_python(packages, exit_code):
+    """The step's check, run by this interpreter: exit 0 only when every pin is installed at its version."""
+    step = rp.plan(Host(name="pc", address="h"), dataclasses.replace(PINS, packages=packages), LINUX, "d",
+                   "/w.whl", "/s.tar.gz")[3]
+    assert step.name.startswith("packages ")
+    assert subprocess.run([sys.executable, *step.check[1:]], timeout=60).returncode == exit_code
+
+
+def wheel(directory, name: str, version: str):
+    """A minimal pure-Python wheel, so pip installs it with no index and no build."""
+    module, info = name.replace("-", "_"), f"{name.replace('-', '_')}-{version}.dist-info"
+    path = directory / f"{module}-{version}-py3-none-any.whl"
+    files = {f"{module}/__init__.py": "",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+
+
+def test_local_packages_install_once_then_nothing_changes(tmp_path, monkeypatch):
+    """setup_local's packages step on a real venv, offline from a folder of wheels: idempotent."""
+    venv.create(tmp_path / "env", with_pip=True)
+    python = str(tmp_path / "env" / "bin" / "python")
+    wheel(tmp_path, "hh-fixture-a", "1.0.0")
+    wheel(tmp_path, "hh-fixture-b", "2.0")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.setenv("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    lines = []
+    pins = dataclasses.replace(PINS, packages=("hh-fixture-a==1.0.0", "HH_Fixture_B==2.0"))
+    assert provision.install_packages(python, pins, log=lines.append) == ["hh-fixture-a==1.0.0", "HH_Fixture_B==2.0"]
+    assert lines == ["packages: installing hh-fixture-a==1.0.0 HH_Fixture_B==2.0 (have hh-fixture-a None, "
+                     "HH_Fixture_B None)"]
+    assert provision.install_packages(python, pins, log=lines.append) == []
+    assert lines[-1] == "packages: hh-fixture-a==1.0.0, HH_Fixture_B==2.0 match the pins"
+    assert provision.install_packages(python, PINS, log=lines.append) == [] and len(lines) == 2  # none pinned: silent
+
+    spelt_otherwise = dataclasses.replace(PINS, packages=("hh-fixture-a==1.0",))  # pip: 1.0 == 1.0.0
+    with pytest.raises(BuildError, match=r"^pip installed hh-fixture-a 1\.0\.0 for the pin hh-fixture-a==1\.0; write "
+                                         r"the version in pins.packages as pip reports it: hh-fixture-a==1\.0\.0$"):
+        provision.install_packages(python, spelt_otherwise, log=lines.append)
+
+
 def test_wrong_python_is_refused_with_the_fix():
     with pytest.raises(BuildError, match=r"pc: python3 is Python 3.10, pins.python is 3.11: install Python 3.11"):
         rp.plan(Host(name="pc", address="h"), PINS, {**LINUX, "python": "3.10"}, "d", "/w.whl", "/s.tar.gz")
@@ -86,7 +157,8 @@ def test_hostile_values_stay_single_words():
     """Values that validation would reject, forced in: each still travels as one quoted word."""
     evil = "/tmp/x; touch /tmp/pwned $(id) `id`"
     host = Host(name="pc", address="h", env=evil, python="python3 && rm -rf /", wheelhouse=evil)
-    for step in rp.plan(host, PINS, LINUX, "d", "/w.whl", "/s.tar.gz"):
+    pins = dataclasses.replace(PINS, packages=("x==1; touch /tmp/pwned", "y==$(id)"))
+    for step in rp.plan(host, pins, LINUX, "d", "/w.whl", "/s.tar.gz"):
         for argv in (step.action, step.check or ()):
             assert shlex.split(shlex.join(argv)) == list(argv)
     assert rp.plan(host, PINS, LINUX, "d", "/w.whl", "/s.tar.gz")[0].action[0] == "python3 && rm -rf /"

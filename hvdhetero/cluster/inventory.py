@@ -46,6 +46,13 @@ class Pins:
     transport: str = "uv"
     """Gloo transport Horovod is built with: "uv" (libuv; the only one macOS has, so the one a
     Mac + Linux cluster needs) or "tcp" (stock Linux Horovod; Linux-only clusters)."""
+    packages: tuple[str, ...] = ()
+    """Extra packages the training script imports, each pinned exactly: ("einops==0.8.1",).
+    `invoke provision` installs them on every host after hvdhetero; `invoke check` compares them."""
+
+    def package_versions(self) -> dict[str, str]:
+        """packages as {name: version}, in file order: ("einops==0.8.1",) -> {"einops": "0.8.1"}."""
+        return dict(pin.split("==", 1) for pin in self.packages)
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,12 @@ _VERSION = re.compile(r"[0-9][0-9A-Za-z.+_-]*")
 _PYTHON = re.compile(r"[0-9]+\.[0-9]+")
 _PATH = re.compile(r"[A-Za-z0-9_./~+-]+")
 _URL = re.compile(r"https?://[^\s'\"`$\\;|&<>]+")
+# name==version and nothing else; the name starts with a letter or digit, so no pin reads as a pip option.
+_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+")
+_PACKAGE_HELP = 'pin each package exactly as name==version, e.g. packages: ["einops==0.8.1"]'
+# Installed by provisioning itself, from these: a second pin in pins.packages could only disagree.
+_PINNED_ELSEWHERE = {"torch": "pins.torch", "torchvision": "pins.torchvision", "horovod": "pins.horovod",
+                     "hvdhetero": "this checkout"}
 _VERSION_HELP = 'a version such as "2.14.1" or "2.14.1+cu130" (digits, letters, ".", "+", "_", "-")'
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
           "null": "empty", "timestamp": "a date"}
@@ -205,6 +218,11 @@ def _got(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     return f"{node.value!r} ({_KINDS.get(node.tag.rsplit(':', 1)[-1], node.tag)})"
+
+
+def _package_key(name: str) -> str:
+    """A package name as pip compares names (PEP 503): Sentence_Piece and sentence-piece are one."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _text(rule: Callable[[str], Any], allowed: str) -> Callable[[_Reader, yaml.Node, str], str]:
@@ -334,7 +352,7 @@ class _Reader:
 
     def pins(self, key_node: yaml.Node, node: yaml.Node) -> Pins:
         names = [f.name for f in fields(Pins)]
-        versions = [n for n in names if n not in ("python", "transport")]
+        versions = [n for n in names if n not in ("python", "transport", "packages")]
         items = self.mapping(node, "pins", names)
         self.require(items, ["python", *versions], key_node, "pins")
         python = self.string(items["python"][1], "pins.python", _PYTHON.fullmatch,
@@ -344,7 +362,37 @@ class _Reader:
         if "transport" in items:
             rest["transport"] = self.string(items["transport"][1], "pins.transport", TRANSPORTS.__contains__,
                                             "uv (Mac + Linux clusters) or tcp (Linux-only, stock Horovod)")
+        if "packages" in items:
+            rest["packages"] = self.packages(items["packages"][1])
         return Pins(python=python, **rest)
+
+    def packages(self, node: yaml.Node) -> tuple[str, ...]:
+        """pins.packages: a list of exact pins, each package once; left blank means none."""
+        key = "pins.packages"
+        if node.tag.endswith(":null"):
+            return ()
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.error(node, key, f"must be a list, got {_got(node)}; {_PACKAGE_HELP}")
+        pins: list[str] = []
+        first: dict[str, tuple[str, int]] = {}  # normalized name -> (pin, line)
+        for entry in node.value:
+            if not (isinstance(entry, yaml.ScalarNode) and entry.tag.endswith(":str")):
+                raise self.error(entry, key, f"each entry must be a string, got {_got(entry)}; {_PACKAGE_HELP}")
+            pin, line = entry.value, entry.start_mark.line + 1
+            if not _PACKAGE.fullmatch(pin):
+                raise self.error(entry, key, f"{pin!r} is not an exact pin; {_PACKAGE_HELP} "
+                                 "(no version ranges, URLs, extras, spaces or shell characters)")
+            name = _package_key(pin.split("==", 1)[0])
+            if name in _PINNED_ELSEWHERE:
+                raise self.error(entry, key, f"{pin!r}: {name} is installed from {_PINNED_ELSEWHERE[name]}; "
+                                 "remove it from pins.packages")
+            if name in first:
+                other, other_line = first[name]
+                raise self.error(entry, key, f"{pin!r} pins {name} again ({other!r} on line {other_line}); "
+                                 "pin each package once")
+            first[name] = (pin, line)
+            pins.append(pin)
+        return tuple(pins)
 
     def host(self, name_node: yaml.Node, node: yaml.Node) -> Host:
         name, key = name_node.value, f"hosts.{name_node.value}"

@@ -1,10 +1,10 @@
 """`invoke check`: everything a multi-host job needs, verified before any rank starts.
 
 For every host: SSH with keys only and a known host key; the env's Python, torch, torchvision,
-Horovod (version, our patch set and its Gloo transport) and hvdhetero (digest of this checkout's sources) match
-the pins and each other; the configured network interface exists; and each host reaches the
-others. Every problem names the host and what to do. `invoke train` runs the same checks and
-refuses to launch on any problem.
+Horovod (version, our patch set and its Gloo transport), hvdhetero (digest of this checkout's
+sources) and pins.packages match the pins and each other; the configured network interface
+exists; and each host reaches the others. Every problem names the host and what to do.
+`invoke train` runs the same checks and refuses to launch on any problem.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ stamp = os.path.join(sys.prefix, sys.argv[2])
 digest = json.load(open(stamp)).get("digest") if os.path.exists(stamp) else None
 print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "torch": version("torch"),
                   "torchvision": version("torchvision"), "hvdhetero": version("hvdhetero"),
-                  "digest": digest, "horovod": build, "nics": nics, "reach": reach}))
+                  "digest": digest, "horovod": build, "nics": nics, "reach": reach,
+                  "packages": {name: version(name) for name in json.loads(sys.argv[3])}}))
 """
 
 
@@ -75,7 +76,9 @@ def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool
         home = ssh.run(conn, ["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout.strip()
         py = posixpath.join(remote_provision.remote_path(host.env, home), "bin", "python")
         targets = {p.name: (p.address, p.port) for p in peers if p.name != host.name}
-        r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, json.dumps(targets), remote_provision.STAMP], timeout=60)
+        packages = json.dumps(list(inventory.pins.package_versions()))
+        r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, json.dumps(targets), remote_provision.STAMP, packages],
+                    timeout=60)
     if r.exited != 0:
         return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
                          f"({(r.stderr or r.stdout).strip()[-300:]}); run invoke provision --hosts {host.name}")
@@ -100,6 +103,7 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                                    if o is not r and o.facts)
                 r.problems.append(f"{h.name}: {name} {f[name]}, expected {want}"
                                   f"{' (' + others + ')' if others else ''}; {fix}")
+        r.problems += _package_problems(h.name, f, results, pins, fix)
         if f["digest"] != digest:
             r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
                               f"{digest}); {fix}")
@@ -116,6 +120,19 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                 r.problems.append(f"{h.name}: cannot reach {peer} over TCP; same LAN? firewall?")
         if r.problems:
             r.status = "failed"
+
+
+def _package_problems(name: str, f: dict, results: list[HostFacts], pins, fix: str) -> list[str]:
+    """A host's pins.packages against the pins, each with what the other hosts have."""
+    out = []
+    for package, want in pins.package_versions().items():
+        have = f["packages"].get(package)
+        if not same_release(have, want):
+            others = ", ".join(f"{o.host.name} has {o.facts['packages'].get(package) or 'none'}"
+                               for o in results if o.host.name != name and o.facts)
+            out.append(f"{name}: {package} {have or 'not installed'}, expected {want}"
+                       f"{' (' + others + ')' if others else ''}; {fix}")
+    return out
 
 
 def _build_problems(name: str, build: dict, results: list[HostFacts], pins, patch_set: str,

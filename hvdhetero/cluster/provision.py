@@ -1,4 +1,4 @@
-"""Installing matching environments: torch at the inventory's pins, our Horovod, hvdhetero.
+"""Installing matching environments: torch at the inventory's pins, hvdhetero, pins.packages, our Horovod.
 
 `setup_local()` brings this checkout's env (the `local` host's, `.venv` by default) to the
 inventory's pins; `ci/setup` calls it after creating the venv. Each step checks first and
@@ -80,12 +80,40 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     else:
         log("hvdhetero: editable install of this checkout is current")
 
+    installed = install_packages(python, inventory.pins, log)
+    if installed:
+        changed.append(f"packages {' '.join(installed)}")
+
     if horovod_build.install(python, log=log, transport=inventory.pins.transport):
         changed.append(f"horovod {inventory.pins.horovod} ({inventory.pins.transport})")
     verify(python)
     stamp.write_text(json.dumps({"project": project_hash(), "root": str(ROOT)}))
     log("setup: " + (f"changed {', '.join(changed)}" if changed else "nothing to change, env is up to date"))
     return changed
+
+
+def install_packages(python: str, pins: inv.Pins, log=print) -> list[str]:
+    """Install the pins.packages the env lacks at their pinned version; returns those installed."""
+    if not pins.packages:
+        return []
+    want = pins.package_versions()
+    have = installed_versions(python, list(want))
+    missing = [name for name, version in want.items() if not same_release(have[name], version)]
+    if not missing:
+        log(f"packages: {', '.join(pins.packages)} match the pins")
+        return []
+    pinned = [f"{name}=={want[name]}" for name in missing]
+    log(f"packages: installing {' '.join(pinned)} (have {', '.join(f'{n} {have[n]}' for n in missing)})")
+    pip(python, *pinned)
+    # pip takes 1.0 for 1.0.0; we compare as written, so a pin spelt otherwise would never settle.
+    after = installed_versions(python, missing)
+    for name in missing:
+        if after[name] is None:
+            raise BuildError(f"pip install {name}=={want[name]} succeeded, yet {python} has no {name}")
+        if not same_release(after[name], want[name]):
+            raise BuildError(f"pip installed {name} {after[name]} for the pin {name}=={want[name]}; write the "
+                             f"version in pins.packages as pip reports it: {name}=={after[name]}")
+    return pinned
 
 
 def verify(python: str) -> None:

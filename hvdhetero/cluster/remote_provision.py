@@ -44,6 +44,13 @@ print(json.dumps({"system": platform.system(), "machine": platform.machine(),
                   "root": hasattr(os, "geteuid") and os.geteuid() == 0, "tools": tools}))
 """
 
+# Run by the env's Python in checks: is `name` installed at `pin` (a +local build tag satisfies a bare pin)?
+SAME_PY = ("import sys; from importlib import metadata as m\n"
+           "def same(name, pin):\n"
+           "    try: v = m.version(name)\n"
+           "    except m.PackageNotFoundError: return False\n"
+           "    return v == pin or ('+' not in pin and v.split('+')[0] == pin)\n")
+
 
 @dataclass(frozen=True)
 class Step:
@@ -120,18 +127,16 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
     # Per host name: test hosts share one disk, and two uploads must not race on one file.
     remote_wheel = posixpath.join(cache, "upload", host.name, posixpath.basename(wheel))
     remote_sdist = posixpath.join(cache, "sdist", posixpath.basename(sdist))
-    versions_match = (
-        "import sys; from importlib import metadata as m\n"
-        "def same(name, pin):\n"
-        "    try: v = m.version(name)\n"
-        "    except m.PackageNotFoundError: return False\n"
-        "    return v == pin or ('+' not in pin and v.split('+')[0] == pin)\n"
-        f"sys.exit(0 if same('torch', {torch!r}) and same('torchvision', {vision!r}) else 1)")
+    versions_match = f"{SAME_PY}sys.exit(0 if same('torch', {torch!r}) and same('torchvision', {vision!r}) else 1)"
     stamp_matches = (f"import json, sys; d = json.load(open({posixpath.join(env, STAMP)!r})); "
                      f"sys.exit(0 if d.get('digest') == {digest!r} else 1)")
     sha = horovod_build.SDIST_SHA256[pins.horovod]
     sdist_ok = (f"import hashlib, sys; sys.exit(0 if hashlib.sha256(open({remote_sdist!r}, 'rb').read())"
                 f".hexdigest() == {sha!r} else 1)")
+    wanted = pins.package_versions()
+    packages_match = f"{SAME_PY}sys.exit(0 if all(same(n, v) for n, v in {wanted!r}.items()) else 1)"
+    packages = [Step(f"packages {' '.join(pins.packages)}", check=(py, "-c", packages_match),
+                     action=(py, "-m", "pip", "install", "--quiet", *pins.packages), env=penv)] if wanted else []
     return [
         Step("venv", check=("test", "-x", py), action=(host.python, "-m", "venv", env)),
         Step(f"torch {torch}", check=(py, "-c", versions_match),
@@ -140,6 +145,7 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
              action=("sh", "-c", 'set -e; "$1" -m pip install --quiet --force-reinstall --no-deps "$2"; '
                      '"$1" -m pip install --quiet "$2"; printf %s "$3" > "$4"', "sh", py, remote_wheel,
                      json.dumps({"digest": digest}), posixpath.join(env, STAMP)), env=penv),
+        *packages,
         Step("horovod sdist", check=(py, "-c", sdist_ok), upload=(sdist, remote_sdist), action=("true",)),
         Step(f"horovod {pins.horovod} ({pins.transport})",
              check=(py, "-m", "hvdhetero.cluster.horovod_build", "--check", "--transport", pins.transport),
