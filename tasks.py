@@ -119,7 +119,8 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     if script and remote:  # each host starts in its copy of the folder, named by its content
         from hvdhetero.cluster import workdir as workdir_mod
 
-        program = launch.script(rel, "~/" + workdir_mod.remote_dir(workdir_mod.digest(folder)), _script_args())
+        digest = workdir_mod.digest(folder)
+        program = launch.script(rel, "~/" + workdir_mod.remote_dir(digest), _script_args())
     argv, env = launch.command(inventory_, selected, config, program)
     print(launch.printable(argv, env))
     if dry_run:
@@ -127,7 +128,7 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     if remote:
         _preflight(inventory_, selected, accept_new=False)
         if script:
-            for host, what in workdir_mod.ship(inventory_, list(selected), folder).items():
+            for host, what in workdir_mod.ship(inventory_, list(selected), folder, expect=digest).items():
                 print(f"{host}: workdir {what}")
     launch.run(argv, env)
     print(f"run directory: {run_dir}")

@@ -112,6 +112,32 @@ def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
     assert len(set(end["param_digests"])) == 1
 
 
+def test_a_users_script_trains_across_hosts_with_its_folder_shipped(provisioned, tmp_path):
+    """`invoke train --script` across h1,h2: the script's folder goes to every host over the
+    checked SSH, named by its content; a second run copies nothing."""
+    inventory, _ = provisioned
+    project = tmp_path / "my project"  # a fresh folder, so a fresh digest
+    project.mkdir()
+    script = project / "user_train.py"
+    script.write_text((ROOT / "tests" / "scripts" / "user_train.py").read_text() + f"\n# {tmp_path.name}\n")
+    (project / "__pycache__").mkdir()
+    (project / "__pycache__" / "junk.pyc").write_bytes(b"not shipped")
+    run_dir = tmp_path / "run"
+    proc = invoke("train", "--hosts", "h1,h2", "--script", script, "--run-dir", run_dir, "--", "--epochs", "12",
+                  inventory=inventory, timeout=900, check=True)
+    shipped = re.findall(r"^(h[12]): workdir (copied|unchanged)$", proc.stdout, re.M)
+    assert sorted(h for h, _ in shipped) == ["h1", "h2"] and ("h1", "copied") in shipped, proc.stdout
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    assert records[0]["hostnames"] == ["h1", "h2"]
+    assert records[-1]["test_accuracy"] >= 0.9 and len(set(records[-1]["param_digests"])) == 1, records[-1]
+    workdirs = [d for d in Path("/root/.hvdhetero/workdirs").iterdir() if (d / "user_train.py").exists()
+                and (d / "user_train.py").read_text() == script.read_text()]
+    assert len(workdirs) == 1 and not (workdirs[0] / "__pycache__").exists()
+    again = invoke("train", "--hosts", "h1,h2", "--script", script, "--run-dir", tmp_path / "again", "--",
+                   "--epochs", "1", inventory=inventory, timeout=900, check=True)
+    assert re.findall(r"^h[12]: workdir (\w+)$", again.stdout, re.M) == ["unchanged", "unchanged"], again.stdout
+
+
 def test_h1_hostname_resolves_to_loopback_like_ubuntu(hosts):
     out = launcher("ssh", "-F", STATE / "ssh_config", "h1", "getent", "hosts", "h1", timeout=30, check=True)
     assert out.stdout.split()[0] == "127.0.1.1"  # so h1 joining the job needs our patch 0003

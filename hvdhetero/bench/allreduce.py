@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     import horovod.torch as hvd
     import torch
 
-    from hvdhetero.recipes.train import set_gloo_interface
+    from hvdhetero.rank import host as rank_host
 
     parser = argparse.ArgumentParser(prog="python -m hvdhetero.bench.allreduce")
     parser.add_argument("--sizes-mb", default="1,16,64")
@@ -55,9 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--hosts-json", default="{}")
     args = parser.parse_args(argv)
-    host = json.loads(args.hosts_json).get(os.environ.get("HOROVOD_HOSTNAME", ""), {})
-    set_gloo_interface(host)
-    hvd.init()  # Horovod: rendezvous with the other ranks
+    rank_host.join(rank_host.settings(json.loads(args.hosts_json)), pin=False)
     try:
         from horovod import hvdhetero_build
         sizes = []
