@@ -123,8 +123,8 @@ def test_a_users_script_trains_across_hosts_with_its_folder_shipped(provisioned,
     (project / "__pycache__").mkdir()
     (project / "__pycache__" / "junk.pyc").write_bytes(b"not shipped")
     run_dir = tmp_path / "run"
-    proc = invoke("train", "--hosts", "h1,h2", "--script", script, "--run-dir", run_dir, "--", "--epochs", "12",
-                  inventory=inventory, timeout=900, check=True)
+    proc = launcher(VENV_BIN / "invoke", "train", "--inventory", inventory, "--hosts", "h1,h2", "--script", script,
+                    "--run-dir", run_dir, "--", "--epochs", "12", timeout=900, check=True)
     shipped = re.findall(r"^(h[12]): workdir (copied|unchanged)$", proc.stdout, re.M)
     assert sorted(h for h, _ in shipped) == ["h1", "h2"] and ("h1", "copied") in shipped, proc.stdout
     records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
@@ -133,8 +133,8 @@ def test_a_users_script_trains_across_hosts_with_its_folder_shipped(provisioned,
     workdirs = [d for d in Path("/root/.hvdhetero/workdirs").iterdir() if (d / "user_train.py").exists()
                 and (d / "user_train.py").read_text() == script.read_text()]
     assert len(workdirs) == 1 and not (workdirs[0] / "__pycache__").exists()
-    again = invoke("train", "--hosts", "h1,h2", "--script", script, "--run-dir", tmp_path / "again", "--",
-                   "--epochs", "1", inventory=inventory, timeout=900, check=True)
+    again = launcher(VENV_BIN / "invoke", "train", "--inventory", inventory, "--hosts", "h1,h2", "--script", script,
+                     "--run-dir", tmp_path / "again", "--", "--epochs", "1", timeout=900, check=True)
     assert re.findall(r"^h[12]: workdir (\w+)$", again.stdout, re.M) == ["unchanged", "unchanged"], again.stdout
 
 

@@ -202,7 +202,8 @@ def _copy_unless_there(inventory: Inventory, host: Host, root: Path, d: str, lis
             return "unchanged"
         _expect(host, "mkdir -p " + WORKDIRS, ssh.run(conn, ["mkdir", "-p", WORKDIRS], timeout=CHECK_TIMEOUT_S))
         tmp = f"{final}.tmp-{secrets.token_hex(6)}"
-        argv = copy_command(inventory, host, root, listing, tmp)
+        # The trailing slash: a lone file would otherwise be copied *as* `tmp` (seen: one-file folder).
+        argv = copy_command(inventory, host, root, listing, tmp + "/")
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=COPY_TIMEOUT_S)
