@@ -185,9 +185,9 @@ def test_the_copy_is_sync_commands_rsync_limited_to_the_hashed_files():
     pc = Host(name="pc", address="192.168.1.20", user="me", port=2222, identity="/k/id_ed25519")
     inv = inventory(pc)
     argv = workdir.copy_command(inv, pc, Path("/home/me/proj"), Path("/tmp/list"), ".hvdhetero/workdirs/x.tmp-1")
-    sync = launch.sync_command(inv, pc, "/home/me/proj", ".hvdhetero/workdirs/x.tmp-1")
+    sync = launch.sync_command(inv, pc, "/home/me/proj", ".hvdhetero/workdirs/x.tmp-1/")
     assert argv == ["rsync", "--files-from=/tmp/list", "--from0", "--copy-links", *sync[1:]]
-    assert argv[-2:] == ["/home/me/proj/", "me@192.168.1.20:.hvdhetero/workdirs/x.tmp-1"]
+    assert argv[-2:] == ["/home/me/proj/", "me@192.168.1.20:.hvdhetero/workdirs/x.tmp-1/"]
     assert "-o StrictHostKeyChecking=yes" in argv[argv.index("-e") + 1]
 
 
@@ -205,6 +205,21 @@ def test_the_copy_ships_exactly_what_was_hashed(tmp_path):
     assert names(tmp_path / "copy") == names(folder)
     assert not (tmp_path / "copy" / "latest.py").is_symlink()
     assert workdir.digest(tmp_path / "copy") == workdir.digest(folder)
+
+
+def test_a_one_file_folder_is_copied_into_a_folder(tmp_path):
+    """rsync copies a lone listed file *as* a destination without a trailing slash: the copy
+    command always names a directory."""
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    listing = tmp_path / "list"
+    listing.write_bytes(b"train.py\0")
+    pc = Host(name="pc", address="192.168.1.20")
+    argv = workdir.copy_command(inventory(pc), pc, folder, listing, ".hvdhetero/workdirs/x.tmp-1")
+    assert argv[-1] == "192.168.1.20:.hvdhetero/workdirs/x.tmp-1/"
+    subprocess.run([*argv[:-1], str(tmp_path / "copy") + "/"], check=True, timeout=60)
+    assert (tmp_path / "copy" / "train.py").read_text() == "print('hi')\n"
 
 
 def finalize(home: Path, tmp: str, final: str) -> None:

@@ -150,8 +150,10 @@ def remote_dir(d: str) -> str:
 
 def copy_command(inventory: Inventory, host: Host, folder: Path, file_list: Path, dest: str) -> list[str]:
     """launch.sync_command's rsync over the checked ssh, copying only the files named in
-    `file_list` (NUL-separated, relative to `folder`); a symlink is copied as what it points to."""
-    argv = launch.sync_command(inventory, host, str(folder), dest)
+    `file_list` (NUL-separated, relative to `folder`) into the directory `dest`; a symlink is
+    copied as what it points to. The trailing slash on `dest`: a lone file would otherwise be
+    copied *as* `dest` (seen with a one-file folder)."""
+    argv = launch.sync_command(inventory, host, str(folder), dest.rstrip("/") + "/")
     return [argv[0], f"--files-from={file_list}", "--from0", "--copy-links", *argv[1:]]
 
 
@@ -202,8 +204,7 @@ def _copy_unless_there(inventory: Inventory, host: Host, root: Path, d: str, lis
             return "unchanged"
         _expect(host, "mkdir -p " + WORKDIRS, ssh.run(conn, ["mkdir", "-p", WORKDIRS], timeout=CHECK_TIMEOUT_S))
         tmp = f"{final}.tmp-{secrets.token_hex(6)}"
-        # The trailing slash: a lone file would otherwise be copied *as* `tmp` (seen: one-file folder).
-        argv = copy_command(inventory, host, root, listing, tmp + "/")
+        argv = copy_command(inventory, host, root, listing, tmp)
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=COPY_TIMEOUT_S)
