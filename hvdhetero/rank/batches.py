@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset, default_collate
 
 def size(batch) -> int:
     """Samples in `batch`: the first dimension of its first tensor."""
-    tensor = _first_tensor(batch)
+    tensor = first_tensor(batch)
     if tensor is None:
         raise TypeError(f"a batch must hold at least one tensor (got {type(batch).__name__}); "
                         "give prepare() a collate_fn that returns tensors")
@@ -59,12 +59,12 @@ def probe(dataset, n: int, device: torch.device, collate_fn: Callable | None = N
     return to_device(collate(dataset, [i % len(dataset) for i in range(n)], collate_fn), device)
 
 
-def _first_tensor(batch):
+def first_tensor(batch):
     if isinstance(batch, torch.Tensor):
         return batch
     values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
     for v in values:
-        found = _first_tensor(v)
+        found = first_tensor(v)
         if found is not None:
             return found
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import horovod.torch as hvd
+import torch
 
 from hvdhetero.rank import batches
 from hvdhetero.rank.balancer import Balancer
@@ -41,3 +42,28 @@ def probe_seconds(model, dataset, me: Rank, n: int, loss_fn: Callable = cross_en
     times = [forward_backward(model, batch, me, loss_fn=loss_fn)[1] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2]
+
+
+def probe_loss(model, batch) -> torch.Tensor:
+    """Calibration's stand-in for a loss: the model's output on the batch's inputs, averaged."""
+    out = model(batch[0] if isinstance(batch, (tuple, list)) else batch)
+    tensor = batches.first_tensor(out)
+    if tensor is None or not tensor.is_floating_point():
+        raise TypeError(f"the model's output holds no floating-point tensor ({type(out).__name__})")
+    return tensor.float().mean()
+
+
+class unchanged:
+    """Calibration probes run forward/backward on the real model: put back its buffers
+    (BatchNorm statistics) and leave no gradients."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.saved = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+
+    def __exit__(self, *exc):
+        for k, v in self.model.named_buffers():
+            v.copy_(self.saved[k])
+        self.model.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -35,9 +36,9 @@ import torch
 from hvdhetero import progress
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import batches, checkpoint, host, precision
+from hvdhetero.rank import batches, checkpoint, host, precision, validate
 from hvdhetero.rank.balancer import Balancer
-from hvdhetero.rank.calibrate import calibrate
+from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
@@ -93,20 +94,21 @@ class Job:
         With micro-batches the loader yields a step's share in chunks and the optimizer steps on
         the last; an LR scheduler you step every batch must be passed as `scheduler=` so that it
         too steps once per global step (one stepped per epoch needs nothing)."""
-        self._check_prepare(model, optimizer, dataset, global_batch)
+        if self._prepared is not None:
+            raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
+        validate.prepare_arguments(model, optimizer, dataset, global_batch, self.device, self.size)
         broadcast_state(model, optimizer)
         cfg = self.config
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
-        probe = loss_fn or _probe_loss
-        with _unchanged(model):
+        probe = loss_fn or probe_loss
+        with unchanged(model):
             largest = min(global_batch, self.me.max_batch or global_batch)
             try:
                 self.me.micro_batch = micro_batch_for(cfg.micro_batch, model, dataset, self.me, largest,
                                                       probe, collate_fn)
                 probe_failed = ""
             except Exception as err:  # noqa: BLE001 - any error of the user's model in a probe
-                self.me.micro_batch = int(cfg.micro_batch) if cfg.micro_batch.isdigit() else None
-                self.me.micro_batch = self.me.micro_batch or None
+                self.me.micro_batch = (int(cfg.micro_batch) or None) if cfg.micro_batch.isdigit() else None
                 probe_failed = f"{type(err).__name__}: {err}"
             failed = hvd.allgather_object(probe_failed, name="hvdhetero.probe")
             caps = hvd.allgather_object(self.me.max_batch, name="hvdhetero.caps")
@@ -249,33 +251,6 @@ class Job:
             checkpoint.save_object(obj, path)
         return path
 
-    def _check_prepare(self, model, optimizer, dataset, global_batch) -> None:
-        """Refuse, with the fix, what would go wrong later or silently."""
-        if self._prepared is not None:
-            raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
-        if not isinstance(model, torch.nn.Module):
-            raise ConfigError(f"job.prepare(model, ...): expected a torch.nn.Module, got {type(model).__name__}")
-        elsewhere = {str(p.device) for p in model.parameters()
-                     if (p.device.type, p.device.index or 0) != (self.device.type, self.device.index or 0)}
-        if elsewhere:
-            raise ConfigError(f"job.prepare(): the model has parameters on {', '.join(sorted(elsewhere))}, but this "
-                              f"rank computes on {self.device}: call model.to(job.device) before prepare()")
-        mine = {id(p) for p in model.parameters()}
-        foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
-        if foreign:
-            raise ConfigError(f"job.prepare(): the optimizer holds {foreign} parameter(s) that are not the model's: "
-                              "build it from model.parameters() after model.to(job.device)")
-        if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__") \
-                or not hasattr(dataset, "__len__"):
-            raise ConfigError(f"job.prepare(): the dataset must be map-style (__len__ and __getitem__), got "
-                              f"{type(dataset).__name__}: the balancer deals each rank its share by index")
-        if not isinstance(global_batch, int) or global_batch < self.size:
-            raise ConfigError(f"job.prepare(global_batch={global_batch!r}): must be an integer of at least the "
-                              f"number of ranks ({self.size}), so that every rank gets a sample")
-        if global_batch > len(dataset):
-            raise ConfigError(f"job.prepare(global_batch={global_batch}): the dataset holds only {len(dataset)} "
-                              "samples; lower global_batch or use a larger dataset")
-
     # -- called by the loader and the optimizer --------------------------------------------------
 
     def _on_item(self, item: Item) -> None:
@@ -318,7 +293,7 @@ class Job:
             "hostnames": socket.gethostname(), "devices": self.me.device.describe(),
             "slowdowns": self.me.slowdown, "micro_batches": self.me.micro_batch,
             "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
-        self._write("start", config=_jsonable(self.config), ranks=self.size, **gathered,
+        self._write("start", config=asdict(self.config), ranks=self.size, **gathered,
                     overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
         self._write("split", epoch=0, step=0, split=balancer.split)
         if self.precision.note:
@@ -347,40 +322,9 @@ class _Prepared:
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
 
 
-def _probe_loss(model, batch) -> torch.Tensor:
-    """Calibration's stand-in for a loss: the model's output on the batch's inputs, averaged."""
-    out = model(batch[0] if isinstance(batch, (tuple, list)) else batch)
-    tensor = batches._first_tensor(out)
-    if tensor is None or not tensor.is_floating_point():
-        raise TypeError(f"the model's output holds no floating-point tensor ({type(out).__name__})")
-    return tensor.float().mean()
-
-
-class _unchanged:
-    """Calibration probes run forward/backward on the real model: put back its buffers
-    (BatchNorm statistics) and leave no gradients."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        self.saved = {k: v.detach().clone() for k, v in self.model.named_buffers()}
-
-    def __exit__(self, *exc):
-        for k, v in self.model.named_buffers():
-            v.copy_(self.saved[k])
-        self.model.zero_grad(set_to_none=True)
-
-
 def param_digest(model: torch.nn.Module) -> str:
     """sha256 of every parameter's and buffer's bytes: equal digests mean identical replicas."""
     h = hashlib.sha256()
     for name, p in model.state_dict().items():
         h.update(name.encode() + p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def _jsonable(config: JobConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(config)
