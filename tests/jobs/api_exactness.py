@@ -61,15 +61,15 @@ for i, (name, clip, overlap, micro) in enumerate(itertools.product(["sgd", "adam
         job.backward(loss)
         if clip:
             job.clip_grad_norm_(MAX_NORM)
+        before = job.step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
-        if job._item.last:
-            # the step ended on this chunk: replay it in one process on both ranks' samples
+        if job.step > before:  # the step ended on this chunk: replay it in one process on both ranks' samples
             mine = (torch.cat([a for a, _ in seen]), torch.cat([b for _, b in seen]))
-            sizes = job._item.sizes
             both = hvd.allgather_object(mine, name=f"api.joined.{i}.{job.step}")
+            sizes = [len(b) for _, b in both]
             xb, yb = torch.cat([a for a, _ in both]), torch.cat([b for _, b in both])
             ref_opt.zero_grad(set_to_none=True)
             F.cross_entropy(ref(xb), yb).backward()
@@ -81,7 +81,7 @@ for i, (name, clip, overlap, micro) in enumerate(itertools.product(["sgd", "adam
             seen = []
         if job.step == STEPS:
             break
-    results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": list(sizes),
+    results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": sizes,
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
                     "ref_lr": [g["lr"] for g in ref_opt.param_groups],
                     "param_rel_err": rel(model.parameters(), ref.parameters())})
