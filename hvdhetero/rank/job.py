@@ -211,7 +211,7 @@ class Job:
         epoch and step; the last ones also go into the run's end record."""
         values = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scalars.items()}
         self._last_scalars.update(values)
-        self._write("log", epoch=self.epoch, step=self.step, **values)
+        self._write("log", **{"epoch": self.epoch, "step": self.step, **values})  # the script's own win
 
     @torch.no_grad()
     def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None) -> dict:

@@ -77,7 +77,7 @@ def main():
             return {"correct": (logits.argmax(1) == batch["label"]).sum(), "count": len(batch["label"])}
 
         test = job.evaluate(score, Digits(train=False))
-        job.log(test_accuracy=test["correct"] / test["count"], lr=scheduler.get_last_lr()[0])
+        job.log(epoch=epoch, test_accuracy=test["correct"] / test["count"], lr=scheduler.get_last_lr()[0])
     job.save(model.state_dict(), "model.pt")
     if job.is_main:
         print(f"user script: test accuracy {test['correct'] / test['count']:.4f}", flush=True)
