@@ -1,5 +1,5 @@
 """A user's own training script, as a user writes one (not one of our examples): its own
-dataset class yielding dicts, its own model and loss, SGD with two param groups, a StepLR
+dataset class yielding dicts and a collate_fn, its own model and loss, SGD with two param groups, a StepLR
 schedule, gradient clipping. Run by tests/test_script.py through `invoke train --script`.
 
     invoke train --script tests/scripts/user_train.py -- --epochs 8
@@ -43,6 +43,11 @@ class Net(nn.Module):
         return out + 0.0 * self.only_rank_0.sum() if rank == 0 else out
 
 
+def collate(items):
+    """The user's own collate_fn: a list of dicts into one dict of stacked tensors."""
+    return {"pixels": torch.stack([i["pixels"] for i in items]), "label": torch.stack([i["label"] for i in items])}
+
+
 def smoothed_cross_entropy(logits, target, smoothing=0.05):
     """The user's own loss: cross-entropy against label-smoothed targets (mean over the batch)."""
     logp = F.log_softmax(logits, dim=1)
@@ -61,7 +66,7 @@ def main():
                                  {"params": [*model.head.parameters(), model.only_rank_0], "lr": args.lr / 2}],
                                 lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)  # stepped per epoch
-    model, optimizer, loader = job.prepare(model, optimizer, Digits(train=True), global_batch=100)
+    model, optimizer, loader = job.prepare(model, optimizer, Digits(train=True), global_batch=100, collate_fn=collate)
     for epoch in job.epochs(args.epochs):
         model.train()
         for batch in loader:
@@ -76,7 +81,7 @@ def main():
             logits = model(batch["pixels"])
             return {"correct": (logits.argmax(1) == batch["label"]).sum(), "count": len(batch["label"])}
 
-        test = job.evaluate(score, Digits(train=False))
+        test = job.evaluate(score, Digits(train=False), collate_fn=collate)
         job.log(epoch=epoch, test_accuracy=test["correct"] / test["count"], lr=scheduler.get_last_lr()[0])
     job.save(model.state_dict(), "model.pt")
     if job.is_main:
