@@ -107,20 +107,18 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     run_dir = str(Path(run_dir).resolve()) if run_dir else str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     config = JobConfig(run_dir=run_dir, seed=int(seed), compression=compression, equal_split=equal_split,
                        slowdown=float(slowdown), micro_batch=check_micro_batch(micro_batch), precision=precision)
+    remote = not all(h.is_local for h in selected)
     if script:
-        folder, rel = workdir_of(script, workdir)
-        program = launch.script(rel, str(folder), _script_args())
+        from hvdhetero.cluster import workdir as wd
+
+        folder, rel = wd.locate(script, workdir)
+        digest = wd.digest(folder) if remote else None  # each host starts in its copy, named by content
+        program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), _script_args())
     else:
         program = launch.recipe(["--dataset", dataset, "--epochs", str(int(epochs)), "--batch-size",
                                  str(int(batch_size)), "--lr", str(float(lr)), "--optimizer", optimizer,
                                  "--data-dir", data_dir, *(["--model", model] if model else []),
                                  *(["--download"] if download else []), *_script_args()])
-    remote = not all(h.is_local for h in selected)
-    if script and remote:  # each host starts in its copy of the folder, named by its content
-        from hvdhetero.cluster import workdir as workdir_mod
-
-        digest = workdir_mod.digest(folder)
-        program = launch.script(rel, "~/" + workdir_mod.remote_dir(digest), _script_args())
     argv, env = launch.command(inventory_, selected, config, program)
     print(launch.printable(argv, env))
     if dry_run:
@@ -128,24 +126,10 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     if remote:
         _preflight(inventory_, selected, accept_new=False)
         if script:
-            for host, what in workdir_mod.ship(inventory_, list(selected), folder, expect=digest).items():
+            for host, what in wd.ship(inventory_, list(selected), folder, expect=digest).items():
                 print(f"{host}: workdir {what}")
     launch.run(argv, env)
     print(f"run directory: {run_dir}")
-
-
-def workdir_of(script: str, workdir: str) -> tuple[Path, str]:
-    """(the folder the ranks start in, the script's path inside it), or exit 2 naming the problem."""
-    path = Path(script).resolve()
-    if not path.is_file():
-        raise Exit(f"error: --script {script}: no such file", code=2)
-    folder = Path(workdir).resolve() if workdir else path.parent
-    if not folder.is_dir():
-        raise Exit(f"error: --workdir {workdir}: no such directory", code=2)
-    if not path.is_relative_to(folder):
-        raise Exit(f"error: --script {script} is not inside --workdir {folder}: the ranks start there, and "
-                   "only that folder is shipped to the hosts", code=2)
-    return folder, str(path.relative_to(folder))
 
 
 def _script_args() -> list[str]:

@@ -74,6 +74,21 @@ sys.exit("cannot rename %s to %s" % (tmp, final))
 """
 
 
+def locate(script: str, workdir: str = "") -> tuple[Path, str]:
+    """(the folder the ranks start in, the script's path inside it) for `invoke train --script
+    SCRIPT [--workdir DIR]`: DIR, by default the script's own folder."""
+    path = Path(script).resolve()
+    if not path.is_file():
+        raise ConfigError(f"--script {script}: no such file")
+    folder = Path(workdir).resolve() if workdir else path.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--workdir {workdir}: no such directory")
+    if not path.is_relative_to(folder):
+        raise ConfigError(f"--script {script} is not inside --workdir {folder}: the ranks start there, and only "
+                          "that folder is shipped to the hosts")
+    return folder, path.relative_to(folder).as_posix()
+
+
 def ignore_patterns(folder: Path) -> tuple[str, ...]:
     """The built-in globs plus those of the folder's .hvdheteroignore (blank lines and # comments
     skipped; a trailing or leading / is dropped: `data/` means the folder data)."""
