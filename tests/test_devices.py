@@ -81,6 +81,18 @@ def test_cpu_setup_splits_cores_among_local_ranks():
     assert torch.get_num_threads() == 1
 
 
+@pytest.mark.parametrize("machine, mine, local_size, threads", [
+    (8, 8, 2, 4),   # not pinned: the ranks on this machine split its cores
+    (8, 4, 2, 4),   # pinned to its share by pin_local_rank: that share, not half of it
+    (2, 1, 1, 1),   # a test host pinned to one core: one thread, not two taking turns on it
+])
+def test_cpu_threads_follow_the_cores_this_rank_may_use(monkeypatch, machine, mine, local_size, threads):
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: machine)
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(mine)))
+    devices.CPUDevice().setup(local_rank=0, local_size=local_size)
+    assert torch.get_num_threads() == threads
+
+
 @pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(),
                     reason="this machine has an accelerator")
 def test_accelerators_unavailable_here():

@@ -5,6 +5,8 @@ up, the test borrows them: it checks them and that a second state is refused, wi
 """
 
 import os
+import re
+import time
 import uuid
 from pathlib import Path
 
@@ -56,6 +58,8 @@ def test_up_ssh_down_cycle(tmp_path):
                      timeout=30, check=False)
     assert denied.returncode == 255 and "Permission denied" in denied.stderr
 
+    check_own_cores_and_shaped_links(state)
+
     if borrowed:
         refused = run_testhosts("up", "--state", tmp_path / "other", check=False)
         assert refused.returncode != 0 and "down --state" in refused.stderr
@@ -65,3 +69,41 @@ def test_up_ssh_down_cycle(tmp_path):
     assert "hvdt-" not in run_cmd(["ip", "netns", "list"], timeout=10).stdout
     assert not state.exists() and not list(Path("/etc").glob("netns/hvdt-*"))
     run_testhosts("down", "--state", state)  # safe when nothing is up
+
+
+def allowed_cores(state, host) -> set[int]:
+    line = ssh(state, host, "grep Cpus_allowed_list /proc/self/status").stdout.split()[-1]
+    cores = set()
+    for part in line.split(","):
+        lo, _, hi = part.partition("-")
+        cores |= set(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def seconds_to_fetch(state, host, megabytes=5) -> float:
+    t0 = time.monotonic()
+    ssh(state, host, f"head -c {megabytes * 10**6} /dev/zero")
+    return time.monotonic() - t0
+
+
+def check_own_cores_and_shaped_links(state):
+    """Hosts that stand for separate machines: a process an SSH login starts on h1 may use only
+    h1's cores, h2's others; --rate holds each link to the rate (5 MB at 20 Mbit: 2 s)."""
+    machine = set(os.sched_getaffinity(0))
+    h1, h2 = allowed_cores(state, "h1"), allowed_cores(state, "h2")
+    if len(machine) >= 2:
+        assert h1 and h2 and not h1 & h2 and h1 | h2 <= machine, (h1, h2)
+        assert len(h1) == len(h2) == len(machine) // 2
+    status = run_testhosts("status").stdout
+    assert re.search(r"^h1: .*cores [0-9,]+, link unshaped$", status, re.M), status
+    free = seconds_to_fetch(state, "h1")
+    run_testhosts("shape", "--state", state, "--rate", "20mbit")
+    try:
+        assert re.search(r"^h2: .*link 20Mbit$", run_testhosts("status").stdout, re.M)
+        shaped = seconds_to_fetch(state, "h1")
+    finally:
+        run_testhosts("shape", "--state", state, "--off")
+    assert shaped >= 1.6 > 3 * free, (shaped, free)  # 5 MB at 20 Mbit is 2.0 s; unshaped a fraction
+    assert "link unshaped" in run_testhosts("status").stdout
+    bad = run_testhosts("shape", "--state", state, "--rate", "fast", check=False)
+    assert bad.returncode == 2 and "--rate must be a number and a tc unit" in bad.stderr

@@ -73,8 +73,14 @@ class CPUDevice(Device):
         return True
 
     def setup(self, local_rank: int, local_size: int) -> None:
-        """Split the cores among co-located ranks so they don't oversubscribe them."""
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+        """Split the cores among co-located ranks so they don't oversubscribe them. The cores
+        this process may use, not the machine's: a rank pinned to one core (by pin_local_rank,
+        or a host whose sshd is pinned, as the test hosts are) runs one thread, not two that
+        take turns on it."""
+        machine = os.cpu_count() or 1
+        mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+        # Pinned to a share already: that share is this rank's; else the ranks here split the machine.
+        torch.set_num_threads(mine if mine < machine else max(1, machine // max(1, local_size)))
 
     def describe(self) -> str:
         """e.g. 'cpu (8 threads)'."""
