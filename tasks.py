@@ -92,13 +92,18 @@ def test(c):
     "precision": "mixed precision in job.autocast(): fp32, bf16 or fp16 (mapped per device: fp16 with loss "
                  "scaling on cuda/mps, bf16 on cpu)",
     "micro_batch": "most samples per forward/backward, gradients accumulating: auto (timed per rank), 0 (all) or N",
+    "sync": "step (gradients every step), local:H (parameters averaged every H steps) or diloco:H (outer "
+            "Nesterov step on the averaged change every H steps)",
+    "outer_lr": "diloco: the outer learning rate",
+    "outer_momentum": "diloco: the outer Nesterov momentum",
     "seed": "seeds the model's initial weights, the shuffling and dropout",
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
 def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3,
           optimizer="adam", data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0,
-          equal_split=False, compression="none", precision="fp32", micro_batch="auto", seed=0, dry_run=False):
+          equal_split=False, compression="none", precision="fp32", micro_batch="auto", sync="step", outer_lr=0.7,
+          outer_momentum=0.9, seed=0, dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     inventory_ = inv.load(inventory or inv.default_path())
@@ -106,7 +111,8 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     name = Path(script).stem if script else dataset
     run_dir = str(Path(run_dir).resolve()) if run_dir else str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     config = JobConfig(run_dir=run_dir, seed=int(seed), compression=compression, equal_split=equal_split,
-                       slowdown=float(slowdown), micro_batch=check_micro_batch(micro_batch), precision=precision)
+                       slowdown=float(slowdown), micro_batch=check_micro_batch(micro_batch), precision=precision,
+                       sync=sync, outer_lr=float(outer_lr), outer_momentum=float(outer_momentum))
     remote = not all(h.is_local for h in selected)
     if script:
         from hvdhetero.cluster import workdir as wd

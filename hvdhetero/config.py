@@ -44,11 +44,24 @@ class JobConfig:
     precision: str = "fp32"
     """Mixed precision inside `job.autocast()`: fp32 (off), bf16 or fp16, mapped per device
     (rank/precision.py): fp16 with loss scaling on CUDA and MPS, bf16 on CPU and CUDA."""
+    sync: str = "step"
+    """How often the ranks meet: step (gradients reduced every step), local:H (each rank steps
+    alone; every H steps the parameters are averaged, weighted by the samples each processed) or
+    diloco:H (every H steps the weighted mean of the ranks' parameter changes is the gradient of
+    an outer Nesterov SGD step)."""
+    outer_lr: float = 0.7
+    """diloco: the outer optimizer's learning rate (DiLoCo's published 0.7)."""
+    outer_momentum: float = 0.9
+    """diloco: the outer optimizer's Nesterov momentum (DiLoCo's published 0.9)."""
     hosts: dict = field(default_factory=dict)
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
     def __post_init__(self):
         check_micro_batch(self.micro_batch)
+        check_sync(self.sync)
+        if not (self.outer_lr > 0 and 0 <= self.outer_momentum < 1):
+            raise ConfigError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {self.outer_lr!r} and "
+                              f"{self.outer_momentum!r}")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
         if self.precision not in PRECISIONS:
@@ -69,6 +82,20 @@ class JobConfig:
             raise ConfigError(f"job settings: unknown keys {unknown}; allowed: {', '.join(sorted(known))} "
                               "(is the launcher's hvdhetero the same version as this host's?)")
         return cls(**values)
+
+
+SYNC_KINDS = ("step", "local", "diloco")
+
+
+def check_sync(value: str) -> tuple[str, int]:
+    """A --sync setting as (kind, every H steps): step, local:H or diloco:H; else ConfigError."""
+    kind, _, every = str(value).partition(":")
+    if kind == "step" and not every:
+        return "step", 1
+    if kind in ("local", "diloco") and every.isdigit() and int(every) >= 1:
+        return kind, int(every)
+    raise ConfigError(f"--sync must be step, local:H or diloco:H with H a positive integer (steps between "
+                      f"exchanges), got {value!r}")
 
 
 def check_micro_batch(value) -> str:

@@ -50,6 +50,10 @@ def test_what_the_launcher_writes_is_what_the_rank_reads():
     ({"precision": "fp8"}, "--precision must be one of fp32, bf16, fp16, got 'fp8'"),
     ({"slowdown": 0.5}, "--slowdown must be a number >= 1"),
     ({"micro_batch": "-3"}, "--micro-batch must be auto, 0 or a positive integer, got '-3'"),
+    ({"sync": "diloco"}, "--sync must be step, local:H or diloco:H with H a positive integer"),
+    ({"sync": "local:0"}, "got 'local:0'"),
+    ({"sync": "every:3"}, "got 'every:3'"),
+    ({"outer_momentum": 1.0}, "--outer-momentum in [0, 1)"),
 ])
 def test_job_settings_are_checked_where_they_are_made(values, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -57,8 +61,8 @@ def test_job_settings_are_checked_where_they_are_made(values, message):
 
 
 def test_a_job_setting_the_rank_does_not_know_is_named():
-    with pytest.raises(ConfigError, match=r"unknown keys \['sync'\]"):
-        JobConfig.from_json('{"sync": "diloco:8"}')
+    with pytest.raises(ConfigError, match=r"unknown keys \['syncing'\]"):
+        JobConfig.from_json('{"syncing": "diloco:8"}')
 
 
 def test_printable_command_quotes_every_word():

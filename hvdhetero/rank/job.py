@@ -34,7 +34,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero import progress
-from hvdhetero.config import JobConfig
+from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import batches, checkpoint, host, precision, validate
 from hvdhetero.rank.balancer import Balancer
@@ -44,6 +44,7 @@ from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 from hvdhetero.rank.step import micro_batch_for
+from hvdhetero.rank.sync import ParameterSync
 
 
 class Job:
@@ -70,6 +71,7 @@ class Job:
         self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
         self._accumulating = self._skip = self._reduced = False
         self._loss_sum = self._samples = self._global_samples = 0.0
+        self._sync: ParameterSync | None = None
         self._last_scalars: dict = {}
         self._started = self._epoch_started = time.perf_counter()
         self._epochs = 1
@@ -122,10 +124,13 @@ class Job:
                   "equal split and balancing from the first steps (pass loss_fn=... to prepare)", flush=True)
         sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
         loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
-                        on_item=self._on_item, epoch=lambda: self.epoch)
+                        on_item=self._on_item, epoch=lambda: self.epoch, on_end=self._on_epoch_drawn)
         wrapped = JobOptimizer(optimizer, self)
         if scheduler is not None:
             scheduler.step = self._once_per_step(scheduler.step)
+        kind, every = check_sync(cfg.sync)
+        self._sync = None if kind == "step" else ParameterSync(model, kind, every, cfg.compression, cfg.outer_lr,
+                                                                  cfg.outer_momentum)
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
         self._start_log(balancer)
         return model, wrapped, loader
@@ -142,7 +147,7 @@ class Job:
             scale *= self.loss_scale.scale
         weight = item.share / sum(item.sizes)
         unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
-        if item.last and self.config.overlap:
+        if item.last and self.config.overlap and self._sync is None:
             p.reducer.prepare(weight * unscale)
         (loss * scale if scale != 1.0 else loss).backward()
         if not item.last:
@@ -152,6 +157,9 @@ class Job:
         began, busy0, slept = self._began
         self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
         seconds = time.perf_counter() - began
+        if self._sync is not None:  # local:H / diloco:H: this rank steps on its own gradient
+            self._local_step(item, seconds, unscale)
+            return
         # Each rank's step time rides along with the gradients: every rank gets all of them.
         reduce_started = time.perf_counter()
         times = p.reducer.reduce(weight * unscale, extras=host.one_hot(seconds))
@@ -167,6 +175,25 @@ class Job:
             if new:
                 at = p.loader.resplit(new, item.step)
                 self._write("split", step=at, split=new)
+        self._report(item)
+
+    def _local_step(self, item: Item, seconds: float, unscale: float) -> None:
+        """Between exchanges: unscale this rank's own gradient, skip alone if it overflowed."""
+        grads = [q.grad for q in self._sync.params if q.grad is not None]
+        if unscale != 1.0:
+            for g in grads:
+                g.mul_(unscale)
+        self._skip = self.loss_scale is not None and not all(bool(torch.isfinite(g).all()) for g in grads)
+        if self.loss_scale is not None:
+            self.loss_scale.update(self._skip)
+        self._accumulating, self._reduced = False, True
+        self._samples += item.share
+        self._global_samples += sum(item.sizes)
+        self.last_step_seconds = (seconds, 0.0)
+        self._report(item)
+
+    def _report(self, item: Item) -> None:
+        p = self._prepared
         if self.is_main and self.report_progress:
             progress.report(epoch=self.epoch, epochs=self._epochs, step=item.step % len(p.loader) + 1,
                             steps=len(p.loader), loss=self._loss_sum / max(self._samples, 1),
@@ -179,6 +206,8 @@ class Job:
         p = self._prepared
         if p is None or self._accumulating or not self._reduced:
             return None
+        if self._sync is not None:  # each rank's own gradient, clipped on its own
+            return torch.nn.utils.clip_grad_norm_(self._sync.params, max_norm, norm_type)
         total = p.reducer.grad_norm(norm_type)
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:
@@ -273,6 +302,34 @@ class Job:
         self._reduced = False
         self.step += 1
         return not self._skip
+
+    def _on_epoch_drawn(self) -> None:
+        """The loader's epoch ended: with --sync local/diloco, a partial round is exchanged now,
+        so that what the script evaluates or saves is one model on every rank."""
+        if self._sync is not None:
+            self._exchanged(self._sync.flush())
+
+    def _after_step(self) -> None:
+        """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
+        and, at a round's end, exchange parameters and feed the balancer the round's times."""
+        item = self._item
+        if self._sync is None or item is None:
+            return
+        self._exchanged(self._sync.after_step(item.share, self.last_step_seconds[0]))
+
+    def _exchanged(self, times: list[float] | None) -> None:
+        """After an exchange (times: every rank's mean step seconds of the round): metrics and
+        the balancer; nothing when there was none."""
+        item, p = self._item, self._prepared
+        if times is None or item is None:
+            return
+        self._write("exchange", step=self.step, round=self._sync.rounds, split=list(p.sampler.batch_sizes),
+                    seconds=round(self._sync.last_exchange_s, 4))
+        if not self.config.equal_split:
+            new = p.balancer.observe(times, list(item.sizes), step=item.step)
+            if new:
+                at = p.loader.resplit(new, item.step)
+                self._write("split", step=at, split=new)
 
     def _once_per_step(self, step: Callable) -> Callable:
         def between_micro_batches_nothing(*args, **kwargs):

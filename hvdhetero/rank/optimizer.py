@@ -36,9 +36,13 @@ class JobOptimizer(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     def step(self, closure=None):
+        if self.job._accumulating:
+            return None
+        out = None
         if self.job._stepped():
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        return None
+            out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        self.job._after_step()
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.job._zero_grad_allowed():
