@@ -17,7 +17,7 @@ from invoke.parser import Argument
 
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
-from hvdhetero.config import JobConfig, check_micro_batch
+from hvdhetero.config import JobConfig, check_micro_batch, check_sync
 from hvdhetero.errors import HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
@@ -168,6 +168,7 @@ def build_horovod(c, install=False):
     "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
     "dry_run": "print the horovodrun command and exit",
     "micro_batch": "chunk size of the solo and hvdhetero phases: auto (timed per rank), 0 (whole batch) or N",
+    "sync": "the hvdhetero phase's sync mode: step, local:H or diloco:H (the engine phase reduces every step)",
     "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
     "sizes_mb": "with --allreduce: buffer sizes in MB",
     "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
@@ -175,7 +176,8 @@ def build_horovod(c, install=False):
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
-          inventory=None, dry_run=False, micro_batch="auto", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
+          inventory=None, dry_run=False, micro_batch="auto", sync="step", allreduce=False, sizes_mb="1,16,64",
+          transports="uv,tcp", rounds=3):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
     if allreduce:
@@ -191,7 +193,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
         return
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
              "--min-seconds", str(float(min_seconds)),
-             "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch)] + (["--out", str(Path(out).resolve())] if out else [])
+             "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch),
+             "--sync", "%s:%d" % check_sync(sync) if sync != "step" else "step"] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))

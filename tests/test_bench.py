@@ -60,3 +60,11 @@ def test_bench_writes_the_documented_json(tmp_path):
         [e / o - 1 for e, o in zip(result["engine"]["per_round_samples_per_s"],
                                    result["hvdhetero"]["per_round_samples_per_s"])]))
     assert "public API overhead" in proc.stdout
+
+
+def test_bench_takes_a_sync_mode_for_the_hvdhetero_phase_and_refuses_a_bad_one():
+    ok = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "diloco:8", "--dry-run"], timeout=60)
+    assert "--sync diloco:8" in ok.stdout
+    bad = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "diloco", "--dry-run"], timeout=60, check=False)
+    assert bad.returncode == 2 and "--sync must be step, local:H or diloco:H" in bad.stderr
+    assert "horovodrun" not in bad.stdout
