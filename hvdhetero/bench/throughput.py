@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -219,7 +220,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     model, optimizer = build()
     config = JobConfig(run_dir=tempfile.mkdtemp(prefix="hvdhetero-bench-"), slowdown=args.slowdown, sync=args.sync,
                        overlap=args.overlap, micro_batch=str(chunk or 0))
-    job = Job(replace_hosts(config, args.hosts), pin=args.pin)
+    job = Job(replace(config, hosts=args.hosts), pin=args.pin)
     job.report_progress = False  # the benchmark prints its own table
     # The API deals each epoch out once: a dataset of exactly 4 global batches, so that every
     # step is a whole one (a short last step credited as a whole made hvdhetero look 11% faster
@@ -250,12 +251,6 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
 
     step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
     return step
-
-
-def replace_hosts(config: JobConfig, hosts: dict) -> JobConfig:
-    from dataclasses import replace
-
-    return replace(config, hosts=hosts)
 
 
 def engine_step(args, build, dataset, me: Rank):

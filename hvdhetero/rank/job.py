@@ -157,39 +157,27 @@ class Job:
         began, busy0, slept = self._began
         self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
         seconds = time.perf_counter() - began
-        if self._sync is not None:  # local:H / diloco:H: this rank steps on its own gradient
-            self._local_step(item, seconds, unscale)
-            return
-        # Each rank's step time rides along with the gradients: every rank gets all of them.
-        reduce_started = time.perf_counter()
-        times = p.reducer.reduce(weight * unscale, extras=host.one_hot(seconds))
-        self.last_step_seconds = (seconds, time.perf_counter() - reduce_started)
+        if self._sync is None:
+            # Each rank's step time rides along with the gradients: every rank gets all of them.
+            reduce_started = time.perf_counter()
+            times = p.reducer.reduce(weight * unscale, extras=host.one_hot(seconds))
+            self.last_step_seconds = (seconds, time.perf_counter() - reduce_started)
+            overflowed = self.loss_scale is not None and p.reducer.overflowed()  # a pass over every gradient
+        else:  # local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone
+            grads = [q.grad for q in self._sync.params if q.grad is not None]
+            if unscale != 1.0:
+                for g in grads:
+                    g.mul_(unscale)
+            times, self.last_step_seconds = None, (seconds, 0.0)
+            overflowed = self.loss_scale is not None and not all(bool(torch.isfinite(g).all()) for g in grads)
         self._accumulating, self._reduced = False, True
-        self._skip = self.loss_scale is not None and p.reducer.overflowed()
+        self._skip = overflowed
         if self.loss_scale is not None:
             self.loss_scale.update(self._skip)
         self._samples += item.share
         self._global_samples += sum(item.sizes)
-        if not self.config.equal_split:
-            new = p.balancer.observe(times, list(item.sizes), step=item.step)
-            if new:
-                at = p.loader.resplit(new, item.step)
-                self._write("split", step=at, split=new)
-        self._report(item)
-
-    def _local_step(self, item: Item, seconds: float, unscale: float) -> None:
-        """Between exchanges: unscale this rank's own gradient, skip alone if it overflowed."""
-        grads = [q.grad for q in self._sync.params if q.grad is not None]
-        if unscale != 1.0:
-            for g in grads:
-                g.mul_(unscale)
-        self._skip = self.loss_scale is not None and not all(bool(torch.isfinite(g).all()) for g in grads)
-        if self.loss_scale is not None:
-            self.loss_scale.update(self._skip)
-        self._accumulating, self._reduced = False, True
-        self._samples += item.share
-        self._global_samples += sum(item.sizes)
-        self.last_step_seconds = (seconds, 0.0)
+        if times is not None:
+            self._rebalance(times, item)
         self._report(item)
 
     def _report(self, item: Item) -> None:
@@ -291,10 +279,8 @@ class Job:
             self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
 
     def _stepped(self) -> bool:
-        """The prepared optimizer asks whether to step: not between micro-batches, not when the
-        step's reduced gradients overflowed (every rank skips alike)."""
-        if self._accumulating:
-            return False
+        """The prepared optimizer asks whether to step: not when the step's reduced gradients overflowed (every rank skips alike). Called only once a step's
+        last micro-batch is in (the prepared optimizer does nothing between them)."""
         if self._prepared is not None and self._item is not None and not self._reduced:
             raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
@@ -325,19 +311,22 @@ class Job:
             return
         self._write("exchange", step=self.step, round=self._sync.rounds, split=list(p.sampler.batch_sizes),
                     seconds=round(self._sync.last_exchange_s, 4))
-        if not self.config.equal_split:
-            new = p.balancer.observe(times, list(item.sizes), step=item.step)
-            if new:
-                at = p.loader.resplit(new, item.step)
-                self._write("split", step=at, split=new)
+        self._rebalance(times, item)
+
+    def _rebalance(self, times: list[float], item: Item) -> None:
+        """Every rank's step seconds to the balancer; a new split reaches the loader (and the
+        metrics) for the step it takes effect at."""
+        p = self._prepared
+        if self.config.equal_split:
+            return
+        new = p.balancer.observe(times, list(item.sizes), step=item.step)
+        if new:
+            self._write("split", step=p.loader.resplit(new, item.step), split=new)
 
     def _once_per_step(self, step: Callable) -> Callable:
         def between_micro_batches_nothing(*args, **kwargs):
             return None if self._accumulating else step(*args, **kwargs)
         return between_micro_batches_nothing
-
-    def _zero_grad_allowed(self) -> bool:
-        return not self._accumulating
 
     # -- metrics ---------------------------------------------------------------------------------
 

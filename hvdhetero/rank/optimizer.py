@@ -45,7 +45,7 @@ class JobOptimizer(torch.optim.Optimizer):
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.job._zero_grad_allowed():
+        if not self.job._accumulating:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):

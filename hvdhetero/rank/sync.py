@@ -21,6 +21,7 @@ import time
 import horovod.torch as hvd
 import torch
 
+from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
 
 
@@ -61,9 +62,8 @@ class ParameterSync:
     def exchange(self) -> list[float]:
         """The round's end, on every rank together (a collective)."""
         started = time.perf_counter()
-        one_hot = [0.0] * hvd.size()
-        one_hot[hvd.rank()] = self.seconds / self.round_steps
-        total, *times = allreduce_sum([float(self.samples), *one_hot], f"hvdhetero.sync.counts.{self.rounds}")
+        total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
+                                      f"hvdhetero.sync.counts.{self.rounds}")
         weight = self.samples / total
         mine = [p.detach().to("cpu", torch.float32) for p in self.params]
         if self.kind == "diloco":
