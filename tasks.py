@@ -94,6 +94,8 @@ def test(c):
     "micro_batch": "most samples per forward/backward, gradients accumulating: auto (timed per rank), 0 (all) or N",
     "sync": "step (gradients every step), local:H (parameters averaged every H steps) or diloco:H (outer "
             "Nesterov step on the averaged change every H steps)",
+    "overlap_sync": "local/diloco: each round's exchange runs behind the next round's compute, applied one round "
+                    "late",
     "outer_lr": "diloco: the outer learning rate",
     "outer_momentum": "diloco: the outer Nesterov momentum",
     "seed": "seeds the model's initial weights, the shuffling and dropout",
@@ -103,7 +105,7 @@ def test(c):
 def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3,
           optimizer="adam", data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0,
           equal_split=False, compression="none", precision="fp32", micro_batch="auto", sync="step", outer_lr=0.7,
-          outer_momentum=0.9, seed=0, dry_run=False):
+          outer_momentum=0.9, overlap_sync=False, seed=0, dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     inventory_ = inv.load(inventory or inv.default_path())
@@ -112,7 +114,8 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     run_dir = str(Path(run_dir).resolve()) if run_dir else str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     config = JobConfig(run_dir=run_dir, seed=int(seed), compression=compression, equal_split=equal_split,
                        slowdown=float(slowdown), micro_batch=check_micro_batch(micro_batch), precision=precision,
-                       sync=sync, outer_lr=float(outer_lr), outer_momentum=float(outer_momentum))
+                       sync=sync, overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr),
+                       outer_momentum=float(outer_momentum))
     remote = not all(h.is_local for h in selected)
     if script:
         from hvdhetero.cluster import workdir as wd
@@ -169,6 +172,7 @@ def build_horovod(c, install=False):
     "dry_run": "print the horovodrun command and exit",
     "micro_batch": "chunk size of the solo and hvdhetero phases: auto (timed per rank), 0 (whole batch) or N",
     "sync": "the hvdhetero phase's sync mode: step, local:H or diloco:H (the engine phase reduces every step)",
+    "overlap_sync": "local/diloco: the hvdhetero phase's exchange runs behind compute, applied one round late",
     "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
     "sizes_mb": "with --allreduce: buffer sizes in MB",
     "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
@@ -176,8 +180,8 @@ def build_horovod(c, install=False):
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
-          inventory=None, dry_run=False, micro_batch="auto", sync="step", allreduce=False, sizes_mb="1,16,64",
-          transports="uv,tcp", rounds=3):
+          inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False, allreduce=False,
+          sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
     if allreduce:
@@ -194,7 +198,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
              "--min-seconds", str(float(min_seconds)),
              "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch),
-             "--sync", "%s:%d" % check_sync(sync) if sync != "step" else "step"] + (["--out", str(Path(out).resolve())] if out else [])
+             "--sync", "%s:%d" % check_sync(sync) if sync != "step" else "step",
+             *(["--overlap-sync"] if overlap_sync else [])] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))

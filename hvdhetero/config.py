@@ -49,6 +49,9 @@ class JobConfig:
     alone; every H steps the parameters are averaged, weighted by the samples each processed) or
     diloco:H (every H steps the weighted mean of the ranks' parameter changes is the gradient of
     an outer Nesterov SGD step)."""
+    overlap_sync: bool = False
+    """local/diloco: the round's exchange runs in the background while the next round computes
+    and is applied one round late (rank/sync.py says what that delay means)."""
     outer_lr: float = 0.7
     """diloco: the outer optimizer's learning rate (DiLoCo's published 0.7)."""
     outer_momentum: float = 0.9
@@ -58,7 +61,9 @@ class JobConfig:
 
     def __post_init__(self):
         check_micro_batch(self.micro_batch)
-        check_sync(self.sync)
+        if check_sync(self.sync)[0] == "step" and self.overlap_sync:
+            raise ConfigError("--overlap-sync needs --sync local:H or diloco:H (step sync already overlaps "
+                              "each step's reduction with backward)")
         if not (self.outer_lr > 0 and 0 <= self.outer_momentum < 1):
             raise ConfigError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {self.outer_lr!r} and "
                               f"{self.outer_momentum!r}")

@@ -54,6 +54,7 @@ def test_what_the_launcher_writes_is_what_the_rank_reads():
     ({"sync": "local:0"}, "got 'local:0'"),
     ({"sync": "every:3"}, "got 'every:3'"),
     ({"outer_momentum": 1.0}, "--outer-momentum in [0, 1)"),
+    ({"overlap_sync": True}, "--overlap-sync needs --sync local:H or diloco:H"),
 ])
 def test_job_settings_are_checked_where_they_are_made(values, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -34,11 +34,27 @@ def test_every_h_steps_the_ranks_meet_as_the_replay_says(results, mode):
     assert r["param_rel_err"] <= 1e-5 and r["moved"] > 1e-3, r
 
 
-def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path):
-    run_cmd([VENV_BIN / "invoke", "train", "--epochs", "4", "--sync", "diloco:4", "--run-dir", tmp_path], timeout=600)
+@pytest.mark.parametrize("mode", ["local:3 overlapped", "diloco:3 overlapped"])
+def test_overlapped_exchange_lands_one_round_late(results, mode):
+    """Each round's mean change is applied at the end of the next round, each rank keeping its own
+    unexchanged round on top (rank/sync.py): the replay of that rule matches, the replay that
+    applies it at once does not, and after 3 rounds 2 are in the global model."""
+    r = results[mode]
+    assert r["steps"] == 9 and r["rounds"] == 3 and r["applied"] == 2, r
+    assert r["param_rel_err"] <= 1e-5 and r["moved"] > 1e-3, r
+    assert r["at_once_rel_err"] > 100 * max(r["param_rel_err"], 1e-7), r
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["at-once", "overlapped"])
+def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path, overlap):
+    run_cmd([VENV_BIN / "invoke", "train", "--epochs", "4", "--sync", "diloco:4", "--run-dir", tmp_path,
+             *(["--overlap-sync"] if overlap else [])], timeout=600)
     records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
     exchanges = [r for r in records if r["event"] == "exchange"]
     assert len(exchanges) == 4 * 6, "23 steps an epoch: 5 rounds of 4 and the epoch's last 3"
     assert all(sum(e["split"]) == 64 and e["seconds"] > 0 for e in exchanges)
+    # Overlapped, a round lands at the next one's end; the epoch's last round lands at once.
+    late = [e["round"] - e["applied"] for e in exchanges]
+    assert late == ([1] * 5 + [0]) * 4 if overlap else set(late) == {0}, late
     end = records[-1]
     assert end["test_accuracy"] >= 0.9 and len(set(end["param_digests"])) == 1, end

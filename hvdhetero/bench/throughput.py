@@ -67,6 +67,8 @@ def parse_args(argv):
                         help="give each CPU rank its own cores (as training does)")
     parser.add_argument("--sync", default="step", help="the hvdhetero phase's sync mode: step, local:H or diloco:H "
                         "(the engine phase always reduces every step)")
+    parser.add_argument("--overlap-sync", action="store_true",
+                        help="local/diloco: exchange in the background, applied one round late")
     parser.add_argument("--micro-batch", default="auto",
                         help="chunk size of solo and hvdhetero steps: auto (timed per rank), 0 (whole batch) "
                              "or N; plain Horovod always runs its whole batch (hvd.DistributedOptimizer "
@@ -219,7 +221,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     forward, `job.backward`, `optimizer.step()`; one call is one global step (all its chunks)."""
     model, optimizer = build()
     config = JobConfig(run_dir=tempfile.mkdtemp(prefix="hvdhetero-bench-"), slowdown=args.slowdown, sync=args.sync,
-                       overlap=args.overlap, micro_batch=str(chunk or 0))
+                       overlap_sync=args.overlap_sync, overlap=args.overlap, micro_batch=str(chunk or 0))
     job = Job(replace(config, hosts=args.hosts), pin=args.pin)
     job.report_progress = False  # the benchmark prints its own table
     # The API deals each epoch out once: a dataset of exactly 4 global batches, so that every
@@ -296,6 +298,10 @@ def where_time_goes(timings: list[tuple[float, float, float]]) -> dict:
             "steps_ms": [[round(1e3 * t, 2) for t in step] for step in timings]}
 
 
+def sync_name(args) -> str:
+    return args.sync + (" overlapped" if args.overlap_sync else "")
+
+
 def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict) -> None:
     """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
     ratios within each round (paired, so the VM's drift between rounds cancels)."""
@@ -311,7 +317,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         job["efficiency"] = med(rates[r] / total_r[r] for r in rounds)
         job["vs_fastest"] = med(rates[r] / fastest_r[r] for r in rounds)
     result = {
-        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "dataset": args.dataset,
+        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync, "dataset": args.dataset,
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
                    "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,
                    "warmup": args.warmup, "timed_steps": counts},
@@ -334,7 +340,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
               f"{ours['split']}, chunks {ours['micro_batches']}"),
              ("engine (no API)", engine["samples_per_s"], engine["efficiency"], engine["vs_fastest"],
               str(engine["split"]))]
-    print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, hvdhetero --sync {args.sync}, global batch "
+    print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, hvdhetero --sync {sync_name(args)}, global batch "
           f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats} rounds; "
           f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}, "
           f"engine {counts['engine']}")
@@ -353,7 +359,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         print(f"public API overhead (engine alone / hvdhetero, paired per round): {result['api_overhead']:+.2%}",
               flush=True)
     else:
-        print(f"hvdhetero --sync {args.sync} / step sync (engine), paired per round: "
+        print(f"hvdhetero --sync {sync_name(args)} / step sync (engine), paired per round: "
               f"{1 / (1 + result['api_overhead']):.3f}x", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -130,7 +130,7 @@ class Job:
             scheduler.step = self._once_per_step(scheduler.step)
         kind, every = check_sync(cfg.sync)
         self._sync = None if kind == "step" else ParameterSync(model, kind, every, cfg.compression, cfg.outer_lr,
-                                                                  cfg.outer_momentum)
+                                                                  cfg.outer_momentum, cfg.overlap_sync)
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
         self._start_log(balancer)
         return model, wrapped, loader
@@ -309,7 +309,7 @@ class Job:
         item, p = self._item, self._prepared
         if times is None or item is None:
             return
-        self._write("exchange", step=self.step, round=self._sync.rounds, split=list(p.sampler.batch_sizes),
+        self._write("exchange", step=self.step, round=self._sync.rounds, applied=self._sync.applied, split=list(p.sampler.batch_sizes),
                     seconds=round(self._sync.last_exchange_s, 4))
         self._rebalance(times, item)
 

@@ -1,4 +1,4 @@
-"""Syncing every H steps instead of every step: local SGD and DiLoCo.
+"""Syncing every H steps instead of every step: local SGD and DiLoCo, optionally overlapped.
 
 With `--sync local:H` or `--sync diloco:H` each rank steps its own optimizer on its own share's
 gradient (nothing crosses the link), and every H optimizer steps the ranks' parameters meet in
@@ -12,6 +12,24 @@ local:1 with plain SGD is exactly step sync: sum_i w_i (theta - lr g_i) = theta 
 The inner optimizer's state (momentum, Adam moments) stays each rank's own, as in the papers;
 the outer optimizer's state is float32 on the CPU and identical on every rank (same inputs).
 Floating-point buffers (BatchNorm statistics) are averaged with the same weights.
+
+Overlapped (`--overlap-sync`): the allreduce of round r runs in Horovod's background thread while
+round r+1 computes, and is applied one round late. Every rank keeps the global model theta_g
+(the same on every rank) and its own progress of the round, d_i = (round start) - (round end):
+
+    end of round r:   wait for round r-1's mean change D_{r-1} = sum_i w_i d_i^{r-1};
+                      theta_g <- outer step on D_{r-1}  (local: theta_g - D_{r-1}; diloco: Nesterov)
+                      this rank continues from theta_g - d_i^r  (its own round r progress kept)
+                      start the allreduce of w_i d_i^r  (applied at the end of round r+1)
+
+So at any time a rank's model is the global model with every round up to r-1 applied plus its
+own unexchanged progress of round r. What the delay costs: each rank's round r+1 starts without
+the other ranks' round r work (it sees it one round later), as in streaming DiLoCo's overlapped
+communication and "eager updates"; with H steps per round the information from the other ranks
+is H..2H steps old instead of 0..H. Without overlap, local:H is the same rule with theta_g = the
+round's average, so the two differ only by when the others' progress arrives. At an epoch's end
+(`flush`) the pending and the partial round are both applied synchronously: evaluation and
+checkpoints see one model on every rank.
 """
 
 from __future__ import annotations
@@ -25,24 +43,37 @@ from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
 
 
+def _cpu(tensors) -> list[torch.Tensor]:
+    return [t.detach().to("cpu", torch.float32, copy=True) for t in tensors]
+
+
 class ParameterSync:
     """Counts a rank's steps and samples; every `every` steps, the exchange."""
 
     def __init__(self, model: torch.nn.Module, kind: str, every: int, compression: str = "none",
-                 outer_lr: float = 0.7, outer_momentum: float = 0.9):
-        self.kind, self.every = kind, every
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, overlap: bool = False):
+        self.kind, self.every, self.overlap = kind, every, overlap
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.wire = WIRE_DTYPES[compression]
-        self.start = [p.detach().to("cpu", torch.float32, copy=True) for p in self.params]
+        self.start = _cpu(self.params)
+        """The round's start: the global model (without overlap, also this rank's round start)."""
+        self.start_buffers = _cpu(self.buffers)
+        self.local_start: list[torch.Tensor] | None = None
+        self._local_buffers: list[torch.Tensor] | None = None
+        """Overlap: this rank's own round start (global model minus its unexchanged progress)."""
         self.outer = None
         if kind == "diloco":
             self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=True)
         self.steps = self.samples = self.round_steps = 0
         self.seconds = 0.0
         self.rounds = 0
+        self.applied = 0
+        """Rounds whose mean change is in the global model (overlapped: one behind `rounds`)."""
+        self._pending = None
+        """Overlap: the Horovod handle of the allreduce in flight."""
         self.last_exchange_s = 0.0
-        """Seconds the last exchange took on this rank (waiting for the slower one included)."""
+        """Seconds the last exchange blocked this rank (waiting for the slower one included)."""
 
     def after_step(self, samples: int, seconds: float) -> list[float] | None:
         """Record one optimizer step of this rank; at the round's end exchange and return every
@@ -57,14 +88,38 @@ class ParameterSync:
 
     def flush(self) -> list[float] | None:
         """End a partial round (the epoch's end: evaluation and checkpoints see one model)."""
-        return self.exchange() if self.round_steps else None
+        if not self.round_steps and self._pending is None:
+            return None
+        return self.exchange(wait=True)
 
-    def exchange(self) -> list[float]:
-        """The round's end, on every rank together (a collective)."""
+    def exchange(self, wait: bool = False) -> list[float]:
+        """The round's end, on every rank together (a collective). `wait`: apply this round now
+        even when overlapped (the epoch's end)."""
         started = time.perf_counter()
-        total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
-                                      f"hvdhetero.sync.counts.{self.rounds}")
-        weight = self.samples / total
+        times = [0.0] * hvd.size()
+        if self.round_steps:
+            total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
+                                          f"hvdhetero.sync.counts.{self.rounds}")
+            weight = self.samples / total
+        if not self.overlap:
+            self._exchange_now(weight)
+        else:
+            self._apply_pending()
+            mine = None
+            if self.round_steps:
+                mine = self._progress()
+                self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0))
+                self.rounds += 1
+                if wait:
+                    self._apply_pending()
+            self._continue_from_global(None if wait else mine)
+        self.samples, self.seconds, self.round_steps = 0, 0.0, 0
+        self.last_exchange_s = time.perf_counter() - started
+        return times
+
+    # -- without overlap --------------------------------------------------------------------
+
+    def _exchange_now(self, weight: float) -> None:
         mine = [p.detach().to("cpu", torch.float32) for p in self.params]
         if self.kind == "diloco":
             mine = [s - p for s, p in zip(self.start, mine)]  # this rank's parameter change, reversed
@@ -77,9 +132,7 @@ class ParameterSync:
         chunks = list(flat.split([t.numel() for t in mine]))
         reduced, buffers = chunks[:len(self.params)], chunks[len(self.params):]
         if self.kind == "diloco":
-            for start, delta in zip(self.start, reduced):
-                start.grad = delta.view_as(start).clone()
-            self.outer.step()
+            self._outer_step(reduced)
             reduced = [s.reshape(-1) for s in self.start]
         with torch.no_grad():
             for p, new in zip(self.params, reduced):
@@ -87,8 +140,59 @@ class ParameterSync:
             for b, new in zip(self.buffers, buffers):
                 b.copy_(new.view_as(b))
         if self.kind == "local":
-            self.start = [p.detach().to("cpu", torch.float32, copy=True) for p in self.params]
-        self.samples, self.seconds, self.round_steps = 0, 0.0, 0
+            self.start = _cpu(self.params)
         self.rounds += 1
-        self.last_exchange_s = time.perf_counter() - started
-        return times
+        self.applied = self.rounds
+
+    def _outer_step(self, deltas) -> None:
+        for start, delta in zip(self.start, deltas):
+            start.grad = delta.view_as(start).clone()
+        self.outer.step()
+
+    # -- overlapped -------------------------------------------------------------------------
+
+    def _progress(self) -> list[torch.Tensor]:
+        """This rank's change over the round (round start - now), parameters then buffers."""
+        starts = self.local_start or self.start
+        bstarts = self._local_buffers if self.local_start is not None else self.start_buffers
+        now = [p.detach().to("cpu", torch.float32) for p in self.params]
+        bnow = [b.detach().to("cpu", torch.float32) for b in self.buffers]
+        return [s - p for s, p in zip(starts, now)] + [s - b for s, b in zip(bstarts, bnow)]
+
+    def _launch(self, flat: torch.Tensor) -> None:
+        wire = flat.to(self.wire)
+        # Horovod's background thread reduces it while the next round computes.
+        handle = hvd.allreduce_async_(wire, op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
+        self._pending = handle
+
+    def _apply_pending(self) -> None:
+        """Wait for the previous round's allreduce and step the global model with it."""
+        if self._pending is None:
+            return
+        handle, self._pending = self._pending, None
+        flat = hvd.synchronize(handle).to(torch.float32)
+        chunks = list(flat.split([t.numel() for t in self.start + self.start_buffers]))
+        deltas, bdeltas = chunks[:len(self.start)], chunks[len(self.start):]
+        if self.kind == "diloco":
+            self._outer_step(deltas)
+        else:
+            for s, d in zip(self.start, deltas):
+                s.sub_(d.view_as(s))
+        for s, d in zip(self.start_buffers, bdeltas):
+            s.sub_(d.view_as(s))
+        self.applied += 1
+
+    def _continue_from_global(self, progress: list[torch.Tensor] | None) -> None:
+        """This rank's model := the global model minus its own unexchanged progress (none: the
+        global model itself)."""
+        n = len(self.start)
+        own = progress[:n] if progress is not None else [None] * n
+        bown = progress[n:] if progress is not None else [None] * len(self.buffers)
+        new = [s - d if d is not None else s.clone() for s, d in zip(self.start, own)]
+        bnew = [s - d if d is not None else s.clone() for s, d in zip(self.start_buffers, bown)]
+        with torch.no_grad():
+            for p, v in zip(self.params, new):
+                p.copy_(v.view_as(p))
+            for b, v in zip(self.buffers, bnew):
+                b.copy_(v.view_as(b))
+        self.local_start, self._local_buffers = (new, bnew) if progress is not None else (None, None)
