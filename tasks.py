@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,14 +109,27 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
           outer_momentum=0.9, overlap_sync=False, seed=0, dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
+    recipe = ["--dataset", dataset, "--epochs", str(int(epochs)), "--batch-size", str(int(batch_size)), "--lr",
+              str(float(lr)), "--optimizer", optimizer, "--data-dir", data_dir, *(["--model", model] if model else []),
+              *(["--download"] if download else [])]
+    settings = dict(seed=int(seed), compression=compression, equal_split=equal_split, slowdown=float(slowdown),
+                    micro_batch=check_micro_batch(micro_batch), precision=precision, sync=sync,
+                    overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum))
+    run_dir, _ = _job(hosts, inventory, script, workdir, recipe, run_dir, settings, dry_run,
+                      name=Path(script).stem if script else dataset)
+    if not dry_run:
+        print(f"run directory: {run_dir}")
+
+
+def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
+         name: str) -> tuple[str, list[dict]]:
+    """Launch the user's --script (or the built-in recipe with `recipe` options) on the hosts
+    with the JobConfig `settings`; returns the run directory and what rank 0 reported as results.
+    Remote hosts are checked first and get the script's folder."""
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
-    name = Path(script).stem if script else dataset
     run_dir = str(Path(run_dir).resolve()) if run_dir else str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
-    config = JobConfig(run_dir=run_dir, seed=int(seed), compression=compression, equal_split=equal_split,
-                       slowdown=float(slowdown), micro_batch=check_micro_batch(micro_batch), precision=precision,
-                       sync=sync, overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr),
-                       outer_momentum=float(outer_momentum))
+    config = JobConfig(run_dir=run_dir, **settings)
     remote = not all(h.is_local for h in selected)
     if script:
         from hvdhetero.cluster import workdir as wd
@@ -124,21 +138,49 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
         digest = wd.digest(folder) if remote else None  # each host starts in its copy, named by content
         program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), _script_args())
     else:
-        program = launch.recipe(["--dataset", dataset, "--epochs", str(int(epochs)), "--batch-size",
-                                 str(int(batch_size)), "--lr", str(float(lr)), "--optimizer", optimizer,
-                                 "--data-dir", data_dir, *(["--model", model] if model else []),
-                                 *(["--download"] if download else []), *_script_args()])
+        program = launch.recipe([*recipe, *_script_args()])
     argv, env = launch.command(inventory_, selected, config, program)
     print(launch.printable(argv, env))
     if dry_run:
-        return
+        return run_dir, []
     if remote:
         _preflight(inventory_, selected, accept_new=False)
         if script:
             for host, what in wd.ship(inventory_, list(selected), folder, expect=digest).items():
                 print(f"{host}: workdir {what}")
-    launch.run(argv, env)
-    print(f"run directory: {run_dir}")
+    return run_dir, launch.run(argv, env)
+
+
+@task(help={
+    "hosts": "comma-separated inventory hosts to weigh (default: the inventory's default_hosts, i.e. local)",
+    "inventory": _REMOTE_HELP["inventory"],
+    "script": "your training script: the plan runs it up to job.prepare, on every host",
+    "workdir": "with --script: the folder each rank starts in (default: the script's)",
+    "dataset": "built-in recipe: digits, mnist or cifar10",
+    "model": "built-in recipe: cnn or resnet18 (default: the dataset's own)",
+    "batch_size": "built-in recipe: the global batch",
+    "data_dir": "built-in recipe: where mnist/cifar10 files live",
+    "compression": "the exchange on the wire: none (float32) or fp16",
+    "precision": "mixed precision as training would use it: fp32, bf16 or fp16",
+    "micro_batch": "as invoke train: auto, 0 or N",
+    "slowdown": "straggler injection, as invoke train (experiments)",
+    "out": "also write the plan as JSON here",
+    "dry_run": "print the horovodrun command and exit",
+}, auto_shortflags=False)
+@_user_errors
+def plan(c, hosts=None, inventory=None, script="", workdir="", dataset="digits", model="", batch_size=64,
+         data_dir="data", compression="none", precision="fp32", micro_batch="auto", slowdown=1.0, out="",
+         dry_run=False):
+    """Measure each host's speed on the model and the link between them, predict samples/s for
+    every subset of hosts and sync mode, and say which to use. Arguments after `--` go to the script."""
+    recipe = ["--dataset", dataset, "--epochs", "1", "--batch-size", str(int(batch_size)), "--data-dir", data_dir,
+              *(["--model", model] if model else [])]
+    settings = dict(compression=compression, micro_batch=check_micro_batch(micro_batch), precision=precision,
+                    slowdown=float(slowdown), plan_only=True)
+    with tempfile.TemporaryDirectory(prefix="hvdhetero-plan-") as scratch:
+        _, results = _job(hosts, inventory, script, workdir, recipe, scratch, settings, dry_run, name="plan")
+    if out and results:
+        Path(out).write_text(json.dumps(results[-1], indent=1) + "\n")
 
 
 def _script_args() -> list[str]:
@@ -195,6 +237,9 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
         if out:
             Path(out).write_text(json.dumps(result, indent=1))
         return
+    if check_sync(sync)[0] == "auto":
+        raise Exit("error: bench measures one --sync mode: step, local:H or diloco:H (invoke plan predicts "
+                   "them all and says which to use)", code=2)
     flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
              "--min-seconds", str(float(min_seconds)),
              "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch),

@@ -56,14 +56,17 @@ class JobConfig:
     """diloco: the outer optimizer's learning rate (DiLoCo's published 0.7)."""
     outer_momentum: float = 0.9
     """diloco: the outer optimizer's Nesterov momentum (DiLoCo's published 0.9)."""
+    plan_only: bool = False
+    """`invoke plan`: job.prepare measures the ranks and the link, prints the plan and ends the
+    job (the script goes no further)."""
     hosts: dict = field(default_factory=dict)
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
     def __post_init__(self):
         check_micro_batch(self.micro_batch)
-        if check_sync(self.sync)[0] == "step" and self.overlap_sync:
-            raise ConfigError("--overlap-sync needs --sync local:H or diloco:H (step sync already overlaps "
-                              "each step's reduction with backward)")
+        if check_sync(self.sync)[0] in ("step", "auto") and self.overlap_sync:
+            raise ConfigError(f"--overlap-sync needs --sync local:H or diloco:H, got --sync {self.sync} (step sync "
+                              "overlaps each step's reduction with backward already; auto decides itself)")
         if not (self.outer_lr > 0 and 0 <= self.outer_momentum < 1):
             raise ConfigError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {self.outer_lr!r} and "
                               f"{self.outer_momentum!r}")
@@ -89,18 +92,19 @@ class JobConfig:
         return cls(**values)
 
 
-SYNC_KINDS = ("step", "local", "diloco")
+SYNC_KINDS = ("step", "local", "diloco", "auto")
 
 
 def check_sync(value: str) -> tuple[str, int]:
-    """A --sync setting as (kind, every H steps): step, local:H or diloco:H; else ConfigError."""
+    """A --sync setting as (kind, every H steps): step, local:H, diloco:H or auto (chosen at
+    job.prepare from measured speeds and link: rank/plan.py); else ConfigError."""
     kind, _, every = str(value).partition(":")
-    if kind == "step" and not every:
-        return "step", 1
+    if kind in ("step", "auto") and not every:
+        return kind, 1
     if kind in ("local", "diloco") and every.isdigit() and int(every) >= 1:
         return kind, int(every)
-    raise ConfigError(f"--sync must be step, local:H or diloco:H with H a positive integer (steps between "
-                      f"exchanges), got {value!r}")
+    raise ConfigError(f"--sync must be step, auto, local:H or diloco:H with H a positive integer (steps "
+                      f"between exchanges), got {value!r}")
 
 
 def check_micro_batch(value) -> str:

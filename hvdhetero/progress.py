@@ -18,6 +18,8 @@ from typing import IO, Iterable
 
 TAG = "@@hvdhetero-progress "
 ERROR_TAG = "@@hvdhetero-error "
+RESULT_TAG = "@@hvdhetero-result "
+"""A job's answer for the launcher (invoke plan's plan), one JSON line from rank 0."""
 # horovodrun's prefix on forwarded rank output, e.g. "[0]<stdout>:" (maybe with a timestamp).
 PREFIX = re.compile(r"^(?:\S+ )?\[(\d+)\]<(stdout|stderr)>:")
 _last = 0.0
@@ -33,10 +35,11 @@ def report(*, step: int, steps: int, min_interval: float = 0.2, **fields) -> Non
     print(TAG + json.dumps({"step": step, "steps": steps, **fields}), flush=True)
 
 
-def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> list[dict]:
+def relay(lines: Iterable[str], out: IO[str] = sys.stdout, results: list[dict] | None = None) -> list[dict]:
     """Launcher side: draw tagged lines as one bar per epoch; echo the rest (rank 0's printed
-    lines without horovodrun's prefix, as a script's print reads on one machine). Returns the failures ranks reported, in order; once one
-    is in, horovodrun's own tracebacks about stopping the other ranks are not echoed."""
+    lines without horovodrun's prefix, as a script's print reads on one machine). Returns the
+    failures ranks reported, in order; once one is in, horovodrun's own tracebacks about
+    stopping the other ranks are not echoed. Result lines go to `results`, not the console."""
     from tqdm import tqdm
 
     bar, bar_epoch, failures = None, None, []
@@ -45,6 +48,10 @@ def relay(lines: Iterable[str], out: IO[str] = sys.stdout) -> list[dict]:
         body = line[match.end():] if match else line
         if body.startswith(ERROR_TAG):
             failures.append(json.loads(body[len(ERROR_TAG):]))
+            continue
+        if body.startswith(RESULT_TAG):
+            if results is not None:
+                results.append(json.loads(body[len(RESULT_TAG):]))
             continue
         if body.startswith(TAG):
             update = json.loads(body[len(TAG):])

@@ -66,5 +66,7 @@ def test_bench_takes_a_sync_mode_for_the_hvdhetero_phase_and_refuses_a_bad_one()
     ok = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "diloco:8", "--dry-run"], timeout=60)
     assert "--sync diloco:8" in ok.stdout
     bad = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "diloco", "--dry-run"], timeout=60, check=False)
-    assert bad.returncode == 2 and "--sync must be step, local:H or diloco:H" in bad.stderr
+    assert bad.returncode == 2 and "--sync must be step, auto, local:H or diloco:H" in bad.stderr
     assert "horovodrun" not in bad.stdout
+    auto = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "auto", "--dry-run"], timeout=60, check=False)
+    assert auto.returncode == 2 and "bench measures one --sync mode" in auto.stderr

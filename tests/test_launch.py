@@ -19,7 +19,7 @@ def test_local_command_is_two_cpu_ranks_over_gloo_running_the_recipe_through_the
     config = JobConfig(run_dir="/tmp/run", precision="bf16")
     argv, env = launch.command(inventory, inventory.select(None), config, launch.recipe(["--epochs", "3"]),
                                launcher_python="/opt/venv/bin/python")
-    settings = replace(config, hosts={"localhost": {"device": "cpu", "interface": None, "max_batch": None,
+    settings = replace(config, hosts={"localhost": {"name": "local", "device": "cpu", "interface": None, "max_batch": None,
                                                     "slowdown": 1.0}})
     assert argv == [
         "/opt/venv/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
@@ -50,7 +50,7 @@ def test_what_the_launcher_writes_is_what_the_rank_reads():
     ({"precision": "fp8"}, "--precision must be one of fp32, bf16, fp16, got 'fp8'"),
     ({"slowdown": 0.5}, "--slowdown must be a number >= 1"),
     ({"micro_batch": "-3"}, "--micro-batch must be auto, 0 or a positive integer, got '-3'"),
-    ({"sync": "diloco"}, "--sync must be step, local:H or diloco:H with H a positive integer"),
+    ({"sync": "diloco"}, "--sync must be step, auto, local:H or diloco:H with H a positive integer"),
     ({"sync": "local:0"}, "got 'local:0'"),
     ({"sync": "every:3"}, "got 'every:3'"),
     ({"outer_momentum": 1.0}, "--outer-momentum in [0, 1)"),

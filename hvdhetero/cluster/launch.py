@@ -49,7 +49,7 @@ def env_python(inventory: Inventory, host: Host) -> str:
 def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
     """What each rank needs to know about its own host, keyed by the name horovodrun uses."""
     return {
-        h.address: {"device": h.device, "interface": h.interface, "slowdown": h.slowdown,
+        h.address: {"name": h.name, "device": h.device, "interface": h.interface, "slowdown": h.slowdown,
                     "max_batch": h.max_batch}
         for h in hosts
     }
@@ -180,17 +180,20 @@ def printable(argv: Sequence[str], env: dict[str, str]) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), *map(shlex.quote, argv)])
 
 
-def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None) -> None:
-    """Run the job in the foreground; its ranks' output goes straight to the console."""
+def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None) -> list[dict]:
+    """Run the job in the foreground, its ranks' output relayed to the console; returns the
+    results rank 0 reported (progress.RESULT_TAG)."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
-        failures = progress.relay(proc.stdout)
+        results: list[dict] = []
+        failures = progress.relay(proc.stdout, results=results)
     if failures:
         raise LaunchError(progress.failure_summary(failures))
     if proc.returncode != 0:
         raise LaunchError(f"training failed: horovodrun exited with {proc.returncode} (see the rank output above)")
+    return results
 
 
 def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:

@@ -23,6 +23,7 @@ with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimize
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import time
@@ -41,7 +42,7 @@ from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
-from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
+from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.sync import ParameterSync
@@ -114,7 +115,11 @@ class Job:
                 probe_failed = f"{type(err).__name__}: {err}"
             failed = hvd.allgather_object(probe_failed, name="hvdhetero.probe")
             caps = hvd.allgather_object(self.me.max_batch, name="hvdhetero.caps")
-            balancer = Balancer(global_batch, self.size, caps=caps)
+            # With --sync local/diloco the balancer hears once a round, a mean of H steps: it may
+            # decide at every hearing (at its default of every 5th, a K=12 job at H=4 spent
+            # 60 steps unbalanced).
+            balancer = Balancer(global_batch, self.size, caps=caps,
+                                **({"interval": 1} if check_sync(cfg.sync)[0] != "step" else {}))
             if not cfg.equal_split and not any(failed):
                 big = min(global_batch, len(dataset))
                 calibrate(balancer, model, dataset, self.me, small=max(1, big // 4), big=big,
@@ -129,11 +134,50 @@ class Job:
         if scheduler is not None:
             scheduler.step = self._once_per_step(scheduler.step)
         kind, every = check_sync(cfg.sync)
+        overlap_sync = cfg.overlap_sync
+        if cfg.plan_only or kind == "auto":
+            kind, every, overlap_sync = self._plan(balancer, model, probe_failed=any(failed))
         self._sync = None if kind == "step" else ParameterSync(model, kind, every, cfg.compression, cfg.outer_lr,
-                                                                  cfg.outer_momentum, cfg.overlap_sync)
+                                                                  cfg.outer_momentum, overlap_sync)
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
         self._start_log(balancer)
         return model, wrapped, loader
+
+    def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool]:
+        """`invoke plan`: print the plan and end the job here. --sync auto: the advised mode for
+        these hosts (step when the ranks could not be timed)."""
+        from hvdhetero.rank import plan
+
+        if probe_failed or self.config.equal_split:
+            why = "the calibration probe failed (pass loss_fn=... to prepare)" if probe_failed else "--equal-split"
+            if self.config.plan_only:
+                raise ConfigError(f"invoke plan needs every rank timed on the model, but {why}")
+            if self.is_main:
+                print(f"hvdhetero: --sync auto: cannot time the ranks ({why}); using step sync", flush=True)
+            return "step", 1, False
+        tensors = [p for p in model.parameters() if p.requires_grad] + [b for b in model.buffers()
+                                                                         if b.is_floating_point()]
+        measured = plan.measure(balancer, tensors, WIRE_DTYPES[self.config.compression],
+                                self._host.get("name") or socket.gethostname(), self.me.device.describe())
+        full = plan.make(measured)
+        if self.config.plan_only:
+            if self.is_main:
+                print(plan.render(full), flush=True)
+                print(progress.RESULT_TAG + json.dumps(full.to_json()), flush=True)
+            hvd.barrier()
+            raise SystemExit(0)
+        together = [p for p in full.predictions if len(p.ranks) == self.size]
+        pick, _ = plan.advise(together)
+        self._write("plan", **full.to_json())
+        if self.is_main:
+            note = f"hvdhetero: --sync auto chose {pick.sync}{' overlapped' if pick.overlap else ''}: predicted " \
+                   f"{pick.samples_per_s:,.0f} samples/s ({pick.vs_fastest:.2f}x the fastest rank alone)"
+            if full.advice.ranks != pick.ranks:
+                note += f"; but {full.reason} (see invoke plan)"
+            print(note, flush=True)
+        if pick.sync == "step":
+            return "step", 1, False
+        return "diloco", int(pick.sync.split(":")[1]), pick.overlap
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the

@@ -1,0 +1,257 @@
+"""Which hosts and which sync mode: measured speeds and link, predicted samples/s, one advice.
+
+`invoke plan` (and `invoke train --sync auto`) run the user's script up to `job.prepare`, which
+calibrates every rank as training would (its step time t_i(n) = a_i + p_i n on the real model,
+rank/calibrate.py) and then times the link the exchange would use: allreduces of one number
+(latency L) and of the model's bytes in the wire's dtype (C) over the same Gloo path, and the
+CPU work an exchange adds on each rank (X: copies and flattening). From those, for every
+subset of hosts and every mode, the step time of a global batch B:
+
+    alone (one rank)     t = a + p B
+    step                 t = T + C                      T: the balanced split's step (all ranks
+    local/diloco:H       t = T + (C + L + X) / H           finish together), from the a_i, p_i
+    ... overlapped       t = T + (L + X + max(0, C - H T)) / H   (the allreduce runs while the
+                                                                   next H steps compute)
+
+and samples/s = B / t. Step sync is predicted without the part of C that hides behind
+backward, so it errs on the slow side; it is never what a slow link recommends.
+
+The advice: the fastest prediction, unless it is within 3% of the fastest host alone (then
+that host alone: a second machine is not worth its risk for less); among the modes within 2%
+of the best, the one whose information from the other ranks is freshest (staleness H steps at
+once, 2H overlapped), since larger H converges slower per sample (DiLoCo, local SGD papers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero.rank.balancer import Balancer
+from hvdhetero.rank.host import one_hot
+from hvdhetero.rank.reducer import allreduce_sum
+
+EVERY = (4, 8, 16, 32, 64, 128)
+"""The H a plan considers for local/diloco."""
+ALONE_MARGIN = 0.03
+"""A multi-host mode must beat the fastest host alone by more than this to be advised."""
+NEAR_BEST = 0.02
+"""Modes within this of the best rate count as equally fast; the freshest of them is advised."""
+
+
+@dataclass
+class Measured:
+    """What a plan is computed from (every rank's numbers; the same on every rank)."""
+
+    hosts: list[str]
+    """Per rank: its host's name."""
+    devices: list[str]
+    overhead: list[float]
+    """Per rank: a_i, seconds per step whatever the batch."""
+    per_sample: list[float]
+    """Per rank: p_i, seconds per sample."""
+    global_batch: int
+    wire_bytes: int
+    """The model's parameters (and float buffers) in the wire's dtype."""
+    latency_s: float
+    """An allreduce of one number across all ranks."""
+    exchange_s: float
+    """An allreduce of the model's bytes across all ranks."""
+    copy_s: float
+    """The CPU work of one exchange on the slowest rank (copies to and from the CPU, flattening)."""
+
+    @property
+    def bandwidth_mbit(self) -> float | None:
+        """The link's rate as the exchange saw it; None when latency alone explains its time."""
+        if self.exchange_s < 1.5 * self.latency_s:
+            return None
+        return 8 * self.wire_bytes / (self.exchange_s - self.latency_s) / 1e6
+
+
+@dataclass
+class Prediction:
+    hosts: tuple[str, ...]
+    """Who trains: host names, or host[rank] when the job has one host."""
+    ranks: tuple[int, ...]
+    names: tuple[str, ...]
+    """The inventory hosts (for --hosts)."""
+    sync: str
+    """alone, step, local:H or diloco:H (local and diloco move the same bytes: one prediction)."""
+    overlap: bool
+    step_s: float
+    samples_per_s: float
+    staleness: int
+    """Steps the other ranks' work may be old when a rank sees it: 0 step sync, H, 2H overlapped."""
+    vs_fastest: float = 0.0
+
+    @property
+    def label(self) -> str:
+        hosts = "+".join(self.hosts)
+        if self.sync == "alone":
+            return f"{hosts} alone"
+        return f"{hosts} {self.sync}{' overlapped' if self.overlap else ''}"
+
+    @property
+    def flags(self) -> str:
+        """The `invoke train` options that run it."""
+        hosts = f"--hosts {','.join(self.names)}"
+        if self.sync in ("alone", "step"):
+            return hosts + ("" if self.sync == "alone" else " --sync step")
+        return f"{hosts} --sync {self.sync}" + (" --overlap-sync" if self.overlap else "")
+
+
+@dataclass
+class Plan:
+    measured: Measured
+    predictions: list[Prediction]
+    advice: Prediction
+    reason: str
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"measured": asdict(self.measured), "predictions": [asdict(p) | {"label": p.label}
+                                                                   for p in self.predictions],
+                "advice": asdict(self.advice) | {"label": self.advice.label, "flags": self.advice.flags},
+                "reason": self.reason}
+
+
+def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
+    """Every subset of hosts (or only all of them) in every mode, from the measurements."""
+    names = list(dict.fromkeys(m.hosts))
+    if len(names) > 1:
+        units = [(h, tuple(r for r, x in enumerate(m.hosts) if x == h)) for h in names]
+    else:  # one host with several ranks (the local default): its ranks alone and together
+        units = [(f"{m.hosts[r]}[{r}]", (r,)) for r in range(len(m.hosts))]
+    groups = [c for k in range(1, len(units) + 1) for c in itertools.combinations(units, k)]
+    if not subsets:
+        groups = [tuple(units)]
+    out = []
+    for group in groups:
+        labels = tuple(label for label, _ in group)
+        ranks = tuple(r for _, rs in group for r in rs)
+        if len(ranks) == 1:
+            r = ranks[0]
+            out.append(_made(labels, ranks, "alone", False, m.overhead[r] + m.per_sample[r] * m.global_batch, 0, m))
+            continue
+        balancer = Balancer(m.global_batch, len(ranks))
+        split = balancer.calibrate([m.overhead[r] for r in ranks], [m.per_sample[r] for r in ranks])
+        t = balancer.step_time(split)
+        out.append(_made(labels, ranks, "step", False, t + m.exchange_s, 0, m))
+        for h in EVERY:
+            out.append(_made(labels, ranks, f"diloco:{h}", False, t + (m.exchange_s + m.latency_s + m.copy_s) / h,
+                             h, m))
+            hidden = t + (m.latency_s + m.copy_s + max(0.0, m.exchange_s - h * t)) / h
+            out.append(_made(labels, ranks, f"diloco:{h}", True, hidden, 2 * h, m))
+    fastest = max(p.samples_per_s for p in out if len(p.hosts) == 1) if any(len(p.hosts) == 1 for p in out) else 0
+    for p in out:
+        p.vs_fastest = p.samples_per_s / fastest if fastest else 0.0
+    return out
+
+
+def _made(labels, ranks, sync, overlap, step_s, staleness, m: Measured) -> Prediction:
+    names = tuple(dict.fromkeys(m.hosts[r] for r in ranks))
+    return Prediction(labels, ranks, names, sync, overlap, step_s, m.global_batch / step_s, staleness)
+
+
+def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
+    """The advised prediction and why, in plain words."""
+    best = max(predictions, key=lambda p: p.samples_per_s)
+    alone = [p for p in predictions if len(p.hosts) == 1]
+    fastest_alone = max(alone, key=lambda p: p.samples_per_s) if alone else None
+    together = [p for p in predictions if len(p.hosts) > 1]
+    best_together = max(together, key=lambda p: p.samples_per_s) if together else None
+    if (fastest_alone is not None and best_together is not None
+            and best_together.samples_per_s < (1 + ALONE_MARGIN) * fastest_alone.samples_per_s):
+        others = sorted(set(best_together.hosts) - set(fastest_alone.hosts))
+        gain = best_together.samples_per_s / fastest_alone.samples_per_s - 1
+        verb = "more than" if gain < 0 else "about as much as"
+        return fastest_alone, (f"train on {'+'.join(fastest_alone.hosts)} alone: the link costs {verb} "
+                               f"{', '.join(others)} add{'s' if len(others) == 1 else ''} (best with "
+                               f"{'them' if len(others) > 1 else 'it'}: {best_together.label}, {gain:+.0%})")
+    near = [p for p in predictions if p.hosts == best.hosts and p.samples_per_s >= (1 - NEAR_BEST) * best.samples_per_s]
+    pick = min(near, key=lambda p: (p.staleness, -p.samples_per_s))
+    if fastest_alone is None or len(pick.hosts) == 1:
+        return pick, f"use {pick.label}"
+    gain = pick.samples_per_s / fastest_alone.samples_per_s - 1
+    return pick, f"use {pick.label}: {gain:+.0%} over {'+'.join(fastest_alone.hosts)} alone"
+
+
+def render(plan: Plan) -> str:
+    """The table and the advice, for the console."""
+    m = plan.measured
+    lines = ["ranks: " + "; ".join(f"{r} {h} ({d}): {m.global_batch / (a + p * m.global_batch):,.0f} samples/s alone"
+                                   for r, (h, d, a, p) in enumerate(zip(m.hosts, m.devices, m.overhead, m.per_sample))),
+             f"link: {m.wire_bytes / 1e6:.2f} MB exchange {m.exchange_s * 1e3:,.1f} ms ("
+             f"{f'~{m.bandwidth_mbit:,.0f} Mbit/s' if m.bandwidth_mbit else 'latency-bound'}), "
+             f"latency {m.latency_s * 1e3:.1f} ms, CPU work per exchange {m.copy_s * 1e3:.1f} ms; global batch "
+             f"{m.global_batch}",
+             f"{'':48}{'samples/s':>11}{'vs fastest':>12}{'step ms':>9}"]
+    shown = _shown(plan.predictions)
+    for p in shown:
+        mark = "  <- advised" if p is plan.advice else ""
+        lines.append(f"{p.label:48}{p.samples_per_s:11,.0f}{p.vs_fastest:11.2f}x{p.step_s * 1e3:9.1f}{mark}")
+    lines.append(f"advice: {plan.reason}")
+    lines.append(f"  invoke train {plan.advice.flags} ...")
+    return "\n".join(lines)
+
+
+def _shown(predictions: list[Prediction]) -> list[Prediction]:
+    """Per host subset: alone or step, and for local/diloco the freshest H within 2% of the
+    best, at once and overlapped (the full list is in the JSON)."""
+    shown = []
+    for hosts in dict.fromkeys(p.hosts for p in predictions):
+        group = [p for p in predictions if p.hosts == hosts]
+        shown += [p for p in group if p.sync in ("alone", "step")]
+        for overlap in (False, True):
+            modes = [p for p in group if p.sync.startswith("diloco") and p.overlap == overlap]
+            if modes:
+                top = max(p.samples_per_s for p in modes)
+                shown.append(min((p for p in modes if p.samples_per_s >= (1 - NEAR_BEST) * top),
+                                 key=lambda p: p.staleness))
+    return shown
+
+
+# -- measuring, inside job.prepare (collectives: every rank calls them together) ------------------
+
+def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, host: str, device: str,
+            repeats: int = 3) -> Measured:
+    """The link and the exchange's CPU work, with the calibrated a_i, p_i; identical on every rank."""
+    numel = sum(p.numel() for p in params)
+    started = time.perf_counter()
+    for _ in range(2):
+        flat = torch.cat([p.detach().to("cpu", torch.float32).reshape(-1) for p in params]).to(wire)
+        for p, chunk in zip(params, flat.to(torch.float32).split([p.numel() for p in params])):
+            chunk.view_as(p).to(p.device)
+    copy_s = (time.perf_counter() - started) / 2
+    small, big = torch.zeros(1, dtype=torch.float32), torch.zeros(numel, dtype=wire)
+    latency = _timed(small, "hvdhetero.plan.latency", repeats + 2)
+    exchange = _timed(big, "hvdhetero.plan.exchange", repeats)
+    size = hvd.size()
+    summed = allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s), "hvdhetero.plan.times")
+    hosts = hvd.allgather_object(host, name="hvdhetero.plan.hosts")
+    devices = hvd.allgather_object(device, name="hvdhetero.plan.devices")
+    return Measured(hosts, devices, list(balancer.overhead), list(balancer.seconds_per_sample),
+                    balancer.global_batch, numel * big.element_size(), max(summed[:size]),
+                    max(summed[size:2 * size]), max(summed[2 * size:]))
+
+
+def _timed(tensor: torch.Tensor, name: str, repeats: int) -> float:
+    hvd.allreduce_(tensor, op=hvd.Sum, name=name + ".warm")
+    times = []
+    for i in range(repeats):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        hvd.allreduce_(tensor, op=hvd.Sum, name=f"{name}.{i}")
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make(m: Measured, subsets: bool = True) -> Plan:
+    predictions = predict(m, subsets)
+    advice, reason = advise(predictions)
+    return Plan(m, predictions, advice, reason)

@@ -1,0 +1,91 @@
+"""invoke plan: the predictions from measured speeds and link, the advice, and the real job."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import VENV_BIN, run_cmd
+from hvdhetero.rank import checkpoint
+from hvdhetero.rank.plan import Measured, advise, predict
+
+
+def pc_and_mac(exchange_s: float, global_batch: int = 512) -> Measured:
+    """A fast host 12x faster than the slow one (the 4070 Ti and the M2), no per-step overhead."""
+    return Measured(hosts=["pc", "mac"], devices=["cuda", "mps"], overhead=[0.0, 0.0],
+                    per_sample=[1e-4, 12e-4], global_batch=global_batch, wire_bytes=47_000_000,
+                    latency_s=0.002, exchange_s=exchange_s, copy_s=0.01)
+
+
+def by_label(predictions):
+    return {p.label: p for p in predictions}
+
+
+def test_predictions_follow_the_step_time_model():
+    m = pc_and_mac(exchange_s=0.15)  # R = 0.15 / 0.0512 ~ 3
+    got = by_label(predict(m))
+    assert got["pc alone"].samples_per_s == pytest.approx(1e4)
+    assert got["mac alone"].samples_per_s == pytest.approx(1e4 / 12)
+    together = 1e4 + 1e4 / 12  # the balanced split: both finish together
+    t = 512 / together
+    assert got["pc+mac step"].samples_per_s == pytest.approx(512 / (t + 0.15), rel=0.01)
+    assert got["pc+mac diloco:8"].samples_per_s == pytest.approx(512 / (t + (0.15 + 0.002 + 0.01) / 8), rel=0.01)
+    # overlapped: the exchange hides behind the next H steps once H t > C
+    assert got["pc+mac diloco:4 overlapped"].samples_per_s == pytest.approx(512 / (t + 0.012 / 4), rel=0.01)
+    assert got["pc+mac diloco:4 overlapped"].staleness == 8 and got["pc+mac diloco:8"].staleness == 8
+
+
+def test_advice_takes_the_freshest_mode_near_the_best_rate():
+    predictions = predict(pc_and_mac(exchange_s=0.15))
+    pick, reason = advise(predictions)
+    best = max(p.samples_per_s for p in predictions)
+    near = [p for p in predictions if p.samples_per_s >= 0.98 * best]
+    assert pick in near and pick.staleness == min(p.staleness for p in near)
+    # H=4 would hide the exchange too, but 10 ms of CPU work per exchange costs 6% at H=4
+    assert pick.label == "pc+mac diloco:16 overlapped", pick
+    assert pick.flags == "--hosts pc,mac --sync diloco:16 --overlap-sync"
+    assert reason.startswith("use pc+mac diloco:16 overlapped: +") and "over pc alone" in reason
+
+
+def test_a_link_that_costs_more_than_the_slow_host_adds_means_the_fast_host_alone():
+    m = pc_and_mac(exchange_s=60.0)  # even diloco:128 overlapped exposes most of a minute a round
+    pick, reason = advise(predict(m))
+    assert pick.label == "pc alone" and pick.flags == "--hosts pc", pick
+    assert reason.startswith("train on pc alone: the link costs more than mac adds (best with it: "), reason
+
+
+def test_one_host_with_two_ranks_weighs_each_rank_alone():
+    m = Measured(hosts=["local", "local"], devices=["cpu", "cpu"], overhead=[0.001, 0.003], per_sample=[1e-4, 3e-4],
+                 global_batch=64, wire_bytes=600_000, latency_s=0.001, exchange_s=0.002, copy_s=0.0)
+    labels = {p.label for p in predict(m)}
+    assert {"local[0] alone", "local[1] alone", "local[0]+local[1] step"} <= labels
+
+
+@pytest.mark.slow
+def test_invoke_plan_on_two_local_ranks_prints_the_table_and_writes_the_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = run_cmd([VENV_BIN / "invoke", "plan", "--slowdown", "3", "--out", out], timeout=300)
+    assert "advice: " in proc.stdout and "local[0] alone" in proc.stdout, proc.stdout[-3000:]
+    plan = json.loads(out.read_text())
+    m = plan["measured"]
+    assert m["hosts"] == ["local", "local"] and m["wire_bytes"] > 500_000 and m["exchange_s"] > 0
+    alone = {p["label"]: p["samples_per_s"] for p in plan["predictions"] if p["sync"] == "alone"}
+    assert 2 < alone["local[0] alone"] / alone["local[1] alone"] < 4.5, alone  # the last rank acts 3x slower
+    assert plan["advice"]["flags"].startswith("--hosts local"), plan["advice"]
+    assert not list(tmp_path.glob("runs*")), "a plan leaves no run directory"
+
+
+@pytest.mark.slow
+def test_train_sync_auto_uses_the_plan_for_these_hosts(tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--sync", "auto", "--epochs", "2", "--run-dir", tmp_path], timeout=300)
+    chosen = re.search(r"^hvdhetero: --sync auto chose (\S+?)( overlapped)?: predicted", proc.stdout, re.M)
+    assert chosen, proc.stdout[-3000:]
+    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    plan = next(r for r in records if r["event"] == "plan")
+    together = {(p["sync"], p["overlap"]) for p in plan["predictions"] if len(p["ranks"]) == 2}
+    assert (chosen[1], bool(chosen[2])) in together, (chosen[0], together)
+    exchanges = [r for r in records if r["event"] == "exchange"]
+    assert bool(exchanges) == (chosen[1] != "step"), "a local/diloco mode's rounds are in the metrics"
+    assert records[-1]["test_accuracy"] > 0.5 and len(set(records[-1]["param_digests"])) == 1
