@@ -47,11 +47,10 @@ class Loader:
 
     def __init__(self, dataset, sampler: WeightedBatchSampler, device: torch.device, chunk: int | None,
                  collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
-                 epoch: Callable[[], int] = lambda: 0, on_end: Callable | None = None):
+                 epoch: Callable[[], int] = lambda: 0):
         self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
         self.collate_fn, self.num_workers = collate_fn, num_workers
         self.on_item = on_item or (lambda item: None)
-        self.on_end = on_end or (lambda: None)
         self.epoch = epoch
         self.lag = 2 * num_workers  # DataLoader's default prefetch_factor, per worker
         self._pending: list[tuple[int, list[int]]] = []
@@ -84,7 +83,6 @@ class Loader:
 
     def __iter__(self):
         yield from self._batches()
-        self.on_end()  # every rank drew the epoch's last step: the same point on all of them
 
     def _batches(self):
         if self.num_workers == 0:

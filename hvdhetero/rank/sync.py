@@ -27,9 +27,12 @@ own unexchanged progress of round r. What the delay costs: each rank's round r+1
 the other ranks' round r work (it sees it one round later), as in streaming DiLoCo's overlapped
 communication and "eager updates"; with H steps per round the information from the other ranks
 is H..2H steps old instead of 0..H. Without overlap, local:H is the same rule with theta_g = the
-round's average, so the two differ only by when the others' progress arrives. At an epoch's end
-(`flush`) the pending and the partial round are both applied synchronously: evaluation and
-checkpoints see one model on every rank.
+round's average, so the two differ only by when the others' progress arrives.
+
+Between exchanges every rank has its own model. Where one model matters, `flush` applies the
+round in flight and exchanges the partial one at once: job.evaluate, job.save and the end of
+job.epochs call it (not every epoch's end: that cost one exposed exchange an epoch). A script
+that saves the model itself between those gets its rank's own replica.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class ParameterSync:
         return self.exchange()
 
     def flush(self) -> list[float] | None:
-        """End a partial round (the epoch's end: evaluation and checkpoints see one model)."""
+        """One model on every rank now: the round in flight applied, the partial round exchanged."""
         if not self.round_steps and self._pending is None:
             return None
         return self.exchange(wait=True)
