@@ -1,8 +1,11 @@
-"""Balancer: proportional split, caps and minimums, and settling after a speed change."""
+"""Balancer: proportional split, caps and minimums, settling after a speed change, and never
+ending slower than an equal split (a busy host)."""
 
 from __future__ import annotations
 
 import random
+import re
+from statistics import fmean
 
 import pytest
 
@@ -137,3 +140,146 @@ def test_noise_alone_does_not_move_a_balanced_k10_split():
         start = b.calibrate([0.001, 0.015], [150e-6, 1.6e-3])
         simulate(b, [150e-6, 1.6e-3], [0.001, 0.015], steps=300, noise=0.05, seed=seed)
         assert b.history == [(0, start)], b.history
+
+
+# -- a busy host: the split must never end slower than an equal split ---------------------------
+
+def timings(overhead, per_sample, noise=0.03, busy=None, chance=0.1, spike=0.03, until=None):
+    """Every rank's step seconds a_i + p_i * n_i (times 1 +- noise); rank `busy`'s host is busy
+    with other work until step `until`: on `chance` of the steps its step takes a heavy-tailed
+    extra (Pareto of shape 1.5, at least `spike` s) that does not depend on its batch. The draws
+    do not depend on the split, so runs with one seed see the same host."""
+    def seconds(step, split, rng):
+        extra = spike * rng.paretovariate(1.5) if rng.random() < chance else 0.0
+        quiet = busy is None or (until is not None and step >= until)
+        return [(a + p * n) * (1 + rng.uniform(-noise, noise)) + (0.0 if quiet or i != busy else extra)
+                for i, (a, p, n) in enumerate(zip(overhead, per_sample, split))]
+    return seconds
+
+
+def drive(balancer, seconds, steps, lag=4, seed=0):
+    """Drive `balancer` as the job's loader does: a split returned after step s is used from step
+    s + 1 + lag on, and each step reports the sizes it ran. Returns every step's time (its
+    slowest rank's) and (step, reason) for every split returned."""
+    rng, sizes, pending, times, reasons = random.Random(seed), list(balancer.split), [], [], []
+    for step in range(steps):
+        while pending and pending[0][0] <= step:
+            sizes = pending.pop(0)[1]
+        step_seconds = seconds(step, sizes, rng)
+        new = balancer.observe(step_seconds, list(sizes), step)
+        if new:
+            pending.append((step + 1 + lag, new))
+            reasons.append((step, balancer.reason))
+        times.append(max(step_seconds))
+    return times, reasons
+
+
+def at_split(split, seconds, steps, seed=0):
+    """Every step's time with `split` held throughout."""
+    rng = random.Random(seed)
+    return [max(seconds(step, split, rng)) for step in range(steps)]
+
+
+def calibrated(batch, overhead, per_sample, **kwargs):
+    b = Balancer(global_batch=batch, size=2, **kwargs)
+    b.calibrate(overhead, per_sample)
+    return b
+
+
+MODEL_ONLY = {"probe_every": 10 ** 9}  # never probes the equal split, so never falls back
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_busy_host_falls_back_to_the_equal_split_and_runs_as_fast_as_it(seed):
+    """Two alike ranks, one on a host whose other work adds heavy-tailed spikes to a tenth of its
+    steps. The model takes the spikes for a slower rank and chases them, and its splits measure
+    5-10% slower than the equal split. The balancer sees the model miss, probes the equal split,
+    holds it, and over the run loses at most 2% to the equal split (the steps before the
+    fallback and the later probes of the model's split)."""
+    overhead, per_sample = [0.002, 0.002], [1e-4, 1e-4]
+    seconds = timings(overhead, per_sample, busy=1)
+    equal = fmean(at_split([128, 128], seconds, 3000, seed))
+    assert fmean(drive(calibrated(256, overhead, per_sample, **MODEL_ONLY), seconds, 3000, seed=seed)[0]) > 1.04 * equal
+    b = calibrated(256, overhead, per_sample)
+    times, reasons = drive(b, seconds, 3000, seed=seed)
+    step, reason = next((step, reason) for step, reason in reasons if reason.startswith("fallback: "))
+    assert step < 300 and re.fullmatch(r"fallback: measured [\d.]+ s/step at \[128, 128\] against [\d.]+ at "
+                                       r"\[\d+, \d+\]", reason), (step, reason)
+    assert fmean(times) < 1.02 * equal
+    assert b.fallback and b.split == [128, 128], reasons[-3:]
+
+
+@pytest.mark.parametrize("overhead, per_sample, batch", [([0.001, 0.015], [150e-6, 1.6e-3], 2048),  # K=10
+                                                         ([0.002, 0.002], [1e-4, 3e-4], 256)])  # K=3
+def test_a_job_the_model_explains_never_probes(overhead, per_sample, batch):
+    """5% timing noise: the measured step time stays within `tolerance` of the model's, so the
+    run is step for step the one without probes (they cost it nothing)."""
+    for seed in range(3):
+        seconds = timings(overhead, per_sample, noise=0.05)
+        b = calibrated(batch, overhead, per_sample)
+        times, reasons = drive(b, seconds, 3000, seed=seed)
+        assert all(reason.startswith("model") for _, reason in reasons) and not b.fallback, reasons
+        assert times == drive(calibrated(batch, overhead, per_sample, **MODEL_ONLY), seconds, 3000, seed=seed)[0]
+
+
+@pytest.mark.parametrize("overhead, per_sample, batch, probes, cost", [
+    ([0.001, 0.015], [150e-6, 1.6e-3], 2048, range(1), 0.0),  # K=10: equal split 5.7x slower
+    ([0.002, 0.002], [1e-4, 3e-4], 256, range(3, 6), 0.012),  # K=3: 1.9x
+    ([0.002, 0.002], [1e-4, 1.3e-4], 256, range(15, 25), 0.012)])  # K=1.3: 1.1x
+def test_probes_cost_about_the_budget_when_the_model_never_explains_the_job(overhead, per_sample, batch,
+                                                                            probes, cost):
+    """With `tolerance` 0 every check finds the model missing, so the equal split is probed as
+    often as `probe_budget` (1%) allows, its measured loss and the loader's lag counted: not
+    once in 3000 steps at K=10, where a probe would cost about 55 steps' time. Every probe confirms
+    the model's split."""
+    seconds = timings(overhead, per_sample, noise=0.05)
+    b = calibrated(batch, overhead, per_sample, tolerance=0.0)
+    times, reasons = drive(b, seconds, 3000)
+    model_only = drive(calibrated(batch, overhead, per_sample, **MODEL_ONLY), seconds, 3000)[0]
+    started = [reason for _, reason in reasons if reason.startswith("probe: equal split")]
+    assert len(started) in probes and not b.fallback
+    assert fmean(times) <= (1 + cost) * fmean(model_only)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_models_split_returns_when_the_busy_host_goes_quiet(seed):
+    """Ranks 10% apart, the slower one's host busy for the first 1000 steps: the equal split
+    measures faster and is held. Once the host is quiet the model's split (4.5% faster than
+    equal) is probed within 200 steps and wins, and from then on nothing is probed."""
+    overhead, per_sample = [0.002, 0.002], [1e-4, 1.1e-4]
+    seconds = timings(overhead, per_sample, busy=1, chance=0.2, until=1000)
+    b = calibrated(256, overhead, per_sample)
+    ideal = list(b.split)
+    times, reasons = drive(b, seconds, 3000, seed=seed)
+    verdicts = [reason for step, reason in reasons if step < 1000 and not reason.startswith(("probe:", "model"))]
+    assert verdicts[-1].startswith(("fallback", "probe over, [128, 128] kept")), verdicts[-3:]
+    back = next(step for step, reason in reasons if step >= 1000 and reason.startswith("balanced again"))
+    assert back < 1200 and not b.fallback and abs(b.split[1] - ideal[1]) <= 1, (back, b.split, ideal)
+    assert all(reason.startswith("model") for step, reason in reasons if step > back)
+    model_only = drive(calibrated(256, overhead, per_sample, **MODEL_ONLY), seconds, 3000, seed=seed)[0]
+    assert fmean(times[1300:]) < 1.005 * fmean(model_only[1300:])
+
+
+def test_the_fallback_is_the_equal_split_within_the_caps():
+    """Rank 1 may take at most 120 of 256: the equal split it falls back to is [136, 120], and no
+    split ever breaks the cap or the minimum."""
+    overhead, per_sample = [0.002, 0.002], [1e-4, 1e-4]
+    b = calibrated(256, overhead, per_sample, caps=[None, 120], minimum=8)
+    assert b.split == b.equal == [136, 120]
+    _, reasons = drive(b, timings(overhead, per_sample, busy=1), 3000)
+    assert any(reason.startswith("fallback: ") for _, reason in reasons) and b.split == [136, 120]
+    assert all(split[1] <= 120 and min(split) >= 8 and sum(split) == 256 for _, split in b.history)
+
+
+def test_a_calibration_that_overrated_a_ranks_overhead_does_not_pin_it_to_the_minimum():
+    """Calibrated while its host was busy, rank 1's overhead read 50 ms (it is 2 ms): the model
+    gave it one sample, its steps then finished inside that overhead and measured nothing, and
+    the job ran on rank 0 alone for good (28 ms a step where 17.5 ms is due). A step faster than
+    the overhead lowers it, and the model finds the right split within 100 steps."""
+    overhead, per_sample = [0.002, 0.002], [1e-4, 1.5e-4]
+    ideal = calibrated(256, overhead, per_sample).split
+    b = calibrated(256, [0.002, 0.050], per_sample)
+    assert b.split == [255, 1]
+    drive(b, timings(overhead, per_sample), 400)
+    assert abs(b.split[1] - ideal[1]) <= 2 and not b.fallback, (b.split, ideal)
+    assert all(split == b.split for step, split in b.history if step >= 100)

@@ -9,12 +9,22 @@ Every rank holds a Balancer and feeds it the same numbers (each rank's compute t
 step, summed across ranks inside the gradient allreduce), so every rank computes the same new
 split without an extra message. Pure Python arithmetic on identical inputs is identical on
 every platform (IEEE 754), which keeps the ranks in agreement.
+
+The model can be wrong in a way its own numbers never show: a host busy with other work (a
+browser, a CPU hog) adds spikes to its rank's step that do not scale with the batch, and the
+split that equalizes average times then measures slower than a plain equal split. So the split
+is checked against the equal split by measurement, never by prediction alone: when the model
+stops explaining the measured step times, a few steps at the equal split are timed and the
+faster of the two is kept; while the equal split is held, the model's split is timed now and
+then, so that it comes back when the host goes quiet (see `probe_every`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import fmean
 
 from hvdhetero.rank.sampler import proportional_split
 
@@ -59,8 +69,39 @@ class Balancer:
     """a_i: seconds per step that do not depend on the batch, from calibration."""
     seconds_per_sample: list[float] = field(default_factory=list)
     """p_i: seconds per sample, calibrated, then tracked from every step's timing."""
+    probe_every: int = 100
+    """Least steps from one probe of the equal split to the next. Such a probe starts only while
+    the model misses the measured step time of its split by more than `tolerance`, so a job
+    that the model explains never pays for one."""
+    probe_budget: float = 0.01
+    """Share of the run that probes may cost. A probe waits until the steps since the last one
+    cover its cost: its steps (`probe_steps` plus the loader's lag) times how much slower the
+    model predicts the probed split than the split in force measures, or than the last probe
+    measured if it lost by more. At K=10 an equal split predicted 5x slower is probed once in
+    4000-6000 steps."""
+    probe_steps: int = 8
+    """Steps timed at the probed split. Only steps that ran it count: the loader applies a new
+    split a few steps late, and those steps ran the old one."""
+    window: int = 24
+    """The latest steps at the split in force that the model is checked and a probe is
+    measured against."""
+    tolerance: float = 0.10
+    """The model explains the job while the mean measured step time (the slowest rank's) of
+    `window` steps is within this fraction of the mean predicted one: 3-10% timing noise
+    misses by 1-4%, a busy host's spikes by 10-20% (simulated)."""
+    margin: float = 0.03
+    """A probed split takes over only when its typical step time (`_typical`) beats the split in
+    force's by this fraction, the model's `threshold`: a smaller lead over 8 steps may be noise."""
     history: list[tuple[int, list[int]]] = field(default_factory=list)
     """(step, split) for the initial split and every change, for the metrics."""
+    reason: str = field(default="equal split", init=False)
+    """Why the split is what it is, set with every change (every `history` entry) for the
+    metrics: "calibrated: ...", "refined: ...", "model: ..." (the model re-split), "probe: ..."
+    (a probe starts), "probe over, [...] kept: ..." (the probed split lost), "fallback: ..."
+    (the equal split measured faster and is held), "balanced again: ..." (the model's split
+    measured faster than the held equal split). Verdicts quote the measured step times."""
+    fallback: bool = field(default=False, init=False)
+    """True while the equal split is held because it measured faster than the model's split."""
 
     def __post_init__(self):
         self.caps = list(self.caps) or [None] * self.size
@@ -68,9 +109,17 @@ class Balancer:
             raise ValueError(f"{len(self.caps)} caps for {self.size} ranks")
         self.overhead = [0.0] * self.size
         self.seconds_per_sample = [1.0] * self.size
-        self.split = self.target()
+        self.equal = self.target()  # nothing measured yet: every rank alike, within its cap
+        self.split = list(self.equal)
         self._steps = self._wanted = 0
         self._settled = _Moments(self.size)
+        # (measured, predicted) step seconds at the split in force, and at the probed split
+        self._held: deque[tuple[float, float]] = deque(maxlen=self.window)
+        self._probed: list[tuple[float, float]] = []
+        self._probe: list[int] | None = None  # the split being probed ...
+        self._left = self.split  # ... and the one it left, which it must beat
+        self._probe_start = self._probe_end = self._lag = 0
+        self._lost_by = 0.0
 
     def target(self, per_sample: Sequence[float] | None = None) -> list[int]:
         """The integer split that makes a_i + p_i * n_i equal across ranks."""
@@ -104,13 +153,18 @@ class Balancer:
             self.split = target
         self._settled = _Moments(self.size)
         self.history.append((step, list(self.split)))
+        self.reason = f"calibrated: model predicts {_s(self.step_time(self.split))} s/step, {_s(now)} at {self.equal}"
         return self.split
 
     def _measured(self, step_seconds: Sequence[float], sizes: Sequence[int]):
         """(rank, seconds per sample) for each rank whose step shows a per-sample cost: its time
-        less its overhead, over its samples (a rank with no samples, or within its overhead,
-        tells nothing)."""
+        less its overhead, over its samples (a rank with no samples tells nothing). A step
+        faster than the rank's overhead proves the overhead overrated (calibrated while its
+        host was busy): it drops to that step's time, else the rank would keep the minimum
+        share for good, every step of it inside the overhead and none measured."""
         for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
+            if n > 0:
+                self.overhead[rank] = min(self.overhead[rank], t)
             per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
             if per_sample > 0:
                 yield rank, per_sample
@@ -126,32 +180,45 @@ class Balancer:
             self.seconds_per_sample[rank] = per_sample
         target = self.target()
         if target != self.split:
-            self._move(target, step)
+            self._move(target, step, f"refined: measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
         return self.split
 
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
         """Feed every rank's compute time for a step and the samples each had; returns a new
-        split when the measured speeds moved far enough, else None (keep the current one)."""
+        split when the measured speeds moved far enough or a probe starts or ends, else None
+        (keep the current one)."""
+        sizes = list(sizes)
+        predicted = self.step_time(sizes)
         for rank, per_sample in self._measured(step_seconds, sizes):
             old = self.seconds_per_sample[rank]
             self.seconds_per_sample[rank] = old + self.smoothing * (per_sample - old)
-            if list(sizes) == self.split:
+            if sizes == self.split:
                 self._settled.add(rank, per_sample)
+        self._record(max(step_seconds), predicted, sizes)
         self._steps += 1
+        if self._probe is not None:
+            return self._verdict(step)
         if self._steps % self.interval:
             return None
+        if self.fallback:
+            return self._probe_model(step)
+        return self._follow_model(step) or self._probe_equal(step)
+
+    def _follow_model(self, step: int) -> list[int] | None:
+        """The model's new split when it promises a real gain, else None."""
         target = self.target()
         now, then = self.step_time(self.split), self.step_time(target)
         # Hysteresis in size (a real gain) and in time (seen at two decisions in a row).
         self._wanted = self._wanted + 1 if now - then > self.threshold * now else 0
         if self._wanted >= self.patience:
-            return self._move(target, step)
+            return self._move(target, step, f"model: predicts {_s(then)} s/step against {_s(now)} at {self.split}")
         settled = self._settled_target()
         if settled is None:
             return None
         target, mean = settled
         self.seconds_per_sample = mean  # the better estimate, and the one the move is based on
-        return self._move(target, step)
+        return self._move(target, step, f"model, averaged over the steps at {self.split}: predicts "
+                                        f"{_s(self.step_time(target))} s/step against {_s(self.step_time(self.split))}")
 
     def _settled_target(self) -> tuple[list[int], list[float]] | None:
         """The split for the mean per-sample costs of the steps at the current split, and those
@@ -172,12 +239,81 @@ class Balancer:
             return None
         return target, mean
 
-    def _move(self, target: list[int], step: int) -> list[int]:
+    def _record(self, seconds: float, predicted: float, sizes: list[int]) -> None:
+        """File the job's step time (its slowest rank's) by the split the step really ran: the
+        probed split's steps, or the split in force's (the model's splits, or the equal one
+        while it is held). Steps of the other kind are late steps of the split just left, and an
+        epoch's short last step measures no split at all."""
+        if sum(sizes) != self.global_batch:
+            return
+        if sizes == self._probe:
+            self._probed.append((seconds, predicted))
+        elif (sizes == self.equal) == self.fallback:
+            self._held.append((seconds, predicted))
+
+    def _probe_equal(self, step: int) -> list[int] | None:
+        """The equal split, to be timed, when the model no longer explains the measured step
+        time of its split and the probe's cost is within budget."""
+        if self.split == self.equal or len(self._held) < self.window:
+            return None
+        measured, predicted = fmean(m for m, _ in self._held), fmean(p for _, p in self._held)
+        if abs(measured - predicted) <= self.tolerance * predicted or not self._probe_due(self.equal):
+            return None
+        return self._start_probe(self.equal, step, f"probe: equal split, as {self.split} measures "
+                                                   f"{_s(measured)} s/step where the model predicts {_s(predicted)}")
+
+    def _probe_model(self, step: int) -> list[int] | None:
+        """While the equal split is held: the model's split, to be timed, when the model predicts
+        it faster than the equal split measures by `margin` (as when a busy host went quiet;
+        while it is busy, the model's own split is mostly predicted well, the equal one not)
+        and the probe's cost is within budget."""
+        target = self.target()
+        then, now = self.step_time(target), self._typical_held()
+        if target == self.equal or then >= (1 - self.margin) * now or not self._probe_due(target):
+            return None
+        return self._start_probe(target, step, f"probe: model's split, predicted {_s(then)} s/step "
+                                               f"against {_s(now)} measured at {self.equal}")
+
+    def _probe_due(self, split: list[int]) -> bool:
+        """Whether the steps since the last probe cover the cost of one of `split` within budget:
+        its steps times how much slower the model predicts them than the split in force
+        measures, or the last probe measured them if it lost by more. The last probe's lag
+        (steps that still ran the old split at its start) repeats at its end, at the probed split."""
+        slower = max(self.step_time(split) / self._typical_held() - 1, self._lost_by)
+        cost = (self.probe_steps + self._lag) * slower
+        least = 0 if self.fallback else self.probe_every
+        return self._steps - self._probe_end >= max(least, cost / self.probe_budget)
+
+    def _typical_held(self) -> float:
+        return _typical([m for m, _ in self._held])
+
+    def _start_probe(self, split: list[int], step: int, reason: str) -> list[int]:
+        self._probe, self._probed, self._left, self._probe_start = split, [], self.split, self._steps
+        return self._move(split, step, reason)
+
+    def _verdict(self, step: int) -> list[int] | None:
+        """Once `probe_steps` steps ran the probed split: keep whichever split has the lower
+        typical step time (the probed one only by `margin`), and say which and why."""
+        if len(self._probed) < self.probe_steps:
+            return None
+        probed, held, self._probe, self._probe_end = self.split, self._left, None, self._steps
+        self._lag = self._steps - self._probe_start - self.probe_steps
+        ours, theirs = _typical([m for m, _ in self._probed]), self._typical_held()
+        verdict = f"{_s(ours)} s/step at {probed} against {_s(theirs)} at {held}"
+        if ours >= (1 - self.margin) * theirs:
+            self._lost_by = ours / theirs - 1
+            return self._move(held, step, f"probe over, {held} kept: measured {verdict}")
+        self.fallback, self._lost_by = not self.fallback, 0.0
+        self._held = deque(self._probed, maxlen=self.window)
+        return self._move(probed, step, f"{'fallback' if self.fallback else 'balanced again'}: measured {verdict}")
+
+    def _move(self, target: list[int], step: int, reason: str) -> list[int]:
         self._wanted = 0
         self._settled = _Moments(self.size)
-        self.split = target
+        self.split = list(target)
         self.history.append((step, list(target)))
-        return target
+        self.reason = reason
+        return self.split
 
 
 class _Moments:
@@ -197,3 +333,16 @@ class _Moments:
         if min(self.count) < 2:
             return None
         return [(m, (m2 / (n - 1) / n) ** 0.5, n) for m, m2, n in zip(self.mean, self.m2, self.count)]
+
+
+def _typical(seconds: list[float]) -> float:
+    """Mean of the faster three quarters of the step times: a busy host's spikes in up to a
+    quarter of the steps are left out, yet a slower bulk counts in full, as in the mean the job
+    pays. A median ignores a split that is slow in a third of the steps, as a model chasing the
+    spikes makes it (simulated busy hosts, 3000 steps: the worst run 1.8% slower than the better
+    of the equal and the model's split, 2.2% with a median)."""
+    return fmean(sorted(seconds)[: len(seconds) - len(seconds) // 4])
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.3g}"

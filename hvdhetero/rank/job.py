@@ -369,7 +369,8 @@ class Job:
             return
         new = p.balancer.observe(times, list(item.sizes), step=item.step)
         if new:
-            self._write("split", step=p.loader.resplit(new, item.step), split=new)
+            self._write("split", step=p.loader.resplit(new, item.step), split=new, reason=p.balancer.reason,
+                        fallback=p.balancer.fallback)
 
     def _once_per_step(self, step: Callable) -> Callable:
         def between_micro_batches_nothing(*args, **kwargs):
@@ -389,7 +390,7 @@ class Job:
             "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
         self._write("start", config=asdict(self.config), ranks=self.size, **gathered,
                     overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
-        self._write("split", epoch=0, step=0, split=balancer.split)
+        self._write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason, fallback=balancer.fallback)
         if self.precision.note:
             print(f"hvdhetero: rank {self.rank}: {self.precision.note}", flush=True)
 

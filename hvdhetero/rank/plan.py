@@ -61,7 +61,7 @@ class Measured:
     latency_s: float
     """An allreduce of one number across all ranks."""
     exchange_s: float
-    """An allreduce of the model's bytes across all ranks."""
+    """An allreduce of the model's bytes across all ranks (the slowest of a few, each after a pause)."""
     copy_s: float
     """The CPU work of one exchange on the slowest rank (copies to and from the CPU, flattening)."""
 
@@ -219,7 +219,7 @@ def _shown(predictions: list[Prediction]) -> list[Prediction]:
 # -- measuring, inside job.prepare (collectives: every rank calls them together) ------------------
 
 def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, host: str, device: str,
-            repeats: int = 3) -> Measured:
+            repeats: int = 4) -> Measured:
     """The link and the exchange's CPU work, with the calibrated a_i, p_i; identical on every rank."""
     numel = sum(p.numel() for p in params)
     started = time.perf_counter()
@@ -229,8 +229,12 @@ def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, h
             chunk.view_as(p).to(p.device)
     copy_s = (time.perf_counter() - started) / 2
     small, big = torch.zeros(1, dtype=torch.float32), torch.zeros(numel, dtype=wire)
-    latency = _timed(small, "hvdhetero.plan.latency", repeats + 2)
-    exchange = _timed(big, "hvdhetero.plan.exchange", repeats)
+    latency = statistics.median(_timed(small, "hvdhetero.plan.latency", repeats + 2))
+    # Training exchanges after a round of compute, on a link idle since the last one: TCP
+    # restarts slowly after idle and a shaped or lossy link drops bursts, so the same 0.6 MB took
+    # 0.65-0.8 s back to back and up to 1.5 s after a second's pause (8 Mbit, measured). The plan
+    # counts the slowest of a few exchanges, each after a pause.
+    exchange = max(_timed(big, "hvdhetero.plan.exchange", repeats, pause_s=0.5))
     size = hvd.size()
     summed = allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s), "hvdhetero.plan.times")
     hosts = hvd.allgather_object(host, name="hvdhetero.plan.hosts")
@@ -240,15 +244,16 @@ def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, h
                     max(summed[size:2 * size]), max(summed[2 * size:]))
 
 
-def _timed(tensor: torch.Tensor, name: str, repeats: int) -> float:
+def _timed(tensor: torch.Tensor, name: str, repeats: int, pause_s: float = 0.0) -> list[float]:
     hvd.allreduce_(tensor, op=hvd.Sum, name=name + ".warm")
     times = []
     for i in range(repeats):
+        time.sleep(pause_s)
         hvd.barrier()
         t0 = time.perf_counter()
         hvd.allreduce_(tensor, op=hvd.Sum, name=f"{name}.{i}")
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def make(m: Measured, subsets: bool = True) -> Plan:
