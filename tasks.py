@@ -215,6 +215,7 @@ def build_horovod(c, install=False):
     "micro_batch": "chunk size of the solo and hvdhetero phases: auto (timed per rank), 0 (whole batch) or N",
     "sync": "the hvdhetero phase's sync mode: step, local:H or diloco:H (the engine phase reduces every step)",
     "overlap_sync": "local/diloco: the hvdhetero phase's exchange runs behind compute, applied one round late",
+    "compression": "the hvdhetero phase's gradients (step) or exchange (local/diloco) on the wire: none or fp16",
     "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
     "sizes_mb": "with --allreduce: buffer sizes in MB",
     "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
@@ -222,8 +223,8 @@ def build_horovod(c, install=False):
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
-          inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False, allreduce=False,
-          sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
+          inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False, compression="none",
+          allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
     if allreduce:
@@ -237,6 +238,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
         if out:
             Path(out).write_text(json.dumps(result, indent=1))
         return
+    JobConfig(sync=sync, overlap_sync=bool(overlap_sync), compression=compression)  # bad values: exit 2 here
     if check_sync(sync)[0] == "auto":
         raise Exit("error: bench measures one --sync mode: step, local:H or diloco:H (invoke plan predicts "
                    "them all and says which to use)", code=2)
@@ -244,7 +246,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
              "--min-seconds", str(float(min_seconds)),
              "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch),
              "--sync", "%s:%d" % check_sync(sync) if sync != "step" else "step",
-             *(["--overlap-sync"] if overlap_sync else [])] + (["--out", str(Path(out).resolve())] if out else [])
+             *(["--overlap-sync"] if overlap_sync else []), "--compression", compression] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))

@@ -70,3 +70,7 @@ def test_bench_takes_a_sync_mode_for_the_hvdhetero_phase_and_refuses_a_bad_one()
     assert "horovodrun" not in bad.stdout
     auto = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "auto", "--dry-run"], timeout=60, check=False)
     assert auto.returncode == 2 and "bench measures one --sync mode" in auto.stderr
+    for flags, message in ((["--compression", "bf16"], "--compression must be one of none, fp16, got 'bf16'"),
+                           (["--overlap-sync"], "--overlap-sync needs --sync local:H or diloco:H")):
+        refused = run_cmd([VENV_BIN / "invoke", "bench", *flags, "--dry-run"], timeout=60, check=False)
+        assert refused.returncode == 2 and message in refused.stderr and "horovodrun" not in refused.stdout

@@ -67,6 +67,8 @@ def parse_args(argv):
                         help="give each CPU rank its own cores (as training does)")
     parser.add_argument("--sync", default="step", help="the hvdhetero phase's sync mode: step, local:H or diloco:H "
                         "(the engine phase always reduces every step)")
+    parser.add_argument("--compression", default="none", choices=("none", "fp16"),
+                        help="the hvdhetero phase's gradients or exchange on the wire")
     parser.add_argument("--overlap-sync", action="store_true",
                         help="local/diloco: exchange in the background, applied one round late")
     parser.add_argument("--micro-batch", default="auto",
@@ -240,7 +242,8 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     forward, `job.backward`, `optimizer.step()`; one call is one global step (all its chunks)."""
     model, optimizer = build()
     config = JobConfig(run_dir=tempfile.mkdtemp(prefix="hvdhetero-bench-"), slowdown=args.slowdown, sync=args.sync,
-                       overlap_sync=args.overlap_sync, overlap=args.overlap, micro_batch=str(chunk or 0))
+                       overlap_sync=args.overlap_sync, overlap=args.overlap, compression=args.compression,
+                       micro_batch=str(chunk or 0))
     job = Job(replace(config, hosts=args.hosts), pin=args.pin)
     job.report_progress = False  # the benchmark prints its own table
     # The API deals each epoch out once: a dataset of whole global batches, so that every step
@@ -323,7 +326,8 @@ def where_time_goes(timings: list[tuple[float, float, float]]) -> dict:
 
 
 def sync_name(args) -> str:
-    return args.sync + (" overlapped" if args.overlap_sync else "")
+    wire = ", fp16 wire" if args.compression != "none" else ""
+    return args.sync + (" overlapped" if args.overlap_sync else "") + wire
 
 
 def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict) -> None:
@@ -344,7 +348,8 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         # What the job made of the slower ranks: 1 = all their solo speed added, < 0 = a loss.
         job["captured"] = med((rates[r] - fastest_r[r]) / (total_r[r] - fastest_r[r]) for r in rounds)
     result = {
-        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync, "dataset": args.dataset,
+        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync,
+                   "compression": args.compression, "dataset": args.dataset,
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
                    "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,
                    "warmup": args.warmup, "timed_steps": counts},
