@@ -33,8 +33,12 @@ def test_mnist_cnn_with_dataloader_workers(tmp_path):
 def test_cifar10_resnet18_with_mixed_precision_a_per_batch_cosine_and_checkpointing(tmp_path):
     proc, records = train_example("cifar10_resnet.py", tmp_path, "--fake-data", "128", "--epochs", "1",
                                   "--batch-size", "32", "--workers", "1", "--checkpointing",
-                                  job=["--precision", "fp16", "--micro-batch", "8"])
+                                  job=["--precision", "fp16", "--micro-batch", "8", "--slowdown", "3"])
     start = records[0]
+    # Unequal shares (the last rank 3x slower) run unequal numbers of chunks, so BatchNorm's
+    # num_batches_tracked differed by rank and the end digests with it (seen in CI when a busy
+    # machine moved an equal split): integer buffers now come from rank 0.
+    assert any(s[0] > s[1] for s in (r["split"] for r in records if r["event"] == "split")), records
     assert start["precision"] == ["--precision fp16 runs as bf16 on cpu (no fast fp16 there)"] * 2
     assert "runs as bf16 on cpu" in proc.stdout, "the mapping is said on the console"
     assert start["micro_batches"] == [8, 8]

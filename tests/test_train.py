@@ -110,7 +110,10 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
             records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
             accuracy[name].append(records[-1]["test_accuracy"])
             if name == "k3":
-                splits = [r["split"] for r in records if r["event"] == "split" and not r["reason"].startswith("probe:")]
+                # the model's splits (a probe of the equal split, or a fallback to it on a busy
+                # machine, is the balancer checking itself)
+                splits = [r["split"] for r in records if r["event"] == "split" and not r["fallback"]
+                          and not r["reason"].startswith("probe:")]
                 assert all(s[0] >= 2 * s[1] for s in splits[1:] or splits), splits  # the slow rank got less
     mean = {name: statistics.fmean(values) for name, values in accuracy.items()}
     assert min(accuracy["one"] + accuracy["k3"]) >= 0.95, accuracy

@@ -146,6 +146,10 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
     for round_ in range(args.repeats):
         for name in phase_order(list(phases), round_):
             step = phases[name]
+            # local/diloco overlapped: one untimed round first, so that the window starts with an
+            # exchange in flight as training does (else N rounds would hold N-1 waits).
+            for _ in range(getattr(step, "round", 0) if getattr(step, "drain", None) else 0):
+                step()
             hvd.barrier()  # Horovod: every rank starts a phase together
             t0 = time.perf_counter()
             for _ in range(counts[name]):

@@ -115,11 +115,7 @@ class Job:
                 probe_failed = f"{type(err).__name__}: {err}"
             failed = hvd.allgather_object(probe_failed, name="hvdhetero.probe")
             caps = hvd.allgather_object(self.me.max_batch, name="hvdhetero.caps")
-            # With --sync local/diloco the balancer hears once a round, a mean of H steps: it may
-            # decide at every hearing (at its default of every 5th, a K=12 job at H=4 spent
-            # 60 steps unbalanced).
-            balancer = Balancer(global_batch, self.size, caps=caps,
-                                **({"interval": 1} if check_sync(cfg.sync)[0] != "step" else {}))
+            balancer = Balancer(global_batch, self.size, caps=caps)
             if not cfg.equal_split and not any(failed):
                 big = min(global_batch, len(dataset))
                 calibrate(balancer, model, dataset, self.me, small=max(1, big // 4), big=big,
@@ -137,6 +133,10 @@ class Job:
         overlap_sync = cfg.overlap_sync
         if cfg.plan_only or kind == "auto":
             kind, every, overlap_sync = self._plan(balancer, model, probe_failed=any(failed))
+        if kind != "step":
+            # The balancer hears once a round, a mean of H steps: it may decide at every hearing
+            # (at its default of every 5th, a K=12 job at H=4 spent 60 steps unbalanced).
+            balancer.interval = 1
         self._sync = None if kind == "step" else ParameterSync(model, kind, every, cfg.compression, cfg.outer_lr,
                                                                   cfg.outer_momentum, overlap_sync)
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
@@ -175,7 +175,7 @@ class Job:
             if full.advice.ranks != pick.ranks:
                 note += f"; but {full.reason} (see invoke plan)"
             print(note, flush=True)
-        if pick.sync == "step":
+        if pick.sync in ("step", "alone"):  # alone: a one-rank job
             return "step", 1, False
         return "diloco", int(pick.sync.split(":")[1]), pick.overlap
 

@@ -64,6 +64,8 @@ class Measured:
     """An allreduce of the model's bytes across all ranks (the slowest of a few, each after a pause)."""
     copy_s: float
     """The CPU work of one exchange on the slowest rank (copies to and from the CPU, flattening)."""
+    caps: list = field(default_factory=list)
+    """Per rank: the most samples it may take a step (the inventory's max_batch), or None."""
 
     @property
     def bandwidth_mbit(self) -> float | None:
@@ -138,7 +140,10 @@ def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
             r = ranks[0]
             out.append(_made(labels, ranks, "alone", False, m.overhead[r] + m.per_sample[r] * m.global_batch, 0, m))
             continue
-        balancer = Balancer(m.global_batch, len(ranks))
+        try:
+            balancer = Balancer(m.global_batch, len(ranks), caps=[m.caps[r] for r in ranks] if m.caps else ())
+        except ValueError:  # their caps (max_batch) hold less than the global batch
+            continue
         split = balancer.calibrate([m.overhead[r] for r in ranks], [m.per_sample[r] for r in ranks])
         t = balancer.step_time(split)
         out.append(_made(labels, ranks, "step", False, t + m.exchange_s, 0, m))
@@ -160,6 +165,8 @@ def _made(labels, ranks, sync, overlap, step_s, staleness, m: Measured) -> Predi
 
 def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
     """The advised prediction and why, in plain words."""
+    if not predictions:
+        raise ValueError("advise() needs at least one prediction")
     best = max(predictions, key=lambda p: p.samples_per_s)
     alone = [p for p in predictions if len(p.hosts) == 1]
     fastest_alone = max(alone, key=lambda p: p.samples_per_s) if alone else None
@@ -241,7 +248,7 @@ def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, h
     devices = hvd.allgather_object(device, name="hvdhetero.plan.devices")
     return Measured(hosts, devices, list(balancer.overhead), list(balancer.seconds_per_sample),
                     balancer.global_batch, numel * big.element_size(), max(summed[:size]),
-                    max(summed[size:2 * size]), max(summed[2 * size:]))
+                    max(summed[size:2 * size]), max(summed[2 * size:]), list(balancer.caps))
 
 
 def _timed(tensor: torch.Tensor, name: str, repeats: int, pause_s: float = 0.0) -> list[float]:

@@ -181,16 +181,23 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
 
 
 def average_buffers(model: torch.nn.Module) -> None:
-    """Average floating-point buffers (BatchNorm running statistics) across ranks, so that
-    evaluation and the checkpoint see one model; parameters are already identical."""
-    buffers = [b for b in model.buffers() if b.is_floating_point()]
-    if not buffers:
-        return
-    flat = torch.cat([b.detach().cpu().to(torch.float64).reshape(-1) for b in buffers])
-    # Horovod: one allreduce for every buffer; the result is bit-identical on every rank.
-    hvd.allreduce_(flat, op=hvd.Average, name="hvdhetero.buffers")
-    for b, chunk in zip(buffers, flat.split([b.numel() for b in buffers])):
-        b.copy_(chunk.view_as(b).to(b.dtype))
+    """Average floating-point buffers (BatchNorm running statistics) across ranks and give every
+    rank rank 0's other buffers (BatchNorm's num_batches_tracked counts a rank's own forward
+    passes, which differ when the shares do), so that evaluation and the checkpoint see one
+    model; parameters are already identical."""
+    floats = [b for b in model.buffers() if b.is_floating_point()]
+    others = [b for b in model.buffers() if not b.is_floating_point()]
+    if floats:
+        flat = torch.cat([b.detach().cpu().to(torch.float64).reshape(-1) for b in floats])
+        # Horovod: one allreduce for every buffer; the result is bit-identical on every rank.
+        hvd.allreduce_(flat, op=hvd.Average, name="hvdhetero.buffers")
+        for b, chunk in zip(floats, flat.split([b.numel() for b in floats])):
+            b.copy_(chunk.view_as(b).to(b.dtype))
+    if others:
+        flat = torch.cat([b.detach().cpu().to(torch.int64).reshape(-1) for b in others])
+        hvd.broadcast_(flat, root_rank=0, name="hvdhetero.int_buffers")
+        for b, chunk in zip(others, flat.split([b.numel() for b in others])):
+            b.copy_(chunk.view_as(b).to(b.dtype))
 
 
 def _to_cpu(obj):

@@ -95,26 +95,28 @@ class ParameterSync:
             return None
         return self.exchange(wait=True)
 
-    def exchange(self, wait: bool = False) -> list[float]:
-        """The round's end, on every rank together (a collective). `wait`: apply this round now
-        even when overlapped (the epoch's end)."""
+    def exchange(self, wait: bool = False) -> list[float] | None:
+        """The round's end, on every rank together (a collective): every rank's mean step
+        seconds of the round, or None when no step was taken since the last. `wait`: apply
+        this round now even when overlapped (flush)."""
         started = time.perf_counter()
-        times = [0.0] * hvd.size()
-        if self.round_steps:
-            total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
-                                          f"hvdhetero.sync.counts.{self.rounds}")
-            weight = self.samples / total
+        if not self.round_steps:  # only the round in flight to land (flush): no step times to report
+            self._apply_pending()
+            self._continue_from_global(None)
+            self.last_exchange_s = time.perf_counter() - started
+            return None
+        total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
+                                      f"hvdhetero.sync.counts.{self.rounds}")
+        weight = self.samples / total
         if not self.overlap:
             self._exchange_now(weight)
         else:
             self._apply_pending()
-            mine = None
-            if self.round_steps:
-                mine = self._progress()
-                self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0))
-                self.rounds += 1
-                if wait:
-                    self._apply_pending()
+            mine = self._progress()
+            self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0))
+            self.rounds += 1
+            if wait:
+                self._apply_pending()
             self._continue_from_global(None if wait else mine)
         self.samples, self.seconds, self.round_steps = 0, 0.0, 0
         self.last_exchange_s = time.perf_counter() - started
@@ -123,27 +125,29 @@ class ParameterSync:
     # -- without overlap --------------------------------------------------------------------
 
     def _exchange_now(self, weight: float) -> None:
-        mine = [p.detach().to("cpu", torch.float32) for p in self.params]
-        if self.kind == "diloco":
-            mine = [s - p for s, p in zip(self.start, mine)]  # this rank's parameter change, reversed
-        mine += [b.detach().to("cpu", torch.float32) for b in self.buffers]
+        # This rank's change over the round (reversed), never the parameters themselves: with
+        # fp16 on the wire, sending parameters rounded them to fp16 every round (local:H).
+        mine = [s - p.detach().to("cpu", torch.float32) for s, p in zip(self.start, self.params)]
+        mine += [s - b.detach().to("cpu", torch.float32) for s, b in zip(self.start_buffers, self.buffers)]
         flat = torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0)
         wire = flat.to(self.wire)
-        # Horovod: one allreduce of every weighted parameter (and buffer) of the round.
+        # Horovod: one allreduce of every weighted change of the round (parameters and buffers).
         hvd.allreduce_(wire, op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
         flat = wire.to(torch.float32)
         chunks = list(flat.split([t.numel() for t in mine]))
         reduced, buffers = chunks[:len(self.params)], chunks[len(self.params):]
         if self.kind == "diloco":
             self._outer_step(reduced)
-            reduced = [s.reshape(-1) for s in self.start]
+        else:  # local: the start minus the weighted mean change is the weighted mean of the ranks
+            for s, d in zip(self.start, reduced):
+                s.sub_(d.view_as(s))
+        for s, d in zip(self.start_buffers, buffers):
+            s.sub_(d.view_as(s))
         with torch.no_grad():
-            for p, new in zip(self.params, reduced):
+            for p, new in zip(self.params, self.start):
                 p.copy_(new.view_as(p))
-            for b, new in zip(self.buffers, buffers):
+            for b, new in zip(self.buffers, self.start_buffers):
                 b.copy_(new.view_as(b))
-        if self.kind == "local":
-            self.start = _cpu(self.params)
         self.rounds += 1
         self.applied = self.rounds
 
