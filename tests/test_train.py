@@ -149,3 +149,19 @@ def test_bf16_on_cpu_reaches_the_fp32_accuracy(tmp_path):
     mean = {name: statistics.fmean(values) for name, values in accuracy.items()}
     assert min(accuracy["bf16"]) >= 0.95, accuracy
     assert abs(mean["fp32"] - mean["bf16"]) <= 0.005, (mean, accuracy)
+
+
+def test_the_recipe_stops_at_a_target_accuracy_and_logs_the_time_to_it(tmp_path):
+    """--target-accuracy ends the run after the first epoch that reaches it (job.stop), with the
+    training seconds to it (evaluation excluded) and the end record written."""
+    run_cmd([VENV_BIN / "invoke", "train", "--epochs", "40", "--run-dir", tmp_path, "--", "--repeat", "2",
+             "--target-accuracy", "0.95"], timeout=600)
+    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    reached = [r for r in records if r["event"] == "log" and r.get("reached_target")]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert len(reached) == 1 and len(epochs) < 40 and records[-1]["event"] == "end", records[-3:]
+    hit = reached[0]
+    assert hit["test_accuracy"] >= 0.95 and hit["samples_to_target"] == len(epochs) * 2 * 1437
+    before = [r for r in records if r["event"] == "log" and r["epoch"] < hit["epoch"]]
+    assert before and all(r["test_accuracy"] < 0.95 for r in before), "it stopped at the first epoch that got there"
+    assert 0 < before[-1]["train_seconds"] < hit["seconds_to_target"]

@@ -76,6 +76,7 @@ class Job:
         self._last_scalars: dict = {}
         self._started = self._epoch_started = time.perf_counter()
         self._epochs = 1
+        self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
@@ -259,13 +260,22 @@ class Job:
         if n < 1:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._epochs = n
+        self._stopping = False
         for epoch in range(n):
             self.epoch = epoch
             self._loss_sum = self._samples = self._global_samples = 0.0
             self._epoch_started = time.perf_counter()
             yield epoch
             self._end_epoch()
+            if self._stopping:
+                break
         self._end()
+
+    def stop(self) -> None:
+        """End training after this epoch (early stopping): `job.epochs` yields no more and
+        writes the run's end record. Every rank must decide alike: decide on what every rank
+        sees the same, such as `job.evaluate`'s sums."""
+        self._stopping = True
 
     def log(self, **scalars) -> None:
         """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
