@@ -335,8 +335,9 @@ class Job:
             self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
 
     def _stepped(self) -> bool:
-        """The prepared optimizer asks whether to step: not when the step's reduced gradients overflowed (every rank skips alike). Called only once a step's
-        last micro-batch is in (the prepared optimizer does nothing between them)."""
+        """The prepared optimizer asks whether to step: not when the step's reduced gradients
+        overflowed (every rank skips alike). Called only once a step's last micro-batch is in
+        (the prepared optimizer does nothing between them)."""
         if self._prepared is not None and self._item is not None and not self._reduced:
             raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
@@ -367,8 +368,8 @@ class Job:
         item, p = self._item, self._prepared
         if times is None or item is None:
             return
-        self._write("exchange", step=self.step, round=self._sync.rounds, applied=self._sync.applied, split=list(p.sampler.batch_sizes),
-                    seconds=round(self._sync.last_exchange_s, 4))
+        self._write("exchange", step=self.step, round=self._sync.rounds, applied=self._sync.applied,
+                    split=list(p.sampler.batch_sizes), seconds=round(self._sync.last_exchange_s, 4))
         self._rebalance(times, item)
 
     def _rebalance(self, times: list[float], item: Item) -> None:

@@ -180,8 +180,7 @@ def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
         return fastest_alone, (f"train on {'+'.join(fastest_alone.hosts)} alone: the link costs {verb} "
                                f"{', '.join(others)} add{'s' if len(others) == 1 else ''} (best with "
                                f"{'them' if len(others) > 1 else 'it'}: {best_together.label}, {gain:+.0%})")
-    near = [p for p in predictions if p.hosts == best.hosts and p.samples_per_s >= (1 - NEAR_BEST) * best.samples_per_s]
-    pick = min(near, key=lambda p: (p.staleness, -p.samples_per_s))
+    pick = _freshest([p for p in predictions if p.hosts == best.hosts])
     if fastest_alone is None or len(pick.hosts) == 1:
         return pick, f"use {pick.label}"
     gain = pick.samples_per_s / fastest_alone.samples_per_s - 1
@@ -217,10 +216,15 @@ def _shown(predictions: list[Prediction]) -> list[Prediction]:
         for overlap in (False, True):
             modes = [p for p in group if p.sync.startswith("diloco") and p.overlap == overlap]
             if modes:
-                top = max(p.samples_per_s for p in modes)
-                shown.append(min((p for p in modes if p.samples_per_s >= (1 - NEAR_BEST) * top),
-                                 key=lambda p: p.staleness))
+                shown.append(_freshest(modes))
     return shown
+
+
+def _freshest(predictions: list[Prediction]) -> Prediction:
+    """Among those within NEAR_BEST of the fastest, the one whose news of the others is freshest."""
+    top = max(p.samples_per_s for p in predictions)
+    return min((p for p in predictions if p.samples_per_s >= (1 - NEAR_BEST) * top),
+               key=lambda p: (p.staleness, -p.samples_per_s))
 
 
 # -- measuring, inside job.prepare (collectives: every rank calls them together) ------------------

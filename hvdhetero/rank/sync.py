@@ -108,55 +108,24 @@ class ParameterSync:
         total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
                                       f"hvdhetero.sync.counts.{self.rounds}")
         weight = self.samples / total
-        if not self.overlap:
-            self._exchange_now(weight)
-        else:
+        self._apply_pending()
+        mine = self._progress()
+        self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0))
+        self.rounds += 1
+        now = wait or not self.overlap  # without overlap the round lands at once
+        if now:
             self._apply_pending()
-            mine = self._progress()
-            self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0))
-            self.rounds += 1
-            if wait:
-                self._apply_pending()
-            self._continue_from_global(None if wait else mine)
+        self._continue_from_global(None if now else mine)
         self.samples, self.seconds, self.round_steps = 0, 0.0, 0
         self.last_exchange_s = time.perf_counter() - started
         return times
 
-    # -- without overlap --------------------------------------------------------------------
-
-    def _exchange_now(self, weight: float) -> None:
-        # This rank's change over the round (reversed), never the parameters themselves: with
-        # fp16 on the wire, sending parameters rounded them to fp16 every round (local:H).
-        mine = [s - p.detach().to("cpu", torch.float32) for s, p in zip(self.start, self.params)]
-        mine += [s - b.detach().to("cpu", torch.float32) for s, b in zip(self.start_buffers, self.buffers)]
-        flat = torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0)
-        wire = flat.to(self.wire)
-        # Horovod: one allreduce of every weighted change of the round (parameters and buffers).
-        hvd.allreduce_(wire, op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
-        flat = wire.to(torch.float32)
-        chunks = list(flat.split([t.numel() for t in mine]))
-        reduced, buffers = chunks[:len(self.params)], chunks[len(self.params):]
-        if self.kind == "diloco":
-            self._outer_step(reduced)
-        else:  # local: the start minus the weighted mean change is the weighted mean of the ranks
-            for s, d in zip(self.start, reduced):
-                s.sub_(d.view_as(s))
-        for s, d in zip(self.start_buffers, buffers):
-            s.sub_(d.view_as(s))
-        with torch.no_grad():
-            for p, new in zip(self.params, self.start):
-                p.copy_(new.view_as(p))
-            for b, new in zip(self.buffers, self.start_buffers):
-                b.copy_(new.view_as(b))
-        self.rounds += 1
-        self.applied = self.rounds
+    # -- the exchange's parts -----------------------------------------------------------------
 
     def _outer_step(self, deltas) -> None:
         for start, delta in zip(self.start, deltas):
             start.grad = delta.view_as(start).clone()
         self.outer.step()
-
-    # -- overlapped -------------------------------------------------------------------------
 
     def _progress(self) -> list[torch.Tensor]:
         """This rank's change over the round (round start - now), parameters then buffers."""
@@ -168,7 +137,7 @@ class ParameterSync:
 
     def _launch(self, flat: torch.Tensor) -> None:
         wire = flat.to(self.wire)
-        # Horovod's background thread reduces it while the next round computes.
+        # Horovod's background thread reduces it (overlapped: while the next round computes).
         handle = hvd.allreduce_async_(wire, op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
         self._pending = handle
 
