@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
                          "split": phases[name].split,
                          "splits": [split for _, split in phases[name].balancer.history], "micro_batches": chunks,
                          "per_rank_step_ms": hvd.allgather_object(where_time_goes(phases[name].timings),
-                                                                  name=f"bench.where.{name}")}
+                                                                  name=f"bench.where.{name}"),
+                         "per_rank_exchanges": hvd.allgather_object(getattr(phases[name], "exchanges", []),
+                                                                    name=f"bench.exchanges.{name}")}
                         for name in ("hvdhetero", "engine"))
         if hvd.rank() == 0:
             report(args, solo, horovod, ours, engine, counts)
@@ -138,6 +140,7 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
         drain(step)
         if hasattr(step, "timings"):
             step.timings.clear()  # a step's breakdown is kept for timed steps only
+            getattr(step, "exchanges", []).clear()
         want = max(args.steps, math.ceil(args.min_seconds / min(warm))) if warm and min(warm) > 0 else args.steps
         whole = getattr(step, "round", 1)  # local/diloco: whole rounds only
         want = -(-want // whole) * whole
@@ -279,10 +282,16 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
             optimizer.zero_grad(set_to_none=True)
         step.split = job._prepared.balancer.split
         step.timings.append((*job.last_step_seconds, time.perf_counter() - started))
+        if job._sync is not None and job._sync.round_steps == 0:  # this step ended a round
+            step.exchanges.append([round(job._sync.last_exchange_s, 4), round(job._sync.wait_s, 4),
+                                   job._sync.link_late])
 
     step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
+    step.exchanges = []
+    """Per round's end in the timed steps: [seconds blocked, of which until all ranks met, whether
+    the round in flight was still on the link]."""
     if job._sync is not None:
-        step.round, step.drain = every, lambda: job._exchanged(job._sync.flush())
+        step.round, step.drain = every, job._one_model
     return step
 
 

@@ -53,9 +53,9 @@ def _cpu(tensors) -> list[torch.Tensor]:
 class ParameterSync:
     """Counts a rank's steps and samples; every `every` steps, the exchange."""
 
-    def __init__(self, model: torch.nn.Module, kind: str, every: int, compression: str = "none",
+    def __init__(self, model: torch.nn.Module, kind: str, every: int, global_batch: int, compression: str = "none",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, overlap: bool = False):
-        self.kind, self.every, self.overlap = kind, every, overlap
+        self.kind, self.every, self.overlap, self.global_batch = kind, every, overlap, global_batch
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.wire = WIRE_DTYPES[compression]
@@ -70,53 +70,84 @@ class ParameterSync:
             self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=True)
         self.steps = self.samples = self.round_steps = 0
         self.seconds = 0.0
+        self._mark: float | None = None
+        """When this rank's previous step ended (None after a pause)."""
         self.rounds = 0
         self.applied = 0
         """Rounds whose mean change is in the global model (overlapped: one behind `rounds`)."""
         self._pending = None
-        """Overlap: the Horovod handle of the allreduce in flight."""
+        """Overlap: the Horovod handles of the round in flight (counts, changes) and its nominal
+        sample total."""
         self.last_exchange_s = 0.0
         """Seconds the last exchange blocked this rank (waiting for the slower one included)."""
+        self.wait_s = 0.0
+        """Of those, seconds waiting for the round applied (its slowest rank, then the link)."""
+        self.link_late = False
+        """Whether the round applied was still on the link (or a rank had not sent it) when this
+        rank came to apply it."""
 
-    def after_step(self, samples: int, seconds: float) -> list[float] | None:
-        """Record one optimizer step of this rank; at the round's end exchange and return every
-        rank's mean step seconds of the round (for the balancer), else None."""
+    def after_step(self, samples: int, seconds: float) -> tuple[list[float], list[float]] | None:
+        """Record one optimizer step of this rank (`seconds`: its compute); at the round's end
+        exchange, and return what `exchange` returns, else None.
+
+        A step's seconds here are the whole time since the previous step ended: what makes a
+        rank late at the round's end is everything it does per step (the optimizer's update,
+        the loader, the script's own lines), not only forward and backward. Fed compute alone,
+        the balancer left a 12x-slower rank ~4% behind the fast one every round (the fast rank
+        waited 0.1-0.5 s per 4.5 s round), because the update costs both ranks alike while the
+        slow one had 20x fewer samples to spread it over. The first step after a pause
+        (an evaluation, an epoch's end) counts its compute only."""
+        now = time.perf_counter()
         self.steps += 1
         self.round_steps += 1
         self.samples += samples
-        self.seconds += seconds
-        if self.round_steps < self.every:
-            return None
-        return self.exchange()
+        self.seconds += max(seconds, now - self._mark) if self._mark is not None else seconds
+        times = self.exchange() if self.round_steps >= self.every else None
+        self._mark = time.perf_counter()
+        return times
 
-    def flush(self) -> list[float] | None:
+    def pause_clock(self) -> None:
+        """Training pauses (an evaluation, an epoch's end): the next step counts its compute only."""
+        self._mark = None
+
+    def flush(self) -> tuple[list[float], list[float]] | None:
         """One model on every rank now: the round in flight applied, the partial round exchanged."""
         if not self.round_steps and self._pending is None:
             return None
         return self.exchange(wait=True)
 
-    def exchange(self, wait: bool = False) -> list[float] | None:
-        """The round's end, on every rank together (a collective): every rank's mean step
-        seconds of the round, or None when no step was taken since the last. `wait`: apply
-        this round now even when overlapped (flush)."""
+    def exchange(self, wait: bool = False) -> tuple[list[float], list[float]] | None:
+        """The round's end, on every rank together (collectives): launch this round's exchange;
+        apply the previous one (overlapped) or this one (not, or `wait`: a flush). Returns every
+        rank's mean step seconds and mean samples per step in the round applied (for the
+        balancer: what that round ran, whatever the split is now), or None when none was.
+
+        Nothing here waits for the other ranks to reach this round's end: the round's sample
+        counts travel with it (asynchronously too), so a rank that finishes a round first goes
+        on with the next, and only applying a round waits for it. Overlapped, a rank late by
+        less than a round costs the others nothing (with a blocking count first, the fast rank
+        of a 12x-slower pair waited 0.1-0.6 s in most 2.3 s rounds: the slow rank's step times
+        vary by more than the balancer can split for)."""
         started = time.perf_counter()
-        if not self.round_steps:  # only the round in flight to land (flush): no step times to report
-            self._apply_pending()
-            self._continue_from_global(None)
-            self.last_exchange_s = time.perf_counter() - started
-            return None
-        total, *times = allreduce_sum([float(self.samples), *one_hot(self.seconds / self.round_steps)],
-                                      f"hvdhetero.sync.counts.{self.rounds}")
-        weight = self.samples / total
-        self._apply_pending()
-        mine = self._progress()
-        self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(weight) if mine else torch.zeros(0))
-        self.rounds += 1
-        now = wait or not self.overlap  # without overlap the round lands at once
-        if now:
-            self._apply_pending()
-        self._continue_from_global(None if now else mine)
-        self.samples, self.seconds, self.round_steps = 0, 0.0, 0
+        times, self.wait_s, self.link_late = None, 0.0, False
+        if self.round_steps:
+            times = self._apply_pending()  # the round in flight first (none without overlap)
+            mine = self._progress()
+            # Scaled by samples over the round's nominal total (fp16 on the wire keeps its range);
+            # the true total arrives with it and corrects the scale (a short last step).
+            nominal = float(self.round_steps * self.global_batch)
+            self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine
+                         else torch.zeros(0), [float(self.samples), *one_hot(self.seconds / self.round_steps),
+                                               *one_hot(self.samples / self.round_steps)], nominal)
+            self.rounds += 1
+            self.samples, self.seconds, self.round_steps = 0, 0.0, 0
+            if self.overlap and not wait:
+                self._continue_from_global(mine)
+                self.last_exchange_s = time.perf_counter() - started
+                return times
+        while self._pending is not None:  # without overlap, or flushing: every round lands now
+            times = self._apply_pending() or times
+        self._continue_from_global(None)
         self.last_exchange_s = time.perf_counter() - started
         return times
 
@@ -135,18 +166,26 @@ class ParameterSync:
         bnow = [b.detach().to("cpu", torch.float32) for b in self.buffers]
         return [s - p for s, p in zip(starts, now)] + [s - b for s, b in zip(bstarts, bnow)]
 
-    def _launch(self, flat: torch.Tensor) -> None:
-        wire = flat.to(self.wire)
-        # Horovod's background thread reduces it (overlapped: while the next round computes).
-        handle = hvd.allreduce_async_(wire, op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
-        self._pending = handle
+    def _launch(self, flat: torch.Tensor, counts: list[float], nominal: float) -> None:
+        # Horovod's background thread reduces both (overlapped: while the next round computes).
+        counts_handle = hvd.allreduce_async_(torch.tensor(counts, dtype=torch.float64), op=hvd.Sum,
+                                             name=f"hvdhetero.sync.counts.{self.rounds}")
+        handle = hvd.allreduce_async_(flat.to(self.wire), op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
+        self._pending = (counts_handle, handle, nominal)
 
-    def _apply_pending(self) -> None:
-        """Wait for the previous round's allreduce and step the global model with it."""
+    def _apply_pending(self) -> tuple[list[float], list[float]] | None:
+        """Wait for the previous round's exchange and step the global model with it; returns
+        that round's mean step seconds and mean samples per step of every rank (None when
+        nothing was in flight)."""
         if self._pending is None:
-            return
-        handle, self._pending = self._pending, None
-        flat = hvd.synchronize(handle).to(torch.float32)
+            return None
+        (counts_handle, handle, nominal), self._pending = self._pending, None
+        self.link_late = not hvd.poll(handle)
+        waited = time.perf_counter()
+        total, *rest = hvd.synchronize(counts_handle).tolist()
+        n = len(rest) // 2
+        flat = hvd.synchronize(handle).to(torch.float32).mul_(nominal / total)
+        self.wait_s = time.perf_counter() - waited
         chunks = list(flat.split([t.numel() for t in self.start + self.start_buffers]))
         deltas, bdeltas = chunks[:len(self.start)], chunks[len(self.start):]
         if self.kind == "diloco":
@@ -157,6 +196,7 @@ class ParameterSync:
         for s, d in zip(self.start_buffers, bdeltas):
             s.sub_(d.view_as(s))
         self.applied += 1
+        return rest[:n], rest[n:]
 
     def _continue_from_global(self, progress: list[torch.Tensor] | None) -> None:
         """This rank's model := the global model minus its own unexchanged progress (none: the

@@ -147,7 +147,7 @@ for i, (sync, name, steps, reference, overlap) in enumerate(CASES):
                     "rounds": job._sync.rounds if job._sync else None, "applied": applied,
                     "at_once_rel_err": rel(model.parameters(), at_once.refs[0].parameters()) if at_once else None,
                     "moved": rel(initial, model.parameters())})
-    if overlap:  # the round in flight lands at a flush with no step since: one model, no step times
+    if overlap:  # the round in flight lands at a flush with no step since: one model, that round's step times
         results[-1]["flush_times"] = job._sync.flush()
         results[-1]["applied_after_flush"] = job._sync.applied
         results[-1]["same_model"] = len(set(hvd.allgather_object(
