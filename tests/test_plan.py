@@ -37,6 +37,22 @@ def test_predictions_follow_the_step_time_model():
     assert got["pc+mac diloco:4 overlapped"].staleness == 8 and got["pc+mac diloco:8"].staleness == 8
 
 
+def test_an_exchange_behind_compute_costs_the_compute_it_steals():
+    """The measured share of compute lost while an exchange is on the link is charged for as long
+    as the exchange runs (at most the round): small H, whose rounds the exchange fills, loses most."""
+    m = pc_and_mac(exchange_s=0.15)
+    m.stolen = 0.12
+    got = by_label(predict(m))
+    t = 512 / (1e4 + 1e4 / 12)
+    for h in (4, 32):
+        expected = t + (0.012 + 0.12 * min(0.15, h * t)) / h
+        assert got[f"pc+mac diloco:{h} overlapped"].samples_per_s == pytest.approx(512 / expected, rel=0.01)
+    free = by_label(predict(pc_and_mac(exchange_s=0.15)))
+    assert got["pc+mac diloco:4 overlapped"].samples_per_s < 0.97 * free["pc+mac diloco:4 overlapped"].samples_per_s
+    pick, _ = advise(predict(m))
+    assert pick.sync == "diloco:32" and pick.overlap, pick  # the stolen compute pushes H up
+
+
 def test_advice_takes_the_freshest_mode_near_the_best_rate():
     predictions = predict(pc_and_mac(exchange_s=0.15))
     pick, reason = advise(predictions)
