@@ -53,6 +53,16 @@ def test_an_exchange_behind_compute_costs_the_compute_it_steals():
     assert pick.sync == "diloco:32" and pick.overlap, pick  # the stolen compute pushes H up
 
 
+def test_an_exchange_slower_behind_compute_than_idle_is_exposed_by_what_outlasts_the_round():
+    m = pc_and_mac(exchange_s=0.15)
+    m.busy_exchange_s = 0.5  # the transfer's threads wait for the core that trains
+    got = by_label(predict(m))
+    t = 512 / (1e4 + 1e4 / 12)
+    for h in (4, 16):
+        expected = t + (0.012 + max(0.0, 0.5 - h * t)) / h
+        assert got[f"pc+mac diloco:{h} overlapped"].samples_per_s == pytest.approx(512 / expected, rel=0.01)
+
+
 def test_advice_takes_the_freshest_mode_near_the_best_rate():
     predictions = predict(pc_and_mac(exchange_s=0.15))
     pick, reason = advise(predictions)

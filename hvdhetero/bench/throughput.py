@@ -288,8 +288,8 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
 
     step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
     step.exchanges = []
-    """Per round's end in the timed steps: [seconds blocked, of which until all ranks met, whether
-    the round in flight was still on the link]."""
+    """Per round's end in the timed steps: [seconds blocked, of which waiting for the round applied
+    (its slowest rank, then the link), whether that round was still on the link]."""
     if job._sync is not None:
         step.round, step.drain = every, job._one_model
     return step

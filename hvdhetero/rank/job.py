@@ -356,7 +356,7 @@ class Job:
         epoch's end cost one exposed exchange an epoch (10-20% at the emulated Wi-Fi ratio with
         96-step epochs, measured)."""
         if self._sync is not None:
-            if self._sync.round_steps or self._sync.applied < self._sync.rounds:
+            if self._sync.unsettled:
                 self._exchanged(self._sync.flush())
             self._sync.pause_clock()  # what follows (an evaluation, a save) is not a step's work
 

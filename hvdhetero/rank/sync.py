@@ -110,11 +110,14 @@ class ParameterSync:
         """Training pauses (an evaluation, an epoch's end): the next step counts its compute only."""
         self._mark = None
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether the ranks' models may differ: a partial round, or a round still in flight."""
+        return bool(self.round_steps) or self._pending is not None
+
     def flush(self) -> tuple[list[float], list[float]] | None:
         """One model on every rank now: the round in flight applied, the partial round exchanged."""
-        if not self.round_steps and self._pending is None:
-            return None
-        return self.exchange(wait=True)
+        return self.exchange(wait=True) if self.unsettled else None
 
     def exchange(self, wait: bool = False) -> tuple[list[float], list[float]] | None:
         """The round's end, on every rank together (collectives): launch this round's exchange;
