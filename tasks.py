@@ -220,13 +220,23 @@ def build_horovod(c, install=False):
     "sizes_mb": "with --allreduce: buffer sizes in MB",
     "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
     "rounds": "with --allreduce: jobs per transport, taking turns (medians are reported)",
+    "to_accuracy": "instead: seconds to this test accuracy for the first host alone, step sync and --sync on all "
+                   "--hosts (built-in recipe, digits; e.g. 0.97)",
+    "seeds": "with --to-accuracy: comma-separated seeds, each way trained once per seed (medians reported)",
+    "epochs": "with --to-accuracy: at most this many epochs per run",
+    "repeat": "with --to-accuracy: passes over the training set per epoch (one evaluation an epoch)",
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
           inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False, compression="none",
-          allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3):
+          allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0, seeds="0,1,2",
+          epochs=30, repeat=8):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
+    if float(to_accuracy):
+        _time_to_accuracy(inventory, hosts, float(to_accuracy), seeds, int(epochs), int(repeat), int(batch_size),
+                          sync, bool(overlap_sync), float(slowdown), compression, out)
+        return
     if allreduce:
         from hvdhetero.bench import allreduce as allreduce_bench
 
@@ -252,6 +262,42 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
     print(launch.printable(argv, env))
     if not dry_run:
         launch.run(argv, env)
+
+
+def _time_to_accuracy(inventory, hosts, target: float, seeds: str, epochs: int, repeat: int, batch_size: int,
+                      sync: str, overlap: bool, slowdown: float, compression: str, out: str) -> None:
+    from hvdhetero.bench import accuracy
+
+    if not 0 < target < 1 or epochs < 1 or repeat < 1:
+        raise Exit(f"error: --to-accuracy must be in (0, 1), --epochs and --repeat >= 1; got {target}, {epochs}, "
+                   f"{repeat}", code=2)
+    try:
+        seed_list = [int(s) for s in str(seeds).split(",") if s.strip()]
+    except ValueError:
+        raise Exit(f"error: --seeds must be comma-separated integers, got {seeds!r}", code=2) from None
+    JobConfig(sync=sync, overlap_sync=overlap, compression=compression)  # bad values: exit 2 here
+    if check_sync(sync)[0] in ("auto", "step"):
+        raise Exit("error: --to-accuracy compares step sync with a local/diloco mode: give --sync local:H or "
+                   "diloco:H", code=2)
+    names = [h.name for h in inv.load(inventory or inv.default_path()).select(hosts)]
+    try:
+        plan_ = accuracy.ways(list(names), sync, overlap, slowdown)
+    except ValueError as err:
+        raise Exit(f"error: {err}", code=2) from None
+    recipe = ["--dataset", "digits", "--epochs", str(epochs), "--batch-size", str(batch_size), "--repeat",
+              str(repeat), "--target-accuracy", str(target)]
+
+    def train(way, seed: int) -> list[dict]:
+        settings = dict(seed=seed, compression=compression, **way.settings)
+        with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
+            _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
+                              name="tta")
+        return next((r["logs"] for r in results if r.get("event") == "end"), [])
+
+    summary = accuracy.summarize(accuracy.measure(train, plan_, seed_list), target)
+    print(accuracy.render(summary))
+    if out:
+        Path(out).write_text(json.dumps(summary, indent=1) + "\n")
 
 
 def _preflight(inventory_, hosts, accept_new):

@@ -303,3 +303,22 @@ def test_uv_and_tcp_builds_train_alike_and_allreduce_bit_identically(provisioned
     assert uv_end["test_accuracy"] >= 0.95
     assert tcp_end["test_accuracy"] == uv_end["test_accuracy"]
     assert tcp_end["param_digests"] == uv_end["param_digests"]  # bit-identical models
+
+
+def test_time_to_accuracy_compares_the_first_host_alone_step_and_a_mode(provisioned, tmp_path):
+    """invoke bench --to-accuracy: three real jobs, each trained until its test accuracy reaches
+    the target; what it reports is what each run logged."""
+    inventory, _ = provisioned
+    out = tmp_path / "tta.json"
+    proc = invoke("bench", "--to-accuracy", "0.8", "--hosts", "h1,h2", "--sync", "local:4", "--overlap-sync",
+                  "--seeds", "0", "--epochs", "4", "--repeat", "4", "--batch-size", "256", "--out", out,
+                  inventory=inventory, timeout=900, check=True)
+    summary = json.loads(out.read_text())
+    rows = {r["way"]: r for r in summary["ways"]}
+    assert list(rows) == ["h1 alone", "h1+h2 step", "h1+h2 local:4 overlapped"]
+    assert proc.stdout.count("horovodrun -np 1 ") == 1 and proc.stdout.count("horovodrun -np 2 ") == 2
+    for row in rows.values():
+        assert row["reached"] == 1 and 0 < row["seconds_to_target"], row  # digits: 80% within 4 epochs
+        assert 0.0 < row["accuracy_equal_samples"] <= 1.0, row  # the same epoch for all three
+        assert row["samples_per_s"] > 0
+    assert "time to test accuracy 80.00%" in proc.stdout and "h1+h2 local:4 overlapped" in proc.stdout

@@ -63,6 +63,22 @@ def test_an_exchange_slower_behind_compute_than_idle_is_exposed_by_what_outlasts
         assert got[f"pc+mac diloco:{h} overlapped"].samples_per_s == pytest.approx(512 / expected, rel=0.01)
 
 
+def test_an_overlapped_mode_whose_exchange_fills_more_than_half_its_round_is_not_advised():
+    """The 8 Mbit case: diloco:16 overlapped predicted 1.05x and measured 0.96x, its exchange
+    (0.75 s idle, up to 1.8 s beside training) filling most of its 1.15 s rounds."""
+    m = Measured(hosts=["h1", "h2"], devices=["cpu", "cpu"], overhead=[0.002, 0.024], per_sample=[1.5e-4, 18e-4],
+                 global_batch=512, wire_bytes=600_000, latency_s=0.002, exchange_s=0.75, copy_s=0.002,
+                 busy_exchange_s=0.73, stolen=0.02)
+    got = by_label(predict(m))
+    t = got["h1+h2 step"].step_s - 0.75
+    for h in (16, 32):
+        assert got[f"h1+h2 diloco:{h} overlapped"].headroom == pytest.approx(h * t / 0.75)
+    assert not got["h1+h2 diloco:16 overlapped"].fits and got["h1+h2 diloco:32 overlapped"].fits
+    pick, reason = advise(predict(m))
+    assert pick.overlap and pick.headroom >= 2 and pick.sync in ("diloco:32", "diloco:64"), pick
+    assert "diloco:16 overlapped" not in reason
+
+
 def test_advice_takes_the_freshest_mode_near_the_best_rate():
     predictions = predict(pc_and_mac(exchange_s=0.15))
     pick, reason = advise(predictions)

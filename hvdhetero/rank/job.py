@@ -74,6 +74,8 @@ class Job:
         self._loss_sum = self._samples = self._global_samples = 0.0
         self._sync: ParameterSync | None = None
         self._last_scalars: dict = {}
+        self._logged: list[dict] = []
+        """Every job.log record, for the end report."""
         self._started = self._epoch_started = time.perf_counter()
         self._epochs = 1
         self._stopping = False
@@ -286,7 +288,8 @@ class Job:
         epoch and step; the last ones also go into the run's end record."""
         values = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scalars.items()}
         self._last_scalars.update(values)
-        self._write("log", **{"epoch": self.epoch, "step": self.step, **values})  # the script's own win
+        self._logged.append({"epoch": self.epoch, "step": self.step, **values})
+        self._write("log", **self._logged[-1])  # the script's own win
 
     @torch.no_grad()
     def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None) -> dict:
@@ -431,8 +434,11 @@ class Job:
         self._one_model()
         model = self._prepared.model if self._prepared else None
         digests = hvd.allgather_object(param_digest(model) if model is not None else "", name="hvdhetero.digests")
-        self._write("end", seconds=round(time.perf_counter() - self._started, 3), param_digests=digests,
-                    **self._last_scalars)
+        seconds = round(time.perf_counter() - self._started, 3)
+        self._write("end", seconds=seconds, param_digests=digests, **self._last_scalars)
+        if self.is_main:  # to the launcher too, wherever rank 0 runs (invoke bench --to-accuracy reads it)
+            print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "logs": self._logged}),
+                  flush=True)
 
 
 class _Prepared:

@@ -16,6 +16,11 @@ subset of hosts and every mode, the step time of a global batch B:
 and samples/s = B / t. Step sync is predicted without the part of C that hides behind
 backward, so it errs on the slow side; it is never what a slow link recommends.
 
+An overlapped mode is advised only when its exchange fits in half a round (HEADROOM): under
+training load the transfer slows by more than the probes see (8 Mbit: 0.75 s idle, 0.73 s
+beside the probe's matrix products, up to 1.8 s beside real training), so diloco:16 overlapped
+with 1.15 s rounds was predicted 1.05x and measured 0.96x, while diloco:32 (2.3 s) measured 1.05x.
+
 The advice: the fastest prediction, unless it is within 3% of the fastest host alone (then
 that host alone: a second machine is not worth its risk for less); among the modes within 2%
 of the best, the one whose information from the other ranks is freshest (staleness H steps at
@@ -41,6 +46,9 @@ EVERY = (4, 8, 16, 32, 64, 128)
 ALONE_MARGIN = 0.03
 """A multi-host mode must beat the fastest host alone by more than this to be advised."""
 NEAR_BEST = 0.02
+"""Modes within this of the best rate count as equally fast; the freshest of them is advised."""
+HEADROOM = 2.0
+"""An overlapped mode is advised only when a round lasts this many times its exchange."""
 """Modes within this of the best rate count as equally fast; the freshest of them is advised."""
 
 
@@ -99,6 +107,13 @@ class Prediction:
     staleness: int
     """Steps the other ranks' work may be old when a rank sees it: 0 step sync, H, 2H overlapped."""
     vs_fastest: float = 0.0
+    headroom: float = 0.0
+    """Overlapped: a round's compute over its exchange (behind compute); below HEADROOM the
+    exchange may outlast the round under load and the mode is not advised."""
+
+    @property
+    def fits(self) -> bool:
+        return not self.overlap or self.headroom >= HEADROOM
 
     @property
     def label(self) -> str:
@@ -162,6 +177,7 @@ def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
             behind = max(m.exchange_s, m.busy_exchange_s)
             hidden = t + (m.latency_s + m.copy_s + m.stolen * min(behind, h * t) + max(0.0, behind - h * t)) / h
             out.append(_made(labels, ranks, f"diloco:{h}", True, hidden, 2 * h, m))
+            out[-1].headroom = h * t / max(behind, 1e-9)
     fastest = max(p.samples_per_s for p in out if len(p.hosts) == 1) if any(len(p.hosts) == 1 for p in out) else 0
     for p in out:
         p.vs_fastest = p.samples_per_s / fastest if fastest else 0.0
@@ -177,6 +193,7 @@ def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
     """The advised prediction and why, in plain words."""
     if not predictions:
         raise ValueError("advise() needs at least one prediction")
+    predictions = [p for p in predictions if p.fits]  # never empty: alone and step always fit
     best = max(predictions, key=lambda p: p.samples_per_s)
     alone = [p for p in predictions if len(p.hosts) == 1]
     fastest_alone = max(alone, key=lambda p: p.samples_per_s) if alone else None
@@ -228,7 +245,7 @@ def _shown(predictions: list[Prediction]) -> list[Prediction]:
         for overlap in (False, True):
             modes = [p for p in group if p.sync.startswith("diloco") and p.overlap == overlap]
             if modes:
-                shown.append(_freshest(modes))
+                shown.append(_freshest([p for p in modes if p.fits] or modes))
     return shown
 
 

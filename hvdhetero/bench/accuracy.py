@@ -1,0 +1,104 @@
+"""Time to a test accuracy: `invoke bench --to-accuracy A --hosts fast,slow --sync MODE`.
+
+Three ways to train the same model, each with the built-in recipe until its test accuracy
+reaches A (evaluated after every epoch; the training seconds to it, evaluations excluded, as
+the recipe logs them), for a few seeds:
+
+  alone   the first of --hosts alone, the whole global batch (put the fastest first)
+  step    all the hosts, gradients reduced every step
+  MODE    all the hosts in the local/DiLoCo mode asked for
+
+Reported per way: the median seconds to A over the seeds, how many seeds reached it, and the
+test accuracy after the last epoch every run of a seed completed (equal samples seen), next
+to the samples/s over the training loop. This side starts no torch: each run is a job.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class Way:
+    label: str
+    hosts: list[str]
+    settings: dict
+    """JobConfig fields for the run (sync, overlap, slowdown)."""
+
+
+@dataclass
+class Run:
+    way: str
+    seed: int
+    logs: list[dict] = field(default_factory=list)
+    """The recipe's per-epoch records (test_accuracy, train_seconds, samples_seen, ...)."""
+
+    @property
+    def seconds_to_target(self) -> float | None:
+        return next((r["seconds_to_target"] for r in self.logs if "seconds_to_target" in r), None)
+
+    @property
+    def samples_per_s(self) -> float:
+        last = self.logs[-1] if self.logs else {}
+        return last.get("samples_seen", 0) / last["train_seconds"] if last.get("train_seconds") else 0.0
+
+    def accuracy_after(self, epochs: int) -> float | None:
+        return next((r["test_accuracy"] for r in self.logs if r["epoch"] + 1 == epochs), None)
+
+
+def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float) -> list[Way]:
+    """Alone on the first host, step sync and `sync` on all of them (the straggler injection,
+    which slows the last rank, only where there is more than one host)."""
+    if len(hosts) < 2:
+        raise ValueError("--to-accuracy compares a host alone with several together: give --hosts two or more")
+    mode = f"{sync}{' overlapped' if overlap else ''}"
+    together = dict(slowdown=slowdown)
+    return [Way(f"{hosts[0]} alone", hosts[:1], dict(sync="step", overlap_sync=False, slowdown=1.0)),
+            Way(f"{'+'.join(hosts)} step", hosts, dict(sync="step", overlap_sync=False, **together)),
+            Way(f"{'+'.join(hosts)} {mode}", hosts, dict(sync=sync, overlap_sync=overlap, **together))]
+
+
+def measure(train: Callable[[Way, int], list[dict]], plan: list[Way], seeds: list[int]) -> list[Run]:
+    """Every way for every seed, seed by seed (so a drift of the machine hits all ways alike);
+    `train(way, seed)` runs one job and returns its logged records."""
+    return [Run(way.label, seed, train(way, seed)) for seed in seeds for way in plan]
+
+
+def summarize(runs: list[Run], target: float) -> dict:
+    labels = list(dict.fromkeys(r.way for r in runs))
+    seeds = sorted({r.seed for r in runs})
+    # equal samples: per seed, the last epoch every way's run completed
+    common = {s: min((len(r.logs) for r in runs if r.seed == s), default=0) for s in seeds}
+    rows = []
+    for label in labels:
+        mine = [r for r in runs if r.way == label]
+        reached = [r.seconds_to_target for r in mine if r.seconds_to_target is not None]
+        accs = [a for r in mine if (a := r.accuracy_after(common[r.seed])) is not None]
+        rows.append({"way": label, "seeds": len(mine), "reached": len(reached),
+                     "seconds_to_target": statistics.median(reached) if reached else None,
+                     "each_seconds_to_target": [r.seconds_to_target for r in mine],
+                     "samples_per_s": statistics.median(r.samples_per_s for r in mine),
+                     "accuracy_equal_samples": statistics.mean(accs) if accs else None,
+                     "each_accuracy_equal_samples": accs})
+    alone = rows[0]["seconds_to_target"] if rows else None
+    for row in rows:
+        row["vs_alone"] = alone / row["seconds_to_target"] if alone and row["seconds_to_target"] else None
+    return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "ways": rows}
+
+
+def render(summary: dict) -> str:
+    lines = [f"time to test accuracy {summary['target_accuracy']:.2%}, median over seeds "
+             f"{','.join(map(str, summary['seeds']))} (accuracy at equal samples: after the last epoch every "
+             f"way completed, per seed {summary['equal_samples_epochs']}):",
+             f"{'':40}{'seconds':>9}{'reached':>9}{'vs alone':>10}{'samples/s':>11}{'acc (eq. samples)':>19}"]
+    for row in summary["ways"]:
+        secs = f"{row['seconds_to_target']:.1f}" if row["seconds_to_target"] is not None else "-"
+        ratio = f"{row['vs_alone']:.2f}x" if row["vs_alone"] else "-"
+        acc = f"{row['accuracy_equal_samples']:.2%}" if row["accuracy_equal_samples"] is not None else "-"
+        lines.append(f"{row['way']:40}{secs:>9}{row['reached']:>5}/{row['seeds']:<3}{ratio:>10}"
+                     f"{row['samples_per_s']:11,.0f}{acc:>19}")
+    lines.append("seconds: training loop to the first epoch at the target, evaluations excluded; vs alone > 1: "
+                 "sooner than the first host alone")
+    return "\n".join(lines)

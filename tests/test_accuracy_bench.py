@@ -1,0 +1,62 @@
+"""invoke bench --to-accuracy: what it reports from the runs' logged epochs (the real runs are in
+test_multihost.py: they need two hosts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import VENV_BIN, run_cmd
+from hvdhetero.bench.accuracy import Run, render, summarize, ways
+
+
+def logs(accuracies, seconds_per_epoch, target):
+    out, reached = [], False
+    for epoch, acc in enumerate(accuracies):
+        record = {"epoch": epoch, "test_accuracy": acc, "train_seconds": seconds_per_epoch * (epoch + 1),
+                  "samples_seen": 1000 * (epoch + 1)}
+        if acc >= target and not reached:
+            record["seconds_to_target"] = record["train_seconds"]
+            reached = True
+        out.append(record)
+    return out
+
+
+def test_medians_over_seeds_and_accuracy_where_every_way_has_run():
+    runs = [Run("a alone", 0, logs([0.9, 0.96, 0.971], 2.0, 0.97)),       # 6 s
+            Run("a+b step", 0, logs([0.9, 0.972], 10.0, 0.97)),            # 20 s, stops after 2 epochs
+            Run("a+b local:8", 0, logs([0.91, 0.95, 0.975], 1.8, 0.97)),    # 5.4 s
+            Run("a alone", 1, logs([0.9, 0.972], 2.0, 0.97)),              # 4 s
+            Run("a+b step", 1, logs([0.9, 0.973], 10.0, 0.97)),
+            Run("a+b local:8", 1, logs([0.9, 0.96, 0.96], 1.8, 0.97))]      # never
+    summary = summarize(runs, 0.97)
+    rows = {r["way"]: r for r in summary["ways"]}
+    assert summary["equal_samples_epochs"] == {0: 2, 1: 2}  # seed 0: step stopped after 2 epochs
+    assert rows["a alone"]["seconds_to_target"] == pytest.approx(5.0)  # median of 6 and 4
+    assert rows["a+b local:8"]["reached"] == 1 and rows["a+b local:8"]["seconds_to_target"] == pytest.approx(5.4)
+    assert rows["a+b local:8"]["each_seconds_to_target"] == [5.4, None]
+    assert rows["a+b step"]["vs_alone"] == pytest.approx(5.0 / 20.0)
+    assert rows["a+b local:8"]["accuracy_equal_samples"] == pytest.approx((0.95 + 0.96) / 2)
+    assert rows["a+b local:8"]["samples_per_s"] == pytest.approx(3000 / 5.4)
+    table = render(summary)
+    assert "a+b local:8" in table and "1/2" in table and "0.25x" in table
+
+
+def test_ways_are_the_first_host_alone_step_and_the_mode_on_all():
+    got = ways(["pc", "mac"], "diloco:32", True, 12.0)
+    assert [w.label for w in got] == ["pc alone", "pc+mac step", "pc+mac diloco:32 overlapped"]
+    assert got[0].hosts == ["pc"] and got[0].settings["slowdown"] == 1.0
+    assert got[2].settings == {"sync": "diloco:32", "overlap_sync": True, "slowdown": 12.0}
+    with pytest.raises(ValueError, match="two or more"):
+        ways(["pc"], "local:4", False, 1.0)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--to-accuracy", "1.5", "--sync", "local:4"], "--to-accuracy"),
+    (["--to-accuracy", "0.9", "--sync", "step"], "local:H or diloco:H"),
+    (["--to-accuracy", "0.9", "--sync", "local:4", "--seeds", "a,b"], "--seeds"),
+    (["--to-accuracy", "0.9", "--sync", "local:4"], "two or more"),  # the default inventory: one host
+])
+def test_bad_to_accuracy_options_exit_2_naming_them(args, named):
+    proc = run_cmd([str(VENV_BIN / "invoke"), "bench", *args], check=False, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stdout + proc.stderr
