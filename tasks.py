@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -22,6 +23,8 @@ from hvdhetero.config import JobConfig, check_micro_batch, check_sync
 from hvdhetero.errors import HvdHeteroError
 
 ROOT = Path(__file__).resolve().parent
+RUNS = Path(os.environ.get("HVDHETERO_RUNS") or ROOT / "runs")
+"""Where runs go by default (and where --resume latest looks)."""
 _REMOTE_HELP = {
     "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts)",
     "accept_new_host_keys": "record the key of a host not yet in known_hosts (a changed key is still refused)",
@@ -100,13 +103,19 @@ def test(c):
     "outer_lr": "diloco: the outer learning rate",
     "outer_momentum": "diloco: the outer Nesterov momentum",
     "seed": "seeds the model's initial weights, the shuffling and dropout",
+    "checkpoint_every": "also checkpoint every N steps (default: by time and at every epoch's end)",
+    "checkpoint_minutes": "checkpoint at least this often (0: only at epochs' ends and --checkpoint-every)",
+    "keep_checkpoints": "keep the newest N checkpoints in RUN_DIR/checkpoints (0: write none)",
+    "resume": "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options (--hosts and "
+              "--inventory may differ: a host fewer re-balances)",
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
 def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3,
           optimizer="adam", data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0,
           equal_split=False, compression="none", precision="fp32", micro_batch="auto", sync="step", outer_lr=0.7,
-          outer_momentum=0.9, overlap_sync=False, seed=0, dry_run=False):
+          outer_momentum=0.9, overlap_sync=False, seed=0, checkpoint_every=0, checkpoint_minutes=5.0,
+          keep_checkpoints=3, resume="", dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     recipe = ["--dataset", dataset, "--epochs", str(int(epochs)), "--batch-size", str(int(batch_size)), "--lr",
@@ -114,35 +123,69 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
               *(["--download"] if download else [])]
     settings = dict(seed=int(seed), compression=compression, equal_split=equal_split, slowdown=float(slowdown),
                     micro_batch=check_micro_batch(micro_batch), precision=precision, sync=sync,
-                    overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum))
+                    overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum),
+                    checkpoint_every=int(checkpoint_every), checkpoint_minutes=float(checkpoint_minutes),
+                    keep_checkpoints=int(keep_checkpoints))
+    script_args = None
+    if resume:
+        run_dir, saved = _resumable(resume)
+        hosts = hosts or saved["hosts"]
+        script, workdir, recipe, script_args = saved["script"], saved["workdir"], saved["recipe"], saved["script_args"]
+        settings = {**saved["settings"], "resume": True}
     run_dir, _ = _job(hosts, inventory, script, workdir, recipe, run_dir, settings, dry_run,
-                      name=Path(script).stem if script else dataset)
+                      name=Path(script).stem if script else dataset, script_args=script_args)
     if not dry_run:
         print(f"run directory: {run_dir}")
 
 
+def _resumable(resume: str) -> tuple[str, dict]:
+    """The run directory `--resume` names (latest: the newest under runs/ with a checkpoint) and
+    the options it was launched with (its launch.json)."""
+    if resume == "latest":
+        runs = sorted((p for p in RUNS.glob("*") if (p / "launch.json").is_file()
+                       and any((p / "checkpoints").glob("step-*.pt"))), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            raise Exit(f"error: --resume latest: no run under {ROOT / 'runs'} has a checkpoint", code=2)
+        folder = runs[-1]
+    else:
+        folder = Path(resume).resolve()
+    launched = folder / "launch.json"
+    if not launched.is_file():
+        raise Exit(f"error: --resume {resume}: {launched} not found (not a run directory invoke train wrote)", code=2)
+    if not any((folder / "checkpoints").glob("step-*.pt")):
+        raise Exit(f"error: --resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
+                   "before its first; start it again)", code=2)
+    return str(folder), json.loads(launched.read_text())
+
+
 def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
-         name: str) -> tuple[str, list[dict]]:
+         name: str, script_args: list[str] | None = None) -> tuple[str, list[dict]]:
     """Launch the user's --script (or the built-in recipe with `recipe` options) on the hosts
     with the JobConfig `settings`; returns the run directory and what rank 0 reported as results.
     Remote hosts are checked first and get the script's folder."""
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
-    run_dir = str(Path(run_dir).resolve()) if run_dir else str(ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+    run_dir = str(Path(run_dir).resolve()) if run_dir else str(RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     config = JobConfig(run_dir=run_dir, **settings)
     remote = not all(h.is_local for h in selected)
+    script_args = _script_args() if script_args is None else script_args
     if script:
         from hvdhetero.cluster import workdir as wd
 
         folder, rel = wd.locate(script, workdir)
         digest = wd.digest(folder) if remote else None  # each host starts in its copy, named by content
-        program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), _script_args())
+        program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), script_args)
     else:
-        program = launch.recipe([*recipe, *_script_args()])
+        program = launch.recipe([*recipe, *script_args])
     argv, env = launch.command(inventory_, selected, config, program)
     print(launch.printable(argv, env))
     if dry_run:
         return run_dir, []
+    if not settings.get("plan_only"):  # what --resume relaunches with
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "launch.json").write_text(json.dumps(
+            {"hosts": [h.name for h in selected], "script": script, "workdir": workdir, "recipe": recipe,
+             "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
     if remote:
         _preflight(inventory_, selected, accept_new=False)
         if script:

@@ -56,6 +56,14 @@ class JobConfig:
     """diloco: the outer optimizer's learning rate (DiLoCo's published 0.7)."""
     outer_momentum: float = 0.9
     """diloco: the outer optimizer's Nesterov momentum (DiLoCo's published 0.9)."""
+    checkpoint_every: int = 0
+    """Also checkpoint every this many steps (0: only by time and at every epoch's end)."""
+    checkpoint_minutes: float = 5.0
+    """Checkpoint at least this often (converted to steps from the measured step time; 0: off)."""
+    keep_checkpoints: int = 3
+    """The newest this many checkpoints are kept in RUN_DIR/checkpoints (0: no checkpoints)."""
+    resume: bool = False
+    """Continue the run in run_dir from its newest checkpoint that loads."""
     plan_only: bool = False
     """`invoke plan`: job.prepare measures the ranks and the link, prints the plan and ends the
     job (the script goes no further)."""
@@ -74,6 +82,9 @@ class JobConfig:
             raise ConfigError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.checkpoint_every < 0 or not self.checkpoint_minutes >= 0 or self.keep_checkpoints < 0:
+            raise ConfigError(f"--checkpoint-every, --checkpoint-minutes and --keep-checkpoints must be >= 0, got "
+                              f"{self.checkpoint_every!r}, {self.checkpoint_minutes!r}, {self.keep_checkpoints!r}")
         if not self.slowdown >= 1.0:
             raise ConfigError(f"--slowdown must be a number >= 1 (how many times slower the last rank acts), "
                               f"got {self.slowdown!r}")

@@ -62,3 +62,36 @@ def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path, overla
     assert late == ([1] * 5 + [0]) * 4 if overlap else set(late) == {0}, late
     end = records[-1]
     assert end["test_accuracy"] >= 0.85 and len(set(end["param_digests"])) == 1, end  # 0.89-0.95 seen
+
+
+@pytest.fixture(scope="module")
+def timing(tmp_path_factory):
+    return two_ranks("sync_timing.py", "SYNC_TIMING", tmp_path_factory.mktemp("timing"))
+
+
+def test_an_overlapped_round_end_does_not_wait_for_a_slower_rank(timing):
+    """Rank 0's rounds take 10 ms, rank 1's 0.6 s. Overlapped, rank 0 launches each round and goes
+    on (the first end applies nothing); applying round r at the end of r+1 waits for rank 1 to
+    finish round r, and that wait is in wait_s with the round reported late."""
+    ends = timing["overlapped"]
+    assert len(ends) == 3, ends
+    assert ends[0]["landed"] is None and ends[0]["took"] < 0.1, ends  # launched, not waited for
+    assert ends[1]["took"] > 0.3 and ends[1]["wait_s"] > 0.3 and ends[1]["link_late"], ends
+
+
+def test_a_round_that_lands_at_once_waits_for_the_slower_rank_and_reports_its_round(timing):
+    ends = timing["at-once"]
+    assert all(e["took"] > 0.3 and e["landed"] is not None for e in ends), ends
+    times, shares = ends[0]["landed"]
+    assert times[1] == pytest.approx(0.3, abs=0.1) and times[0] < 0.1, times  # mean step seconds per rank
+    assert shares == [16, 4], shares
+
+
+def test_a_rounds_step_seconds_count_the_work_between_steps_but_not_a_pause(timing):
+    """Rank 0: three steps of 5 ms compute, 0.2 s of other work after each of the first two, a
+    0.5 s pause (pause_clock) before the third. The first step counts its compute (no previous
+    step), the second the 0.2 s before it too, the third its compute only: mean ~0.072 s
+    (compute alone: 0.005; the pause counted: ~0.24)."""
+    t0, t1 = timing["clock_times"]
+    assert 0.05 < t0 < 0.12, timing["clock_times"]
+    assert t1 == pytest.approx((0.3 + 0.5 + 0.3) / 3, abs=0.06), timing["clock_times"]

@@ -12,28 +12,10 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-
-
-@dataclass
-class Snapshot:
-    """What a resume needs: weights, optimizer state, and where training stood."""
-
-    model: dict[str, Any]
-    optimizer: dict[str, Any]
-    epoch: int
-    step: int
-    config: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def save(snapshot: Snapshot, path: str | Path) -> Path:
-    """Write `snapshot` to `path` atomically (temp file + fsync + rename)."""
-    return save_object(snapshot.__dict__, path)
 
 
 def save_object(obj: Any, path: str | Path) -> Path:
@@ -63,9 +45,70 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu") -> Snapshot:
-    """A Snapshot back; tensors and plain values only (weights_only: nothing is unpickled)."""
-    return Snapshot(**torch.load(Path(path), map_location=map_location, weights_only=True))
+# -- a run's checkpoints: RUN_DIR/checkpoints/step-000123.pt, the newest K kept ------------------
+
+FOLDER = "checkpoints"
+FORMAT = 1
+
+
+def path_for(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / FOLDER / f"step-{step:09d}.pt"
+
+
+def listed(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoints, oldest first (temporary files of an interrupted save excluded)."""
+    folder = Path(run_dir) / FOLDER
+    return sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A checkpoint back: tensors and plain values only (weights_only: nothing is unpickled)."""
+    state = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an hvdhetero checkpoint (format {FORMAT})")
+    return state
+
+
+def newest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of the run that loads, and its state; None when none does. A file
+    that does not load (a disk that filled, a copy cut short) is passed over, not fatal."""
+    for path in reversed(listed(run_dir)):
+        try:
+            return path, load(path)
+        except Exception:  # noqa: BLE001 - any damage: try the one before
+            continue
+    return None
+
+
+def keep_newest(run_dir: str | Path, keep: int) -> None:
+    """Remove all but the newest `keep` checkpoints (and temporary files older than the newest)."""
+    for path in listed(run_dir)[:-keep] if keep else listed(run_dir):
+        path.unlink(missing_ok=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states (torch, numpy, random) as tensors and plain values."""
+    import random
+
+    import numpy as np
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                      gauss],
+            "random": [version, list(internal), gauss_next]}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["random"]
+    random.setstate((version, tuple(internal), gauss_next))
 
 
 class MetricsLog:
@@ -80,6 +123,16 @@ class MetricsLog:
         record = {"event": event, "time": round(time.time(), 3), **fields}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+
+    def offset(self) -> int:
+        """Bytes written so far: a checkpoint holds it, a resume cuts the file back to it."""
+        return self._file.tell()
+
+    def truncate(self, offset: int) -> None:
+        """Drop what was written after `offset` (a resumed run redoes it)."""
+        self._file.flush()
+        self._file.truncate(min(offset, self.path.stat().st_size))
+        self._file.seek(0, os.SEEK_END)
 
     def close(self) -> None:
         self._file.close()

@@ -78,6 +78,14 @@ class Job:
         """Every job.log record, for the end report."""
         self._started = self._epoch_started = time.perf_counter()
         self._epochs = 1
+        self._start_epoch = 0
+        """Resumed: the first epoch job.epochs yields."""
+        self._scheduler = None
+        self._tracked: dict = {}
+        """job.track(name, obj): the script's own state in every checkpoint."""
+        self._checkpoint_every = 0
+        """Steps between periodic checkpoints (0: only at epochs' ends)."""
+        self._last_checkpoint = 0
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self.last_step_seconds = (0.0, 0.0)
@@ -147,7 +155,11 @@ class Job:
         self._sync = None if kind == "step" else ParameterSync(model, kind, every, global_batch, cfg.compression, cfg.outer_lr,
                                                                   cfg.outer_momentum, overlap_sync)
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
-        self._start_log(balancer)
+        self._scheduler = scheduler
+        resumed = self._resume() if cfg.resume else None
+        timed = not (cfg.equal_split or any(failed))  # else the step time is unknown until an epoch ends
+        self._set_checkpoint_interval(balancer.step_time(balancer.split) if timed else 0.0)
+        self._start_log(balancer, resumed)
         return model, wrapped, loader
 
     def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool]:
@@ -267,7 +279,7 @@ class Job:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._epochs = n
         self._stopping = False
-        for epoch in range(n):
+        for epoch in range(self._start_epoch, n):
             self.epoch = epoch
             self._loss_sum = self._samples = self._global_samples = 0.0
             self._epoch_started = time.perf_counter()
@@ -282,6 +294,16 @@ class Job:
         writes the run's end record. Every rank must decide alike: decide on what every rank
         sees the same, such as `job.evaluate`'s sums."""
         self._stopping = True
+
+    def track(self, name: str, obj) -> None:
+        """Save `obj.state_dict()` in every checkpoint and `obj.load_state_dict(...)` it on
+        --resume (an EMA of the weights, a GradScaler of your own, a data iterator's position).
+        Call it before job.prepare, which resumes; its state must be tensors and plain values."""
+        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            raise ConfigError(f"job.track({name!r}, ...) needs an object with state_dict() and load_state_dict()")
+        if self._prepared is not None:
+            raise ConfigError(f"job.track({name!r}, ...) after job.prepare: call it before, which restores it on --resume")
+        self._tracked[name] = obj
 
     def log(self, **scalars) -> None:
         """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
@@ -367,11 +389,12 @@ class Job:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
         and, at a round's end, exchange parameters and feed the balancer the round's times."""
         item = self._item
-        if self._sync is None or item is None:
-            return
-        landed = self._sync.after_step(item.share, self.last_step_seconds[0])
-        if self._sync.round_steps == 0:  # a round ended
-            self._exchanged(landed)
+        if self._sync is not None and item is not None:
+            landed = self._sync.after_step(item.share, self.last_step_seconds[0])
+            if self._sync.round_steps == 0:  # a round ended
+                self._exchanged(landed)
+        if self._checkpoint_every and self.step - self._last_checkpoint >= self._checkpoint_every:
+            self._save_checkpoint(epoch_done=False)
 
     def _exchanged(self, landed: tuple[list[float], list[float]] | None) -> None:
         """After a round's end or a flush: its record in the metrics, and the round that landed
@@ -407,12 +430,13 @@ class Job:
         if self._metrics is not None:
             self._metrics.write(event, **fields)
 
-    def _start_log(self, balancer: Balancer) -> None:
+    def _start_log(self, balancer: Balancer, resumed: str | None = None) -> None:
         gathered = {k: hvd.allgather_object(v, name=f"hvdhetero.start.{k}") for k, v in {
             "hostnames": socket.gethostname(), "devices": self.me.device.describe(),
             "slowdowns": self.me.slowdown, "micro_batches": self.me.micro_batch,
             "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
         self._write("start", config=asdict(self.config), ranks=self.size, **gathered,
+                    **({"resumed_from": resumed, "step": self.step} if resumed else {}),
                     overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
         self._write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason, fallback=balancer.fallback)
         if self.precision.note:
@@ -421,14 +445,100 @@ class Job:
     def _end_epoch(self) -> None:
         if self._sync is not None:
             self._sync.pause_clock()
-        loss_sum, samples = allreduce_sum([self._loss_sum, self._samples], "hvdhetero.train_stats")
+        seconds = time.perf_counter() - self._epoch_started
+        steps = max(1, len(self._prepared.loader)) if self._prepared else 1
+        # rank 0's step time rides along: the time-based checkpoint interval, the same on every rank
+        loss_sum, samples, *step_s = allreduce_sum([self._loss_sum, self._samples, *host.one_hot(seconds / steps)],
+                                                   "hvdhetero.train_stats")
         if self._prepared is not None:
             average_buffers(self._prepared.model)
-        seconds = time.perf_counter() - self._epoch_started
         self._write("epoch", epoch=self.epoch, loss=loss_sum / max(samples, 1), samples=int(samples),
                     seconds=round(seconds, 3), samples_per_s=samples / seconds,
                     split=self._prepared.sampler.batch_sizes if self._prepared else None,
                     skipped_steps=self.loss_scale.skipped if self.loss_scale else 0)
+        if self._prepared is not None:
+            self._set_checkpoint_interval(step_s[0])
+            self._save_checkpoint(epoch_done=True)
+
+    # -- checkpoints (rank/checkpoint.py has the files' rules) ---------------------------------
+
+    def _set_checkpoint_interval(self, step_s: float) -> None:
+        """Steps between periodic checkpoints: --checkpoint-every, or --checkpoint-minutes at
+        `step_s` a step (the same number on every rank), whichever is sooner."""
+        cfg = self.config
+        by_time = round(cfg.checkpoint_minutes * 60 / step_s) if cfg.checkpoint_minutes and step_s > 0 else 0
+        every = [n for n in (cfg.checkpoint_every, max(1, by_time) if by_time else 0) if n]
+        self._checkpoint_every = min(every) if every and cfg.keep_checkpoints else 0
+
+    def _save_checkpoint(self, epoch_done: bool) -> None:
+        """Everything a resume needs, written by rank 0 (every rank's part gathered), atomically;
+        the newest --keep-checkpoints kept. With local/diloco the ranks first agree on one model."""
+        p, cfg = self._prepared, self.config
+        if p is None or not cfg.keep_checkpoints:
+            return
+        started = time.perf_counter()
+        self._one_model()
+        rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
+        # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
+        optimizer = (hvd.allgather_object(p.optimizer.state_dict(), name="hvdhetero.ckpt.optimizer")
+                     if self._sync is not None else p.optimizer.state_dict())
+        path = checkpoint.path_for(self.run_dir, self.step)
+        if self.is_main:
+            state = {"format": checkpoint.FORMAT, "step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
+                     "size": self.size, "model": p.model.state_dict(), "optimizer": optimizer,
+                     "scheduler": _scheduler_state(self._scheduler) if self._scheduler is not None else None,
+                     "loss_scale": asdict(self.loss_scale) if self.loss_scale is not None else None,
+                     "sync": self._sync.state_dict() if self._sync is not None else None,
+                     "split": list(p.sampler.batch_sizes), "pending_splits": [[at, list(sizes)] for at, sizes
+                                                                               in p.loader._pending],
+                     "rng": rngs, "config": asdict(cfg), "metrics_offset": self._metrics.offset(),
+                     "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()}}
+            checkpoint.save_object(state, path)
+            checkpoint.keep_newest(self.run_dir, cfg.keep_checkpoints)
+        self._last_checkpoint = self.step
+        self._write("checkpoint", epoch=self.epoch, step=self.step, path=str(path),
+                    seconds=round(time.perf_counter() - started, 4))
+
+    def _resume(self) -> str:
+        """--resume: every rank continues from rank 0's newest checkpoint that loads."""
+        p = self._prepared
+        found = checkpoint.newest(self.run_dir) if self.is_main else None
+        path, state = hvd.broadcast_object((str(found[0]), found[1]) if found else (None, None), root_rank=0,
+                                           name="hvdhetero.resume")
+        if state is None:
+            raise ConfigError(f"--resume: no checkpoint in {self.run_dir / checkpoint.FOLDER} loads (the run wrote "
+                              "none yet, or they were removed)")
+        p.model.load_state_dict(state["model"])
+        optimizer = state["optimizer"]
+        if isinstance(optimizer, list):  # local/diloco: each rank's own; a rank more starts from rank 0's
+            optimizer = optimizer[self.rank] if self.rank < len(optimizer) else optimizer[0]
+        p.optimizer.load_state_dict(optimizer)
+        if self._scheduler is not None and state["scheduler"] is not None:
+            self._scheduler.load_state_dict(state["scheduler"])
+        if self.loss_scale is not None and state["loss_scale"]:
+            self.loss_scale = precision.LossScale(**state["loss_scale"])
+        if self._sync is not None and state["sync"] is not None:
+            self._sync.load_state_dict(state["sync"])
+        for name, obj in self._tracked.items():
+            if name in state["tracked"]:
+                obj.load_state_dict(state["tracked"][name])
+        same = state["size"] == self.size
+        if same:  # the same ranks: their split, random states and all
+            p.sampler.set_batch_sizes(state["split"])
+            p.loader._pending = [(at, sizes) for at, sizes in state["pending_splits"]]
+            checkpoint.set_rng_state(state["rng"][self.rank])
+        else:  # another set of hosts: the split calibrated now, random states from the seed and step
+            torch.manual_seed(self.config.seed * 1_000_003 + state["step"] * 101 + self.rank)
+        self.step = self._last_checkpoint = state["step"]
+        self.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
+        self._start_epoch = self.epoch
+        p.loader.start_step = self.step
+        if self._metrics is not None:
+            self._metrics.truncate(state["metrics_offset"])  # what the run wrote after it is redone
+        if self.is_main:
+            change = "" if same else f"; was {state['size']} ranks, now {self.size}: re-balanced"
+            print(f"hvdhetero: resuming from {path} (epoch {self.epoch + 1}, step {self.step}{change})", flush=True)
+        return path
 
     def _end(self) -> None:
         self._one_model()
@@ -445,6 +555,11 @@ class _Prepared:
     def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
+
+
+def _scheduler_state(scheduler) -> dict:
+    """An LR scheduler's state without the once-per-step `step` that prepare put on it."""
+    return {k: v for k, v in scheduler.state_dict().items() if k != "step"}
 
 
 def param_digest(model: torch.nn.Module) -> str:

@@ -54,6 +54,8 @@ class Loader:
         self.epoch = epoch
         self.lag = 2 * num_workers  # DataLoader's default prefetch_factor, per worker
         self._pending: list[tuple[int, list[int]]] = []
+        self.start_step = 0
+        """Resumed: the global steps before this one were taken (their samples are skipped)."""
 
     def __len__(self) -> int:
         """Steps per epoch (the same on every rank)."""
@@ -72,6 +74,8 @@ class Loader:
         order = self.sampler.order()
         for step in range(steps):
             global_step = epoch * steps + step
+            if global_step < self.start_step:
+                continue
             while self._pending and self._pending[0][0] <= global_step:
                 self.sampler.set_batch_sizes(self._pending.pop(0)[1])
             indices = self.sampler.step_indices(order, step)

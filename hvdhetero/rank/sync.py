@@ -106,6 +106,21 @@ class ParameterSync:
         self._mark = time.perf_counter()
         return times
 
+    def state_dict(self) -> dict:
+        """The global model, the outer optimizer and the round counts (after a flush: nothing in
+        flight, no partial round)."""
+        if self.unsettled:
+            raise RuntimeError("ParameterSync.state_dict() with a round in flight: flush() first")
+        return {"start": self.start, "start_buffers": self.start_buffers, "rounds": self.rounds,
+                "applied": self.applied, "outer": self.outer.state_dict() if self.outer is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        for mine, saved in zip(self.start + self.start_buffers, state["start"] + state["start_buffers"]):
+            mine.copy_(saved)
+        self.rounds, self.applied = state["rounds"], state["applied"]
+        if self.outer is not None and state["outer"] is not None:
+            self.outer.load_state_dict(state["outer"])
+
     def pause_clock(self) -> None:
         """Training pauses (an evaluation, an epoch's end): the next step counts its compute only."""
         self._mark = None

@@ -1,0 +1,107 @@
+"""Periodic checkpoints and --resume: atomic files, the newest that loads, and a run killed
+mid-epoch that resumes to exactly the parameters of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.rank import checkpoint
+
+# equal split and whole-share micro-batches: nothing timing-dependent decides what a step computes
+EXACT = ["--epochs", "3", "--equal-split", "--micro-batch", "0", "--checkpoint-every", "25", "--checkpoint-minutes",
+         "0", "--seed", "3"]
+
+
+def train(*args, run_dir: Path, timeout=600, check=True):
+    return run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", run_dir, "--", "--repeat", "4"],
+                   timeout=timeout, check=check)
+
+
+def killed_after_step(args: list[str], run_dir: Path, step: int) -> None:
+    """Start `invoke train` and SIGKILL its whole process group once a checkpoint at or after
+    `step` exists (mid-epoch: 90 steps an epoch here)."""
+    proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", *args, "--run-dir", str(run_dir), "--", "--repeat",
+                             "4"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(int(p.stem.split("-")[1]) >= step for p in checkpoint.listed(run_dir)):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def end_record(run_dir: Path) -> dict:
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    assert records[-1]["event"] == "end", records[-1]
+    return records[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [[], ["--sync", "diloco:4"]], ids=["step", "diloco"])
+def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path, mode):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(*EXACT, *mode, run_dir=whole)
+    killed_after_step([*EXACT, *mode], cut, 50)
+    newest = checkpoint.newest(cut)
+    assert newest is not None and 50 <= newest[1]["step"] < 270 and not newest[1]["epoch_done"], newest[0]
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", cut], timeout=600)
+    assert f"resuming from {newest[0]} (epoch 1, step {newest[1]['step']})" in proc.stdout
+    a, b = end_record(whole), end_record(cut)
+    assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
+    # the metrics continue where the checkpoint was taken: every epoch once, one start per launch
+    records = checkpoint.read_metrics(cut / "metrics.jsonl")
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
+    starts = [r for r in records if r["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed_from"] == str(newest[0])
+
+
+def test_checkpoints_are_kept_newest_k_and_hold_what_a_resume_needs(tmp_path):
+    train("--epochs", "2", "--checkpoint-every", "20", "--keep-checkpoints", "2", run_dir=tmp_path)
+    kept = checkpoint.listed(tmp_path)
+    # 90 steps an epoch: 20, 40, 60, 80, 90 (its end), 110, ..., 170, 180: N steps after the last one
+    assert [p.name for p in kept] == ["step-000000170.pt", "step-000000180.pt"], kept
+    state = checkpoint.load(kept[-1])  # weights_only: nothing unpickled
+    assert state["epoch_done"] and state["step"] == 180 and state["size"] == 2
+    assert {"model", "optimizer", "rng", "split", "config", "metrics_offset", "sync", "scheduler"} <= set(state)
+    assert len(state["rng"]) == 2 and state["config"]["seed"] == 0
+    assert not list((tmp_path / "checkpoints").glob(".*tmp")), "no temporary file left"
+
+
+def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    for step in (10, 20, 30):
+        checkpoint.save_object({"format": checkpoint.FORMAT, "step": step, "model": model.state_dict()},
+                               checkpoint.path_for(tmp_path, step))
+    checkpoint.path_for(tmp_path, 30).write_bytes(b"cut short")  # a copy cut short
+    torch.save({"format": checkpoint.FORMAT, "step": 40, "hostile": Path("/")}, checkpoint.path_for(tmp_path, 40))
+    path, state = checkpoint.newest(tmp_path)  # 40 needs unpickling a Path: refused by weights_only
+    assert path.name == "step-000000020.pt" and state["step"] == 20
+    checkpoint.keep_newest(tmp_path, 1)
+    assert [p.name for p in checkpoint.listed(tmp_path)] == ["step-000000040.pt"]
+
+
+@pytest.mark.parametrize("resume, says", [("latest-does-not-exist", "launch.json"), ("latest", "no run under")])
+def test_resume_of_something_that_is_not_a_run_exits_2(resume, says, tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", resume], cwd=ROOT, check=False, timeout=60,
+                   env={"HVDHETERO_RUNS": str(tmp_path)})
+    assert proc.returncode == 2 and says in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_resume_of_a_run_without_a_checkpoint_exits_2(tmp_path):
+    (tmp_path / "launch.json").write_text(json.dumps({"hosts": ["local"]}))
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path], check=False, timeout=60)
+    assert proc.returncode == 2 and "has no checkpoint" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
