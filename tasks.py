@@ -181,17 +181,18 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
     print(launch.printable(argv, env))
     if dry_run:
         return run_dir, []
-    if not settings.get("plan_only"):  # what --resume relaunches with
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "launch.json").write_text(json.dumps(
-            {"hosts": [h.name for h in selected], "script": script, "workdir": workdir, "recipe": recipe,
-             "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
     if remote:
         _preflight(inventory_, selected, accept_new=False)
         if script:
             for host, what in wd.ship(inventory_, list(selected), folder, expect=digest).items():
                 print(f"{host}: workdir {what}")
-    return run_dir, launch.run(argv, env)
+    if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "launch.json").write_text(json.dumps(
+            {"hosts": [h.name for h in selected], "script": script, "workdir": workdir, "recipe": recipe,
+             "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
+    return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
+                               rank0_host=None if selected[0].is_local else selected[0].name)
 
 
 @task(help={

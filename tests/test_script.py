@@ -59,7 +59,7 @@ def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "raises.py", "--run-dir", run_dir],
                    check=False, timeout=120)
     assert proc.returncode == 1
-    assert "error: rank 1 on host localhost failed: ValueError: boom on purpose" in proc.stderr
+    assert "error: rank 1 on host local failed: ValueError: boom on purpose" in proc.stderr
     assert "raises.py:12 in <module>: load_config(job.rank)" in proc.stderr
     assert 'raises.py:8 in load_config: raise ValueError("boom on purpose")' in proc.stderr
     assert "runpy" not in proc.stderr and "the other ranks were stopped" in proc.stderr

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -180,20 +185,130 @@ def printable(argv: Sequence[str], env: dict[str, str]) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), *map(shlex.quote, argv)])
 
 
-def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None) -> list[dict]:
+def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
+        run_dir: str | Path | None = None, rank0_host: str | None = None) -> list[dict]:
     """Run the job in the foreground, its ranks' output relayed to the console; returns the
-    results rank 0 reported (progress.RESULT_TAG)."""
+    results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
+    progress.SILENT_S ends the job with one message naming it (and, for a training run with a
+    `run_dir`, its newest checkpoint and the command that resumes); nothing of the job is left
+    running on this machine."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
+    silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or progress.SILENT_S)
+    alive: dict[int, tuple[float, str]] = {}
+    exits: dict[int, int] = {}
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
         results: list[dict] = []
-        failures = progress.relay(proc.stdout, results=results)
-    if failures:
-        raise LaunchError(progress.failure_summary(failures))
-    if proc.returncode != 0:
-        raise LaunchError(f"training failed: horovodrun exited with {proc.returncode} (see the rank output above)")
+        try:
+            failures = progress.relay(_watched(proc, alive, exits, silent_s), results=results, alive=alive)
+        except _Silent as silent:
+            _stop(proc)
+            raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
+                              f"(frozen, asleep or cut off); the job was stopped"
+                              + resume_hint(run_dir, rank0_host)) from None
+        except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
+            _stop(proc)
+            raise
+    first = next(iter(exits.items()), None)
+    if failures and not (first and _signalled(first[1])):
+        raise LaunchError(progress.failure_summary(failures) + resume_hint(run_dir, rank0_host))
+    if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
+        hosts = {r: h for r, (_, h) in alive.items()}
+        raise LaunchError(died(exits, hosts, proc.returncode) + resume_hint(run_dir, rank0_host))
     return results
+
+
+def _signalled(code: int) -> bool:
+    """An exit code that means a signal ended the process (-N from Python, 128+N from a shell)."""
+    return code < 0 or code > 128
+
+
+EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
+
+
+class _Silent(Exception):
+    def __init__(self, rank: int, host: str, seconds: float):
+        super().__init__(rank, host, seconds)
+        self.rank, self.host, self.seconds = rank, host, seconds
+
+
+def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float):
+    """horovodrun's lines as they come (read by a thread), checking at least once a second that
+    no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints."""
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, name="hvdhetero-relay", daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            line = ""
+        if line is None:
+            return
+        if line:
+            match = EXIT_LINE.match(line)
+            if match:
+                exits.setdefault(int(match.group(1)), int(match.group(2)))
+            # Once a rank has ended, the rest is horovodrun stopping the others (its traceback,
+            # the survivors' broken collectives): only our tagged lines go on to the relay.
+            if not exits or any(tag in line for tag in (progress.ERROR_TAG, progress.RESULT_TAG, progress.ALIVE_TAG)):
+                yield line
+        now = time.monotonic()
+        for rank, (seen, host) in sorted(alive.items()):
+            if now - seen > silent_s and proc.poll() is None:
+                raise _Silent(rank, host, now - seen)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """End horovodrun and everything it started: SIGTERM (it stops its ranks: SIGTERM, then
+    SIGKILL after 5 s, which ends a stopped process too), SIGKILL if it is still there."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def died(exits: dict[int, int], hosts: dict[int, str], returncode: int) -> str:
+    """What horovodrun reported of the first rank that ended badly, in words."""
+    if not exits:
+        return f"training failed: horovodrun exited with {returncode} (see the rank output above)"
+    rank, code = next(iter(exits.items()))  # horovodrun prints the first one first
+    if _signalled(code):
+        signum = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        what = f"killed by signal {signum} ({name})"
+    else:
+        what = f"exited with code {code}"
+    return f"rank {rank} on host {hosts.get(rank, '?')} {what}; the other ranks were stopped"
+
+
+def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> str:
+    """The newest checkpoint of a training run and the command that continues it (rank 0 writes
+    them: on `rank0_host` when that is another machine)."""
+    if run_dir is None:
+        return ""
+    folder = Path(run_dir) / "checkpoints"
+    saved = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
+    if not saved and rank0_host:
+        return (f"\n  checkpoints, if any, are on {rank0_host} in {folder}"
+                f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
+    if not saved:
+        return f"\n  no checkpoint was written yet (run directory {run_dir}); start the run again"
+    step = int(saved[-1].stem.split("-")[1])
+    return (f"\n  newest checkpoint: {saved[-1]} (step {step})"
+            f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
 
 
 def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:

@@ -279,6 +279,9 @@ class Job:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._epochs = n
         self._stopping = False
+        if self._start_epoch >= n and self.is_main:
+            print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
+                  flush=True)
         for epoch in range(self._start_epoch, n):
             self.epoch = epoch
             self._loss_sum = self._samples = self._global_samples = 0.0

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = JobConfig.from_json(args.job_json)
     os.environ[ENV_VAR] = config.to_json()
+    progress.heartbeat(int(os.environ.get("HOROVOD_RANK", 0)), host_name(config))
     if args.workdir:
         os.chdir(os.path.expanduser(args.workdir))
     try:
@@ -67,10 +68,16 @@ def main(argv: list[str] | None = None) -> None:
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
 
 
+def host_name(config: JobConfig) -> str:
+    """This rank's host as the inventory names it (horovodrun knows its address)."""
+    address = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    return config.hosts.get(address, {}).get("name") or address
+
+
 def fail(config: JobConfig, what: str, frames, full: str = "") -> None:
     """Report this rank's failure in one tagged line, keep the whole traceback, exit 1 now."""
     rank = int(os.environ.get("HOROVOD_RANK", 0))
-    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    host = host_name(config)
     log = Path(config.run_dir) / f"rank-{rank}-error.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     started = time.perf_counter()
     training = 0.0  # seconds in the training loop, evaluation excluded
+    test = None
     for epoch in job.epochs(args.epochs):
         model.train()
         began = time.perf_counter()
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         if reached:
             job.stop()
     path = job.save(model.state_dict(), "model.pt")
-    if job.is_main:
+    if job.is_main and test is not None:
         print(f"hvdhetero: {args.dataset} on {job.size} ranks, {job.epoch + 1} epochs in "
               f"{time.perf_counter() - started:.1f} s: test accuracy {test['correct'] / test['count']:.2%}, "
               f"loss {test['loss'] / test['count']:.4f}; model {path}", flush=True)

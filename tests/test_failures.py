@@ -1,0 +1,107 @@
+"""A rank that dies or goes silent ends the job with one message naming it, its newest
+checkpoint and the command that resumes; nothing of the job is left running. Real ranks, real
+signals (SIGKILL; SIGSTOP as a sleeping laptop)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.rank import checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def job_pids(run_dir: Path) -> dict[int, int]:
+    """This job's rank processes: {rank: pid} (their command line carries the run directory)."""
+    pids = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "hvdhetero.rank.runner" in cmdline and str(run_dir) in cmdline:
+            rank = next((int(e.split(b"=")[1]) for e in environ if e.startswith(b"HOROVOD_RANK=")), None)
+            if rank is not None:
+                pids[rank] = int(proc.name)
+    return pids
+
+
+def leftover(run_dir: Path) -> list[int]:
+    return list(job_pids(run_dir).values())
+
+
+def started(run_dir: Path) -> subprocess.Popen:
+    """A long run (50 epochs of 90 steps) with a checkpoint every 20 steps, once one is written."""
+    proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", "--epochs", "50", "--checkpoint-every", "20",
+                             "--run-dir", str(run_dir), "--", "--repeat", "4"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not checkpoint.listed(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert checkpoint.listed(run_dir) and len(job_pids(run_dir)) == 2, "the run did not get going"
+    return proc
+
+
+def ended(proc: subprocess.Popen, within: float) -> tuple[str, float]:
+    t0 = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=within + 60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return out, time.monotonic() - t0
+
+
+def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = started(run_dir)
+    os.kill(job_pids(run_dir)[1], signal.SIGKILL)
+    out, took = ended(proc, 30)
+    assert proc.returncode == 1 and took < 30, (took, out[-3000:])
+    assert "error: rank 1 on host local killed by signal 9 (SIGKILL); the other ranks were stopped" in out, out[-3000:]
+    assert "newest checkpoint: " + str(run_dir / "checkpoints") in out
+    assert f"resume with: invoke train --resume {run_dir}" in out
+    assert "Traceback" not in out and "RuntimeError: Horovod detected" not in out, out[-3000:]
+    assert not leftover(run_dir)
+    resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir, "--dry-run"], timeout=60)
+    assert '"resume": true' in resumed.stdout and "--epochs 50" in resumed.stdout
+
+
+def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tmp_path):
+    """SIGSTOP (a laptop's lid closed): the rank sends nothing and closes nothing. Horovod alone
+    took 253 s to give up; the heartbeat watchdog gives up after 45 s of silence."""
+    run_dir = tmp_path / "run"
+    proc = started(run_dir)
+    frozen = job_pids(run_dir)[1]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        out, took = ended(proc, 60)
+    finally:
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 1 and took < 60, (took, out[-3000:])
+    assert "error: rank 1 on host local: no response for 4" in out and "(frozen, asleep or cut off)" in out, out[-3000:]
+    assert f"resume with: invoke train --resume {run_dir}" in out
+    time.sleep(1)
+    assert not leftover(run_dir), "the frozen rank was killed too"
+
+
+def test_slow_steps_are_not_taken_for_a_frozen_rank(tmp_path):
+    """Steps of 15 s with the silence limit at 10 s (a heartbeat every 5 s): the heartbeat comes
+    from a thread of its own, which a busy step does not hold up."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "slow_step.py",
+                    "--run-dir", tmp_path, "--micro-batch", "0", "--", "15"], env={"HVDHETERO_SILENT_S": "10"},
+                   timeout=300)
+    assert "slow steps done" in proc.stdout
