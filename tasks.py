@@ -128,6 +128,12 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
                     keep_checkpoints=int(keep_checkpoints))
     script_args = None
     if resume:
+        given = {k: v for k, v in locals().items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]}
+        if given or run_dir or _script_args():
+            named = ", ".join([f"--{k.replace('_', '-')}" for k in given] + (["--run-dir"] if run_dir else [])
+                              + (["arguments after --"] if _script_args() else []))
+            raise Exit(f"error: --resume continues the run with its own options; only --hosts and --inventory may "
+                       f"change, got {named} (start a new run to change them)", code=2)
         run_dir, saved = _resumable(resume)
         hosts = hosts or saved["hosts"]
         script, workdir, recipe, script_args = saved["script"], saved["workdir"], saved["recipe"], saved["script_args"]
@@ -136,6 +142,14 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
                       name=Path(script).stem if script else dataset, script_args=script_args)
     if not dry_run:
         print(f"run directory: {run_dir}")
+
+
+def _run_options() -> dict:
+    """train's options that --resume takes from the run, with their defaults."""
+    import inspect
+
+    keep = {"c", "hosts", "inventory", "resume", "dry_run", "run_dir"}
+    return {name: p.default for name, p in inspect.signature(train.body).parameters.items() if name not in keep}
 
 
 def _resumable(resume: str) -> tuple[str, dict]:
@@ -193,6 +207,9 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
              "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
     return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
                                rank0_host=None if selected[0].is_local else selected[0].name)
+
+
+_RUN_OPTIONS = _run_options()
 
 
 @task(help={

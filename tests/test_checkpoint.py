@@ -105,3 +105,11 @@ def test_resume_of_a_run_without_a_checkpoint_exits_2(tmp_path):
     (tmp_path / "launch.json").write_text(json.dumps({"hosts": ["local"]}))
     proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path], check=False, timeout=60)
     assert proc.returncode == 2 and "has no checkpoint" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_resume_with_other_options_than_the_hosts_exits_2_naming_them(tmp_path):
+    (tmp_path / "launch.json").write_text(json.dumps({"hosts": ["local"]}))
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path, "--epochs", "5", "--sync", "local:4"],
+                   check=False, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "--epochs, --sync" in out and "only --hosts and --inventory" in out, out
