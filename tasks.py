@@ -159,17 +159,18 @@ def _resumable(resume: str) -> tuple[str, dict]:
         runs = sorted((p for p in RUNS.glob("*") if (p / "launch.json").is_file()
                        and any((p / "checkpoints").glob("step-*.pt"))), key=lambda p: p.stat().st_mtime)
         if not runs:
-            raise Exit(f"error: --resume latest: no run under {ROOT / 'runs'} has a checkpoint", code=2)
+            raise Exit(f"error: --resume latest: no run under {RUNS} has a checkpoint", code=2)
         folder = runs[-1]
     else:
         folder = Path(resume).resolve()
     launched = folder / "launch.json"
     if not launched.is_file():
         raise Exit(f"error: --resume {resume}: {launched} not found (not a run directory invoke train wrote)", code=2)
-    if not any((folder / "checkpoints").glob("step-*.pt")):
+    saved = json.loads(launched.read_text())
+    if saved.get("rank0_local", True) and not any((folder / "checkpoints").glob("step-*.pt")):
         raise Exit(f"error: --resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
                    "before its first; start it again)", code=2)
-    return str(folder), json.loads(launched.read_text())
+    return str(folder), saved  # rank 0 elsewhere: its host has the checkpoints (the job says if none loads)
 
 
 def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
@@ -203,7 +204,8 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
     if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "launch.json").write_text(json.dumps(
-            {"hosts": [h.name for h in selected], "script": script, "workdir": workdir, "recipe": recipe,
+            {"hosts": [h.name for h in selected], "rank0_local": selected[0].is_local, "script": script,
+             "workdir": workdir, "recipe": recipe,
              "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
     return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
                                rank0_host=None if selected[0].is_local else selected[0].name)
@@ -349,7 +351,7 @@ def _time_to_accuracy(inventory, hosts, target: float, seeds: str, epochs: int, 
               str(repeat), "--target-accuracy", str(target)]
 
     def train(way, seed: int) -> list[dict]:
-        settings = dict(seed=seed, compression=compression, **way.settings)
+        settings = dict(seed=seed, compression=compression, keep_checkpoints=0, **way.settings)
         with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
             _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
                               name="tta")

@@ -22,6 +22,8 @@ TAG = "@@hvdhetero-progress "
 ERROR_TAG = "@@hvdhetero-error "
 RESULT_TAG = "@@hvdhetero-result "
 """A job's answer for the launcher (invoke plan's plan), one JSON line from rank 0."""
+DONE_TAG = "@@hvdhetero-done"
+"""A rank's script has returned: from now on it may be quiet (its heartbeat stops at exit)."""
 ALIVE_TAG = "@@hvdhetero-alive "
 """Every rank's heartbeat, from a thread of its own: a rank that sends none for SILENT_S is
 frozen (SIGSTOP, a sleeping laptop) or cut off, whatever its training is doing."""
@@ -38,14 +40,14 @@ _last = 0.0
 
 def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thread:
     """Rank side: print this rank's heartbeat every `every` seconds from a daemon thread."""
-    line = ALIVE_TAG + json.dumps({"rank": rank, "host": host}) + "\n"
+    line = (ALIVE_TAG + json.dumps({"rank": rank, "host": host}) + "\n").encode()
+    fd = os.dup(2)  # stderr, one write() each: never spliced into a stdout line (results, progress)
 
     def beat():
         while True:
             try:
-                sys.stdout.write(line)  # one write: never interleaved inside another line
-                sys.stdout.flush()
-            except (BrokenPipeError, ValueError):  # nobody reads us any more: the launcher is gone
+                os.write(fd, line)
+            except OSError:  # nobody reads us any more: the launcher is gone
                 os._exit(1)
             time.sleep(every)
 
@@ -80,11 +82,18 @@ def relay(lines: Iterable[str], out: IO[str] = sys.stdout, results: list[dict] |
             if alive is not None and match and int(match.group(1)) in alive:  # a beating rank's lines count too
                 rank = int(match.group(1))
                 alive[rank] = (time.monotonic(), alive[rank][1])
+            if DONE_TAG in body:  # a rank that finished its script beats no more: not silent
+                if alive is not None and match:
+                    alive.pop(int(match.group(1)), None)
+                continue
             if ALIVE_TAG in body:  # at the start, or written between another line's text and its end
                 body, _, beat = body.partition(ALIVE_TAG)
                 if alive is not None:
-                    beat = json.loads(beat.split("}", 1)[0] + "}")
-                    alive[beat["rank"]] = (time.monotonic(), beat["host"])
+                    try:
+                        beat = json.loads(beat.split("}", 1)[0] + "}")
+                        alive[beat["rank"]] = (time.monotonic(), beat["host"])
+                    except (ValueError, KeyError):
+                        pass
                 if not body.strip():
                     continue
                 body += "\n"

@@ -105,3 +105,9 @@ def test_slow_steps_are_not_taken_for_a_frozen_rank(tmp_path):
                     "--run-dir", tmp_path, "--micro-batch", "0", "--", "15"], env={"HVDHETERO_SILENT_S": "10"},
                    timeout=300)
     assert "slow steps done" in proc.stdout
+
+
+def test_a_rank_whose_script_returned_is_not_taken_for_a_frozen_one(tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "main_lingers.py",
+                    "--run-dir", tmp_path, "--", "15"], env={"HVDHETERO_SILENT_S": "8"}, timeout=300)
+    assert "rank 0 finished its own work" in proc.stdout

@@ -198,7 +198,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+                          stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
             failures = progress.relay(_watched(proc, alive, exits, silent_s), results=results, alive=alive)
@@ -239,9 +239,11 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float):
     lines: queue.Queue = queue.Queue()
 
     def read():
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
+        try:
+            for line in proc.stdout:
+                lines.put(line)
+        finally:
+            lines.put(None)
 
     threading.Thread(target=read, name="hvdhetero-relay", daemon=True).start()
     while True:

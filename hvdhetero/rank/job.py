@@ -85,6 +85,7 @@ class Job:
         """job.track(name, obj): the script's own state in every checkpoint."""
         self._checkpoint_every = 0
         """Steps between periodic checkpoints (0: only at epochs' ends)."""
+        self._checkpoint_due = False
         self._last_checkpoint = 0
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
@@ -136,7 +137,7 @@ class Job:
                   "equal split and balancing from the first steps (pass loss_fn=... to prepare)", flush=True)
         sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
         loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
-                        on_item=self._on_item, epoch=lambda: self.epoch)
+                        on_item=self._on_item, epoch=lambda: self.epoch, before_step=self._before_step)
         wrapped = JobOptimizer(optimizer, self)
         if scheduler is not None:
             scheduler.step = self._once_per_step(scheduler.step)
@@ -358,6 +359,12 @@ class Job:
 
     # -- called by the loader and the optimizer --------------------------------------------------
 
+    def _before_step(self, item: Item) -> None:
+        """The loader is about to hand out a step's first batch: a periodic checkpoint due is taken
+        now (every rank at the same step)."""
+        if self._checkpoint_due:
+            self._save_checkpoint(epoch_done=False)
+
     def _on_item(self, item: Item) -> None:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
         self._item = item
@@ -397,7 +404,9 @@ class Job:
             if self._sync.round_steps == 0:  # a round ended
                 self._exchanged(landed)
         if self._checkpoint_every and self.step - self._last_checkpoint >= self._checkpoint_every:
-            self._save_checkpoint(epoch_done=False)
+            # taken when the next step begins: after this step's scheduler.step(), the script's
+            # job.log and whatever else it does between steps (the loader's before-hook)
+            self._checkpoint_due = True
 
     def _exchanged(self, landed: tuple[list[float], list[float]] | None) -> None:
         """After a round's end or a flush: its record in the metrics, and the round that landed
@@ -461,7 +470,9 @@ class Job:
                     skipped_steps=self.loss_scale.skipped if self.loss_scale else 0)
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
-            self._save_checkpoint(epoch_done=True)
+            # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
+            if self._sync is None or self._checkpoint_due:
+                self._save_checkpoint(epoch_done=True)
 
     # -- checkpoints (rank/checkpoint.py has the files' rules) ---------------------------------
 
@@ -483,22 +494,22 @@ class Job:
         self._one_model()
         rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
         # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
-        optimizer = (hvd.allgather_object(p.optimizer.state_dict(), name="hvdhetero.ckpt.optimizer")
+        optimizer = (hvd.allgather_object(_on_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
                      if self._sync is not None else p.optimizer.state_dict())
+        hosts = hvd.allgather_object(self._host.get("name") or socket.gethostname(), name="hvdhetero.ckpt.hosts")
         path = checkpoint.path_for(self.run_dir, self.step)
         if self.is_main:
             state = {"format": checkpoint.FORMAT, "step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
-                     "size": self.size, "model": p.model.state_dict(), "optimizer": optimizer,
+                     "size": self.size, "hosts": hosts, "model": p.model.state_dict(), "optimizer": optimizer,
                      "scheduler": _scheduler_state(self._scheduler) if self._scheduler is not None else None,
                      "loss_scale": asdict(self.loss_scale) if self.loss_scale is not None else None,
                      "sync": self._sync.state_dict() if self._sync is not None else None,
-                     "split": list(p.sampler.batch_sizes), "pending_splits": [[at, list(sizes)] for at, sizes
-                                                                               in p.loader._pending],
+                     "split": list(p.sampler.batch_sizes),
                      "rng": rngs, "config": asdict(cfg), "metrics_offset": self._metrics.offset(),
                      "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()}}
             checkpoint.save_object(state, path)
             checkpoint.keep_newest(self.run_dir, cfg.keep_checkpoints)
-        self._last_checkpoint = self.step
+        self._last_checkpoint, self._checkpoint_due = self.step, False
         self._write("checkpoint", epoch=self.epoch, step=self.step, path=str(path),
                     seconds=round(time.perf_counter() - started, 4))
 
@@ -525,12 +536,13 @@ class Job:
         for name, obj in self._tracked.items():
             if name in state["tracked"]:
                 obj.load_state_dict(state["tracked"][name])
-        same = state["size"] == self.size
-        if same:  # the same ranks: their split, random states and all
-            p.sampler.set_batch_sizes(state["split"])
-            p.loader._pending = [(at, sizes) for at, sizes in state["pending_splits"]]
+        hosts = hvd.allgather_object(self._host.get("name") or socket.gethostname(), name="hvdhetero.resume.hosts")
+        same = state.get("hosts") == hosts
+        # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
+        # is the run's). The same hosts get their random states back; others draw from the seed.
+        if same:
             checkpoint.set_rng_state(state["rng"][self.rank])
-        else:  # another set of hosts: the split calibrated now, random states from the seed and step
+        else:
             torch.manual_seed(self.config.seed * 1_000_003 + state["step"] * 101 + self.rank)
         self.step = self._last_checkpoint = state["step"]
         self.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
@@ -539,7 +551,7 @@ class Job:
         if self._metrics is not None:
             self._metrics.truncate(state["metrics_offset"])  # what the run wrote after it is redone
         if self.is_main:
-            change = "" if same else f"; was {state['size']} ranks, now {self.size}: re-balanced"
+            change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
             print(f"hvdhetero: resuming from {path} (epoch {self.epoch + 1}, step {self.step}{change})", flush=True)
         return path
 
@@ -558,6 +570,17 @@ class _Prepared:
     def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
+
+
+def _on_cpu(obj):
+    """`obj` with every tensor in it copied to the CPU (what another rank can unpickle)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
 
 
 def _scheduler_state(scheduler) -> dict:

@@ -47,10 +47,12 @@ class Loader:
 
     def __init__(self, dataset, sampler: WeightedBatchSampler, device: torch.device, chunk: int | None,
                  collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
-                 epoch: Callable[[], int] = lambda: 0):
+                 epoch: Callable[[], int] = lambda: 0, before_step: Callable | None = None):
         self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
         self.collate_fn, self.num_workers = collate_fn, num_workers
         self.on_item = on_item or (lambda item: None)
+        self.before_step = before_step or (lambda item: None)
+        """Called before a step's first chunk is collated (a checkpoint taken there resumes at it)."""
         self.epoch = epoch
         self.lag = 2 * num_workers  # DataLoader's default prefetch_factor, per worker
         self._pending: list[tuple[int, list[int]]] = []
@@ -91,6 +93,8 @@ class Loader:
     def _batches(self):
         if self.num_workers == 0:
             for indices, item in self._chunks():
+                if item.chunk == 0:
+                    self.before_step(item)
                 batch = batches.to_device(batches.collate(self.dataset, indices, self.collate_fn), self.device)
                 self.on_item(item)
                 yield batch
@@ -107,6 +111,8 @@ class Loader:
             collate_fn=self.collate_fn or torch.utils.data.default_collate)
         for batch in loader:  # in order: the oldest drawn item is this batch's
             item = drawn.popleft()
+            if item.chunk == 0:
+                self.before_step(item)
             self.on_item(item)
             yield batches.to_device(batch, self.device)
 

@@ -49,7 +49,6 @@ NEAR_BEST = 0.02
 """Modes within this of the best rate count as equally fast; the freshest of them is advised."""
 HEADROOM = 2.0
 """An overlapped mode is advised only when a round lasts this many times its exchange."""
-"""Modes within this of the best rate count as equally fast; the freshest of them is advised."""
 
 
 @dataclass

@@ -61,11 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as done:
         if done.code not in (None, 0):
             fail(config, f"SystemExit: {done.code}", [])
+        print(progress.DONE_TAG, flush=True)
         raise
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
         frames = [f for f in traceback.extract_tb(err.__traceback__)
                   if not f.filename.startswith("<frozen") and f.filename != __file__]
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
+    else:
+        print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
 
 
 def host_name(config: JobConfig) -> str:
