@@ -34,32 +34,37 @@ def test_up_ssh_down_cycle(tmp_path):
     borrowed = status.returncode == 0 and owner is not None
     state = Path(owner) if borrowed else tmp_path / "state"
 
-    inventory = run_testhosts("up", "--state", state).stdout.splitlines()[-1]
-    assert inventory == str(state / "inventory.yaml")
-    assert run_testhosts("up", "--state", state).stdout.splitlines()[-1] == inventory  # idempotent
-    text = (state / "inventory.yaml").read_text()
-    assert "default_hosts: [h1, h2]" in text and "interface: enp3s0" in text and 'torch: "' in text
-
-    for host, nic in [("h1", "en0"), ("h2", "enp3s0")]:
-        out = ssh(state, host, "hostname; ip -o link").stdout.splitlines()
-        assert out[0] == host
-        assert any(f" {nic}@" in line or f" {nic}:" in line for line in out[1:]), out
-    # Separate /srv/hvdhost per host: a file written on h1 is not on h2.
-    marker = f"/srv/hvdhost/testhosts-{uuid.uuid4().hex}"
-    ssh(state, "h1", f"touch {marker}")
     try:
-        assert ssh(state, "h2", f"test -e {marker}", check=False).returncode == 1
-    finally:
-        ssh(state, "h1", f"rm -f {marker}")
-    # Without the key: refused at once, no prompt (BatchMode).
-    denied = run_cmd(["ip", "netns", "exec", "hvdt-launch", "ssh", "-F", "/dev/null", "-o", "BatchMode=yes",
-                      "-o", "IdentitiesOnly=yes", "-o", "IdentityFile=none", "-o", "ConnectTimeout=5",
-                      "-o", f"UserKnownHostsFile={state / 'known_hosts'}", "root@h1", "true"],
-                     timeout=30, check=False)
-    assert denied.returncode == 255 and "Permission denied" in denied.stderr
+        inventory = run_testhosts("up", "--state", state).stdout.splitlines()[-1]
+        assert inventory == str(state / "inventory.yaml")
+        assert run_testhosts("up", "--state", state).stdout.splitlines()[-1] == inventory  # idempotent
+        text = (state / "inventory.yaml").read_text()
+        assert "default_hosts: [h1, h2]" in text and "interface: enp3s0" in text and 'torch: "' in text
 
-    check_own_cores_and_shaped_links(state)
+        for host, nic in [("h1", "en0"), ("h2", "enp3s0")]:
+            out = ssh(state, host, "hostname; ip -o link").stdout.splitlines()
+            assert out[0] == host
+            assert any(f" {nic}@" in line or f" {nic}:" in line for line in out[1:]), out
+        # Separate /srv/hvdhost per host: a file written on h1 is not on h2.
+        marker = f"/srv/hvdhost/testhosts-{uuid.uuid4().hex}"
+        ssh(state, "h1", f"touch {marker}")
+        try:
+            assert ssh(state, "h2", f"test -e {marker}", check=False).returncode == 1
+        finally:
+            ssh(state, "h1", f"rm -f {marker}")
+        # Without the key: refused at once, no prompt (BatchMode).
+        denied = run_cmd(["ip", "netns", "exec", "hvdt-launch", "ssh", "-F", "/dev/null", "-o", "BatchMode=yes",
+                          "-o", "IdentitiesOnly=yes", "-o", "IdentityFile=none", "-o", "ConnectTimeout=5",
+                          "-o", f"UserKnownHostsFile={state / 'known_hosts'}", "root@h1", "true"],
+                         timeout=30, check=False)
+        assert denied.returncode == 255 and "Permission denied" in denied.stderr
 
+        check_own_cores_and_shaped_links(state)
+
+    except BaseException:
+        if not borrowed:  # a failed check must not leave hosts up for the next test or run
+            run_testhosts("down", "--state", state, check=False)
+        raise
     if borrowed:
         refused = run_testhosts("up", "--state", tmp_path / "other", check=False)
         assert refused.returncode != 0 and "down --state" in refused.stderr
