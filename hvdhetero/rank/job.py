@@ -42,7 +42,7 @@ from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
-from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state
+from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state, to_cpu
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.sync import ParameterSync
@@ -153,10 +153,13 @@ class Job:
             # small, sustained imbalance is corrected count as rounds (20 rounds of 32 steps held a
             # 12x-slower rank 9% behind for the whole benchmark).
             balancer.settle = max(3, -(-balancer.settle // every))
-        self._sync = None if kind == "step" else ParameterSync(model, kind, every, global_batch, cfg.compression, cfg.outer_lr,
-                                                                  cfg.outer_momentum, overlap_sync)
+        self._sync = None if kind == "step" else ParameterSync(model, kind, every, global_batch, cfg.compression,
+                                                                  cfg.outer_lr, cfg.outer_momentum, overlap_sync)
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
         self._scheduler = scheduler
+        self._host_names = hvd.allgather_object(self._host.get("name") or socket.gethostname(),
+                                                name="hvdhetero.host_names")
+        """Per rank: its inventory host (checkpoints record them; a resume compares)."""
         resumed = self._resume() if cfg.resume else None
         timed = not (cfg.equal_split or any(failed))  # else the step time is unknown until an epoch ends
         self._set_checkpoint_interval(balancer.step_time(balancer.split) if timed else 0.0)
@@ -306,7 +309,8 @@ class Job:
         if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
             raise ConfigError(f"job.track({name!r}, ...) needs an object with state_dict() and load_state_dict()")
         if self._prepared is not None:
-            raise ConfigError(f"job.track({name!r}, ...) after job.prepare: call it before, which restores it on --resume")
+            raise ConfigError(f"job.track({name!r}, ...) after job.prepare: call it before, which restores it on "
+                              "--resume")
         self._tracked[name] = obj
 
     def log(self, **scalars) -> None:
@@ -494,13 +498,13 @@ class Job:
         self._one_model()
         rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
         # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
-        optimizer = (hvd.allgather_object(_on_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
+        optimizer = (hvd.allgather_object(to_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
                      if self._sync is not None else p.optimizer.state_dict())
-        hosts = hvd.allgather_object(self._host.get("name") or socket.gethostname(), name="hvdhetero.ckpt.hosts")
         path = checkpoint.path_for(self.run_dir, self.step)
         if self.is_main:
             state = {"format": checkpoint.FORMAT, "step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
-                     "size": self.size, "hosts": hosts, "model": p.model.state_dict(), "optimizer": optimizer,
+                     "size": self.size, "hosts": self._host_names, "model": p.model.state_dict(),
+                     "optimizer": optimizer,
                      "scheduler": _scheduler_state(self._scheduler) if self._scheduler is not None else None,
                      "loss_scale": asdict(self.loss_scale) if self.loss_scale is not None else None,
                      "sync": self._sync.state_dict() if self._sync is not None else None,
@@ -536,7 +540,7 @@ class Job:
         for name, obj in self._tracked.items():
             if name in state["tracked"]:
                 obj.load_state_dict(state["tracked"][name])
-        hosts = hvd.allgather_object(self._host.get("name") or socket.gethostname(), name="hvdhetero.resume.hosts")
+        hosts = self._host_names
         same = state.get("hosts") == hosts
         # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
         # is the run's). The same hosts get their random states back; others draw from the seed.
@@ -570,17 +574,6 @@ class _Prepared:
     def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
-
-
-def _on_cpu(obj):
-    """`obj` with every tensor in it copied to the CPU (what another rank can unpickle)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _on_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_on_cpu(v) for v in obj)
-    return obj
 
 
 def _scheduler_state(scheduler) -> dict:

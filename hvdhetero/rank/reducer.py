@@ -174,7 +174,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
         # Optimizer state may be empty (fresh start) or hold tensors on rank 0's device, which
         # another rank may not have (cuda vs mps): move it to the CPU before pickling;
         # load_state_dict moves it onto each rank's own parameters' device.
-        state = _to_cpu(optimizer.state_dict()) if hvd.rank() == root_rank else None
+        state = to_cpu(optimizer.state_dict()) if hvd.rank() == root_rank else None
         # Horovod: broadcast_object pickles through a CPU byte tensor.
         optimizer.load_state_dict(hvd.broadcast_object(state, root_rank=root_rank,
                                                        name="hvdhetero.optimizer"))
@@ -200,13 +200,14 @@ def average_buffers(model: torch.nn.Module) -> None:
             b.copy_(chunk.view_as(b).to(b.dtype))
 
 
-def _to_cpu(obj):
+def to_cpu(obj):
+    """`obj` with every tensor in it copied to the CPU (what another rank can unpickle)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        return type(obj)(to_cpu(v) for v in obj)
     return obj
 
 
