@@ -102,6 +102,8 @@ def test(c):
                     "late",
     "outer_lr": "diloco: the outer learning rate",
     "outer_momentum": "diloco: the outer Nesterov momentum",
+    "inner_steps": "local/diloco: same (every rank H steps a round, on its share) or by-speed (a slower rank "
+                   "merges steps into ones about the fastest rank's size: fewer, bigger inner steps)",
     "seed": "seeds the model's initial weights, the shuffling and dropout",
     "checkpoint_every": "also checkpoint every N steps (default: by time and at every epoch's end)",
     "checkpoint_minutes": "checkpoint at least this often (0: only at epochs' ends and --checkpoint-every)",
@@ -114,7 +116,7 @@ def test(c):
 def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3,
           optimizer="adam", data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0,
           equal_split=False, compression="none", precision="fp32", micro_batch="auto", sync="step", outer_lr=0.7,
-          outer_momentum=0.9, overlap_sync=False, seed=0, checkpoint_every=0, checkpoint_minutes=5.0,
+          outer_momentum=0.9, overlap_sync=False, inner_steps="same", seed=0, checkpoint_every=0, checkpoint_minutes=5.0,
           keep_checkpoints=3, resume="", dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
@@ -124,7 +126,7 @@ def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epoc
     settings = dict(seed=int(seed), compression=compression, equal_split=equal_split, slowdown=float(slowdown),
                     micro_batch=check_micro_batch(micro_batch), precision=precision, sync=sync,
                     overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum),
-                    checkpoint_every=int(checkpoint_every), checkpoint_minutes=float(checkpoint_minutes),
+                    inner_steps=inner_steps, checkpoint_every=int(checkpoint_every), checkpoint_minutes=float(checkpoint_minutes),
                     keep_checkpoints=int(keep_checkpoints))
     script_args = None
     if resume:
@@ -278,6 +280,7 @@ def build_horovod(c, install=False):
     "micro_batch": "chunk size of the solo and hvdhetero phases: auto (timed per rank), 0 (whole batch) or N",
     "sync": "the hvdhetero phase's sync mode: step, local:H or diloco:H (the engine phase reduces every step)",
     "overlap_sync": "local/diloco: the hvdhetero phase's exchange runs behind compute, applied one round late",
+    "inner_steps": "local/diloco: same or by-speed (a slower rank takes fewer, bigger inner steps; see train)",
     "compression": "the hvdhetero phase's gradients (step) or exchange (local/diloco) on the wire: none or fp16",
     "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
     "sizes_mb": "with --allreduce: buffer sizes in MB",
@@ -292,13 +295,13 @@ def build_horovod(c, install=False):
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
           inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False, compression="none",
-          allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0, seeds="0,1,2",
+          inner_steps="same", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0, seeds="0,1,2",
           epochs=30, repeat=8):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     inventory_ = inv.load(inventory or inv.default_path())
     if float(to_accuracy):
         _time_to_accuracy(inventory, hosts, float(to_accuracy), seeds, int(epochs), int(repeat), int(batch_size),
-                          sync, bool(overlap_sync), float(slowdown), compression, out)
+                          sync, bool(overlap_sync), float(slowdown), compression, out, inner_steps)
         return
     if allreduce:
         from hvdhetero.bench import allreduce as allreduce_bench
@@ -311,7 +314,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
         if out:
             Path(out).write_text(json.dumps(result, indent=1))
         return
-    JobConfig(sync=sync, overlap_sync=bool(overlap_sync), compression=compression)  # bad values: exit 2 here
+    JobConfig(sync=sync, overlap_sync=bool(overlap_sync), compression=compression,
+              inner_steps=inner_steps)  # bad values: exit 2 here
     if check_sync(sync)[0] == "auto":
         raise Exit("error: bench measures one --sync mode: step, local:H or diloco:H (invoke plan predicts "
                    "them all and says which to use)", code=2)
@@ -319,7 +323,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
              "--min-seconds", str(float(min_seconds)),
              "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch),
              "--sync", "%s:%d" % check_sync(sync) if sync != "step" else "step",
-             *(["--overlap-sync"] if overlap_sync else []), "--compression", compression] + (["--out", str(Path(out).resolve())] if out else [])
+             *(["--overlap-sync"] if overlap_sync else []), "--compression", compression,
+             "--inner-steps", inner_steps] + (["--out", str(Path(out).resolve())] if out else [])
     argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
     env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
     print(launch.printable(argv, env))
@@ -328,7 +333,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
 
 
 def _time_to_accuracy(inventory, hosts, target: float, seeds: str, epochs: int, repeat: int, batch_size: int,
-                      sync: str, overlap: bool, slowdown: float, compression: str, out: str) -> None:
+                      sync: str, overlap: bool, slowdown: float, compression: str, out: str,
+                      inner_steps: str = "same") -> None:
     from hvdhetero.bench import accuracy
 
     if not 0 < target < 1 or epochs < 1 or repeat < 1:
@@ -338,13 +344,14 @@ def _time_to_accuracy(inventory, hosts, target: float, seeds: str, epochs: int, 
         seed_list = [int(s) for s in str(seeds).split(",") if s.strip()]
     except ValueError:
         raise Exit(f"error: --seeds must be comma-separated integers, got {seeds!r}", code=2) from None
-    JobConfig(sync=sync, overlap_sync=overlap, compression=compression)  # bad values: exit 2 here
+    JobConfig(sync=sync, overlap_sync=overlap, compression=compression,
+              inner_steps=inner_steps)  # bad values: exit 2 here
     if check_sync(sync)[0] in ("auto", "step"):
         raise Exit("error: --to-accuracy compares step sync with a local/diloco mode: give --sync local:H or "
                    "diloco:H", code=2)
     names = [h.name for h in inv.load(inventory or inv.default_path()).select(hosts)]
     try:
-        plan_ = accuracy.ways(list(names), sync, overlap, slowdown)
+        plan_ = accuracy.ways(list(names), sync, overlap, slowdown, inner_steps)
     except ValueError as err:
         raise Exit(f"error: {err}", code=2) from None
     recipe = ["--dataset", "digits", "--epochs", str(epochs), "--batch-size", str(batch_size), "--repeat",

@@ -18,6 +18,7 @@ ENV_VAR = "HVDHETERO_JOB"
 
 COMPRESSIONS = ("none", "fp16")
 PRECISIONS = ("fp32", "bf16", "fp16")
+INNER_STEPS = ("same", "by-speed")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class JobConfig:
     overlap_sync: bool = False
     """local/diloco: the round's exchange runs in the background while the next round computes
     and is applied one round late (rank/sync.py says what that delay means)."""
+    inner_steps: str = "same"
+    """local/diloco: same (every rank takes the round's H optimizer steps, each on its share of
+    that step's global batch) or by-speed (a slower rank merges consecutive steps' shares into
+    one optimizer step about as big as the fastest rank's, so it takes fewer inner steps a round,
+    in proportion to its speed; a small share's per-step costs are paid once per merge)."""
     outer_lr: float = 0.7
     """diloco: the outer optimizer's learning rate (DiLoCo's published 0.7)."""
     outer_momentum: float = 0.9
@@ -75,6 +81,11 @@ class JobConfig:
         if check_sync(self.sync)[0] in ("step", "auto") and self.overlap_sync:
             raise ConfigError(f"--overlap-sync needs --sync local:H or diloco:H, got --sync {self.sync} (step sync "
                               "overlaps each step's reduction with backward already; auto decides itself)")
+        if self.inner_steps not in INNER_STEPS:
+            raise ConfigError(f"--inner-steps must be one of {', '.join(INNER_STEPS)}, got {self.inner_steps!r}")
+        if self.inner_steps != "same" and check_sync(self.sync)[0] not in ("local", "diloco"):
+            raise ConfigError(f"--inner-steps {self.inner_steps} needs --sync local:H or diloco:H, got --sync "
+                              f"{self.sync} (under step sync every rank takes every step)")
         if not (self.outer_lr > 0 and 0 <= self.outer_momentum < 1):
             raise ConfigError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {self.outer_lr!r} and "
                               f"{self.outer_momentum!r}")

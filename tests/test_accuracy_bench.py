@@ -45,7 +45,9 @@ def test_ways_are_the_first_host_alone_step_and_the_mode_on_all():
     got = ways(["pc", "mac"], "diloco:32", True, 12.0)
     assert [w.label for w in got] == ["pc alone", "pc+mac step", "pc+mac diloco:32 overlapped"]
     assert got[0].hosts == ["pc"] and got[0].settings["slowdown"] == 1.0
-    assert got[2].settings == {"sync": "diloco:32", "overlap_sync": True, "slowdown": 12.0}
+    assert got[2].settings == {"sync": "diloco:32", "overlap_sync": True, "inner_steps": "same", "slowdown": 12.0}
+    merged = ways(["pc", "mac"], "local:8", False, 12.0, "by-speed")[2]
+    assert merged.label == "pc+mac local:8 by-speed" and merged.settings["inner_steps"] == "by-speed"
     with pytest.raises(ValueError, match="two or more"):
         ways(["pc"], "local:4", False, 1.0)
 

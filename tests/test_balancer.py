@@ -283,3 +283,21 @@ def test_a_calibration_that_overrated_a_ranks_overhead_does_not_pin_it_to_the_mi
     drive(b, timings(overhead, per_sample), 400)
     assert abs(b.split[1] - ideal[1]) <= 2 and not b.fallback, (b.split, ideal)
     assert all(split == b.split for step, split in b.history if step >= 100)
+
+
+def test_merged_steps_pay_a_ranks_overhead_once_per_merge_so_it_gets_more_samples():
+    """K=12 with a fixed cost per step: same inner steps, the slow rank's 20 ms overhead every
+    step leaves it a sliver; merging ~its share into steps the fast rank's size (by-speed) pays
+    it once per merge, the slow rank gets a bigger share and the predicted step is quicker."""
+    overhead, per_sample = [0.005, 0.020], [1e-4, 1.2e-3]
+    same = Balancer(global_batch=512, size=2)
+    merged = Balancer(global_batch=512, size=2, merges=True)
+    a, b = same.calibrate(overhead, per_sample), merged.calibrate(overhead, per_sample)
+    assert b[1] > a[1] + 5, (a, b)
+    assert merged.step_time(b) < same.step_time(a)
+    # the model holds what the merged steps measure: fed them, it stays put
+    for step in range(40):
+        times = [o / m + p * n for o, p, n, m in zip(overhead, per_sample, merged.split,
+                                                      [1, round(max(merged.split) / merged.split[1])])]
+        merged.observe(times, list(merged.split), step)
+    assert abs(merged.split[1] - b[1]) <= 2, (b, merged.split)

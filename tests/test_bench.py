@@ -74,3 +74,15 @@ def test_bench_takes_a_sync_mode_for_the_hvdhetero_phase_and_refuses_a_bad_one()
                            (["--overlap-sync"], "--overlap-sync needs --sync local:H or diloco:H")):
         refused = run_cmd([VENV_BIN / "invoke", "bench", *flags, "--dry-run"], timeout=60, check=False)
         assert refused.returncode == 2 and message in refused.stderr and "horovodrun" not in refused.stdout
+
+
+def test_bench_runs_a_mode_whose_slow_rank_merges_steps(tmp_path):
+    """--inner-steps by-speed: the slow rank's calls cover several global steps at once; the
+    phases still end together on every rank (whole rounds), or this would hang or mismatch."""
+    out = tmp_path / "bench.json"
+    run_cmd([VENV_BIN / "invoke", "bench", "--slowdown", "3", "--steps", "4", "--repeats", "2", "--min-seconds",
+             "0.3", "--batch-size", "256", "--sync", "local:4", "--inner-steps", "by-speed", "--out", out],
+            timeout=600)
+    result = json.loads(out.read_text())
+    assert result["config"]["inner_steps"] == "by-speed" and result["config"]["timed_steps"]["hvdhetero"] % 4 == 0
+    assert len(result["hvdhetero"]["per_round_samples_per_s"]) == 2 and result["hvdhetero"]["samples_per_s"] > 0

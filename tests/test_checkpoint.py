@@ -113,3 +113,37 @@ def test_resume_with_other_options_than_the_hosts_exits_2_naming_them(tmp_path):
                    check=False, timeout=60)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "--epochs, --sync" in out and "only --hosts and --inventory" in out, out
+
+
+@pytest.mark.slow
+def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_and_resumes(tmp_path):
+    """SIGKILL the saving process 20 times at random moments (mostly inside torch.save, fsync or
+    the rename): every time, the newest checkpoint on disk loads and is the last save reported
+    done or the one after it, the newest 3 are kept, and an interrupted save's temporary file
+    is gone after the next save; then the run resumes from the newest."""
+    import random
+
+    run = tmp_path / "run"
+    train("--epochs", "1", "--checkpoint-every", "5", "--checkpoint-minutes", "0", run_dir=run)
+    rng = random.Random(7)
+    done, unsaved_kills, saves = checkpoint.newest(run)[1]["step"], 0, 0
+    for kill in range(20):
+        proc = subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "tests/scripts/save_loop.py"), str(run)],
+                                cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.5))
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        reported = [int(line.split()[1]) for line in out.split("\n") if line.startswith("saved")]
+        saves += len(reported)
+        unsaved_kills = 0 if reported else unsaved_kills + 1
+        done = reported[-1] if reported else done
+        path, state = checkpoint.newest(run)
+        assert state["step"] in (done, done + 1), (kill, path, done)  # +1: killed after the rename
+        done = state["step"]
+        assert len(checkpoint.listed(run)) <= 4, checkpoint.listed(run)  # 3 kept, + 1 before keep_newest ran
+        temporary = list((run / checkpoint.FOLDER).glob(".step-*.tmp"))
+        assert len(temporary) <= unsaved_kills + 1, (kill, temporary)
+    assert saves >= 5, f"only {saves} saves completed in 20 runs: the kills did not interleave with saves"
+    out = run_cmd([VENV_BIN / "invoke", "train", "--resume", run], timeout=600)
+    assert f"step {done})" in out.stdout and "nothing left to train" in out.stdout, out.stdout[-2000:]

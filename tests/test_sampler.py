@@ -80,3 +80,30 @@ def test_impossible_splits_are_refused():
         proportional_split(5, [1, 1], minimum=3)
     with pytest.raises(ValueError, match="allow only 20"):
         proportional_split(64, [1, 1], caps=[10, 10])
+
+
+def test_a_rank_that_merges_steps_gets_the_same_samples_in_fewer_bigger_steps():
+    """--inner-steps by-speed: rank 1 merges 3 steps at a time (the epoch's end cuts the last
+    merge short); its items hold exactly the samples of those steps, in order, and say which
+    global step they end at and how many they span; the other rank is untouched."""
+    import torch
+
+    from hvdhetero.rank.loader import Loader
+
+    data = torch.arange(100)
+
+    def items(rank, group=None):
+        sampler = WeightedBatchSampler(len(data), [12, 4], rank, seed=1)
+        loader = Loader(data, sampler, torch.device("cpu"), chunk=5, group=group)
+        seen = []
+        loader.on_item = lambda item: seen.append(item)
+        return [(batch.tolist(), seen[-1]) for batch in loader]
+
+    plain = items(1)
+    merged = items(1, group=lambda step, left: min(3, left))
+    assert [i.steps for _, i in merged if i.chunk == 0] == [3, 3, 1]  # 7 steps: 16 a step, 4 at the end
+    assert [i.step for _, i in merged if i.chunk == 0] == [2, 5, 6]
+    assert sum((b for b, _ in merged), []) == sum((b for b, _ in plain), [])
+    first = [i for _, i in merged if i.step == 2]
+    assert [i.n for i in first] == [5, 5, 2] and first[0].share == 12 and first[0].sizes == (36, 12)
+    assert items(0, group=lambda step, left: 1) == items(0)

@@ -95,3 +95,28 @@ def test_a_rounds_step_seconds_count_the_work_between_steps_but_not_a_pause(timi
     t0, t1 = timing["clock_times"]
     assert 0.05 < t0 < 0.12, timing["clock_times"]
     assert t1 == pytest.approx((0.3 + 0.5 + 0.3) / 3, abs=0.06), timing["clock_times"]
+
+
+def test_by_speed_a_slower_rank_takes_fewer_bigger_inner_steps(tmp_path):
+    """--inner-steps by-speed: rank 1 (4x slower) merges its shares of several steps into one
+    optimizer step, so in every round it steps fewer times than rank 0, while the rounds end on
+    the same global steps as always (every 8, and at each epoch's end) and the ranks end on one
+    model that learned."""
+    run_cmd([VENV_BIN / "invoke", "train", "--epochs", "2", "--sync", "local:8", "--inner-steps", "by-speed",
+             "--slowdown", "4", "--run-dir", tmp_path], timeout=600)
+    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    exchanges = [r for r in records if r["event"] == "exchange"]
+    assert [e["step"] for e in exchanges] == [8, 16, 23, 31, 39, 46], exchanges
+    for e, steps in zip(exchanges, [8, 8, 7, 8, 8, 7]):
+        fast, slow = e["inner_steps"]
+        assert fast == steps and 1 <= slow <= steps / 2, e  # rank 1's share: about 1/4-1/5 of 64
+        assert e["split"][0] > e["split"][1], e
+    end = records[-1]
+    assert end["test_accuracy"] >= 0.85 and len(set(end["param_digests"])) == 1, end
+
+
+def test_inner_steps_by_speed_needs_local_or_diloco(tmp_path):
+    out = run_cmd([VENV_BIN / "invoke", "train", "--inner-steps", "by-speed", "--run-dir", tmp_path / "run"],
+                  check=False, timeout=60)
+    assert out.returncode == 2 and "--inner-steps by-speed needs --sync local:H or diloco:H" in out.stderr, out
+    assert not (tmp_path / "run").exists()

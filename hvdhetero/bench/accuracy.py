@@ -48,16 +48,17 @@ class Run:
         return next((r["test_accuracy"] for r in self.logs if r["epoch"] + 1 == epochs), None)
 
 
-def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float) -> list[Way]:
+def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_steps: str = "same") -> list[Way]:
     """Alone on the first host, step sync and `sync` on all of them (the straggler injection,
     which slows the last rank, only where there is more than one host)."""
     if len(hosts) < 2:
         raise ValueError("--to-accuracy compares a host alone with several together: give --hosts two or more")
-    mode = f"{sync}{' overlapped' if overlap else ''}"
+    mode = f"{sync}{' overlapped' if overlap else ''}{' by-speed' if inner_steps != 'same' else ''}"
     together = dict(slowdown=slowdown)
     return [Way(f"{hosts[0]} alone", hosts[:1], dict(sync="step", overlap_sync=False, slowdown=1.0)),
             Way(f"{'+'.join(hosts)} step", hosts, dict(sync="step", overlap_sync=False, **together)),
-            Way(f"{'+'.join(hosts)} {mode}", hosts, dict(sync=sync, overlap_sync=overlap, **together))]
+            Way(f"{'+'.join(hosts)} {mode}", hosts, dict(sync=sync, overlap_sync=overlap, inner_steps=inner_steps,
+                                                           **together))]
 
 
 def measure(train: Callable[[Way, int], list[dict]], plan: list[Way], seeds: list[int]) -> list[Run]:

@@ -69,6 +69,8 @@ def parse_args(argv):
                         "(the engine phase always reduces every step)")
     parser.add_argument("--compression", default="none", choices=("none", "fp16"),
                         help="the hvdhetero phase's gradients or exchange on the wire")
+    parser.add_argument("--inner-steps", default="same", choices=("same", "by-speed"),
+                        help="local/diloco: a slower rank takes fewer, bigger inner steps (by-speed)")
     parser.add_argument("--overlap-sync", action="store_true",
                         help="local/diloco: exchange in the background, applied one round late")
     parser.add_argument("--micro-batch", default="auto",
@@ -133,7 +135,8 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
     counts = {}
     for name, step in phases.items():
         warm = []
-        for _ in range(args.warmup):
+        whole = getattr(step, "round", 1)  # local/diloco: whole rounds only (a merged step ends with one)
+        for _ in range(-(-args.warmup // whole) * whole):
             t0 = time.perf_counter()
             step()
             warm.append(time.perf_counter() - t0)
@@ -141,8 +144,10 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
         if hasattr(step, "timings"):
             step.timings.clear()  # a step's breakdown is kept for timed steps only
             getattr(step, "exchanges", []).clear()
-        want = max(args.steps, math.ceil(args.min_seconds / min(warm))) if warm and min(warm) > 0 else args.steps
-        whole = getattr(step, "round", 1)  # local/diloco: whole rounds only
+        # the pace of a step: the quickest warm-up step, or over whole rounds their mean (a rank
+        # merging steps runs a round's work in a few calls and returns at once from the others)
+        pace = min(warm) if whole == 1 else sum(warm) / len(warm)
+        want = max(args.steps, math.ceil(args.min_seconds / pace)) if warm and pace > 0 else args.steps
         want = -(-want // whole) * whole
         counts[name] = want if name == "solo" else int(max(allreduce_sum(one_hot(want), f"bench.steps.{name}")))
     samples = {name: [] for name in phases}
@@ -250,6 +255,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     model, optimizer = build()
     config = JobConfig(run_dir=tempfile.mkdtemp(prefix="hvdhetero-bench-"), slowdown=args.slowdown, sync=args.sync,
                        overlap_sync=args.overlap_sync, overlap=args.overlap, compression=args.compression,
+                       inner_steps=args.inner_steps,
                        micro_batch=str(chunk or 0))
     job = Job(replace(config, hosts=args.hosts), pin=args.pin)
     job.report_progress = False  # the benchmark prints its own table
@@ -273,8 +279,13 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     it = batches()
 
     def step():
-        started, target = time.perf_counter(), job.step + 1
-        while job.step < target:
+        # One global step of the job a call; a rank that merges steps (--inner-steps by-speed)
+        # runs its merged step at the call that reaches it and nothing at the calls it covers.
+        step.target += 1
+        started = time.perf_counter()
+        if job.step >= step.target:
+            return
+        while job.step < step.target:
             x, y = next(it)
             loss = F.cross_entropy(model(x), y)
             job.backward(loss)
@@ -287,7 +298,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
                                    job._sync.link_late])
 
     step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
-    step.exchanges = []
+    step.exchanges, step.target = [], 0
     """Per round's end in the timed steps: [seconds blocked, of which waiting for the round applied
     (its slowest rank, then the link), whether that round was still on the link]."""
     if job._sync is not None:
@@ -340,7 +351,7 @@ def where_time_goes(timings: list[tuple[float, float, float]]) -> dict:
 
 def sync_name(args) -> str:
     wire = ", fp16 wire" if args.compression != "none" else ""
-    return args.sync + (" overlapped" if args.overlap_sync else "") + wire
+    return args.sync + (" overlapped" if args.overlap_sync else "") + (" by-speed" if args.inner_steps != "same" else "") + wire
 
 
 def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict) -> None:
@@ -362,6 +373,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         job["captured"] = med((rates[r] - fastest_r[r]) / (total_r[r] - fastest_r[r]) for r in rounds)
     result = {
         "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync,
+                   "inner_steps": args.inner_steps,
                    "compression": args.compression, "dataset": args.dataset,
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
                    "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
 
-from hvdhetero.rank.sampler import proportional_split
+from hvdhetero.rank.sampler import proportional_split, steps_merged
 
 
 @dataclass
@@ -92,6 +92,11 @@ class Balancer:
     margin: float = 0.03
     """A probed split takes over only when its typical step time (`_typical`) beats the split in
     force's by this fraction, the model's `threshold`: a smaller lead over 8 steps may be noise."""
+    merges: bool = False
+    """--inner-steps by-speed: a rank with n_i samples a step merges `steps_merged(n_i, max n)`
+    steps into one optimizer step, so its fixed cost a_i is paid once per merge: per global
+    step it costs a_i / m_i + p_i n_i, nearly proportional to n_i for a small share (a split
+    solved with the whole a_i every step starves the slow rank: it is cheaper than modelled)."""
     history: list[tuple[int, list[int]]] = field(default_factory=list)
     """(step, split) for the initial split and every change, for the metrics."""
     reason: str = field(default="equal split", init=False)
@@ -122,8 +127,18 @@ class Balancer:
         self._lost_by = 0.0
 
     def target(self, per_sample: Sequence[float] | None = None) -> list[int]:
+        """The integer split that makes every rank's predicted step time equal."""
+        p = per_sample or self.seconds_per_sample
+        split = self._solve(self.overhead, p)
+        for _ in range(4 if self.merges else 0):  # the overheads depend on the split: to a fixed point
+            again = self._solve(self.overheads(split), p)
+            if again == split:
+                break
+            split = again
+        return split
+
+    def _solve(self, a: Sequence[float], p: Sequence[float]) -> list[int]:
         """The integer split that makes a_i + p_i * n_i equal across ranks."""
-        a, p = self.overhead, per_sample or self.seconds_per_sample
         # Equal time T with sum(n_i) = B: n_i = (T - a_i) / p_i, T = (B + sum a_i/p_i) / sum 1/p_i.
         # A rank whose overhead alone exceeds T gets the minimum (weight 0 here).
         active = list(range(self.size))
@@ -137,9 +152,17 @@ class Balancer:
         weights = [max(0.0, (t - a[i]) / p[i]) if i in active else 0.0 for i in range(self.size)]
         return proportional_split(self.global_batch, weights, self.minimum, self.caps)
 
+    def overheads(self, split: Sequence[int]) -> list[float]:
+        """Each rank's fixed seconds per global step at `split`: a_i, or with `merges` a_i over
+        the steps it merges there."""
+        if not self.merges:
+            return list(self.overhead)
+        largest = max(split)
+        return [a / steps_merged(n, largest) for a, n in zip(self.overhead, split)]
+
     def step_time(self, split: Sequence[int], per_sample: Sequence[float] | None = None) -> float:
         """Predicted time of a step with `split`: the slowest rank's."""
-        return max(a + p * n for a, p, n in zip(self.overhead, per_sample or self.seconds_per_sample, split))
+        return max(a + p * n for a, p, n in zip(self.overheads(split), per_sample or self.seconds_per_sample, split))
 
     def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0) -> list[int]:
         """Initial split from each rank's measured a_i and p_i (from a short probe). Like every
@@ -162,10 +185,12 @@ class Balancer:
         faster than the rank's overhead proves the overhead overrated (calibrated while its
         host was busy): it drops to that step's time, else the rank would keep the minimum
         share for good, every step of it inside the overhead and none measured."""
+        largest = max(sizes) if sizes else 0
         for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
+            merged = steps_merged(n, largest) if self.merges else 1
             if n > 0:
-                self.overhead[rank] = min(self.overhead[rank], t)
-            per_sample = (t - self.overhead[rank]) / n if n > 0 else 0.0
+                self.overhead[rank] = min(self.overhead[rank], t * merged)
+            per_sample = (t - self.overhead[rank] / merged) / n if n > 0 else 0.0
             if per_sample > 0:
                 yield rank, per_sample
 
@@ -233,7 +258,7 @@ class Balancer:
         now, then = self.step_time(self.split, mean), self.step_time(target, mean)
         if target == self.split or now - then <= self.fine_threshold * now:
             return None
-        times = [(a + m * n, se * n) for a, (m, se, _), n in zip(self.overhead, stats, self.split)]
+        times = [(a + m * n, se * n) for a, (m, se, _), n in zip(self.overheads(self.split), stats, self.split)]
         (slow, slow_se), (fast, fast_se) = max(times), min(times)
         if slow - fast <= self.confidence * (slow_se ** 2 + fast_se ** 2) ** 0.5:
             return None

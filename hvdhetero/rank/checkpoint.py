@@ -81,8 +81,11 @@ def newest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def keep_newest(run_dir: str | Path, keep: int) -> None:
-    """Remove all but the newest `keep` checkpoints (and temporary files older than the newest)."""
+    """Remove all but the newest `keep` checkpoints, and the temporary files of saves that a
+    kill interrupted (rank 0 saves one at a time: after a save, no temporary file is live)."""
     for path in listed(run_dir)[:-keep] if keep else listed(run_dir):
+        path.unlink(missing_ok=True)
+    for path in (Path(run_dir) / FOLDER).glob(".step-*.tmp"):
         path.unlink(missing_ok=True)
 
 

@@ -43,7 +43,7 @@ from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state, to_cpu
-from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
+from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split, steps_merged
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.sync import ParameterSync
 
@@ -87,6 +87,9 @@ class Job:
         """Steps between periodic checkpoints (0: only at epochs' ends)."""
         self._checkpoint_due = False
         self._last_checkpoint = 0
+        self._round_origin = 0
+        """local/diloco: the global step the current round began at (rounds end every H steps
+        from it; a flush starts a new one)."""
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self.last_step_seconds = (0.0, 0.0)
@@ -127,7 +130,7 @@ class Job:
                 probe_failed = f"{type(err).__name__}: {err}"
             failed = hvd.allgather_object(probe_failed, name="hvdhetero.probe")
             caps = hvd.allgather_object(self.me.max_batch, name="hvdhetero.caps")
-            balancer = Balancer(global_batch, self.size, caps=caps)
+            balancer = Balancer(global_batch, self.size, caps=caps, merges=cfg.inner_steps == "by-speed")
             if not cfg.equal_split and not any(failed):
                 big = min(global_batch, len(dataset))
                 calibrate(balancer, model, dataset, self.me, small=max(1, big // 4), big=big,
@@ -137,7 +140,8 @@ class Job:
                   "equal split and balancing from the first steps (pass loss_fn=... to prepare)", flush=True)
         sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
         loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
-                        on_item=self._on_item, epoch=lambda: self.epoch, before_step=self._before_step)
+                        on_item=self._on_item, epoch=lambda: self.epoch, before_step=self._before_step,
+                        group=self._merged if cfg.inner_steps == "by-speed" else None)
         wrapped = JobOptimizer(optimizer, self)
         if scheduler is not None:
             scheduler.step = self._once_per_step(scheduler.step)
@@ -369,6 +373,14 @@ class Job:
         if self._checkpoint_due:
             self._save_checkpoint(epoch_done=False)
 
+    def _merged(self, step: int, left: int) -> int:
+        """--inner-steps by-speed: how many global steps from `step` on this rank takes as one
+        optimizer step: about the largest share's batch (`steps_merged`), never past the
+        round's end, so that every rank's merged step ends where the round does."""
+        sizes, every = self._prepared.sampler.batch_sizes, self._sync.every if self._sync else 1
+        round_left = every - (step - self._round_origin) % every
+        return min(steps_merged(sizes[self.rank], max(sizes)), round_left, left)
+
     def _on_item(self, item: Item) -> None:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
         self._item = item
@@ -386,7 +398,7 @@ class Job:
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
         self._reduced = False
-        self.step += 1
+        self.step += self._item.steps if self._item is not None else 1
         return not self._skip
 
     def _one_model(self) -> None:
@@ -402,25 +414,34 @@ class Job:
     def _after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
         and, at a round's end, exchange parameters and feed the balancer the round's times."""
-        item = self._item
+        item, round_ended = self._item, False
         if self._sync is not None and item is not None:
-            landed = self._sync.after_step(item.share, self.last_step_seconds[0])
+            landed = self._sync.after_step(item.share, self.last_step_seconds[0], item.steps)
             if self._sync.round_steps == 0:  # a round ended
                 self._exchanged(landed)
-        if self._checkpoint_every and self.step - self._last_checkpoint >= self._checkpoint_every:
-            # taken when the next step begins: after this step's scheduler.step(), the script's
-            # job.log and whatever else it does between steps (the loader's before-hook)
+                round_ended = True
+        # Taken when the next step begins: after this step's scheduler.step(), the script's
+        # job.log and whatever else it does between steps (the loader's before-hook). With
+        # local/diloco only once a round has ended: mid-round its flush would expose an exchange,
+        # shift the rounds, and a rank merging steps (--inner-steps by-speed) is not at a step
+        # boundary the others share.
+        if self._checkpoint_is_due() and (self._sync is None or round_ended):
             self._checkpoint_due = True
+
+    def _checkpoint_is_due(self) -> bool:
+        return bool(self._checkpoint_every) and self.step - self._last_checkpoint >= self._checkpoint_every
 
     def _exchanged(self, landed: tuple[list[float], list[float]] | None) -> None:
         """After a round's end or a flush: its record in the metrics, and the round that landed
         (every rank's mean step seconds and samples per step in it) to the balancer."""
         item, p = self._item, self._prepared
+        self._round_origin = self.step  # a round ended or was flushed: the next one starts here
         if item is None:
             return
         self._write("exchange", step=self.step, round=self._sync.rounds, applied=self._sync.applied,
                     split=list(p.sampler.batch_sizes), seconds=round(self._sync.last_exchange_s, 4),
-                    wait_s=round(self._sync.wait_s, 4), link_late=self._sync.link_late)
+                    wait_s=round(self._sync.wait_s, 4), link_late=self._sync.link_late,
+                    inner_steps=self._sync.inner_steps)
         if landed is not None:
             self._rebalance(*landed, item)
 
@@ -437,7 +458,11 @@ class Job:
 
     def _once_per_step(self, step: Callable) -> Callable:
         def between_micro_batches_nothing(*args, **kwargs):
-            return None if self._accumulating else step(*args, **kwargs)
+            if self._accumulating:
+                return None
+            for _ in range((self._item.steps if self._item is not None else 1) - 1):  # merged steps
+                step(*args, **kwargs)
+            return step(*args, **kwargs)
         return between_micro_batches_nothing
 
     # -- metrics ---------------------------------------------------------------------------------
@@ -475,7 +500,7 @@ class Job:
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
-            if self._sync is None or self._checkpoint_due:
+            if self._sync is None or self._checkpoint_due or self._checkpoint_is_due():
                 self._save_checkpoint(epoch_done=True)
 
     # -- checkpoints (rank/checkpoint.py has the files' rules) ---------------------------------
@@ -548,7 +573,7 @@ class Job:
             checkpoint.set_rng_state(state["rng"][self.rank])
         else:
             torch.manual_seed(self.config.seed * 1_000_003 + state["step"] * 101 + self.rank)
-        self.step = self._last_checkpoint = state["step"]
+        self.step = self._last_checkpoint = self._round_origin = state["step"]
         self.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
         self._start_epoch = self.epoch
         p.loader.start_step = self.step

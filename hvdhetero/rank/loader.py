@@ -11,6 +11,12 @@ With DataLoader workers, batches are collated ahead in other processes: the indi
 from the balancer therefore takes effect a fixed number of steps later, the same on every rank
 (`lag`), never on a step whose indices some rank already drew: every sample of an epoch is
 still seen once, and every rank agrees on every step's sizes.
+
+With `--inner-steps by-speed` (local/diloco only) a rank merges consecutive steps: `group(step,
+left)` says how many steps from `step` on (at most `left`, the epoch's rest) this rank takes as
+one, and the loader yields their shares together as one step's chunks (`Item.steps` of them).
+The global steps, their sizes and every sample's rank stay what they were; only how often the
+rank's optimizer steps changes.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ class Item:
     in the chunk and in the whole step, and every rank's samples in the step."""
 
     step: int
+    """The global step (with merged steps: the last of them)."""
     chunk: int
     chunks: int
     n: int
     share: int
     sizes: tuple[int, ...]
+    steps: int = 1
+    """Global steps this item's step spans (more than 1 only with merged steps)."""
 
     @property
     def last(self) -> bool:
@@ -47,13 +56,16 @@ class Loader:
 
     def __init__(self, dataset, sampler: WeightedBatchSampler, device: torch.device, chunk: int | None,
                  collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
-                 epoch: Callable[[], int] = lambda: 0, before_step: Callable | None = None):
+                 epoch: Callable[[], int] = lambda: 0, before_step: Callable | None = None,
+                 group: Callable[[int, int], int] | None = None):
         self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
         self.collate_fn, self.num_workers = collate_fn, num_workers
         self.on_item = on_item or (lambda item: None)
         self.before_step = before_step or (lambda item: None)
         """Called before a step's first chunk is collated (a checkpoint taken there resumes at it)."""
         self.epoch = epoch
+        self.group = group or (lambda step, left: 1)
+        """(first global step, steps left in the epoch) -> how many steps this rank merges."""
         self.lag = 2 * num_workers  # DataLoader's default prefetch_factor, per worker
         self._pending: list[tuple[int, list[int]]] = []
         self.start_step = 0
@@ -74,18 +86,23 @@ class Loader:
         epoch, steps = self.epoch(), len(self.sampler)
         self.sampler.set_epoch(epoch)
         order = self.sampler.order()
-        for step in range(steps):
-            global_step = epoch * steps + step
-            if global_step < self.start_step:
-                continue
-            while self._pending and self._pending[0][0] <= global_step:
-                self.sampler.set_batch_sizes(self._pending.pop(0)[1])
-            indices = self.sampler.step_indices(order, step)
-            sizes = tuple(self.sampler.step_sizes(step))
+        first = max(0, min(steps, self.start_step - epoch * steps))
+        step = first
+        while step < steps:
+            merged = max(1, min(self.group(epoch * steps + step, steps - step), steps - step))
+            indices, sizes = [], [0] * len(self.sampler.batch_sizes)
+            for s in range(step, step + merged):
+                global_step = epoch * steps + s
+                while self._pending and self._pending[0][0] <= global_step:
+                    self.sampler.set_batch_sizes(self._pending.pop(0)[1])
+                indices += self.sampler.step_indices(order, s)
+                sizes = [a + b for a, b in zip(sizes, self.sampler.step_sizes(s))]
+            step += merged
             size = self.chunk or len(indices)
             parts = [indices[i:i + size] for i in range(0, len(indices), size)]
             for i, part in enumerate(parts):
-                yield part, Item(global_step, i, len(parts), len(part), len(indices), sizes)
+                yield part, Item(epoch * steps + step - 1, i, len(parts), len(part), len(indices), tuple(sizes),
+                                 merged)
 
     def __iter__(self):
         yield from self._batches()

@@ -65,6 +65,14 @@ def proportional_split(total: int, weights: Sequence[float], minimum: int = 0,
     return out
 
 
+def steps_merged(share: int, largest: int) -> int:
+    """`--inner-steps by-speed`: how many consecutive steps' shares a rank with `share` samples a
+    step takes in one optimizer step, so that its steps hold about as many samples as the
+    largest share's (every rank's inner batch about equal; a rank k times slower takes ~1/k as
+    many inner steps). The loader and the balancer's cost model both use this one rule."""
+    return max(1, round(largest / share)) if share > 0 else 1
+
+
 class WeightedBatchSampler:
     """Yields this rank's list of dataset indices for each step of an epoch."""
 

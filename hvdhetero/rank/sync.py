@@ -68,7 +68,7 @@ class ParameterSync:
         self.outer = None
         if kind == "diloco":
             self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=True)
-        self.steps = self.samples = self.round_steps = 0
+        self.steps = self.samples = self.round_steps = self.round_updates = 0
         self.seconds = 0.0
         self._mark: float | None = None
         """When this rank's previous step ended (None after a pause)."""
@@ -82,13 +82,18 @@ class ParameterSync:
         """Seconds the last exchange blocked this rank (waiting for the slower one included)."""
         self.wait_s = 0.0
         """Of those, seconds waiting for the round applied (its slowest rank, then the link)."""
+        self.inner_steps: list[int] = []
+        """Every rank's optimizer steps in the round applied last (fewer than H on a rank that
+        merged steps: --inner-steps by-speed)."""
         self.link_late = False
         """Whether the round applied was still on the link (or a rank had not sent it) when this
         rank came to apply it."""
 
-    def after_step(self, samples: int, seconds: float) -> tuple[list[float], list[float]] | None:
-        """Record one optimizer step of this rank (`seconds`: its compute); at the round's end
-        exchange, and return what `exchange` returns, else None.
+    def after_step(self, samples: int, seconds: float, steps: int = 1) -> tuple[list[float], list[float]] | None:
+        """Record one optimizer step of this rank (`seconds`: its compute), spanning `steps`
+        global steps (more than 1 when it merged them: --inner-steps by-speed); at the round's
+        end exchange, and return what `exchange` returns, else None. Rounds and the timings
+        the balancer hears count global steps, whatever each rank merged.
 
         A step's seconds here are the whole time since the previous step ended: what makes a
         rank late at the round's end is everything it does per step (the optimizer's update,
@@ -98,8 +103,9 @@ class ParameterSync:
         slow one had 20x fewer samples to spread it over. The first step after a pause
         (an evaluation, an epoch's end) counts its compute only."""
         now = time.perf_counter()
-        self.steps += 1
-        self.round_steps += 1
+        self.steps += steps
+        self.round_steps += steps
+        self.round_updates += 1
         self.samples += samples
         self.seconds += max(seconds, now - self._mark) if self._mark is not None else seconds
         times = self.exchange() if self.round_steps >= self.every else None
@@ -156,9 +162,10 @@ class ParameterSync:
             nominal = float(self.round_steps * self.global_batch)
             self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine
                          else torch.zeros(0), [float(self.samples), *one_hot(self.seconds / self.round_steps),
-                                               *one_hot(self.samples / self.round_steps)], nominal)
+                                               *one_hot(self.samples / self.round_steps),
+                                               *one_hot(self.round_updates)], nominal)
             self.rounds += 1
-            self.samples, self.seconds, self.round_steps = 0, 0.0, 0
+            self.samples, self.seconds, self.round_steps, self.round_updates = 0, 0.0, 0, 0
             if self.overlap and not wait:
                 self._continue_from_global(mine)
                 self.last_exchange_s = time.perf_counter() - started
@@ -201,7 +208,8 @@ class ParameterSync:
         self.link_late = not hvd.poll(handle)
         waited = time.perf_counter()
         total, *rest = hvd.synchronize(counts_handle).tolist()
-        n = len(rest) // 2
+        n = len(rest) // 3
+        self.inner_steps = [int(u) for u in rest[2 * n:]]
         flat = hvd.synchronize(handle).to(torch.float32).mul_(nominal / total)
         self.wait_s = time.perf_counter() - waited
         chunks = list(flat.split([t.numel() for t in self.start + self.start_buffers]))
@@ -214,7 +222,7 @@ class ParameterSync:
         for s, d in zip(self.start_buffers, bdeltas):
             s.sub_(d.view_as(s))
         self.applied += 1
-        return rest[:n], rest[n:]
+        return rest[:n], rest[n:2 * n]
 
     def _continue_from_global(self, progress: list[torch.Tensor] | None) -> None:
         """This rank's model := the global model minus its own unexchanged progress (none: the

@@ -1,0 +1,22 @@
+"""Re-saves a run's newest checkpoint as steps N+1, N+2, ... through the job's own save path
+(checkpoint.save_object, then keep_newest), each padded with a tracked 8 MB tensor so that a
+save takes a while; prints "saved N" after each. tests/test_checkpoint.py SIGKILLs it at random
+moments, as it would rank 0 mid-save."""
+
+import sys
+
+import torch
+
+from hvdhetero.rank import checkpoint
+
+run_dir = sys.argv[1]
+_, state = checkpoint.newest(run_dir)
+state["tracked"] = {"padding": {"weights": torch.randn(2_000_000)}}
+step = state["step"]
+print("ready", flush=True)
+while True:
+    step += 1
+    state["step"] = step
+    checkpoint.save_object(state, checkpoint.path_for(run_dir, step))
+    checkpoint.keep_newest(run_dir, 3)
+    print(f"saved {step}", flush=True)
