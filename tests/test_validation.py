@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, VENV_BIN
+from hvdhetero.bench.options import BenchOptions
+from hvdhetero.config import JobConfig
+from hvdhetero.errors import ConfigError
+from hvdhetero.recipes.options import TRAIN_SAMPLES, RecipeOptions
 
 SCRIPT = "tests/scripts/slow_step.py"  # any script of ours: the rows never get as far as running it
 
@@ -174,8 +178,6 @@ def test_the_recipe_on_a_rank_refuses_by_the_same_definition():
 
 
 def test_options_round_trip_through_the_recipe_command_line():
-    from hvdhetero.recipes.options import RecipeOptions
-
     for options in (RecipeOptions(), RecipeOptions(dataset="cifar10", model="resnet18", epochs=3, batch_size=512,
                                                    lr=0.1, optimizer="sgd", download=True, repeat=2,
                                                    target_accuracy=0.9)):
@@ -184,8 +186,26 @@ def test_options_round_trip_through_the_recipe_command_line():
 
 
 def test_the_digits_size_the_launcher_checks_batches_against_is_the_loaders():
-    from hvdhetero.recipes import data
-    from hvdhetero.recipes.options import TRAIN_SAMPLES
+    from hvdhetero.recipes import data  # torch: imported only here
 
     train, _, _ = data.load("digits", "unused")
     assert len(train) == TRAIN_SAMPLES["digits"]
+
+
+@pytest.mark.parametrize("cls, values, message", [
+    (RecipeOptions, {"epochs": "3"}, "--epochs must be an integer, got '3' (str)"),
+    (JobConfig, {"seed": True}, "--seed must be an integer, got True (bool)"),
+    (JobConfig, {"slowdown": "2"}, "--slowdown must be a number, got '2' (str)"),
+    (BenchOptions, {"repeats": 2.5}, "--repeats must be an integer or None, got 2.5 (float)"),
+])
+def test_the_dataclasses_check_types_too(cls, values, message):
+    """From Python (hh.init(**overrides), a hand-edited launch.json) no CLI casts the values first."""
+    with pytest.raises(ConfigError) as raised:
+        cls(**values)
+    assert str(raised.value) == message
+
+
+def test_numbers_are_taken_as_their_kind():
+    config = JobConfig(micro_batch=64, checkpoint_minutes=5)  # as hh.init(micro_batch=64) or JSON hands them
+    assert (config.micro_batch, config.checkpoint_minutes) == ("64", 5.0)
+    assert JobConfig.from_json(config.to_json()) == config
