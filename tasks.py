@@ -17,10 +17,13 @@ from pathlib import Path
 from invoke import Exit, task
 from invoke.parser import Argument
 
+from hvdhetero import checks
+from hvdhetero.bench.options import BenchOptions
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
-from hvdhetero.config import JobConfig, check_micro_batch, check_sync
+from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
+from hvdhetero.recipes.options import RecipeOptions, recipe_argv
 
 ROOT = Path(__file__).resolve().parent
 RUNS = Path(os.environ.get("HVDHETERO_RUNS") or ROOT / "runs")
@@ -113,20 +116,21 @@ def test(c):
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
-def train(c, hosts=None, script="", workdir="", dataset="digits", model="", epochs=10, batch_size=64, lr=1e-3,
-          optimizer="adam", data_dir="data", download=False, run_dir=None, inventory=None, slowdown=1.0,
-          equal_split=False, compression="none", precision="fp32", micro_batch="auto", sync="step", outer_lr=0.7,
-          outer_momentum=0.9, overlap_sync=False, inner_steps="same", seed=0, checkpoint_every=0, checkpoint_minutes=5.0,
-          keep_checkpoints=3, resume="", dry_run=False):
+def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, model=RecipeOptions.model,
+          epochs=RecipeOptions.epochs, batch_size=RecipeOptions.batch_size, lr=RecipeOptions.lr,
+          optimizer=RecipeOptions.optimizer, data_dir=RecipeOptions.data_dir, download=RecipeOptions.download,
+          run_dir=None, inventory=None, slowdown=1.0, equal_split=False, compression="none", precision="fp32",
+          micro_batch="auto", sync="step", outer_lr=0.7, outer_momentum=0.9, overlap_sync=False, inner_steps="same",
+          seed=0, checkpoint_every=0, checkpoint_minutes=5.0, keep_checkpoints=3, resume="", dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
-    recipe = ["--dataset", dataset, "--epochs", str(int(epochs)), "--batch-size", str(int(batch_size)), "--lr",
-              str(float(lr)), "--optimizer", optimizer, "--data-dir", data_dir, *(["--model", model] if model else []),
-              *(["--download"] if download else [])]
+    recipe = recipe_argv(dict(dataset=dataset, model=model, epochs=epochs, batch_size=batch_size, lr=lr,
+                              optimizer=optimizer, data_dir=data_dir, download=download), script)
     settings = dict(seed=int(seed), compression=compression, equal_split=equal_split, slowdown=float(slowdown),
                     micro_batch=check_micro_batch(micro_batch), precision=precision, sync=sync,
                     overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum),
-                    inner_steps=inner_steps, checkpoint_every=int(checkpoint_every), checkpoint_minutes=float(checkpoint_minutes),
+                    inner_steps=inner_steps, checkpoint_every=int(checkpoint_every),
+                    checkpoint_minutes=float(checkpoint_minutes),
                     keep_checkpoints=int(keep_checkpoints))
     script_args = None
     if resume:
@@ -168,7 +172,11 @@ def _resumable(resume: str) -> tuple[str, dict]:
     launched = folder / "launch.json"
     if not launched.is_file():
         raise Exit(f"error: --resume {resume}: {launched} not found (not a run directory invoke train wrote)", code=2)
-    saved = json.loads(launched.read_text())
+    try:
+        saved = json.loads(launched.read_text())
+    except ValueError as err:
+        raise Exit(f"error: --resume {resume}: {launched} is not the JSON invoke train writes ({err}); start "
+                   "the run again", code=2) from None
     if saved.get("rank0_local", True) and not any((folder / "checkpoints").glob("step-*.pt")):
         raise Exit(f"error: --resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
                    "before its first; start it again)", code=2)
@@ -180,6 +188,9 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
     """Launch the user's --script (or the built-in recipe with `recipe` options) on the hosts
     with the JobConfig `settings`; returns the run directory and what rank 0 reported as results.
     Remote hosts are checked first and get the script's folder."""
+    if workdir and not script:
+        raise Exit(f"error: --workdir {workdir} goes with --script (the folder your script starts in); the "
+                   "built-in recipe needs none", code=2)
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
     run_dir = str(Path(run_dir).resolve()) if run_dir else str(RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
@@ -192,7 +203,8 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
         folder, rel = wd.locate(script, workdir)
         digest = wd.digest(folder) if remote else None  # each host starts in its copy, named by content
         program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), script_args)
-    else:
+    else:  # the recipe's options, those after -- too, checked here rather than on every rank
+        RecipeOptions.parse([*recipe, *script_args]).fits(selected)
         program = launch.recipe([*recipe, *script_args])
     argv, env = launch.command(inventory_, selected, config, program)
     print(launch.printable(argv, env))
@@ -233,13 +245,14 @@ _RUN_OPTIONS = _run_options()
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
-def plan(c, hosts=None, inventory=None, script="", workdir="", dataset="digits", model="", batch_size=64,
-         data_dir="data", compression="none", precision="fp32", micro_batch="auto", slowdown=1.0, out="",
-         dry_run=False):
+def plan(c, hosts=None, inventory=None, script="", workdir="", dataset=RecipeOptions.dataset,
+         model=RecipeOptions.model, batch_size=RecipeOptions.batch_size, data_dir=RecipeOptions.data_dir,
+         compression="none", precision="fp32", micro_batch="auto", slowdown=1.0, out="", dry_run=False):
     """Measure each host's speed on the model and the link between them, predict samples/s for
     every subset of hosts and sync mode, and say which to use. Arguments after `--` go to the script."""
-    recipe = ["--dataset", dataset, "--epochs", "1", "--batch-size", str(int(batch_size)), "--data-dir", data_dir,
-              *(["--model", model] if model else [])]
+    checks.writable_file("out", out)
+    recipe = recipe_argv(dict(dataset=dataset, model=model, batch_size=batch_size, data_dir=data_dir), script,
+                         epochs=1)
     settings = dict(compression=compression, micro_batch=check_micro_batch(micro_batch), precision=precision,
                     slowdown=float(slowdown), plan_only=True)
     with tempfile.TemporaryDirectory(prefix="hvdhetero-plan-") as scratch:
@@ -293,81 +306,58 @@ def build_horovod(c, install=False):
     "repeat": "with --to-accuracy: passes over the training set per epoch (one evaluation an epoch)",
 }, auto_shortflags=False)
 @_user_errors
-def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=0, cycle_time_ms=5.0,
-          inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False, compression="none",
-          inner_steps="same", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0, seeds="0,1,2",
-          epochs=30, repeat=8):
+def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=None,
+          cycle_time_ms=5.0, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
+          inner_steps="same",
+          compression="none", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0,
+          seeds="0,1,2", epochs=30, repeat=8):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
+    given = {k: v for k, v in locals().items() if k not in ("c", "hosts", "inventory")}
+    options = BenchOptions(**{**given, "repeats": checks.integer("repeats", repeats)})  # bad values: exit 2 here
     inventory_ = inv.load(inventory or inv.default_path())
-    if float(to_accuracy):
-        _time_to_accuracy(inventory, hosts, float(to_accuracy), seeds, int(epochs), int(repeat), int(batch_size),
-                          sync, bool(overlap_sync), float(slowdown), compression, out, inner_steps)
+    selected = inventory_.select(hosts)
+    options.fits(selected)
+    if options.mode == "to_accuracy":
+        _time_to_accuracy(inventory, selected, options)
         return
-    if allreduce:
+    if options.mode == "allreduce":
         from hvdhetero.bench import allreduce as allreduce_bench
 
-        sizes = [float(s) for s in str(sizes_mb).split(",") if s]
-        result = allreduce_bench.compare(inventory_, list(inventory_.select(hosts)),
-                                         [t for t in str(transports).split(",") if t], sizes,
-                                         repeats=int(repeats) or 10, rounds=int(rounds))
+        result = allreduce_bench.compare(inventory_, list(selected), options.transport_list, options.size_list,
+                                         repeats=options.repeats or 10, rounds=options.rounds)
         print(allreduce_bench.render(result))
-        if out:
-            Path(out).write_text(json.dumps(result, indent=1))
+        if options.out:
+            Path(options.out).write_text(json.dumps(result, indent=1))
         return
-    JobConfig(sync=sync, overlap_sync=bool(overlap_sync), compression=compression,
-              inner_steps=inner_steps)  # bad values: exit 2 here
-    if check_sync(sync)[0] == "auto":
-        raise Exit("error: bench measures one --sync mode: step, local:H or diloco:H (invoke plan predicts "
-                   "them all and says which to use)", code=2)
-    flags = ["--slowdown", str(float(slowdown)), "--batch-size", str(int(batch_size)), "--steps", str(int(steps)),
-             "--min-seconds", str(float(min_seconds)),
-             "--repeats", str(int(repeats) or 5), "--micro-batch", check_micro_batch(micro_batch),
-             "--sync", "%s:%d" % check_sync(sync) if sync != "step" else "step",
-             *(["--overlap-sync"] if overlap_sync else []), "--compression", compression,
-             "--inner-steps", inner_steps] + (["--out", str(Path(out).resolve())] if out else [])
-    argv, env = launch.bench_command(inventory_, inventory_.select(hosts), flags)
-    env["HOROVOD_CYCLE_TIME"] = str(float(cycle_time_ms))
+    argv, env = launch.bench_command(inventory_, selected, options.throughput_flags())
+    env["HOROVOD_CYCLE_TIME"] = str(options.cycle_time_ms)
     print(launch.printable(argv, env))
     if not dry_run:
         launch.run(argv, env)
 
 
-def _time_to_accuracy(inventory, hosts, target: float, seeds: str, epochs: int, repeat: int, batch_size: int,
-                      sync: str, overlap: bool, slowdown: float, compression: str, out: str,
-                      inner_steps: str = "same") -> None:
+def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
     from hvdhetero.bench import accuracy
 
-    if not 0 < target < 1 or epochs < 1 or repeat < 1:
-        raise Exit(f"error: --to-accuracy must be in (0, 1), --epochs and --repeat >= 1; got {target}, {epochs}, "
-                   f"{repeat}", code=2)
+    recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
+                         repeat=options.repeat, target_accuracy=options.to_accuracy)
     try:
-        seed_list = [int(s) for s in str(seeds).split(",") if s.strip()]
-    except ValueError:
-        raise Exit(f"error: --seeds must be comma-separated integers, got {seeds!r}", code=2) from None
-    JobConfig(sync=sync, overlap_sync=overlap, compression=compression,
-              inner_steps=inner_steps)  # bad values: exit 2 here
-    if check_sync(sync)[0] in ("auto", "step"):
-        raise Exit("error: --to-accuracy compares step sync with a local/diloco mode: give --sync local:H or "
-                   "diloco:H", code=2)
-    names = [h.name for h in inv.load(inventory or inv.default_path()).select(hosts)]
-    try:
-        plan_ = accuracy.ways(list(names), sync, overlap, slowdown, inner_steps)
+        plan_ = accuracy.ways([h.name for h in selected], options.sync, options.overlap_sync, options.slowdown,
+                              options.inner_steps)
     except ValueError as err:
         raise Exit(f"error: {err}", code=2) from None
-    recipe = ["--dataset", "digits", "--epochs", str(epochs), "--batch-size", str(batch_size), "--repeat",
-              str(repeat), "--target-accuracy", str(target)]
 
     def train(way, seed: int) -> list[dict]:
-        settings = dict(seed=seed, compression=compression, keep_checkpoints=0, **way.settings)
+        settings = dict(seed=seed, compression=options.compression, keep_checkpoints=0, **way.settings)
         with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
             _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
                               name="tta")
         return next((r["logs"] for r in results if r.get("event") == "end"), [])
 
-    summary = accuracy.summarize(accuracy.measure(train, plan_, seed_list), target)
+    summary = accuracy.summarize(accuracy.measure(train, plan_, options.seed_list), options.to_accuracy)
     print(accuracy.render(summary))
-    if out:
-        Path(out).write_text(json.dumps(summary, indent=1) + "\n")
+    if options.out:
+        Path(options.out).write_text(json.dumps(summary, indent=1) + "\n")
 
 
 def _preflight(inventory_, hosts, accept_new):

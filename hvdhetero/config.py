@@ -9,8 +9,10 @@ as its command-line arguments.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
+from hvdhetero import checks
 from hvdhetero.errors import ConfigError
 
 ENV_VAR = "HVDHETERO_JOB"
@@ -77,7 +79,9 @@ class JobConfig:
     """Per host name (as in horovodrun -H): device, interface, slowdown, max_batch."""
 
     def __post_init__(self):
-        check_micro_batch(self.micro_batch)
+        object.__setattr__(self, "micro_batch", check_micro_batch(self.micro_batch))  # hh.init(micro_batch=64)
+        checks.types(self)
+        checks.within("seed", self.seed, 0, 2**32 - 1, "numpy and scikit-learn take no other seeds")
         if check_sync(self.sync)[0] in ("step", "auto") and self.overlap_sync:
             raise ConfigError(f"--overlap-sync needs --sync local:H or diloco:H, got --sync {self.sync} (step sync "
                               "overlaps each step's reduction with backward already; auto decides itself)")
@@ -86,7 +90,7 @@ class JobConfig:
         if self.inner_steps != "same" and check_sync(self.sync)[0] not in ("local", "diloco"):
             raise ConfigError(f"--inner-steps {self.inner_steps} needs --sync local:H or diloco:H, got --sync "
                               f"{self.sync} (under step sync every rank takes every step)")
-        if not (self.outer_lr > 0 and 0 <= self.outer_momentum < 1):
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0 and 0 <= self.outer_momentum < 1):
             raise ConfigError(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got {self.outer_lr!r} and "
                               f"{self.outer_momentum!r}")
         if self.compression not in COMPRESSIONS:
@@ -96,7 +100,7 @@ class JobConfig:
         if self.checkpoint_every < 0 or not self.checkpoint_minutes >= 0 or self.keep_checkpoints < 0:
             raise ConfigError(f"--checkpoint-every, --checkpoint-minutes and --keep-checkpoints must be >= 0, got "
                               f"{self.checkpoint_every!r}, {self.checkpoint_minutes!r}, {self.keep_checkpoints!r}")
-        if not self.slowdown >= 1.0:
+        if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
             raise ConfigError(f"--slowdown must be a number >= 1 (how many times slower the last rank acts), "
                               f"got {self.slowdown!r}")
 

@@ -37,6 +37,16 @@ def packages(value: str) -> str:
     return BASE.replace("pins:\n", f"pins:\n  packages: {value}\n")
 
 
+@pytest.fixture
+def ssh_key(tmp_path, monkeypatch) -> Path:
+    """~/.ssh/id_ed25519 in a home of the test's own: an inventory's `identity:` must exist."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    key = tmp_path / "home" / ".ssh" / "id_ed25519"
+    key.parent.mkdir(parents=True)
+    key.write_text("not a real key: the loader only looks that the file is there\n")
+    return key
+
+
 def test_repo_inventory_loads_with_local_default():
     inv = load(REPO_INVENTORY)
     assert inv.pins == PINS
@@ -46,7 +56,7 @@ def test_repo_inventory_loads_with_local_default():
     assert local.is_local
 
 
-def test_repo_inventory_examples_are_valid_when_uncommented(tmp_path):
+def test_repo_inventory_examples_are_valid_when_uncommented(tmp_path, ssh_key):
     text = re.sub(r"^  # ", "  ", REPO_INVENTORY.read_text(), flags=re.M)
     inv = load(write(tmp_path, text))
     mac, pc = inv.select("mac,pc")
@@ -55,7 +65,7 @@ def test_repo_inventory_examples_are_valid_when_uncommented(tmp_path):
     assert (pc.device, pc.max_batch, pc.torch_version(inv.pins)) == ("cuda", 512, "2.14.1")
 
 
-def test_full_host_parses_every_key(tmp_path):
+def test_full_host_parses_every_key(tmp_path, ssh_key):
     path = write(tmp_path, BASE + """\
   pc:
     address: 192.168.1.20
@@ -197,6 +207,33 @@ def test_malformed_inventory(tmp_path, text, line, key, match):
     assert f"key '{key}'" in message
     assert (raised.value.line, raised.value.key) == (line, key)
     assert raised.value.exit_code == 2
+
+
+def test_an_identity_that_does_not_exist_is_an_error_at_load(tmp_path, ssh_key):
+    """Noticed in the file, naming line and key, rather than by a connection that fails later."""
+    path = write(tmp_path, BASE + "  pc:\n    address: 192.0.2.1\n    identity: ~/.ssh/id_pc\n")
+    with pytest.raises(InventoryError) as raised:
+        load(path)
+    message = str(raised.value)
+    assert (raised.value.line, raised.value.key, raised.value.exit_code) == (11, "hosts.pc.identity", 2)
+    assert message.startswith(f"{path}:11: key 'hosts.pc.identity': ~/.ssh/id_pc ({ssh_key.parent / 'id_pc'}) "
+                              "does not exist; point it at your ssh private key (ssh-keygen -t ed25519 -f "
+                              "~/.ssh/id_pc makes one"), message
+    assert message.endswith("or remove identity: to let ssh use your agent and ~/.ssh/config")
+
+
+def test_an_identity_under_home_or_absolute_loads_as_written(tmp_path, ssh_key):
+    """~ is the launcher's home (ssh expands it likewise); the path stays as written."""
+    text = BASE + f"  pc:\n    address: 192.0.2.1\n    identity: ~/.ssh/id_ed25519\n  mac:\n    address: 192.0.2.2\n" \
+                  f"    identity: {ssh_key}\n"
+    inv = load(write(tmp_path, text))
+    assert [h.identity for h in inv.hosts] == [None, "~/.ssh/id_ed25519", str(ssh_key)]
+
+
+def test_an_identity_that_is_a_folder_is_refused(tmp_path, ssh_key):
+    path = write(tmp_path, BASE + f"    identity: {ssh_key.parent}\n")
+    with pytest.raises(InventoryError, match=r"is a directory, not a key file; point it at your ssh private key"):
+        load(path)
 
 
 def test_packages_load_as_exact_pins_in_file_order(tmp_path):

@@ -95,12 +95,13 @@ def test_hosts_with_different_env_paths_are_refused(tmp_path):
 
 
 def test_sync_command_checks_host_keys_and_quotes_paths(tmp_path):
-    path = tmp_path / "inventory.yaml"
-    path.write_text("""pins: {python: "3.11", torch: "2.14.1", torchvision: "0.29.1", horovod: "0.28.1"}
+    path, key = tmp_path / "inventory.yaml", tmp_path / "id"
+    key.write_text("a key\n")  # the inventory's identity must exist
+    path.write_text(f"""pins: {{python: "3.11", torch: "2.14.1", torchvision: "0.29.1", horovod: "0.28.1"}}
 known_hosts: /k/known_hosts
 default_hosts: [pc]
 hosts:
-  pc: {address: 192.168.1.20, user: alice, port: 2222, identity: /k/id}
+  pc: {{address: 192.168.1.20, user: alice, port: 2222, identity: {key}}}
 """)
     inventory = inv.load(path)
     argv = launch.sync_command(inventory, inventory.host("pc"), "data dir/", "~/data")
@@ -108,4 +109,4 @@ hosts:
     assert argv[-2:] == ["data dir/", "alice@192.168.1.20:~/data"]
     ssh = argv[argv.index("-e") + 1]
     assert ssh.startswith("ssh -p 2222 -o BatchMode=yes") and "-o StrictHostKeyChecking=yes" in ssh
-    assert "-o UserKnownHostsFile=/k/known_hosts" in ssh and ssh.endswith("-i /k/id")
+    assert "-o UserKnownHostsFile=/k/known_hosts" in ssh and ssh.endswith(f"-i {key}")

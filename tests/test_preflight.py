@@ -9,10 +9,17 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
+from conftest import ROOT, VENV_BIN
 from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import inventory as inv
+from hvdhetero.cluster import launch
 from hvdhetero.cluster import preflight
 from hvdhetero.cluster import remote_provision
 from hvdhetero.cluster.inventory import Host, Inventory, Pins
+from hvdhetero.config import JobConfig
+from hvdhetero.errors import ConfigError
 
 PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1", transport="uv")
 PATCHES = horovod_build.patch_set_hash(horovod_build.patch_files())
@@ -102,3 +109,61 @@ def test_the_probe_reports_each_pinned_package_version():
             json.dumps(["PyYAML", "hvdhetero-no-such-package"])]
     out = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout)
     assert out["packages"] == {"PyYAML": metadata.version("PyYAML"), "hvdhetero-no-such-package": None}
+
+
+# --- what check and train both refuse from the inventory alone --------------------------------
+
+TWO_HOSTS = """pins: {{python: "3.11", torch: "2.14.1", torchvision: "0.29.1", horovod: "0.28.1"}}
+default_hosts: [a, b]
+hosts:
+  a: {{address: {a}}}
+  b: {{address: 192.0.2.2, {b}}}
+"""
+# id: (host a's address, host b's extra settings, what the message must say); 192.0.2.0/24 is
+# TEST-NET-1, reached by nothing: a connection attempt could only time out.
+REFUSED = {
+    "env paths differ": ("192.0.2.1", "env: /opt/other", "envs differ (a: .venv, b: /opt/other); give them the "
+                                                         "same `env` path"),
+    "ssh ports differ": ("192.0.2.1", "port: 2222", "port a: 22, b: 2222"),
+    "ssh keys differ": ("192.0.2.1", "identity: {key}", "identity a: None, b: {key}"),
+    "one address twice": ("192.0.2.2", "slots: 1", "hosts a, b share an address"),
+    "local in a multi-host job": ("localhost", "slots: 1", "host 'a' is this machine"),
+}
+
+
+@pytest.mark.parametrize("address, extra, message", REFUSED.values(), ids=REFUSED.keys())
+def test_check_refuses_what_train_refuses_before_connecting(tmp_path, monkeypatch, address, extra, message):
+    key = tmp_path / "id_b"
+    key.write_text("a key\n")
+    path = tmp_path / "inventory.yaml"
+    path.write_text(TWO_HOSTS.format(a=address, b=extra.format(key=key)))
+    inventory = inv.load(path)
+    hosts = inventory.select("a,b")
+    with pytest.raises(ConfigError) as train:
+        launch.command(inventory, hosts, JobConfig(), launch.recipe([]))
+    monkeypatch.setattr(preflight, "gather", lambda *a: pytest.fail("check connected to a host"))
+    with pytest.raises(ConfigError) as check:
+        preflight.check(inventory, list(hosts))
+    assert str(check.value) == str(train.value)
+    assert message.format(key=key) in str(check.value) and check.value.exit_code == 2
+
+
+def test_invoke_check_names_hosts_whose_env_paths_differ(tmp_path):
+    """The report: `check` said 'all hosts ready' for them, then `train` refused them."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(TWO_HOSTS.format(a="192.0.2.1", b="env: /opt/other"))
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "check", "--inventory", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "envs differ (a: .venv, b: /opt/other)" in proc.stderr
+    assert "all hosts ready" not in proc.stdout and "unreachable" not in proc.stdout  # nothing was contacted
+
+
+def test_invoke_check_refuses_a_missing_identity_as_an_inventory_error(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(TWO_HOSTS.format(a="192.0.2.1", b=f"identity: {tmp_path / 'nokey'}"))
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "check", "--inventory", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: {path}:5: key 'hosts.b.identity': {tmp_path / 'nokey'} does not exist" in proc.stderr
+    assert proc.stdout == ""  # no host was contacted, none reported

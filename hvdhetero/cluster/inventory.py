@@ -2,8 +2,9 @@
 
 inventory.yaml is read once, on the launcher, into frozen dataclasses. Every value is checked
 at load, so a typo fails here -- naming the file, the line and the key -- rather than minutes
-later on a remote host. Loading contacts nothing and writes nothing, and this module imports
-neither torch nor horovod, so `invoke --list`, `check` and `--dry-run` start instantly.
+later on a remote host. Loading contacts nothing and writes nothing (it only looks whether an
+`identity:` key file exists), and this module imports neither torch nor horovod, so
+`invoke --list`, `check` and `--dry-run` start instantly.
 
     inv = load(default_path())
     for host in inv.select("mac,pc"):
@@ -68,7 +69,8 @@ class Host:
     port: int = 22
     """SSH port."""
     identity: str | None = None
-    """Path to the ssh private key; None lets ssh pick (agent, ~/.ssh/config)."""
+    """Path to the ssh private key on the launcher (checked at load: a missing one is an error
+    here, not a failed connection later); None lets ssh pick (agent, ~/.ssh/config)."""
     device: str = "auto"
     """Accelerator for its ranks: auto, cpu, cuda or mps."""
     slots: int = 1
@@ -131,7 +133,8 @@ class Inventory:
             if host.name == name:
                 return host
         known = ", ".join(h.name for h in self.hosts)
-        raise ConfigError(f"{self.path}: no host named {name!r}; the hosts defined there are: {known}")
+        raise ConfigError(f"{self.path}: no host named {name!r}; the hosts defined there are: {known} (--hosts "
+                          "names them, comma-separated)")
 
     def select(self, names: str | Sequence[str] | None = None) -> tuple[Host, ...]:
         """The hosts named, in the order given: None means default_hosts, a string is "mac,pc"."""
@@ -142,12 +145,12 @@ class Inventory:
         names, listed = list(names), ",".join(names)
         if not names:
             known = ", ".join(h.name for h in self.hosts)
-            raise ConfigError(f"no hosts selected; name at least one of: {known}")
+            raise ConfigError(f"no hosts selected; name at least one of: {known} (with --hosts)")
         if "" in names:
-            raise ConfigError(f"empty host name in {listed!r}; separate names with single commas")
+            raise ConfigError(f"--hosts {listed!r}: empty host name; separate names with single commas")
         for name in names:
             if names.count(name) > 1:
-                raise ConfigError(f"host {name!r} is selected twice in {listed!r}; name each host once")
+                raise ConfigError(f"--hosts {listed!r}: host {name!r} is selected twice; name each host once")
         return tuple(self.host(name) for name in names)
 
 
@@ -237,7 +240,7 @@ _HOST_RULES: dict[str, Callable[[_Reader, yaml.Node, str], Any]] = {
     "address": _text(_is_address, "a hostname, IPv4 or IPv6 address (no spaces, quotes or shell chars)"),
     "user": _text(_USER.fullmatch, "a user name: a letter or '_', then letters, digits, '_.-' (32 at most)"),
     "port": _int(1, 65535),
-    "identity": _text(_PATH.fullmatch, "a path to an ssh private key, e.g. ~/.ssh/id_ed25519"),
+    "identity": lambda reader, node, key: reader.key_file(node, key),
     "device": _text(DEVICES.__contains__, f"one of {', '.join(DEVICES)}"),
     "slots": _int(1),
     "interface": _text(_NIC.fullmatch, "a NIC name such as en0 or enp3s0: 1-15 letters, digits, '_.-' "
@@ -348,6 +351,19 @@ class _Reader:
         value = self.construct(node, key, ("str",), allowed)
         if not rule(value):
             raise self.error(node, key, f"must be {allowed}, got {value!r}")
+        return value
+
+    def key_file(self, node: yaml.Node, key: str) -> str:
+        """An ssh private key's path as written (~ kept: ssh expands it), naming a file that
+        exists here; relative paths start where ssh starts them, in the current directory."""
+        value = self.string(node, key, _PATH.fullmatch, "a path to an ssh private key, e.g. ~/.ssh/id_ed25519")
+        path = Path(os.path.expanduser(value))
+        if not path.is_file():
+            shown = value if str(path) == value else f"{value} ({path.absolute()})"
+            what = "is a directory, not a key file" if path.is_dir() else "does not exist"
+            raise self.error(node, key, f"{shown} {what}; point it at your ssh private key (ssh-keygen -t "
+                             f"ed25519 -f {value} makes one, ssh-copy-id -i {value} installs it on the host), or "
+                             "remove identity: to let ssh use your agent and ~/.ssh/config")
         return value
 
     def pins(self, key_node: yaml.Node, node: yaml.Node) -> Pins:

@@ -93,19 +93,8 @@ def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[s
 def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[str],
         launcher_python: str = sys.executable, hosts_json: bool = True) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` running `python -m MODULE FLAGS` once per slot."""
-    if not hosts:
-        raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
-    if len({h.address for h in hosts}) != len(hosts):
-        raise ConfigError(f"{inventory.path}: two selected hosts share an address; horovodrun needs one "
-                          "entry per machine (raise `slots` instead)")
+    check_hosts(inventory, hosts)
     local = [h for h in hosts if h.is_local]
-    if local and len(hosts) > 1:
-        raise ConfigError(f"{inventory.path}: host '{local[0].name}' is this machine (address "
-                          f"{local[0].address}); a multi-host job needs every host's LAN address")
-    envs = {h.env for h in hosts}
-    if len(envs) > 1:
-        raise ConfigError(f"{inventory.path}: horovodrun runs one command on every host, but the hosts' "
-                          f"envs differ ({', '.join(sorted(envs))}); give them the same `env` path")
     horovodrun = str(Path(launcher_python).parent / "horovodrun")
     argv = [
         horovodrun,
@@ -132,6 +121,34 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     return argv, env
 
 
+def check_hosts(inventory: Inventory, hosts: Sequence[Host]) -> None:
+    """What one horovodrun job asks of the hosts it runs on, from the inventory alone (nothing
+    contacted): `invoke check` refuses the same hosts `invoke train` would, naming them."""
+    if not hosts:
+        raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
+    addresses = [h.address for h in hosts]
+    shared = [h.name for h in hosts if addresses.count(h.address) > 1]
+    if shared:
+        raise ConfigError(f"{inventory.path}: hosts {', '.join(shared)} share an address; horovodrun needs one "
+                          "entry per machine (raise `slots` instead)")
+    local = [h for h in hosts if h.is_local]
+    if local and len(hosts) > 1:
+        raise ConfigError(f"{inventory.path}: host '{local[0].name}' is this machine (address "
+                          f"{local[0].address}); a multi-host job needs every host's LAN address")
+    if len({h.env for h in hosts}) > 1:
+        raise ConfigError(f"{inventory.path}: horovodrun runs one command on every host, but the hosts' envs "
+                          f"differ ({_each(hosts, 'env')}); give them the same `env` path")
+    if len({h.port for h in hosts}) > 1 or len({h.identity for h in hosts}) > 1:
+        raise ConfigError(f"{inventory.path}: horovodrun uses one ssh port and one key for all hosts, but the "
+                          f"selected hosts differ (port {_each(hosts, 'port')}; identity "
+                          f"{_each(hosts, 'identity')}); align them or use an ~/.ssh/config Host entry per host")
+
+
+def _each(hosts: Sequence[Host], key: str) -> str:
+    """Every host's value of `key`: "mac: .venv, pc: /opt/env"."""
+    return ", ".join(f"{h.name}: {getattr(h, key)}" for h in hosts)
+
+
 def remote_python(env: str) -> list[str]:
     """The env's python on every host. A path under ~ or relative names each host's home, which
     differs (/Users/a on a Mac, /home/a on Linux), so the host's own shell expands $HOME."""
@@ -145,11 +162,7 @@ def remote_python(env: str) -> list[str]:
 def ssh_flags(inventory: Inventory, hosts: Sequence[Host]) -> list[str]:
     """horovodrun's ssh port, identity and NIC list: it takes one port and one key for all hosts."""
     flags = []
-    ports, keys = {h.port for h in hosts}, {h.identity for h in hosts}
-    if len(ports) > 1 or len(keys) > 1:
-        raise ConfigError(f"{inventory.path}: horovodrun uses one ssh port and one key for all hosts, but the "
-                          f"selected hosts differ ({sorted(ports)}, {sorted(map(str, keys))}); align them or "
-                          "use an ~/.ssh/config Host entry per host")
+    ports, keys = {h.port for h in hosts}, {h.identity for h in hosts}  # one each: check_hosts saw to it
     if ports != {22}:
         flags += ["--ssh-port", str(ports.pop())]
     if keys != {None}:

@@ -4,7 +4,9 @@ For every host: SSH with keys only and a known host key; the env's Python, torch
 Horovod (version, our patch set and its Gloo transport), hvdhetero (digest of this checkout's
 sources) and pins.packages match the pins and each other; the configured network interface
 exists; and each host reaches the others. Every problem names the host and what to do.
-`invoke train` runs the same checks and refuses to launch on any problem.
+`invoke train` runs the same checks and refuses to launch on any problem; what its horovodrun
+command asks of the hosts together (one env path, one ssh port and key) is checked first, from
+the inventory alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster import launch
 from hvdhetero.cluster import remote_provision
 from hvdhetero.cluster import ssh
 from hvdhetero.errors import HvdHeteroError, group_exit_code
@@ -160,6 +163,7 @@ def _build_problems(name: str, build: dict, results: list[HostFacts], pins, patc
 
 
 def check(inventory: Inventory, hosts: list[Host], accept_new: bool = False) -> list[HostFacts]:
+    launch.check_hosts(inventory, hosts)  # what train refuses from the inventory alone, before connecting
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
         results = list(pool.map(lambda h: gather(inventory, h, hosts, accept_new), hosts))
     problems(inventory, results, remote_provision.source_digest())

@@ -17,8 +17,7 @@ from torch.utils.data import Dataset, TensorDataset
 from torchvision import datasets, transforms
 
 from hvdhetero.errors import ConfigError, DataError
-
-DATASETS = ("digits", "mnist", "cifar10")
+from hvdhetero.recipes.options import DATASETS
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)

@@ -7,9 +7,7 @@ from torch import nn
 
 from hvdhetero.recipes.data import DatasetInfo
 from hvdhetero.errors import ConfigError
-
-MODELS = ("cnn", "resnet18")
-_DEFAULTS = {"digits": "cnn", "mnist": "cnn", "cifar10": "resnet18"}
+from hvdhetero.recipes.options import DEFAULT_MODEL as _DEFAULTS, MODELS
 
 
 class SmallCNN(nn.Sequential):

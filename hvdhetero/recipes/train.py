@@ -12,7 +12,7 @@ micro-batches, straggler) reach it through `hh.init()`.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 
 import torch
@@ -20,31 +20,18 @@ import torch.nn.functional as F
 from torch.utils.data import ConcatDataset, TensorDataset
 
 import hvdhetero as hh
+from hvdhetero.errors import ConfigError
 from hvdhetero.recipes import data, models
+from hvdhetero.recipes.options import PROG, RecipeOptions
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hvdhetero.recipes.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="digits", choices=data.DATASETS)
-    parser.add_argument("--model", default="", help="cnn or resnet18 (default: the dataset's own)")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64, help="global batch: the sum of every rank's")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    parser.add_argument("--data-dir", default="data")
-    parser.add_argument("--download", action="store_true")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="passes over the training set in one epoch (one evaluation an epoch; a "
-                             "small set such as digits, 3 steps an epoch at batch 512, repeated so that "
-                             "--sync diloco:H rounds fit in an epoch)")
-    parser.add_argument("--target-accuracy", type=float, default=0.0,
-                        help="stop after the first epoch whose test accuracy reaches this (0: off); the "
-                             "training seconds to it, evaluation excluded, are logged")
-    args = parser.parse_args(argv)
-    if args.repeat < 1 or not 0 <= args.target_accuracy <= 1:
-        parser.error(f"--repeat must be >= 1 and --target-accuracy in [0, 1], got {args.repeat}, "
-                     f"{args.target_accuracy}")
-    return args
+def parse_args(argv: list[str] | None = None) -> RecipeOptions:
+    """The recipe's options (recipes/options.py: the launcher checked the same ones already)."""
+    try:
+        return RecipeOptions.parse(sys.argv[1:] if argv is None else argv)
+    except ConfigError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:
