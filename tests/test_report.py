@@ -96,6 +96,8 @@ def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
     assert head["finished"] == "yes" and head["sync"] == "step" and head["hosts"] == "mac, pc"
     assert head["global batch"] == "64" and head["final split"] == "20/44" and head["steps"] == "20"
     assert head["samples/s (all epochs)"] == "320" and head["final test accuracy"] == "80.00%"
+    assert head["wall time"] == "5.0 s" and head["final train loss"] == "1"
+    assert [report.duration(s) for s in (59.94, 3000, 7002)] == ["59.9 s", "50 min", "1 h 57 min"]
     unfinished = [_start(sync="auto"), {"event": "plan", "time": 99.0, "chose": "diloco:32 overlapped"},
                   *TWO_EPOCHS[1:-1]]
     run = runs.read_run(write_run(tmp_path / "auto", unfinished))

@@ -144,11 +144,11 @@ def headline(run: Run) -> dict[str, str]:
         "final split": "/".join(str(n) for n in last.get("split") or []),
         "epochs": str(len(epochs)),
         "steps": str(_epoch_steps(run)[-1][1]),
-        "wall time": f"{run.end['seconds']:.1f} s" if run.end else "-",
-        "training time (epochs)": f"{seconds:.1f} s",
+        "wall time": duration(run.end["seconds"]) if run.end else "-",
+        "training time (epochs)": duration(seconds),
         "samples/s (all epochs)": f"{samples / seconds:,.0f}" if seconds else "-",
         "samples/s (last epoch)": f"{last['samples'] / last['seconds']:,.0f}",
-        "final train loss": f"{last['loss']:.4f}",
+        "final train loss": f"{last['loss']:.4g}",
     }
     for k, v in final.items():
         if isinstance(v, float):
@@ -160,6 +160,14 @@ def headline(run: Run) -> dict[str, str]:
         ex = [x["seconds"] for x in run.exchanges]
         out["exchanges"] = f"{len(ex)}, median {1000 * statistics.median(ex):.1f} ms on rank 0"
     return out
+
+
+def duration(seconds: float) -> str:
+    """1.2 s, 95.0 s, 1 h 56 min: seconds a reader takes in at a glance."""
+    if seconds < 600:
+        return f"{seconds:.1f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def records_end(run: Run) -> float:
