@@ -261,6 +261,22 @@ def plan(c, hosts=None, inventory=None, script="", workdir="", dataset=RecipeOpt
         Path(out).write_text(json.dumps(results[-1], indent=1) + "\n")
 
 
+@task(help={"out": "folder for the figures and report.html (default: RUN_DIR/report; with several runs, "
+                      "report-vs-<the others' names> inside the first)"})
+@_user_errors
+def report(c, out=""):
+    """Figures (loss, accuracy, samples/s per rank, batch split, step time) and one self-contained
+    report.html for a run, or several overlaid: invoke report -- RUN_DIR [RUN_DIR ...] (without
+    run directories: the newest run under runs/)."""
+    from hvdhetero.bench import report as rep
+    from hvdhetero.bench import runs as rd
+
+    folders = [Path(f) for f in _script_args()] or [rd.find_latest(RUNS)]
+    runs = rd.read_runs(folders)  # every run read (bad input: exit 2) before anything is written
+    page, drawn = rep.write(runs, Path(out) if out else rd.default_out(folders))
+    print("\n".join(str(f.path) for f in drawn) + f"\nreport: {page}")
+
+
 def _script_args() -> list[str]:
     """What follows `--` on the command line, token for token (Invoke keeps it as one string)."""
     argv = sys.argv

@@ -72,6 +72,8 @@ class Job:
         self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
         self._accumulating = self._skip = self._reduced = False
         self._loss_sum = self._samples = self._global_samples = 0.0
+        self._busy = [0.0, 0.0]
+        """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
         self._sync: ParameterSync | None = None
         self._last_scalars: dict = {}
         self._logged: list[dict] = []
@@ -195,7 +197,7 @@ class Job:
             raise SystemExit(0)
         together = [p for p in full.predictions if len(p.ranks) == self.size]
         pick, _ = plan.advise(together)
-        self._write("plan", **full.to_json())
+        self._write("plan", chose=f"{pick.sync}{' overlapped' if pick.overlap else ''}", **full.to_json())
         if self.is_main:
             note = f"hvdhetero: --sync auto chose {pick.sync}{' overlapped' if pick.overlap else ''}: predicted " \
                    f"{pick.samples_per_s:,.0f} samples/s ({pick.vs_fastest:.2f}x the fastest rank alone)"
@@ -242,6 +244,8 @@ class Job:
             times, self.last_step_seconds = None, (seconds, 0.0)
             overflowed = self.loss_scale is not None and not all(bool(torch.isfinite(g).all()) for g in grads)
         self._accumulating, self._reduced = False, True
+        self._busy[0] += self.last_step_seconds[0]
+        self._busy[1] += self.last_step_seconds[1]
         self._skip = overflowed
         if self.loss_scale is not None:
             self.loss_scale.update(self._skip)
@@ -293,6 +297,7 @@ class Job:
         for epoch in range(self._start_epoch, n):
             self.epoch = epoch
             self._loss_sum = self._samples = self._global_samples = 0.0
+            self._busy = [0.0, 0.0]
             self._epoch_started = time.perf_counter()
             yield epoch
             self._end_epoch()
@@ -438,6 +443,7 @@ class Job:
         self._round_origin = self.step  # a round ended or was flushed: the next one starts here
         if item is None:
             return
+        self._busy[1] += self._sync.last_exchange_s
         self._write("exchange", step=self.step, round=self._sync.rounds, applied=self._sync.applied,
                     split=list(p.sampler.batch_sizes), seconds=round(self._sync.last_exchange_s, 4),
                     wait_s=round(self._sync.wait_s, 4), link_late=self._sync.link_late,
@@ -476,7 +482,7 @@ class Job:
             "hostnames": socket.gethostname(), "devices": self.me.device.describe(),
             "slowdowns": self.me.slowdown, "micro_batches": self.me.micro_batch,
             "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
-        self._write("start", config=asdict(self.config), ranks=self.size, **gathered,
+        self._write("start", config=asdict(self.config), ranks=self.size, **gathered, host_names=self._host_names,
                     **({"resumed_from": resumed, "step": self.step} if resumed else {}),
                     overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
         self._write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason, fallback=balancer.fallback)
@@ -488,15 +494,21 @@ class Job:
             self._sync.pause_clock()
         seconds = time.perf_counter() - self._epoch_started
         steps = max(1, len(self._prepared.loader)) if self._prepared else 1
-        # rank 0's step time rides along: the time-based checkpoint interval, the same on every rank
-        loss_sum, samples, *step_s = allreduce_sum([self._loss_sum, self._samples, *host.one_hot(seconds / steps)],
-                                                   "hvdhetero.train_stats")
+        # rank 0's step time rides along: the time-based checkpoint interval, the same on every rank;
+        # so do every rank's samples and seconds in compute and communication, for the report
+        mine = [seconds / steps, self._samples, *self._busy]
+        loss_sum, samples, *per_rank = allreduce_sum([self._loss_sum, self._samples,
+                                                      *(x for v in mine for x in host.one_hot(v))],
+                                                     "hvdhetero.train_stats")
+        step_s, rank_samples, compute_s, comm_s = (per_rank[i * self.size:(i + 1) * self.size] for i in range(4))
         if self._prepared is not None:
             average_buffers(self._prepared.model)
         self._write("epoch", epoch=self.epoch, loss=loss_sum / max(samples, 1), samples=int(samples),
                     seconds=round(seconds, 3), samples_per_s=samples / seconds,
                     split=self._prepared.sampler.batch_sizes if self._prepared else None,
-                    skipped_steps=self.loss_scale.skipped if self.loss_scale else 0)
+                    skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.step,
+                    rank_samples=[int(n) for n in rank_samples], compute_s=[round(t, 4) for t in compute_s],
+                    comm_s=[round(t, 4) for t in comm_s])
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due

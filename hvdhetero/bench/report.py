@@ -1,0 +1,234 @@
+"""`invoke report [-- RUN_DIR ...]`: figures and a one-page summary of runs, overlaid.
+
+    invoke report                                  # the newest run under runs/
+    invoke report -- runs/A                        # one run: runs/A/report/
+    invoke report -- runs/A runs/B                 # A and B overlaid: runs/A/report-vs-B/
+
+runs.py reads each run directory; the functions here turn a Run into the series the figures
+draw and the numbers the summary shows (pure: a test feeds them a hand-written metrics file);
+figures.py draws them with matplotlib, and `write` puts the PNGs and one self-contained
+report.html (images inlined, the runs' headline numbers and options side by side) in the
+output folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvdhetero.bench.runs import Run
+
+# -- series the figures draw (pure) ---------------------------------------------------------------
+
+@dataclass
+class Series:
+    label: str
+    seconds: list[float]
+    """Since the run's training started."""
+    epochs: list[float]
+    """Epochs completed at each point (fractions for a job.log between epochs' ends)."""
+    values: list[float]
+
+
+def _epoch_steps(run: Run) -> list[tuple[int, int]]:
+    """(first step, last step) of each epoch; older runs' epoch records lack the step: counted
+    from the samples over the global batch."""
+    out, before = [], 0
+    batch = sum(run.splits[0]["split"]) if run.splits else 0
+    for e in run.epochs:
+        last = e.get("step") or before + (-(-e["samples"] // batch) if batch else 1)
+        out.append((before, last))
+        before = last
+    return out
+
+
+def _at_epoch(run: Run, epoch: int, step: int) -> float:
+    """Epochs completed at (`epoch`, `step`): a job.log at an epoch's last step is at epoch+1."""
+    bounds = _epoch_steps(run)
+    if epoch >= len(bounds):
+        return float(epoch)
+    first, last = bounds[epoch]
+    return epoch + (min(max(step - first, 0), last - first) / (last - first) if last > first else 1.0)
+
+
+def scalar_series(run: Run, match) -> list[Series]:
+    """The epochs' train loss (when `match('loss')`) and every job.log scalar whose name matches,
+    each one Series."""
+    out = []
+    if match("loss"):
+        out.append(Series("train loss (epoch mean)", [e["time"] - run.t0 for e in run.epochs],
+                          [e["epoch"] + 1.0 for e in run.epochs], [e["loss"] for e in run.epochs]))
+    names = sorted({k for r in run.logs for k, v in r.items()
+                    if k not in ("event", "time", "epoch", "step") and isinstance(v, (int, float))
+                    and not isinstance(v, bool) and match(k)})
+    for name in names:
+        points = [r for r in run.logs if isinstance(r.get(name), (int, float))]
+        out.append(Series(name.replace("_", " "), [r["time"] - run.t0 for r in points],
+                          [_at_epoch(run, r.get("epoch", 0), r.get("step", 0)) for r in points],
+                          [r[name] for r in points]))
+    return out
+
+
+def is_loss(name: str) -> bool:
+    return "loss" in name.lower()
+
+
+def is_accuracy(name: str) -> bool:
+    return "acc" in name.lower() and "target" not in name.lower()
+
+
+def throughput(run: Run) -> tuple[Series, list[Series]]:
+    """Samples/s of the whole job and of each rank, per epoch (its training samples over its wall
+    time, evaluation included); a rank's from its samples in the epoch (older runs: the split)."""
+    seconds = [e["time"] - run.t0 for e in run.epochs]
+    done = [e["epoch"] + 1.0 for e in run.epochs]
+    total = Series("all ranks", seconds, done, [e["samples"] / max(e["seconds"], 1e-9) for e in run.epochs])
+    per_rank = []
+    for i, name in enumerate(run.ranks):
+        values = []
+        for e in run.epochs:
+            n = e["rank_samples"][i] if "rank_samples" in e else e["samples"] * e["split"][i] / sum(e["split"])
+            values.append(n / max(e["seconds"], 1e-9))
+        per_rank.append(Series(name, seconds, done, values))
+    return total, per_rank
+
+
+def split_series(run: Run) -> list[Series]:
+    """Each rank's samples per step, as a step function over time: a point at every re-split and
+    one at the last epoch's end (the split held until then)."""
+    end = run.epochs[-1]["time"] - run.t0
+    out = []
+    for i, name in enumerate(run.ranks):
+        t = [max(0.0, s["time"] - run.t0) for s in run.splits] + [end]
+        v = [s["split"][i] for s in run.splits]
+        out.append(Series(name, t, [], v + v[-1:]))
+    return out
+
+
+def step_times(run: Run) -> list[tuple[str, float, float, float]] | None:
+    """Per rank, ms per step over the run: (name, compute, communication, the rest). Compute is
+    forward and backward (straggling included); communication is the gradient allreduce or the
+    local/diloco exchange, waiting for the slower ranks included; the rest is the optimizer
+    step, data loading, evaluation and logging. None when the run's epochs lack the times
+    (written since 2026-11-23)."""
+    timed = [e for e in run.epochs if "compute_s" in e and "comm_s" in e]
+    if not timed:
+        return None
+    bounds = dict(zip((e["epoch"] for e in run.epochs), _epoch_steps(run)))
+    steps = sum(max(1, bounds[e["epoch"]][1] - bounds[e["epoch"]][0]) for e in timed)
+    wall = sum(e["seconds"] for e in timed)
+    out = []
+    for i, name in enumerate(run.ranks):
+        compute = sum(e["compute_s"][i] for e in timed)
+        comm = sum(e["comm_s"][i] for e in timed)
+        out.append((name, 1000 * compute / steps, 1000 * comm / steps, 1000 * max(0.0, wall - compute - comm) / steps))
+    return out
+
+
+def headline(run: Run) -> dict[str, str]:
+    """The numbers a reader compares first, formatted."""
+    s, epochs, last = run.start, run.epochs, run.epochs[-1]
+    samples, seconds = sum(e["samples"] for e in epochs), sum(e["seconds"] for e in epochs)
+    final = {**{k: v for r in run.logs for k, v in r.items() if k not in ("event", "time", "epoch", "step")}}
+    out = {
+        "run directory": str(run.path),
+        "finished": "yes" if run.end else f"no (last record at {records_end(run):.1f} s)",
+        "sync": run.sync,
+        "hosts": ", ".join(dict.fromkeys(s.get("host_names") or s.get("hostnames") or [])),
+        "ranks": "; ".join(run.ranks),
+        "global batch": str(sum(run.splits[0]["split"])) if run.splits else "?",
+        "final split": "/".join(str(n) for n in last.get("split") or []),
+        "epochs": str(len(epochs)),
+        "steps": str(_epoch_steps(run)[-1][1]),
+        "wall time": duration(run.end["seconds"]) if run.end else "-",
+        "training time (epochs)": duration(seconds),
+        "samples/s (all epochs)": f"{samples / seconds:,.0f}" if seconds else "-",
+        "samples/s (last epoch)": f"{last['samples'] / last['seconds']:,.0f}",
+        "final train loss": f"{last['loss']:.4g}",
+    }
+    for k, v in final.items():
+        if isinstance(v, float):
+            out[f"final {k.replace('_', ' ')}"] = f"{v:.2%}" if is_accuracy(k) and 0 <= v <= 1 else f"{v:.4g}"
+    if run.resumes:
+        out["resumed"] = ", ".join(f"at step {r.get('step', '?')}, {r['time'] - run.t0:.0f} s after the start"
+                                   for r in run.resumes)
+    if run.exchanges:
+        ex = [x["seconds"] for x in run.exchanges]
+        out["exchanges"] = f"{len(ex)}, median {1000 * statistics.median(ex):.1f} ms on rank 0"
+    return out
+
+
+def duration(seconds: float) -> str:
+    """1.2 s, 95.0 s, 1 h 56 min: seconds a reader takes in at a glance."""
+    if seconds < 600:
+        return f"{seconds:.1f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def records_end(run: Run) -> float:
+    last = max([run.epochs[-1]["time"], *(r["time"] for r in run.logs + run.splits + run.exchanges)])
+    return last - run.t0
+
+
+def config_rows(run: Run) -> dict[str, str]:
+    """The options the run was launched with (launch.json), else the job config of its start."""
+    if run.launch:
+        what = run.launch.get("script") or "built-in recipe"
+        args = run.launch.get("recipe", []) if not run.launch.get("script") else []
+        rows = {"hosts": ",".join(run.launch.get("hosts", [])), "script": what,
+                "arguments": " ".join(args + run.launch.get("script_args", []))}
+        return {**rows, **{k: json.dumps(v) if not isinstance(v, str) else v
+                           for k, v in run.launch.get("settings", {}).items()}}
+    cfg = run.start.get("config", {})
+    return {k: json.dumps(v) if not isinstance(v, str) else v for k, v in cfg.items() if k != "hosts"}
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+def write(runs: list[Run], out: Path) -> tuple[Path, list]:
+    """The figures (PNG) and report.html into `out`; returns the page and the figures drawn."""
+    from hvdhetero.bench import figures
+
+    out.mkdir(parents=True, exist_ok=True)
+    drawn = figures.draw_all(runs, out)
+    page = out / "report.html"
+    page.write_text(render_html(runs, drawn), encoding="utf-8")
+    return page, drawn
+
+
+def render_html(runs: list[Run], drawn: list) -> str:
+    """One page, nothing beside it needed: headline and config per run side by side, then every
+    figure inlined as a base64 PNG with what it shows."""
+    e = html.escape
+    title = "hvdhetero report: " + " vs ".join(r.label for r in runs)
+
+    def differs(rows: list[dict[str, str]], key: str) -> str:
+        return " class=diff" if len(rows) > 1 and len({row.get(key) for row in rows}) > 1 else ""
+
+    def table(rows: list[dict[str, str]]) -> str:
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        head = "".join(f"<th>{e(r.label)}</th>" for r in runs) if len(runs) > 1 else "<th></th>"
+        body = "".join(f"<tr{differs(rows, k)}><th>{e(k)}</th>" + "".join(f"<td>{e(row.get(k, '-'))}</td>"
+                                                                          for row in rows) + "</tr>" for k in keys)
+        return f"<table><tr><th></th>{head}</tr>{body}</table>" if len(runs) > 1 else f"<table>{body}</table>"
+
+    notes = [f"{r.label}: metrics.jsonl ended in a half-written line (left out)" for r in runs if r.torn_last_line]
+    parts = [f"<h1>{e(title)}</h1>", "<h2>Headline</h2>", table([headline(r) for r in runs]),
+             *(f"<p class=note>{e(n)}</p>" for n in notes), "<h2>Configuration</h2>",
+             table([config_rows(r) for r in runs])]
+    for fig in drawn:
+        data = base64.b64encode(fig.path.read_bytes()).decode()
+        parts += [f"<h2>{e(fig.title)}</h2>", f"<p>{e(fig.caption)}</p>",
+                  f'<img src="data:image/png;base64,{data}" alt="{e(fig.path.name)}">',
+                  f"<p class=file>{e(fig.path.name)}</p>"]
+    style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;"
+             "text-align:left;vertical-align:top}th{background:#f4f4f4}img{max-width:100%}"
+             "tr.diff td{background:#fff3c4}.note{color:#a40}.file{color:#777;font-size:.85em}")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{e(title)}</title><style>{style}</style>"
+            f"</head><body>{''.join(parts)}</body></html>\n")

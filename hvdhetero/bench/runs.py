@@ -1,0 +1,167 @@
+"""A run directory read: what `invoke report` draws (hvdhetero/bench/report.py).
+
+A run directory holds `metrics.jsonl`, rank 0's records, one JSON object a line: `start`
+(the job's config, every rank's host and device), `split` (each split the balancer chose),
+`epoch` (loss, samples, seconds, and each rank's samples and seconds in compute and in
+communication), `log` (the script's job.log), `exchange` (local/diloco rounds), `plan`
+(--sync auto), `checkpoint`, `end`; and `launch.json`, the options invoke train was given.
+Pure reading, no torch: a run's metrics come back as a Run, or a ConfigError (exit 2) that
+names the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvdhetero.errors import ConfigError
+
+@dataclass
+class Run:
+    """One run directory, read."""
+
+    path: Path
+    label: str
+    """How figures and tables name it: the folder and its sync mode, e.g. `rep-a (step)`."""
+    start: dict
+    epochs: list[dict]
+    logs: list[dict] = field(default_factory=list)
+    splits: list[dict] = field(default_factory=list)
+    exchanges: list[dict] = field(default_factory=list)
+    end: dict | None = None
+    resumes: list[dict] = field(default_factory=list)
+    """The start records of each --resume after the first start."""
+    plan: dict | None = None
+    """--sync auto: the plan it chose from (its `chose`: the mode)."""
+    launch: dict | None = None
+    torn_last_line: bool = False
+    """The file ended in a half-written line (a run killed mid-write): it was left out."""
+
+    @property
+    def t0(self) -> float:
+        """Wall time (s) the training started: the first start record, after calibration."""
+        return self.start["time"]
+
+    @property
+    def sync(self) -> str:
+        """The sync mode, `auto -> diloco:32 overlapped` for the one --sync auto chose (no plan
+        record: it could not time the ranks and took step)."""
+        cfg = self.start.get("config", {})
+        if cfg.get("sync") == "auto":
+            return "auto -> " + ((self.plan or {}).get("chose") or ("?" if self.plan else "step"))
+        return cfg.get("sync", "step") + (" overlapped" if cfg.get("overlap_sync") else "")
+
+    @property
+    def ranks(self) -> list[str]:
+        """Each rank named by its host and device: `rank 0: local, cpu (1 threads)`."""
+        s = self.start
+        hosts = s.get("host_names") or s.get("hostnames") or ["?"] * s["ranks"]
+        devices = s.get("devices") or ["?"] * s["ranks"]
+        return [f"rank {i}: {h}, {d}" for i, (h, d) in enumerate(zip(hosts, devices))]
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+def find_latest(runs: Path) -> Path:
+    """The newest folder under `runs` with a metrics.jsonl (what `invoke report` alone reports)."""
+    found = sorted((p for p in runs.glob("*") if (p / "metrics.jsonl").is_file()),
+                   key=lambda p: (p / "metrics.jsonl").stat().st_mtime)
+    if not found:
+        raise ConfigError(f"no run under {runs} has a metrics.jsonl: train one (invoke train) or name run "
+                          "directories: invoke report -- RUN_DIR ...")
+    return found[-1]
+
+
+def read_records(path: Path) -> tuple[list[dict], bool]:
+    """metrics.jsonl's records, and whether a torn last line (no newline: a write the run was
+    killed in) was left out. Anything else unreadable is an error naming the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read it ({err})") from None
+    lines = text.split("\n")
+    records, torn = [], False
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "event" not in record or "time" not in record:
+                raise ValueError("not a metrics record (an object with event and time)")
+        except ValueError as err:
+            if number == len(lines):  # the last line, without its newline
+                torn = True
+                continue
+            raise ConfigError(f"{path}:{number}: not a metrics record ({err}): {line[:80]!r}; is this an "
+                              "hvdhetero run's metrics.jsonl?") from None
+        records.append(record)
+    return records, torn
+
+
+NEEDED = {"start": ("ranks",), "epoch": ("epoch", "loss", "samples", "seconds", "split"), "split": ("split",),
+          "exchange": ("seconds",)}
+"""What the report reads from each kind of record."""
+
+
+def read_run(folder: str | Path) -> Run:
+    """A run directory as a Run; a missing folder, metrics.jsonl or start record, or a file with
+    no finished epoch, is a ConfigError (exit 2) naming the path."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"run directory {folder} not found (give the folder invoke train printed as 'run "
+                          "directory: ...')")
+    launch = _launch(folder)
+    metrics = folder / "metrics.jsonl"
+    if not metrics.is_file():
+        elsewhere = launch is not None and not launch.get("rank0_local", True)
+        raise ConfigError(f"{metrics} not found: " + (
+            f"rank 0 ran on {launch['hosts'][0]}, which wrote it there; copy it into {folder}" if elsewhere
+            else "not a run directory of invoke train, or the run stopped before training began"))
+    records, torn = read_records(metrics)
+    by = {kind: [r for r in records if r["event"] == kind]
+          for kind in ("start", "epoch", "log", "split", "exchange", "end", "plan")}
+    if not by["start"]:
+        raise ConfigError(f"{metrics} has no start record" + (" (the file is empty)" if not records else "")
+                          + ": the run stopped before training began, or this is not an hvdhetero metrics file")
+    for kind, keys in NEEDED.items():
+        for record in by[kind]:
+            if missing := [k for k in keys if k not in record]:
+                raise ConfigError(f"{metrics}: a {kind} record lacks {', '.join(missing)} ({json.dumps(record)[:100]}"
+                                  "...): not a metrics file of this hvdhetero version")
+    if not by["epoch"]:
+        raise ConfigError(f"{metrics} has no finished epoch yet: nothing to plot (report again once one ends)")
+    run = Run(path=folder, label="", start=by["start"][0], epochs=by["epoch"], logs=by["log"], splits=by["split"],
+              exchanges=by["exchange"], end=(by["end"] or [None])[-1], resumes=by["start"][1:],
+              plan=(by["plan"] or [None])[0], launch=launch, torn_last_line=torn)
+    run.label = f"{folder.name} ({run.sync})"
+    return run
+
+
+def read_runs(folders: list[str | Path]) -> list[Run]:
+    """Every run, read before anything is written; labels made unique (two `run` folders under
+    different parents are told apart by their parents)."""
+    seen = [Path(f).resolve() for f in folders]
+    if twice := next((f for f, r in zip(folders, seen) if seen.count(r) > 1), None):
+        raise ConfigError(f"run directory {twice} is given twice: name each run once")
+    runs = [read_run(f) for f in folders]
+    labels = [r.label for r in runs]
+    for r in runs:
+        if labels.count(r.label) > 1:
+            r.label = f"{r.path.parent.name}/{r.label}"
+    return runs
+
+
+def _launch(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "launch.json").read_text())
+    except (OSError, ValueError):
+        return None  # a run not started by invoke train (a test's own job): the start record has the config
+
+
+def default_out(folders: list[Path]) -> Path:
+    """One run: RUN_DIR/report. Several: inside the first, report-vs-<the others' names>."""
+    first = Path(folders[0])
+    if len(folders) == 1:
+        return first / "report"
+    return first / ("report-vs-" + "-".join(Path(f).resolve().name for f in folders[1:]))

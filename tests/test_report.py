@@ -1,0 +1,266 @@
+"""invoke report: figures and a self-contained report.html from run directories.
+
+The readers and series are checked on hand-written metrics files (every number known); the
+figures and the command on two real 2-rank runs of the built-in recipe, step sync and local:4,
+trained once for the module."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.bench import figures, report, runs
+from hvdhetero.errors import ConfigError
+
+FIGURES = ["loss.png", "accuracy.png", "samples_per_s.png", "split.png", "step_time.png"]
+
+
+# -- hand-written runs ------------------------------------------------------------------------------
+
+def _start(t=100.0, sync="step", **extra):
+    return {"event": "start", "time": t, "config": {"sync": sync, "overlap_sync": False}, "ranks": 2,
+            "hostnames": ["m1", "p1"], "devices": ["mps", "cuda"], **extra}
+
+
+def _epoch(t, epoch, step, split, rank_samples, compute, comm, loss=1.0, seconds=2.0):
+    return {"event": "epoch", "time": t, "epoch": epoch, "loss": loss, "samples": sum(rank_samples),
+            "seconds": seconds, "samples_per_s": sum(rank_samples) / seconds, "split": split, "step": step,
+            "rank_samples": rank_samples, "compute_s": compute, "comm_s": comm}
+
+
+TWO_EPOCHS = [
+    _start(host_names=["mac", "pc"]),
+    {"event": "split", "time": 100.0, "epoch": 0, "step": 0, "split": [16, 48]},
+    _epoch(102.0, 0, 10, [16, 48], [160, 480], [1.0, 0.5], [0.2, 0.7], loss=2.0),
+    {"event": "split", "time": 103.0, "step": 15, "split": [20, 44]},
+    {"event": "log", "time": 103.0, "epoch": 1, "step": 15, "test_accuracy": 0.5},
+    _epoch(104.0, 1, 20, [20, 44], [180, 460], [1.2, 0.4], [0.1, 0.8], loss=1.0),
+    {"event": "log", "time": 104.1, "epoch": 1, "step": 20, "test_accuracy": 0.8, "test_loss": 0.5},
+    {"event": "end", "time": 104.2, "seconds": 5.0},
+]
+
+
+def write_run(folder, records, launch=None, tail=""):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    if launch is not None:
+        (folder / "launch.json").write_text(json.dumps(launch))
+    return folder
+
+
+def old_format(records):
+    """The same run as metrics written before epochs carried steps, per-rank samples and times."""
+    drop = ("step", "rank_samples", "compute_s", "comm_s", "host_names")
+    return [{k: v for k, v in r.items() if not (k in drop and r["event"] in ("epoch", "start"))} for r in records]
+
+
+def test_samples_per_s_of_each_rank_add_up_to_the_job(tmp_path):
+    run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
+    total, per_rank = report.throughput(run)
+    assert total.values == [320.0, 320.0] and total.seconds == [2.0, 4.0] and total.epochs == [1.0, 2.0]
+    assert [s.label for s in per_rank] == ["rank 0: mac, mps", "rank 1: pc, cuda"]
+    assert [s.values for s in per_rank] == [[80.0, 90.0], [240.0, 230.0]]
+    # metrics of older runs: each rank's samples from the epoch's split
+    old = runs.read_run(write_run(tmp_path / "old", old_format(TWO_EPOCHS)))
+    assert [s.values for s in report.throughput(old)[1]] == [[80.0, 100.0], [240.0, 220.0]]
+    assert old.ranks == ["rank 0: m1, mps", "rank 1: p1, cuda"]  # socket host names before host_names
+
+
+def test_step_time_splits_compute_communication_and_the_rest_per_rank(tmp_path):
+    run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
+    # 20 steps in 4.0 s of epochs; mac: 2.2 s compute, 0.3 s communication, the rest 1.5 s
+    (mac, *mac_ms), (pc, *pc_ms) = report.step_times(run)
+    assert mac == "rank 0: mac, mps" and mac_ms == pytest.approx([110.0, 15.0, 75.0])
+    assert pc_ms == pytest.approx([45.0, 75.0, 80.0])
+    assert report.step_times(runs.read_run(write_run(tmp_path / "old", old_format(TWO_EPOCHS)))) is None
+
+
+def test_split_and_logged_scalars_over_time_and_epochs(tmp_path):
+    run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
+    mac, pc = report.split_series(run)
+    assert (mac.seconds, mac.values, pc.values) == ([0.0, 3.0, 4.0], [16, 20, 20], [48, 44, 44])
+    acc, = report.scalar_series(run, report.is_accuracy)
+    # the first log halfway through epoch 1 (step 15 of 10..20): 1.5 epochs completed
+    assert (acc.label, acc.epochs, acc.values) == ("test accuracy", [1.5, 2.0], [0.5, 0.8])
+    assert acc.seconds == pytest.approx([3.0, 4.1])
+    assert [s.label for s in report.scalar_series(run, report.is_loss)] == ["train loss (epoch mean)", "test loss"]
+
+
+def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
+    head = report.headline(runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS)))
+    assert head["finished"] == "yes" and head["sync"] == "step" and head["hosts"] == "mac, pc"
+    assert head["global batch"] == "64" and head["final split"] == "20/44" and head["steps"] == "20"
+    assert head["samples/s (all epochs)"] == "320" and head["final test accuracy"] == "80.00%"
+    assert head["wall time"] == "5.0 s" and head["final train loss"] == "1"
+    assert [report.duration(s) for s in (59.94, 3000, 7002)] == ["59.9 s", "50 min", "1 h 57 min"]
+    unfinished = [_start(sync="auto"), {"event": "plan", "time": 99.0, "chose": "diloco:32 overlapped"},
+                  *TWO_EPOCHS[1:-1]]
+    run = runs.read_run(write_run(tmp_path / "auto", unfinished))
+    assert run.label == "auto (auto -> diloco:32 overlapped)"
+    assert report.headline(run)["finished"] == "no (last record at 4.1 s)"
+
+
+def test_a_torn_last_line_is_left_out_and_any_other_bad_line_named(tmp_path):
+    run = runs.read_run(write_run(tmp_path / "torn", TWO_EPOCHS, tail='{"event": "epo'))
+    assert run.torn_last_line and len(run.epochs) == 2
+    lines = [json.dumps(r) for r in TWO_EPOCHS]
+    lines[2] = lines[2][:30]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"bad/metrics.jsonl:3: not a metrics record"):
+        runs.read_run(tmp_path / "bad")
+
+
+@pytest.mark.parametrize("records, problem", [
+    ([], "has no start record (the file is empty)"),
+    (TWO_EPOCHS[:2], "has no finished epoch yet"),
+    ([{"event": "start", "time": 1.0}], "a start record lacks ranks"),
+])
+def test_a_metrics_file_without_what_the_report_needs_is_named(tmp_path, records, problem):
+    write_run(tmp_path / "r", records)
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}/r/metrics.jsonl") + ".*" + re.escape(problem)):
+        runs.read_run(tmp_path / "r")
+
+
+def test_default_output_folders(tmp_path):
+    assert runs.default_out([tmp_path / "a"]) == tmp_path / "a" / "report"
+    assert runs.default_out([tmp_path / "a", tmp_path / "b", tmp_path / "c"]) == tmp_path / "a" / "report-vs-b-c"
+    with pytest.raises(ConfigError, match="is given twice"):
+        runs.read_runs([tmp_path / "a", tmp_path / "x" / ".." / "a"])
+
+
+def test_a_run_without_the_step_times_is_named_not_drawn(tmp_path):
+    """An old run beside a new one: the step-time figure has the new one's bars and says which
+    run lacks them; no accuracy logged anywhere: no accuracy figure."""
+    new = [r for r in TWO_EPOCHS if r["event"] != "log"]
+    both = runs.read_runs([write_run(tmp_path / "new", new), write_run(tmp_path / "old", old_format(new))])
+    drawn = {f.path.name: f for f in figures.draw_all(both, tmp_path / "new")}
+    assert sorted(drawn) == sorted(set(FIGURES) - {"accuracy.png"})
+    bars = drawn["step_time.png"].series["where each rank's step goes"]
+    assert bars == ["compute", "communication", "other", "new (step)\nrank 0: mac, mps", "new (step)\nrank 1: pc, cuda"]
+    assert "Not timed" in drawn["step_time.png"].caption and "old (step)" in drawn["step_time.png"].caption
+
+
+# -- the command on real runs ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two real 2-rank runs of digits, 2 epochs: step sync and local:4."""
+    base = tmp_path_factory.mktemp("runs")
+    for name, sync in (("steprun", "step"), ("localrun", "local:4")):
+        run_cmd([VENV_BIN / "invoke", "train", "--epochs", "2", "--sync", sync, "--keep-checkpoints", "0",
+                 "--run-dir", base / name], timeout=300)
+    return base / "steprun", base / "localrun"
+
+
+def report_cmd(*args, env=None):
+    return run_cmd([VENV_BIN / "invoke", "report", *args], timeout=120, check=False, env=env)
+
+
+@pytest.mark.slow
+def test_epochs_carry_each_ranks_samples_and_its_compute_and_communication(two_runs):
+    for folder in two_runs:
+        run = runs.read_run(folder)
+        for e in run.epochs:
+            assert sum(e["rank_samples"]) == e["samples"] and min(e["rank_samples"]) > 0
+            assert len(e["compute_s"]) == len(e["comm_s"]) == 2 and min(e["compute_s"]) > 0
+            assert min(e["comm_s"]) > 0  # the allreduce every step; local:4 the exchanges
+            assert sum(e["compute_s"]) / 2 + min(e["comm_s"]) < e["seconds"]
+        assert [e["step"] for e in run.epochs] == [r["step"] for r in run.logs]
+
+
+@pytest.mark.slow
+def test_report_on_one_run_writes_the_figures_and_a_self_contained_page(two_runs):
+    step_run, _ = two_runs
+    proc = report_cmd("--", step_run)
+    assert proc.returncode == 0, proc.stderr
+    out = step_run / "report"
+    assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES + ["report.html"])
+    page = (out / "report.html").read_text()
+    for name in FIGURES:
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 15_000, name
+        assert base64.b64encode(png).decode() in page, f"{name} is not inlined in report.html"
+        assert str(out / name) in proc.stdout
+    end = runs.read_run(step_run).end
+    assert f"{end['test_accuracy']:.2%}" in page and "--dataset digits --epochs 2" in page
+    assert "<th>sync</th><td>step</td>" in page and f"report: {out / 'report.html'}" in proc.stdout
+    assert "src=\"report" not in page and "<img src=\"data:image/png;base64," in page  # nothing beside it needed
+
+
+@pytest.mark.slow
+def test_two_runs_are_overlaid_in_every_figure(two_runs, tmp_path):
+    both = runs.read_runs(list(two_runs))
+    page, drawn = report.write(both, tmp_path)
+    series = {f.path.name: f.series for f in drawn}
+    assert sorted(series) == sorted(FIGURES)
+    a, b = "steprun (step)", "localrun (local:4)"
+    ranks = ["rank 0: local, cpu (1 threads)", "rank 1: local, cpu (1 threads)"]
+    for axes in ("loss against time", "loss against epochs"):
+        assert series["loss.png"][axes] == [f"{r}: {s}" for r in (a, b)
+                                            for s in ("train loss (epoch mean)", "test loss")]
+    assert series["accuracy.png"]["accuracy against epochs"] == [f"{a}: test accuracy", f"{b}: test accuracy"]
+    assert series["samples_per_s.png"]["whole job"] == [f"{a}: all ranks", f"{b}: all ranks"]
+    assert series["samples_per_s.png"]["each rank"] == [f"{r}: {n}" for r in (a, b) for n in ranks]
+    assert series["split.png"]["samples per step"] == [f"{r}: {n}" for r in (a, b) for n in ranks]
+    assert series["step_time.png"]["where each rank's step goes"] == [
+        "compute", "communication", "other", *(f"{r}\n{n}" for r in (a, b) for n in ranks)]
+    text = page.read_text()
+    assert f"<th>{a}</th><th>{b}</th>" in text and "<tr class=diff><th>sync</th><td>step</td><td>local:4</td>" in text
+
+
+@pytest.mark.slow
+def test_the_command_on_two_runs_writes_into_the_first(two_runs):
+    step_run, local_run = two_runs
+    proc = report_cmd("--", step_run, local_run)
+    assert proc.returncode == 0, proc.stderr
+    out = step_run / "report-vs-localrun"
+    assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES + ["report.html"])
+    assert min((out / n).stat().st_size for n in FIGURES) > 15_000
+
+
+@pytest.mark.slow
+def test_without_run_directories_the_newest_run_is_reported(two_runs, tmp_path):
+    for folder in two_runs:
+        shutil.copytree(folder, tmp_path / folder.name, ignore=shutil.ignore_patterns("report*"))
+    (tmp_path / "localrun" / "metrics.jsonl").touch()  # the newest
+    proc = report_cmd(env={"HVDHETERO_RUNS": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "localrun" / "report" / "report.html").is_file()
+    assert not (tmp_path / "steprun" / "report").exists()
+
+
+# -- bad input: exit 2, the path named, nothing written ----------------------------------------------
+
+@pytest.mark.parametrize("make, named", [
+    (lambda d: None, "run directory {d} not found"),
+    (lambda d: d.mkdir(), "{d}/metrics.jsonl not found"),
+    (lambda d: write_run(d, []), "{d}/metrics.jsonl has no start record (the file is empty)"),
+    (lambda d: write_run(d, TWO_EPOCHS[:2], tail="not json\n" + json.dumps(TWO_EPOCHS[2]) + "\n"),
+     "{d}/metrics.jsonl:3: not a metrics record"),
+])
+def test_a_bad_run_directory_exits_2_naming_it_and_writes_nothing(tmp_path, make, named):
+    good = write_run(tmp_path / "good", TWO_EPOCHS)
+    bad = tmp_path / "bad"
+    make(bad)
+    proc = report_cmd("--", good, bad)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named.format(d=bad) in proc.stderr and "Traceback" not in proc.stderr
+    assert not (good / "report-vs-bad").exists() and sorted(p.name for p in good.iterdir()) == ["metrics.jsonl"]
+
+
+def test_no_run_under_runs_exits_2(tmp_path):
+    proc = report_cmd(env={"HVDHETERO_RUNS": str(tmp_path)})
+    assert proc.returncode == 2 and f"no run under {tmp_path} has a metrics.jsonl" in proc.stderr
+
+
+def test_the_launcher_does_not_load_matplotlib():
+    """`invoke --list` and the launcher's commands stay light: matplotlib only when a report is drawn."""
+    probe = ("import sys, tasks; from hvdhetero.bench import report, runs; "
+             "print('matplotlib' in sys.modules)")
+    assert run_cmd([VENV_BIN / "python", "-c", probe], cwd=ROOT, timeout=60).stdout.strip() == "False"
