@@ -74,8 +74,8 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     stamp = Path(python).parent.parent / STAMP
     recorded = json.loads(stamp.read_text()) if stamp.exists() else {}
     if recorded.get("project") != project_hash() or recorded.get("root") != str(ROOT):
-        log("hvdhetero: installing this checkout (editable) with its dev extras")
-        pip(python, "-e", f"{ROOT}[dev]")
+        log("hvdhetero: installing this checkout (editable) with its dev and launcher extras")
+        pip(python, "-e", f"{ROOT}[dev,launcher]")
         changed.append("hvdhetero")
     else:
         log("hvdhetero: editable install of this checkout is current")
