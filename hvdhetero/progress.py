@@ -1,11 +1,13 @@
-"""Rank 0's progress and any rank's failure, as the launcher's console shows them.
+"""The tagged-line protocol between the ranks and the launcher's console: the rank side.
 
-horovodrun forwards each rank's output with a `[rank]<stdout>:` prefix and splits a bar's
-carriage-return updates into garbled lines, and rank 0 may run on another machine. So rank 0
-prints one tagged JSON line per update (throttled), a failing rank one tagged summary
-(rank/runner.py), and the launcher, reading horovodrun's output, turns the progress lines into
-a tqdm bar per epoch, collects the failures, and passes every other line through. Both ends of
-this protocol live here; the rank side needs nothing but the standard library.
+horovodrun forwards each rank's output with a `[rank]<stdout>:` prefix, in bursts when the
+link is slow, and rank 0 may run on another machine. So every rank prints its own running
+totals as one tagged JSON line about once a second (`Reporter`), stamped with its own clock:
+the launcher computes rates from those stamps, never from when lines reach it (a bar timed by
+arrival read "736404 step/s" after a burst). A failing rank prints one tagged summary
+(rank/runner.py), rank 0 its results, and every rank a heartbeat. The launcher's side
+(hvdhetero/cluster/console.py, live.py) turns them into the live table, the failure summary and
+the rank logs. This module needs nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import re
 import sys
 import threading
 import time
-from typing import IO, Iterable
 
 TAG = "@@hvdhetero-progress "
+"""A rank's running totals and the epoch's position (and from rank 0 its loss and logged scalars)."""
 ERROR_TAG = "@@hvdhetero-error "
 RESULT_TAG = "@@hvdhetero-result "
 """A job's answer for the launcher (invoke plan's plan), one JSON line from rank 0."""
@@ -33,9 +35,11 @@ SILENT_S = 45.0
 It bounds detection at ~46 s, under a minute. A slow step, a long calibration or a checkpoint
 save cannot trip it: the heartbeat thread does not wait for them. What it cannot tell apart:
 a rank whose host is so overloaded that a thread gets no time for 45 s (never seen here)."""
+REPORT_S = 1.0
+"""A rank prints its totals at most this often (and at its first step and each epoch's last):
+the live table refreshes about once a second."""
 # horovodrun's prefix on forwarded rank output, e.g. "[0]<stdout>:" (maybe with a timestamp).
 PREFIX = re.compile(r"^(?:\S+ )?\[(\d+)\]<(stdout|stderr)>:")
-_last = 0.0
 
 
 def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thread:
@@ -56,96 +60,41 @@ def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thr
     return thread
 
 
-def report(*, step: int, steps: int, min_interval: float = 0.2, **fields) -> None:
-    """Rank side: print a progress line, at most every `min_interval` s and at epoch ends."""
-    global _last
-    now = time.monotonic()
-    if step != steps and now - _last < min_interval:
-        return
-    _last = now
-    print(TAG + json.dumps({"step": step, "steps": steps, **fields}), flush=True)
+class Reporter:
+    """Rank side: this rank's running totals since it started (steps, samples, seconds of
+    compute and of communication or waiting), printed as one tagged line with this rank's
+    monotonic clock at most every `every` seconds, and always at its first step and at each
+    epoch's last."""
 
+    def __init__(self, rank: int, host: str, device: str, every: float = REPORT_S, out=None):
+        self.who = {"rank": rank, "host": host, "device": device}
+        self.every, self.out = every, out
+        self.steps = self.samples = 0
+        self.compute_s = self.wait_s = 0.0
+        self._printed: float | None = None
+        self._round = 0
 
-def relay(lines: Iterable[str], out: IO[str] = sys.stdout, results: list[dict] | None = None,
-          alive: dict[int, tuple[float, str]] | None = None) -> list[dict]:
-    """Launcher side: draw tagged lines as one bar per epoch; echo the rest (rank 0's printed
-    lines without horovodrun's prefix, as a script's print reads on one machine). Returns the
-    failures ranks reported, in order; once one is in, horovodrun's own tracebacks about
-    stopping the other ranks are not echoed. Result lines go to `results`, not the console."""
-    from tqdm import tqdm
+    def exchanged(self, rounds: int, seconds: float) -> float:
+        """--sync local/diloco: the seconds the last exchange blocked this rank, once per round
+        (0 until `rounds` moves on)."""
+        if rounds == self._round:
+            return 0.0
+        self._round = rounds
+        return seconds
 
-    bar, bar_epoch, failures = None, None, []
-    try:
-        for line in lines:
-            match = PREFIX.match(line)
-            body = line[match.end():] if match else line
-            if alive is not None and match and int(match.group(1)) in alive:  # a beating rank's lines count too
-                rank = int(match.group(1))
-                alive[rank] = (time.monotonic(), alive[rank][1])
-            if DONE_TAG in body:  # a rank that finished its script beats no more: not silent
-                if alive is not None and match:
-                    alive.pop(int(match.group(1)), None)
-                continue
-            if ALIVE_TAG in body:  # at the start, or written between another line's text and its end
-                body, _, beat = body.partition(ALIVE_TAG)
-                if alive is not None:
-                    try:
-                        beat = json.loads(beat.split("}", 1)[0] + "}")
-                        alive[beat["rank"]] = (time.monotonic(), beat["host"])
-                    except (ValueError, KeyError):
-                        pass
-                if not body.strip():
-                    continue
-                body += "\n"
-                line = (line[:match.end()] if match else "") + body
-            if body.startswith(ERROR_TAG):
-                failures.append(json.loads(body[len(ERROR_TAG):]))
-                continue
-            if body.startswith(RESULT_TAG):
-                if results is not None:
-                    results.append(json.loads(body[len(RESULT_TAG):]))
-                continue
-            if body.startswith(TAG):
-                update = json.loads(body[len(TAG):])
-                if update["epoch"] != bar_epoch:
-                    if bar is not None:
-                        bar.close()
-                    bar_epoch = update["epoch"]
-                    bar = tqdm(total=update["steps"], desc=f"epoch {bar_epoch + 1}/{update['epochs']}",
-                               unit="step", file=out, dynamic_ncols=True, leave=True)
-                bar.update(update["step"] - bar.n)
-                bar.set_postfix({k: _short(k, v) for k, v in update.items()
-                                 if k not in ("step", "steps", "epoch", "epochs")})
-                continue
-            if bar is not None and bar.n >= bar.total:
-                bar.close()
-                bar = None
-            if failures and (not match or body.strip() == "Terminated"):
-                continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
-            own = match is not None and match.group(1) == "0" and match.group(2) == "stdout"
-            out.write(body if own else line)
-            out.flush()
-    finally:  # a bar left open would print itself after the message that ends the job
-        if bar is not None:
-            bar.close()
-    return failures
-
-
-def _short(key: str, value):
-    if isinstance(value, float):
-        return f"{value:,.0f}" if key.endswith("_per_s") else f"{value:.4f}"
-    return value
-
-
-def failure_summary(failures: list[dict]) -> str:
-    """One message for the console: the first rank that failed, where, what, its last frames."""
-    first = failures[0]
-    lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
-    lines += [f"  {frame}" for frame in first["frames"]]
-    if first.get("log"):
-        lines.append(f"  full traceback: {first['log']} (on {first['hostname']})")
-    others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
-    if others:
-        lines.append(f"  then also: {', '.join(others)}")
-    lines.append("  the other ranks were stopped")
-    return "\n".join(lines)
+    def step(self, *, samples: int, compute_s: float, wait_s: float, share: int, batch: int,
+             epoch_end: bool = False, **job) -> None:
+        """Count one of this rank's steps; print the totals if due. `job`: the epoch, epochs, step
+        and steps (and from rank 0 its loss and the script's logged scalars)."""
+        self.steps += 1
+        self.samples += samples
+        self.compute_s += compute_s
+        self.wait_s += wait_s
+        now = time.monotonic()
+        if self._printed is not None and now - self._printed < self.every and not epoch_end:
+            return
+        self._printed = now
+        line = {**self.who, "t": round(now, 6), "n_steps": self.steps, "n_samples": self.samples,
+                "compute_s": round(self.compute_s, 6), "wait_s": round(self.wait_s, 6), "share": share,
+                "batch": batch, **job}
+        print(TAG + json.dumps(line), file=self.out or sys.stdout, flush=True)

@@ -69,6 +69,7 @@ def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command(tmp_
     out, took = ended(proc, 30)
     assert proc.returncode == 1 and took < 30, (took, out[-3000:])
     assert "error: rank 1 on host local killed by signal 9 (SIGKILL); the other ranks were stopped" in out, out[-3000:]
+    assert f"its output: {run_dir / 'rank-1.log'}" in out and (run_dir / "rank-1.log").exists()
     assert "newest checkpoint: " + str(run_dir / "checkpoints") in out
     assert f"resume with: invoke train --resume {run_dir}" in out
     assert "Traceback" not in out and "RuntimeError: Horovod detected" not in out, out[-3000:]

@@ -23,7 +23,7 @@ pytestmark = [requires_root, pytest.mark.slow]
 LAUNCH_NS = "hvdt-launch"
 STATE = Path(os.environ.get("HVDHETERO_TESTHOSTS_STATE", "/tmp/hvdhetero-testhosts"))
 # What the hosts' pip installs from (the namespaces have no internet).
-WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "tqdm", "scikit-learn",
+WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "rich", "scikit-learn",
           "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel"]
 
 

@@ -55,16 +55,24 @@ def test_dry_run_shows_the_runner_and_the_scripts_arguments(tmp_path):
 
 
 def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
+    """The console: one summary (host, rank, exception, last frames), no walls; every rank's
+    whole output, the traceback included, in the run directory's rank-N.log."""
     run_dir = tmp_path / "run"
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "raises.py", "--run-dir", run_dir],
                    check=False, timeout=120)
     assert proc.returncode == 1
     assert "error: rank 1 on host local failed: ValueError: boom on purpose" in proc.stderr
-    assert "raises.py:12 in <module>: load_config(job.rank)" in proc.stderr
+    assert "raises.py:13 in <module>: load_config(job.rank)" in proc.stderr
     assert 'raises.py:8 in load_config: raise ValueError("boom on purpose")' in proc.stderr
     assert "runpy" not in proc.stderr and "the other ranks were stopped" in proc.stderr
+    assert f"full traceback and output: {run_dir / 'rank-1.log'}" in proc.stderr
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and "Horovod detected" not in output, output  # no walls
-    assert "Traceback" in (run_dir / "rank-1-error.log").read_text(), "the whole traceback is kept"
+    assert "<stderr>:" not in output, output  # nothing of the ranks' stderr (where tracebacks go)
+    failed, waited = (run_dir / "rank-1.log").read_text(), (run_dir / "rank-0.log").read_text()
+    assert "rank 1: loading its config\n" in failed and "rank 0: loading its config\n" in waited
+    assert failed.count("Traceback (most recent call last):") == 1, failed
+    assert 'raise ValueError("boom on purpose")\nValueError: boom on purpose\n' in failed, failed
+    assert "@@hvdhetero" not in failed + waited, "heartbeats and tags are not the rank's output"
     leftover = subprocess.run(["pgrep", "-f", "raises.py"], capture_output=True, text=True)
     assert leftover.stdout == "", "no rank is left running"

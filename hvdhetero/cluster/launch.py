@@ -22,6 +22,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from hvdhetero import netinfo, progress
+from hvdhetero.cluster import console, live
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.cluster.inventory import Host, Inventory
@@ -204,32 +205,50 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
     progress.SILENT_S ends the job with one message naming it (and, for a training run with a
     `run_dir`, its newest checkpoint and the command that resumes); nothing of the job is left
-    running on this machine."""
+    running on this machine. The ranks' progress is a live table on the console (cluster/live.py);
+    with a `run_dir`, every rank's whole output is kept there as rank-N.log."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
     silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or progress.SILENT_S)
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
+    logs = console.RankLogs(run_dir) if run_dir is not None else None
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
-            failures = progress.relay(_watched(proc, alive, exits, silent_s), results=results, alive=alive)
+            failures = console.relay(_watched(proc, alive, exits, silent_s, logs), live.display_for(sys.stdout),
+                                     results=results, alive=alive)
         except _Silent as silent:
             _stop(proc)
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
                               f"(frozen, asleep or cut off); the job was stopped"
-                              + resume_hint(run_dir, rank0_host)) from None
+                              + _output_hint(logs, silent.rank) + resume_hint(run_dir, rank0_host)) from None
         except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
             _stop(proc)
             raise
+        finally:
+            if logs is not None:
+                logs.close()
+    for failure in failures:
+        if logs is not None and logs.has(failure["rank"]):
+            failure["log"] = str(logs.path(failure["rank"]))
     first = next(iter(exits.items()), None)
     if failures and not (first and _signalled(first[1])):
-        raise LaunchError(progress.failure_summary(failures) + resume_hint(run_dir, rank0_host))
+        raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         hosts = {r: h for r, (_, h) in alive.items()}
-        raise LaunchError(died(exits, hosts, proc.returncode) + resume_hint(run_dir, rank0_host))
+        rank = next(iter(exits), None)
+        raise LaunchError(died(exits, hosts, proc.returncode) + _output_hint(logs, rank)
+                          + resume_hint(run_dir, rank0_host))
     return results
+
+
+def _output_hint(logs: console.RankLogs | None, rank: int | None) -> str:
+    """Where the rank's whole output is, if it was kept."""
+    if logs is None or rank is None or not logs.has(rank):
+        return ""
+    return f"\n  its output: {logs.path(rank)}"
 
 
 def _signalled(code: int) -> bool:
@@ -246,9 +265,11 @@ class _Silent(Exception):
         self.rank, self.host, self.seconds = rank, host, seconds
 
 
-def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float):
+def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
+             logs: console.RankLogs | None = None):
     """horovodrun's lines as they come (read by a thread), checking at least once a second that
-    no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints."""
+    no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
+    every line goes to the rank logs, if kept."""
     lines: queue.Queue = queue.Queue()
 
     def read():
@@ -267,6 +288,8 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float):
         if line is None:
             return
         if line:
+            if logs is not None:
+                logs.write(line)
             match = EXIT_LINE.match(line)
             if match:
                 exits.setdefault(int(match.group(1)), int(match.group(2)))

@@ -94,6 +94,7 @@ class Job:
         from it; a flush starts a new one)."""
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
+        self._reporter: progress.Reporter | None = None
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         torch.manual_seed(config.seed)
@@ -256,11 +257,27 @@ class Job:
         self._report(item)
 
     def _report(self, item: Item) -> None:
+        """This rank's step for the launcher's live table (progress.Reporter: its running totals,
+        its own clock and the epoch's position, about once a second); rank 0 adds its loss and
+        the script's last logged scalars."""
+        if not self.report_progress:
+            return
         p = self._prepared
-        if self.is_main and self.report_progress:
-            progress.report(epoch=self.epoch, epochs=self._epochs, step=item.step % len(p.loader) + 1,
-                            steps=len(p.loader), loss=self._loss_sum / max(self._samples, 1),
-                            samples_per_s=self._global_samples / max(time.perf_counter() - self._epoch_started, 1e-9))
+        if self._reporter is None:
+            self._reporter = progress.Reporter(self.rank, self._host.get("name") or socket.gethostname(),
+                                               self.me.device.describe())
+        compute_s, wait_s = self.last_step_seconds
+        if self._sync is not None:  # local/diloco: what the last exchange blocked this rank, once a round
+            wait_s += self._reporter.exchanged(self._sync.rounds, self._sync.last_exchange_s)
+        step, steps = item.step % len(p.loader) + 1, len(p.loader)
+        job = {"epoch": self.epoch, "epochs": self._epochs, "step": step, "steps": steps}
+        if self.is_main:
+            job.update(loss=self._loss_sum / max(self._samples, 1),
+                       logged={k: v for k, v in self._last_scalars.items() if isinstance(v, (int, float))},
+                       logged_epoch=self._logged[-1]["epoch"] if self._logged else None)
+        split = p.sampler.batch_sizes  # the split in effect (an epoch's short last step aside)
+        self._reporter.step(samples=item.share, compute_s=compute_s, wait_s=wait_s, share=split[self.rank],
+                            batch=sum(split), epoch_end=step == steps, **job)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the reduced gradients to `max_norm`, identically on every rank (the norm comes from

@@ -6,8 +6,9 @@ It puts the job's settings where `hh.init()` finds them, moves into the script's
 directory (shipped to remote hosts by the launcher), and runs the script as `__main__` with its
 own arguments: the built-in recipe (`--module hvdhetero.recipes.train`) and a user's script
 alike. If the script raises, the rank prints one tagged summary line (host, rank, exception, its
-last frames) for the launcher to show instead of a traceback wall, saves the whole traceback
-under the run directory, and exits 1 at once (horovodrun then stops the other ranks).
+last frames and the whole traceback) for the launcher to show instead of a traceback wall (the
+traceback goes to the rank's log, RUN_DIR/rank-N.log on the launcher's machine), and exits 1 at
+once (horovodrun then stops the other ranks).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import runpy
 import socket
 import sys
 import traceback
-from pathlib import Path
 
 from hvdhetero import progress
 from hvdhetero.config import ENV_VAR, JobConfig
@@ -78,19 +78,13 @@ def host_name(config: JobConfig) -> str:
 
 
 def fail(config: JobConfig, what: str, frames, full: str = "") -> None:
-    """Report this rank's failure in one tagged line, keep the whole traceback, exit 1 now."""
-    rank = int(os.environ.get("HOROVOD_RANK", 0))
-    host = host_name(config)
-    log = Path(config.run_dir) / f"rank-{rank}-error.log"
-    try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(full or what + "\n")
-    except OSError:
-        log = None
-    summary = {"rank": rank, "host": host, "hostname": socket.gethostname(), "error": what,
+    """Report this rank's failure in one tagged line (the launcher keeps the whole traceback in
+    the rank's log), exit 1 now."""
+    summary = {"rank": int(os.environ.get("HOROVOD_RANK", 0)), "host": host_name(config),
+               "hostname": socket.gethostname(), "error": what,
                "frames": [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
                           for f in frames[-FRAMES:]],
-               "log": str(log) if log else None}
+               "traceback": full or what + "\n"}
     print(progress.ERROR_TAG + json.dumps(summary), flush=True)
     sys.stderr.flush()
     os._exit(1)  # Horovod's atexit shutdown would wait on peers stuck in a collective with us

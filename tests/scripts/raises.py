@@ -9,5 +9,6 @@ def load_config(rank):
 
 
 job = hh.init()
+print(f"rank {job.rank}: loading its config", flush=True)
 load_config(job.rank)
 job.barrier()  # rank 0 waits here for a rank that will never come

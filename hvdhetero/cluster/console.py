@@ -1,0 +1,147 @@
+"""What the launcher makes of its ranks' output: the console and the rank logs.
+
+horovodrun forwards every rank's lines with a `[rank]<stream>:` prefix. The relay passes a
+script's own lines through (rank 0's without the prefix, as a print reads on one machine),
+hands the ranks' progress lines to the live table (live.py), collects results and failures,
+and keeps the heartbeats' times for the watchdog. Once a rank has failed, horovodrun's walls
+about stopping the others stay off the console: the user gets one summary naming the host,
+the rank, the exception and its last frames, and every rank's whole output is in
+RUN_DIR/rank-N.log (RankLogs). The rank side of these lines is hvdhetero/progress.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import IO, Iterable
+
+from hvdhetero.progress import ALIVE_TAG, DONE_TAG, ERROR_TAG, PREFIX, RESULT_TAG, TAG
+
+
+def relay(lines: Iterable[str], display, results: list[dict] | None = None,
+          alive: dict[int, tuple[float, str]] | None = None) -> list[dict]:
+    """Show horovodrun's `lines` through `display` (live.display_for): progress lines update its
+    table, every other line is echoed. Returns the failures ranks reported, in order; once one is
+    in, horovodrun's own lines about stopping the other ranks are not echoed. Result lines go to
+    `results`, not the console; a rank's every line (heartbeats above all) renews its `alive`."""
+    failures: list[dict] = []
+    try:
+        for line in lines:
+            match = PREFIX.match(line)
+            body = line[match.end():] if match else line
+            rank = int(match.group(1)) if match else None
+            if alive is not None and rank in alive:  # a beating rank's lines count too
+                alive[rank] = (time.monotonic(), alive[rank][1])
+            if DONE_TAG in body:  # a rank that finished its script beats no more: not silent
+                if alive is not None and rank is not None:
+                    alive.pop(rank, None)
+                continue
+            if ALIVE_TAG in body:  # at the start, or written between another line's text and its end
+                body, beat = without_heartbeat(body)
+                if alive is not None and beat is not None:
+                    alive[beat["rank"]] = (time.monotonic(), beat["host"])
+                if not body.strip():
+                    continue
+                line = (line[:match.end()] if match else "") + body
+            if body.startswith(ERROR_TAG):
+                failures.append(json.loads(body[len(ERROR_TAG):]))
+                continue
+            if body.startswith(RESULT_TAG):
+                if results is not None:
+                    results.append(json.loads(body[len(RESULT_TAG):]))
+                continue
+            if body.startswith(TAG):
+                try:
+                    display.update(json.loads(body[len(TAG):]))
+                except ValueError:  # a line cut short (the rank killed mid-write)
+                    pass
+                continue
+            if failures and (not match or body.strip() == "Terminated"):
+                continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
+            own = rank == 0 and match.group(2) == "stdout"
+            display.echo(body if own else line)
+    finally:  # a live table left running would draw itself over the message that ends the job
+        display.close()
+    return failures
+
+
+def without_heartbeat(body: str) -> tuple[str, dict | None]:
+    """A line's text without the heartbeat in it (one flat JSON object after ALIVE_TAG, maybe
+    written between another line's text and its newline), and the heartbeat (None if garbled)."""
+    text, _, beat = body.partition(ALIVE_TAG)
+    try:
+        parsed = json.loads(beat.split("}", 1)[0] + "}")
+        parsed = parsed if {"rank", "host"} <= set(parsed) else None
+    except ValueError:
+        parsed = None
+    return (text + "\n" if text else ""), parsed
+
+
+class RankLogs:
+    """Every rank's whole output in `folder`/rank-N.log on this machine, written as it arrives:
+    horovodrun's lines for that rank without the prefix, without the protocol's lines, and a
+    failure's full traceback where the rank sent its summary. A resumed run appends."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self._files: dict[int, IO[str]] = {}
+        self._broken = False
+
+    def path(self, rank: int) -> Path:
+        return self.folder / f"rank-{rank}.log"
+
+    def has(self, rank: int) -> bool:
+        return rank in self._files
+
+    def write(self, line: str) -> None:
+        match = PREFIX.match(line)
+        if match is None or self._broken:  # horovodrun's own lines belong to no rank
+            return
+        file = self._open(int(match.group(1)))  # at a rank's first line (its heartbeat): a quiet rank's log
+        body = line[match.end():]
+        if ALIVE_TAG in body:
+            body, _ = without_heartbeat(body)
+        if body.startswith(ERROR_TAG):
+            try:
+                failure = json.loads(body[len(ERROR_TAG):])
+                body = failure.get("traceback") or failure["error"] + "\n"
+            except (ValueError, KeyError):
+                pass
+        elif not body or body.startswith((TAG, RESULT_TAG)) or DONE_TAG in body:
+            return
+        if file is not None:
+            file.write(body if body.endswith("\n") else body + "\n")
+            file.flush()
+
+    def _open(self, rank: int) -> IO[str] | None:
+        if rank not in self._files:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                file = self.path(rank).open("a", encoding="utf-8", errors="replace")
+            except OSError as err:  # the run goes on without its logs
+                print(f"warning: cannot write the rank logs in {self.folder}: {err}", file=sys.stderr)
+                self._broken = True
+                return None
+            file.write(f"# hvdhetero: rank {rank}'s output, launched {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            self._files[rank] = file
+        return self._files[rank]
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+
+
+def failure_summary(failures: list[dict]) -> str:
+    """One message for the console: the first rank that failed, where, what, its last frames."""
+    first = failures[0]
+    lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
+    lines += [f"  {frame}" for frame in first["frames"]]
+    if first.get("log"):
+        lines.append(f"  full traceback and output: {first['log']}")
+    others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
+    if others:
+        lines.append(f"  then also: {', '.join(others)}")
+    lines.append("  the other ranks were stopped")
+    return "\n".join(lines)

@@ -1,0 +1,296 @@
+"""The live table of a training run on the launcher's console: per rank its host, device,
+batch share, samples/s, compute and communication/wait ms per step; above it the job's epoch,
+step, ETA, loss and the script's last logged scalars (its accuracy).
+
+Rates come from the ranks' own clocks: each progress line (progress.Reporter) carries its
+rank's monotonic time and running totals, and a rate is the change of a total over the last
+WINDOW_S seconds of that clock. Lines that reach the launcher in a burst (a slow link, a busy
+launcher) change nothing: a bar timed by their arrival once read "736404 step/s". On a
+terminal a rich Live table redraws about once a second; elsewhere (CI logs, `| tee`) a plain
+block is printed every PLAIN_EVERY_S seconds and at each epoch's end (once every rank has
+reported its last step).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import IO
+
+WINDOW_S = 5.0
+"""Rates are averaged over this much of each rank's own time (about 5 of its progress lines)."""
+MIN_SPAN_S = 0.05
+"""Two lines closer than this in the rank's time give no rate (it would be mostly noise)."""
+PLAIN_EVERY_S = 10.0
+"""Off a terminal, a block of plain lines at most this often (and at every epoch's end)."""
+MAX_LOGGED = 2
+"""The script's logged scalars shown: accuracies first, then losses, then whatever it logs."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One progress line of a rank: its clock and running totals."""
+
+    t: float
+    steps: int
+    samples: int
+    compute_s: float
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the table shows of one rank (None: not known yet)."""
+
+    rank: int
+    host: str
+    device: str
+    share: int
+    batch: int
+    samples_per_s: float | None
+    steps_per_s: float | None
+    compute_ms: float | None
+    wait_ms: float | None
+
+
+class Track:
+    """One rank's recent progress lines, by its own clock."""
+
+    def __init__(self, window_s: float = WINDOW_S):
+        self.window_s = window_s
+        self.points: deque[Point] = deque()
+        self.last: dict = {}
+
+    def add(self, record: dict) -> bool:
+        """Keep `record` (False for one no newer than the last: a repeat)."""
+        point = Point(float(record["t"]), int(record["n_steps"]), int(record["n_samples"]),
+                      float(record["compute_s"]), float(record["wait_s"]))
+        if self.points and point.t <= self.points[-1].t:
+            return False
+        self.points.append(point)
+        # keep the newest point at least window_s older than this one, and all after it
+        while len(self.points) > 2 and self.points[1].t <= point.t - self.window_s:
+            self.points.popleft()
+        self.last = record
+        return True
+
+    def row(self) -> Row:
+        r = self.last
+        rates: list[float | None] = [None] * 4
+        if len(self.points) > 1:
+            old, new = self.points[0], self.points[-1]
+            span, steps = new.t - old.t, new.steps - old.steps
+            if span >= MIN_SPAN_S:
+                rates[:2] = [(new.samples - old.samples) / span, steps / span]
+            if steps > 0:
+                rates[2:] = [1e3 * (new.compute_s - old.compute_s) / steps, 1e3 * (new.wait_s - old.wait_s) / steps]
+        return Row(int(r["rank"]), str(r.get("host", "?")), str(r.get("device", "?")), int(r.get("share", 0)),
+                   int(r.get("batch", 0)), *rates)
+
+
+@dataclass(frozen=True)
+class Status:
+    """The job's line: rank 0's position in the run, its loss and logged scalars, and rates."""
+
+    epoch: int
+    epochs: int
+    step: int
+    steps: int
+    loss: float | None
+    logged: dict
+    logged_epoch: int | None
+    """The epoch in which the script logged them (its test accuracy: the previous epoch's)."""
+    samples_per_s: float | None
+    eta_epoch_s: float | None
+    eta_run_s: float | None
+
+
+class Board:
+    """Every rank's track and the job's status, fed progress records as they come."""
+
+    def __init__(self, window_s: float = WINDOW_S):
+        self.window_s = window_s
+        self.tracks: dict[int, Track] = {}
+        self.lock = threading.Lock()  # the live display renders from its own thread
+
+    def update(self, record: dict) -> bool:
+        """Take one record; True when with it every rank has reported an epoch's last step."""
+        with self.lock:
+            try:
+                rank = int(record["rank"])
+                track = self.tracks.get(rank) or Track(self.window_s)
+                if not track.add(record):
+                    return False
+            except (KeyError, TypeError, ValueError):  # not ours, or from another version
+                return False
+            self.tracks[rank] = track
+            epoch = record.get("epoch")
+            return _ends_epoch(record) and all(t.last.get("epoch") == epoch and _ends_epoch(t.last)
+                                               for t in self.tracks.values())
+
+    def rows(self) -> list[Row]:
+        with self.lock:
+            return [self.tracks[r].row() for r in sorted(self.tracks)]
+
+    def status(self) -> Status | None:
+        rows = self.rows()
+        with self.lock:
+            main = self.tracks.get(0)
+            job = dict(main.last) if main else {}
+        if "epoch" not in job:
+            return None
+        rates = [r.samples_per_s for r in rows if r.samples_per_s is not None]
+        step_rate = rows[0].steps_per_s if rows and rows[0].rank == 0 else None
+        left = job["steps"] - job["step"]
+        run_left = left + (job["epochs"] - job["epoch"] - 1) * job["steps"]
+        return Status(job["epoch"], job["epochs"], job["step"], job["steps"], job.get("loss"),
+                      _ordered(job.get("logged") or {}), job.get("logged_epoch"), sum(rates) if rates else None,
+                      left / step_rate if step_rate else None, run_left / step_rate if step_rate else None)
+
+
+def _ends_epoch(record: dict) -> bool:
+    return "steps" in record and record.get("step") == record["steps"]
+
+
+def _ordered(logged: dict) -> dict:
+    """The script's numeric scalars worth a place on the status line, accuracies first."""
+    numbers = {k: v for k, v in logged.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
+    keys = sorted(numbers, key=lambda k: ("acc" not in k, "loss" not in k))[:MAX_LOGGED]
+    return {k: numbers[k] for k in keys}
+
+
+# -- text -----------------------------------------------------------------------------------------
+
+def clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def number(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def scalar(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) and abs(value) < 1000 else f"{value:,}"
+
+
+def status_line(status: Status | None) -> str:
+    if status is None:
+        return "starting"
+    parts = [f"epoch {status.epoch + 1}/{status.epochs}",
+             f"step {status.step}/{status.steps} ({100 * status.step // max(status.steps, 1)}%)",
+             f"ETA {clock(status.eta_epoch_s)} (run {clock(status.eta_run_s)})"]
+    if status.loss is not None:
+        parts.append(f"loss {status.loss:.4f}")
+    parts += [f"{k} {scalar(v)}" for k, v in status.logged.items()]
+    if status.logged and status.logged_epoch is not None and status.logged_epoch != status.epoch:
+        parts[-1] += f" (epoch {status.logged_epoch + 1})"
+    parts.append(f"{number(status.samples_per_s)} samples/s")
+    return "  ".join(parts)
+
+
+def epoch_line(status: Status) -> str:
+    """What stays on a terminal of each epoch once it ends (what the script logs after it, such
+    as its test accuracy, comes later: the script's own print shows it)."""
+    loss = f": loss {status.loss:.4f}," if status.loss is not None else ":"
+    return f"epoch {status.epoch + 1}/{status.epochs} done{loss} {number(status.samples_per_s)} samples/s"
+
+
+def plain_block(board: Board) -> list[str]:
+    """The status line and one aligned line per rank, for a log."""
+    rows = board.rows()
+    host_w = max([len(r.host) for r in rows] + [1])
+    dev_w = max([len(r.device) for r in rows] + [1])
+    lines = [status_line(board.status())]
+    for r in rows:
+        lines.append(f"  rank {r.rank}  {r.host:<{host_w}}  {r.device:<{dev_w}}  share {r.share}/{r.batch}  "
+                     f"{number(r.samples_per_s):>7} samples/s  compute {number(r.compute_ms, 1)} ms  "
+                     f"comm/wait {number(r.wait_ms, 1)} ms per step")
+    return lines
+
+
+# -- displays ---------------------------------------------------------------------------------------
+
+class PlainLines:
+    """Off a terminal: a block of plain lines every `every` seconds and at each epoch's end."""
+
+    def __init__(self, out: IO[str], every: float = PLAIN_EVERY_S):
+        self.out, self.every, self.board = out, every, Board()
+        self._printed: float | None = None
+
+    def update(self, record: dict) -> None:
+        ended = self.board.update(record)
+        if self._printed is None:  # the first lines have no rates yet: the first block comes later
+            self._printed = time.monotonic()
+        if ended or time.monotonic() - self._printed >= self.every:
+            self._printed = time.monotonic()
+            self.echo("\n".join(plain_block(self.board)) + "\n")
+
+    def echo(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class LiveTable:
+    """On a terminal: the table redrawn in place about once a second (rich's Live), from the
+    first progress line on; other lines and each finished epoch's line print above it."""
+
+    def __init__(self, out: IO[str]):
+        from rich.console import Console
+
+        self.console = Console(file=out, highlight=False, soft_wrap=True)
+        self.board = Board()
+        self.live = None
+
+    def update(self, record: dict) -> None:
+        ended = self.board.update(record)
+        if self.live is None:
+            from rich.live import Live
+
+            self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=1)
+            self.live.start()
+        if ended:
+            self.console.print(epoch_line(self.board.status()), markup=False, emoji=False)
+
+    def echo(self, text: str) -> None:
+        if self.live is None:
+            self.console.file.write(text)
+            self.console.file.flush()
+        else:
+            self.console.print(text.rstrip("\n"), markup=False, emoji=False)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()  # its last drawing stays
+            self.live = None
+
+    def render(self):
+        from rich.table import Table
+
+        rows = self.board.rows()
+        table = Table(title=status_line(self.board.status()), title_justify="left")
+        for name in ("rank", "host", "device", "share", "samples/s", "compute ms", "comm/wait ms"):
+            table.add_column(name, justify="left" if name in ("host", "device") else "right")
+        for i, r in enumerate(rows):
+            table.add_row(str(r.rank), r.host, r.device, f"{r.share}/{r.batch}", number(r.samples_per_s),
+                          number(r.compute_ms, 1), number(r.wait_ms, 1), end_section=i == len(rows) - 1)
+        rates = [r.samples_per_s for r in rows if r.samples_per_s is not None]
+        table.add_row("all", "", "", "", number(sum(rates) if rates else None), "", "")
+        return table
+
+
+def display_for(out: IO[str]):
+    """The live table where `out` is a terminal that can redraw; plain lines where it is not."""
+    try:
+        terminal = out.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
+    except (AttributeError, ValueError):  # no isatty, or closed
+        terminal = False
+    return LiveTable(out) if terminal else PlainLines(out)

@@ -1,0 +1,195 @@
+"""The launcher's console during a run: rates from the ranks' own clocks (bursts of lines change
+nothing), the live table on a terminal, plain lines elsewhere, and every rank's output in its
+log. The pure parts without any process; then two short real 2-rank runs, one under a
+pseudo-terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import termios
+import time
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero import progress
+from hvdhetero.cluster import console, live
+
+
+def record(rank, t, done, share=32, batch=64, **job):
+    """A rank's progress line at its clock `t` after `done` steps of `share` samples, each 20 ms
+    of compute and 10 ms of waiting."""
+    return {"rank": rank, "host": "mac" if rank else "pc", "device": "cpu", "t": t, "n_steps": done,
+            "n_samples": done * share, "compute_s": 0.02 * done, "wait_s": 0.01 * done, "share": share,
+            "batch": batch, **job}
+
+
+def test_rates_come_from_the_ranks_clocks_not_from_when_lines_arrive():
+    """Ten seconds of two ranks' lines reach the launcher at once (a burst): rank 0 took 10 steps
+    a second of 32 samples, rank 1 (another clock) 5 steps a second of 16."""
+    board = live.Board()
+    for i in range(11):
+        board.update(record(0, 100.0 + i, 10 * i, epoch=0, epochs=2, step=10 * i, steps=200))
+        board.update(record(1, 7000.5 + i, 5 * i, share=16))
+    fast, slow = board.rows()
+    assert (fast.host, fast.share, fast.batch) == ("pc", 32, 64)
+    assert fast.samples_per_s == pytest.approx(320) and slow.samples_per_s == pytest.approx(80)
+    assert fast.compute_ms == pytest.approx(20) and fast.wait_ms == pytest.approx(10)
+    status = board.status()
+    assert status.samples_per_s == pytest.approx(400)
+    assert status.eta_epoch_s == pytest.approx(10) and status.eta_run_s == pytest.approx(30)  # 100 + 200 steps left
+
+
+def test_a_repeated_or_too_close_line_gives_no_wild_rate():
+    board = live.Board()
+    board.update(record(0, 5.0, 1))
+    board.update(record(0, 5.0, 1))  # the same line twice
+    board.update(record(0, 5.000001, 2))  # a microsecond later by the rank's clock
+    assert not board.update({"rank": 0, "t": 7.0}) and not board.update({"rank": 2, "t": 7.0}), "a cut line"
+    row, = board.rows()
+    assert row.samples_per_s is None and row.steps_per_s is None
+    assert row.compute_ms == pytest.approx(20), "per step, not per second: still right"
+    board.update(record(0, 6.0, 11))
+    assert board.rows()[0].samples_per_s == pytest.approx(10 * 32)
+
+
+def test_rates_follow_the_last_seconds_of_the_rank():
+    """The window is WINDOW_S of the rank's clock: a rank that slowed down shows its new speed."""
+    board = live.Board(window_s=3.0)
+    for i in range(10):  # 10 steps/s for 10 s
+        board.update(record(0, float(i), 10 * i))
+    for i in range(1, 6):  # then 2 steps/s
+        board.update(record(0, 9.0 + i, 90 + 2 * i))
+    assert board.rows()[0].steps_per_s == pytest.approx(2)
+
+
+def test_plain_lines_print_a_block_once_every_rank_ended_the_epoch():
+    out = io.StringIO()
+    display = live.PlainLines(out, every=3600)
+    position = {"epoch": 0, "epochs": 3, "steps": 20}
+    display.update(record(1, 10.0, 0, share=30, step=1, **position))
+    display.update(record(0, 50.0, 0, step=1, loss=2.3, **position))
+    display.update(record(0, 51.0, 20, step=20, loss=0.41234, logged={"test_accuracy": 0.9, "test_samples": 360},
+                          logged_epoch=None, **position))
+    assert out.getvalue() == "", "no block yet: none is due, and rank 1 has not ended the epoch"
+    display.update(record(1, 11.0, 20, share=30, step=20, **position))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("epoch 1/3  step 20/20 (100%)  ETA 0:00 (run 0:02)  loss 0.4123  test_accuracy 0.9000")
+    assert lines[0].endswith("  1,240 samples/s")  # 20 steps x 32 + 20 x 30 in one second
+    assert lines[1:] == [
+        "  rank 0  pc   cpu  share 32/64      640 samples/s  compute 20.0 ms  comm/wait 10.0 ms per step",
+        "  rank 1  mac  cpu  share 30/64      600 samples/s  compute 20.0 ms  comm/wait 10.0 ms per step"]
+
+
+def test_the_relay_feeds_the_table_and_echoes_the_rest():
+    shown = []
+
+    class Display:
+        def update(self, r):
+            shown.append(("update", r["rank"]))
+
+        def echo(self, text):
+            shown.append(("echo", text))
+
+        def close(self):
+            shown.append(("close",))
+
+    beat = progress.ALIVE_TAG + json.dumps({"rank": 1, "host": "mac"})
+    alive, results = {}, []
+    lines = ["[0]<stdout>:" + progress.TAG + json.dumps(record(0, 1.0, 1)) + "\n",
+             "[1]<stderr>:" + beat + "\n",
+             "[1]<stdout>:half a line" + beat + "\n",
+             "[0]<stdout>:hello\n",
+             "[1]<stdout>:" + progress.TAG + "{cut sho\n",
+             "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}\n']
+    failures = console.relay(lines, Display(), results=results, alive=alive)
+    assert failures == [] and results == [{"event": "end"}] and set(alive) == {1}
+    assert shown == [("update", 0), ("echo", "[1]<stdout>:half a line\n"), ("echo", "hello\n"), ("close",)]
+
+
+def test_rank_logs_keep_each_ranks_output_and_a_failures_traceback(tmp_path):
+    logs = console.RankLogs(tmp_path / "run")
+    failure = {"rank": 1, "host": "mac", "error": "ValueError: x", "frames": [],
+               "traceback": "Traceback (most recent call last):\n  ...\nValueError: x\n"}
+    for line in ["[0]<stdout>:epoch 1\n", "[1]<stderr>:" + progress.ALIVE_TAG + '{"rank": 1, "host": "mac"}\n',
+                 "[1]<stderr>:a warning\n", "[0]<stdout>:" + progress.TAG + json.dumps(record(0, 1.0, 1)) + "\n",
+                 "Process 1 exit with status code 1.\n",
+                 "[1]<stdout>:" + progress.ERROR_TAG + json.dumps(failure) + "\n",
+                 "[0]<stderr>:Terminated\n"]:
+        logs.write(line)
+    logs.close()
+    assert logs.has(0) and logs.has(1)
+    body = lambda rank: logs.path(rank).read_text().split("\n", 1)[1]  # noqa: E731 - after the header line
+    assert body(0) == "epoch 1\nTerminated\n"
+    assert body(1) == "a warning\nTraceback (most recent call last):\n  ...\nValueError: x\n"
+
+
+# -- real runs --------------------------------------------------------------------------------------
+
+ROW = r"\s+{rank} \S local\s+\S cpu \(\d+ threads?\)\s+\S\s+\d+/64 \S\s+[\d,]+ \S\s+[\d.]+ \S\s+[\d.]+ \S"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def under_a_terminal(argv, columns=150, timeout=120) -> tuple[int, str]:
+    """Run `argv` with a pseudo-terminal `columns` wide as its stdout and stderr; its exit code
+    and everything it wrote."""
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=sub, stderr=sub,
+                            env={**os.environ, "TERM": "xterm-256color"}, start_new_session=True)
+    os.close(sub)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([main], [], [], 1.0)[0]:
+                try:
+                    data = os.read(main, 65536)
+                except OSError:  # EIO: every writer has gone
+                    break
+                if not data:
+                    break
+                out += data
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait(timeout=30)
+    return proc.returncode, out.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_terminal_shows_the_live_table_with_a_row_per_rank(tmp_path):
+    code, out = under_a_terminal([VENV_BIN / "invoke", "train", "--epochs", "1", "--run-dir", tmp_path / "run"])
+    text = ANSI.sub("", out)
+    assert code == 0, text[-3000:]
+    assert re.search(r"rank\s+\S host\s+\S device\s+\S share \S samples/s \S compute ms \S comm/wait ms", text), text
+    assert re.search(ROW.format(rank=0), text) and re.search(ROW.format(rank=1), text), text[-3000:]
+    assert re.search(r"epoch 1/1  step (\d+)/\1 \(100%\)  ETA 0:00 \(run 0:00\)  loss \d\.\d{4}  [\d,]+ samples/s",
+                     text), text[-3000:]
+    assert "epoch 1/1 done: loss " in text
+    assert "\x1b[1A" in out, "drawn in place (the cursor goes back up), not printed again and again"
+    assert "test accuracy" in text, "the recipe's own print comes through"
+
+
+@pytest.mark.slow
+def test_a_log_gets_plain_lines_and_every_rank_its_log_file(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--epochs", "1", "--run-dir", run_dir], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "\x1b[" not in out and "┃" not in out, "no terminal drawing in a log"
+    assert re.search(r"^epoch 1/1  step (\d+)/\1 \(100%\)  ETA 0:00 .* [\d,]+ samples/s$", proc.stdout, re.M), out
+    for rank in (0, 1):
+        assert re.search(rf"^  rank {rank}  local  cpu \(\d+ threads?\)  share \d+/64 +[\d,]+ samples/s  "
+                         r"compute [\d.]+ ms  comm/wait [\d.]+ ms per step$", proc.stdout, re.M), out
+    assert "test accuracy" in (run_dir / "rank-0.log").read_text()
+    assert (run_dir / "rank-1.log").exists()
