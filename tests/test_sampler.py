@@ -107,3 +107,29 @@ def test_a_rank_that_merges_steps_gets_the_same_samples_in_fewer_bigger_steps():
     first = [i for _, i in merged if i.step == 2]
     assert [i.n for i in first] == [5, 5, 2] and first[0].share == 12 and first[0].sizes == (36, 12)
     assert items(0, group=lambda step, left: 1) == items(0)
+
+
+def test_a_merged_step_never_spans_a_change_of_split_and_every_sample_is_seen_once():
+    """A new split due at step 4: rank 1 (merging 3 steps at a time) cuts its merge at step 3 so
+    that it takes the new split at step 4 exactly as rank 0 does; the epoch's samples are
+    still each seen once, and from step 4 on the merge follows the new split (equal shares:
+    no merging)."""
+    import torch
+
+    from hvdhetero.rank.loader import Loader
+
+    data = torch.arange(100)
+
+    def items(rank, group):
+        sampler = WeightedBatchSampler(len(data), [12, 4], rank, seed=1)
+        loader = Loader(data, sampler, torch.device("cpu"), chunk=None, group=group)
+        loader.resplit([8, 8], after_step=3)
+        seen = []
+        loader.on_item = lambda item: seen.append(item)
+        return [(batch.tolist(), seen[-1]) for batch in loader]
+
+    fast, slow = items(0, None), items(1, lambda step, left: min(3, left))
+    assert [(i.step, i.steps) for _, i in slow] == [(2, 3), (3, 1), (6, 3)]  # 7 steps of 100 samples
+    assert [i.sizes for _, i in slow] == [(36, 12), (12, 4), (18, 18)]
+    everything = sum((b for b, _ in fast + slow), [])
+    assert sorted(everything) == list(range(100))

@@ -50,7 +50,8 @@ class Run:
         cfg = self.start.get("config", {})
         if cfg.get("sync") == "auto":
             return "auto -> " + ((self.plan or {}).get("chose") or ("?" if self.plan else "step"))
-        return cfg.get("sync", "step") + (" overlapped" if cfg.get("overlap_sync") else "")
+        return (cfg.get("sync", "step") + (" overlapped" if cfg.get("overlap_sync") else "")
+                + (" by-speed" if cfg.get("inner_steps", "same") != "same" else ""))
 
     @property
     def ranks(self) -> list[str]:

@@ -97,6 +97,8 @@ class Balancer:
     steps into one optimizer step, so its fixed cost a_i is paid once per merge: per global
     step it costs a_i / m_i + p_i n_i, nearly proportional to n_i for a small share (a split
     solved with the whole a_i every step starves the slow rank: it is cheaper than modelled)."""
+    merge_limit: int = 0
+    """With `merges`: the most steps a merge spans (H: a merge never passes a round's end; 0: no limit)."""
     history: list[tuple[int, list[int]]] = field(default_factory=list)
     """(step, split) for the initial split and every change, for the metrics."""
     reason: str = field(default="equal split", init=False)
@@ -130,12 +132,13 @@ class Balancer:
         """The integer split that makes every rank's predicted step time equal."""
         p = per_sample or self.seconds_per_sample
         split = self._solve(self.overhead, p)
-        for _ in range(4 if self.merges else 0):  # the overheads depend on the split: to a fixed point
-            again = self._solve(self.overheads(split), p)
-            if again == split:
+        seen = [split]
+        for _ in range(6 if self.merges else 0):  # the overheads depend on the split: to a fixed point,
+            split = self._solve(self.overheads(split), p)  # or the quickest split visited if it cycles
+            if split in seen:
                 break
-            split = again
-        return split
+            seen.append(split)
+        return min(seen, key=lambda s: self.step_time(s, p)) if self.merges else split
 
     def _solve(self, a: Sequence[float], p: Sequence[float]) -> list[int]:
         """The integer split that makes a_i + p_i * n_i equal across ranks."""
@@ -157,8 +160,19 @@ class Balancer:
         the steps it merges there."""
         if not self.merges:
             return list(self.overhead)
+        return [a / m for a, m in zip(self.overhead, self._merged(split))]
+
+    def _merged(self, split: Sequence[int]) -> list[int]:
+        """Each rank's steps per merge at `split` (1 without `merges`). A round of H steps cut
+        into merges of m holds ceil(H/m) of them: on average H/ceil(H/m) steps each."""
         largest = max(split)
-        return [a / steps_merged(n, largest) for a, n in zip(self.overhead, split)]
+        out = []
+        for n in split:
+            m = steps_merged(n, largest) if self.merges else 1
+            if self.merge_limit:
+                m = self.merge_limit / -(-self.merge_limit // min(m, self.merge_limit))
+            out.append(m)
+        return out
 
     def step_time(self, split: Sequence[int], per_sample: Sequence[float] | None = None) -> float:
         """Predicted time of a step with `split`: the slowest rank's."""
@@ -185,9 +199,7 @@ class Balancer:
         faster than the rank's overhead proves the overhead overrated (calibrated while its
         host was busy): it drops to that step's time, else the rank would keep the minimum
         share for good, every step of it inside the overhead and none measured."""
-        largest = max(sizes) if sizes else 0
-        for rank, (t, n) in enumerate(zip(step_seconds, sizes)):
-            merged = steps_merged(n, largest) if self.merges else 1
+        for rank, (t, n, merged) in enumerate(zip(step_seconds, sizes, self._merged(sizes) if sizes else [])):
             if n > 0:
                 self.overhead[rank] = min(self.overhead[rank], t * merged)
             per_sample = (t - self.overhead[rank] / merged) / n if n > 0 else 0.0

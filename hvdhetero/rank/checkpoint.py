@@ -82,11 +82,19 @@ def newest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 def keep_newest(run_dir: str | Path, keep: int) -> None:
     """Remove all but the newest `keep` checkpoints, and the temporary files of saves that a
-    kill interrupted (rank 0 saves one at a time: after a save, no temporary file is live)."""
-    for path in listed(run_dir)[:-keep] if keep else listed(run_dir):
+    kill interrupted: those older than the newest checkpoint (a save still being written by
+    another process, a leftover rank 0 of a killed run, is newer and stays)."""
+    checkpoints = listed(run_dir)
+    for path in checkpoints[:-keep] if keep else checkpoints:
         path.unlink(missing_ok=True)
-    for path in (Path(run_dir) / FOLDER).glob(".step-*.tmp"):
-        path.unlink(missing_ok=True)
+    if checkpoints:
+        newest_time = checkpoints[-1].stat().st_mtime if checkpoints[-1].exists() else 0.0
+        for path in (Path(run_dir) / FOLDER).glob(".step-*.tmp"):
+            try:
+                if path.stat().st_mtime < newest_time:
+                    path.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def rng_state() -> dict[str, Any]:

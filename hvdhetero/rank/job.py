@@ -65,7 +65,8 @@ class Job:
         self.run_dir = Path(config.run_dir)
         self.epoch = 0
         self.step = 0
-        """Global optimizer steps taken so far (the same on every rank)."""
+        """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
+        only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
         self._metrics = checkpoint.MetricsLog(self.run_dir / "metrics.jsonl") if self.is_main else None
         self._prepared = None
         self._item: Item | None = None
@@ -90,6 +91,7 @@ class Job:
         self._checkpoint_due = False
         self._last_checkpoint = 0
         self._round_origin = 0
+        self._updates_since_schedule = 0
         """local/diloco: the global step the current round began at (rounds end every H steps
         from it; a flush starts a new one)."""
         self._stopping = False
@@ -162,6 +164,10 @@ class Job:
             balancer.settle = max(3, -(-balancer.settle // every))
         self._sync = None if kind == "step" else ParameterSync(model, kind, every, global_batch, cfg.compression,
                                                                   cfg.outer_lr, cfg.outer_momentum, overlap_sync)
+        if self._sync is not None and cfg.inner_steps == "by-speed":
+            balancer.merge_limit = every
+            if num_workers:  # workers draw 2 chunks each ahead, and a chunk may hold H steps
+                loader.lag = 2 * num_workers * every
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
         self._scheduler = scheduler
         self._host_names = hvd.allgather_object(self._host.get("name") or socket.gethostname(),
@@ -401,7 +407,10 @@ class Job:
         round's end, so that every rank's merged step ends where the round does."""
         sizes, every = self._prepared.sampler.batch_sizes, self._sync.every if self._sync else 1
         round_left = every - (step - self._round_origin) % every
-        return min(steps_merged(sizes[self.rank], max(sizes)), round_left, left)
+        merged = steps_merged(sizes[self.rank], max(sizes))
+        if self.me.max_batch:  # a merged step stays within the host's memory cap
+            merged = min(merged, max(1, self.me.max_batch // max(1, sizes[self.rank])))
+        return min(merged, round_left, left)
 
     def _on_item(self, item: Item) -> None:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
@@ -420,6 +429,7 @@ class Job:
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
         self._reduced = False
+        self._updates_since_schedule += 1
         self.step += self._item.steps if self._item is not None else 1
         return not self._skip
 
@@ -430,7 +440,10 @@ class Job:
         96-step epochs, measured)."""
         if self._sync is not None:
             if self._sync.unsettled:
-                self._exchanged(self._sync.flush())
+                # A new split from what a flush lands takes effect after the round that starts
+                # now: merged steps up to its end may be drawn already (the checkpoint taken at a
+                # step's start flushes after the step's indices were drawn).
+                self._exchanged(self._sync.flush(), after_step=self.step + self._sync.every - 1)
             self._sync.pause_clock()  # what follows (an evaluation, a save) is not a step's work
 
     def _after_step(self) -> None:
@@ -440,7 +453,7 @@ class Job:
         if self._sync is not None and item is not None:
             landed = self._sync.after_step(item.share, self.last_step_seconds[0], item.steps)
             if self._sync.round_steps == 0:  # a round ended
-                self._exchanged(landed)
+                self._exchanged(landed, after_step=item.step)
                 round_ended = True
         # Taken when the next step begins: after this step's scheduler.step(), the script's
         # job.log and whatever else it does between steps (the loader's before-hook). With
@@ -453,7 +466,7 @@ class Job:
     def _checkpoint_is_due(self) -> bool:
         return bool(self._checkpoint_every) and self.step - self._last_checkpoint >= self._checkpoint_every
 
-    def _exchanged(self, landed: tuple[list[float], list[float]] | None) -> None:
+    def _exchanged(self, landed: tuple[list[float], list[float]] | None, after_step: int) -> None:
         """After a round's end or a flush: its record in the metrics, and the round that landed
         (every rank's mean step seconds and samples per step in it) to the balancer."""
         item, p = self._item, self._prepared
@@ -466,9 +479,9 @@ class Job:
                     wait_s=round(self._sync.wait_s, 4), link_late=self._sync.link_late,
                     inner_steps=self._sync.inner_steps)
         if landed is not None:
-            self._rebalance(*landed, item)
+            self._rebalance(*landed, item, after_step)
 
-    def _rebalance(self, times: list[float], sizes: list[float], item: Item) -> None:
+    def _rebalance(self, times: list[float], sizes: list[float], item: Item, after_step: int | None = None) -> None:
         """Every rank's step seconds (and the samples they took) to the balancer; a new split
         reaches the loader (and the metrics) for the step it takes effect at."""
         p = self._prepared
@@ -476,14 +489,20 @@ class Job:
             return
         new = p.balancer.observe(times, sizes, step=item.step)
         if new:
-            self._write("split", step=p.loader.resplit(new, item.step), split=new, reason=p.balancer.reason,
+            at = item.step if after_step is None else after_step
+            self._write("split", step=p.loader.resplit(new, at), split=new, reason=p.balancer.reason,
                         fallback=p.balancer.fallback)
 
     def _once_per_step(self, step: Callable) -> Callable:
         def between_micro_batches_nothing(*args, **kwargs):
             if self._accumulating:
                 return None
-            for _ in range((self._item.steps if self._item is not None else 1) - 1):  # merged steps
+            # Once per global step: a merged step (--inner-steps by-speed) stands for several,
+            # when the scheduler is stepped after every optimizer step (a per-step schedule);
+            # one stepped once an epoch is stepped once.
+            merged = self._item.steps if self._item is not None and self._updates_since_schedule == 1 else 1
+            self._updates_since_schedule = 0
+            for _ in range(merged - 1):
                 step(*args, **kwargs)
             return step(*args, **kwargs)
         return between_micro_batches_nothing

@@ -89,12 +89,13 @@ class Loader:
         first = max(0, min(steps, self.start_step - epoch * steps))
         step = first
         while step < steps:
+            self._apply_pending(epoch * steps + step)  # the split in force decides the merge
             merged = max(1, min(self.group(epoch * steps + step, steps - step), steps - step))
+            if self._pending:  # a merged step never spans a change of split
+                merged = max(1, min(merged, self._pending[0][0] - epoch * steps - step))
             indices, sizes = [], [0] * len(self.sampler.batch_sizes)
             for s in range(step, step + merged):
-                global_step = epoch * steps + s
-                while self._pending and self._pending[0][0] <= global_step:
-                    self.sampler.set_batch_sizes(self._pending.pop(0)[1])
+                self._apply_pending(epoch * steps + s)
                 indices += self.sampler.step_indices(order, s)
                 sizes = [a + b for a, b in zip(sizes, self.sampler.step_sizes(s))]
             step += merged
@@ -103,6 +104,10 @@ class Loader:
             for i, part in enumerate(parts):
                 yield part, Item(epoch * steps + step - 1, i, len(parts), len(part), len(indices), tuple(sizes),
                                  merged)
+
+    def _apply_pending(self, global_step: int) -> None:
+        while self._pending and self._pending[0][0] <= global_step:
+            self.sampler.set_batch_sizes(self._pending.pop(0)[1])
 
     def __iter__(self):
         yield from self._batches()

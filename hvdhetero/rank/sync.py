@@ -163,7 +163,7 @@ class ParameterSync:
             self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine
                          else torch.zeros(0), [float(self.samples), *one_hot(self.seconds / self.round_steps),
                                                *one_hot(self.samples / self.round_steps),
-                                               *one_hot(self.round_updates)], nominal)
+                                               *one_hot(self.round_updates), *one_hot(self.steps)], nominal)
             self.rounds += 1
             self.samples, self.seconds, self.round_steps, self.round_updates = 0, 0.0, 0, 0
             if self.overlap and not wait:
@@ -208,8 +208,14 @@ class ParameterSync:
         self.link_late = not hvd.poll(handle)
         waited = time.perf_counter()
         total, *rest = hvd.synchronize(counts_handle).tolist()
-        n = len(rest) // 3
-        self.inner_steps = [int(u) for u in rest[2 * n:]]
+        n = len(rest) // 4
+        self.inner_steps = [int(u) for u in rest[2 * n:3 * n]]
+        steps = [int(s) for s in rest[3 * n:]]
+        if len(set(steps)) > 1:
+            raise RuntimeError(f"the ranks reached round {self.applied + 1}'s exchange at different global steps "
+                               f"{steps}: with --inner-steps by-speed the ranks meet only at a round's or an epoch's "
+                               "end; call job.evaluate/job.save (or a collective of your own) at epochs' ends, "
+                               "not every N steps")
         flat = hvd.synchronize(handle).to(torch.float32).mul_(nominal / total)
         self.wait_s = time.perf_counter() - waited
         chunks = list(flat.split([t.numel() for t in self.start + self.start_buffers]))
