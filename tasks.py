@@ -7,6 +7,7 @@ and an exit code (see errors.py: 1 failed, 2 bad input, 3 unreachable).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -113,6 +114,7 @@ def test(c):
     "keep_checkpoints": "keep the newest N checkpoints in RUN_DIR/checkpoints (0: write none)",
     "resume": "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options (--hosts and "
               "--inventory may differ: a host fewer re-balances)",
+    "tensorboard": "also write the metrics as TensorBoard scalars in RUN_DIR/tensorboard (tensorboard --logdir runs)",
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
@@ -121,7 +123,8 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
           optimizer=RecipeOptions.optimizer, data_dir=RecipeOptions.data_dir, download=RecipeOptions.download,
           run_dir=None, inventory=None, slowdown=1.0, equal_split=False, compression="none", precision="fp32",
           micro_batch="auto", sync="step", outer_lr=0.7, outer_momentum=0.9, overlap_sync=False, inner_steps="same",
-          seed=0, checkpoint_every=0, checkpoint_minutes=5.0, keep_checkpoints=3, resume="", dry_run=False):
+          seed=0, checkpoint_every=0, checkpoint_minutes=5.0, keep_checkpoints=3, resume="", tensorboard=False,
+          dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     recipe = recipe_argv(dict(dataset=dataset, model=model, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -131,7 +134,7 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
                     overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum),
                     inner_steps=inner_steps, checkpoint_every=int(checkpoint_every),
                     checkpoint_minutes=float(checkpoint_minutes),
-                    keep_checkpoints=int(keep_checkpoints))
+                    keep_checkpoints=int(keep_checkpoints), tensorboard=bool(tensorboard))
     script_args = None
     if resume:
         given = {k: v for k, v in locals().items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]}
@@ -195,6 +198,9 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
     selected = inventory_.select(hosts)
     run_dir = str(Path(run_dir).resolve()) if run_dir else str(RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     config = JobConfig(run_dir=run_dir, **settings)
+    if config.tensorboard and selected[0].is_local and importlib.util.find_spec("tensorboard") is None:
+        raise Exit("error: --tensorboard needs the tensorboard package here (rank 0's host): pip install tensorboard "
+                   "(ci/setup installs it)", code=2)
     remote = not all(h.is_local for h in selected)
     script_args = _script_args() if script_args is None else script_args
     if script:

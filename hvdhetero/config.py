@@ -72,6 +72,8 @@ class JobConfig:
     """The newest this many checkpoints are kept in RUN_DIR/checkpoints (0: no checkpoints)."""
     resume: bool = False
     """Continue the run in run_dir from its newest checkpoint that loads."""
+    tensorboard: bool = False
+    """Rank 0 also writes the metrics as TensorBoard scalars under run_dir/tensorboard."""
     plan_only: bool = False
     """`invoke plan`: job.prepare measures the ranks and the link, prints the plan and ends the
     job (the script goes no further)."""

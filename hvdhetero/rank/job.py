@@ -46,6 +46,7 @@ from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split, steps_merged
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.sync import ParameterSync
+from hvdhetero.rank.tensorboard import TensorBoardLog
 
 
 class Job:
@@ -68,6 +69,8 @@ class Job:
         """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
         only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
         self._metrics = checkpoint.MetricsLog(self.run_dir / "metrics.jsonl") if self.is_main else None
+        self._tensorboard = (TensorBoardLog(self.run_dir / "tensorboard") if config.tensorboard and self.is_main
+                             else None)
         self._prepared = None
         self._item: Item | None = None
         self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
@@ -512,6 +515,8 @@ class Job:
     def _write(self, event: str, **fields) -> None:
         if self._metrics is not None:
             self._metrics.write(event, **fields)
+        if self._tensorboard is not None:
+            self._tensorboard.write(event, fields, self.step)
 
     def _start_log(self, balancer: Balancer, resumed: str | None = None) -> None:
         gathered = {k: hvd.allgather_object(v, name=f"hvdhetero.start.{k}") for k, v in {
