@@ -75,7 +75,7 @@ class Job:
         self._item: Item | None = None
         self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
         self._accumulating = self._skip = self._reduced = False
-        self._loss_sum = self._samples = self._global_samples = 0.0
+        self._loss_sum = self._samples = 0.0
         self._busy = [0.0, 0.0]
         """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
         self._sync: ParameterSync | None = None
@@ -94,9 +94,10 @@ class Job:
         self._checkpoint_due = False
         self._last_checkpoint = 0
         self._round_origin = 0
-        self._updates_since_schedule = 0
         """local/diloco: the global step the current round began at (rounds end every H steps
         from it; a flush starts a new one)."""
+        self._updates_since_schedule = 0
+        """Optimizer steps since the prepared scheduler last stepped (1: it steps every step)."""
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self._reporter: progress.Reporter | None = None
@@ -260,7 +261,6 @@ class Job:
         if self.loss_scale is not None:
             self.loss_scale.update(self._skip)
         self._samples += item.share
-        self._global_samples += sum(item.sizes)
         if times is not None:
             self._rebalance(times, list(item.sizes), item)
         self._report(item)
@@ -322,7 +322,7 @@ class Job:
                   flush=True)
         for epoch in range(self._start_epoch, n):
             self.epoch = epoch
-            self._loss_sum = self._samples = self._global_samples = 0.0
+            self._loss_sum = self._samples = 0.0
             self._busy = [0.0, 0.0]
             self._epoch_started = time.perf_counter()
             yield epoch

@@ -86,8 +86,7 @@ class Loader:
         epoch, steps = self.epoch(), len(self.sampler)
         self.sampler.set_epoch(epoch)
         order = self.sampler.order()
-        first = max(0, min(steps, self.start_step - epoch * steps))
-        step = first
+        step = max(0, min(steps, self.start_step - epoch * steps))  # resumed: the steps taken are skipped
         while step < steps:
             self._apply_pending(epoch * steps + step)  # the split in force decides the merge
             merged = max(1, min(self.group(epoch * steps + step, steps - step), steps - step))
