@@ -79,6 +79,23 @@ def test_an_overlapped_mode_whose_exchange_fills_more_than_half_its_round_is_not
     assert "diloco:16 overlapped" not in reason
 
 
+def test_by_speed_is_predicted_when_a_slow_rank_pays_a_fixed_cost_every_step():
+    """--inner-steps by-speed: the slow host's fixed cost per step (24 ms against 1.8 ms a sample,
+    the test hosts at K=12) is paid once per merged step, so it can take more of the batch and
+    the pair's step is quicker; with no fixed cost merging gains nothing and is not listed."""
+    m = Measured(hosts=["h1", "h2"], devices=["cpu", "cpu"], overhead=[0.002, 0.024], per_sample=[1.5e-4, 18e-4],
+                 global_batch=512, wire_bytes=600_000, latency_s=0.002, exchange_s=0.25, copy_s=0.002)
+    got = by_label(predict(m))
+    for h in (8, 32):
+        merged, plain = got[f"h1+h2 diloco:{h} overlapped by-speed"], got[f"h1+h2 diloco:{h} overlapped"]
+        assert merged.samples_per_s > 1.005 * plain.samples_per_s, (merged, plain)
+        assert merged.staleness == plain.staleness and merged.inner_steps == "by-speed"
+    pick, reason = advise(predict(m))
+    assert pick.inner_steps == "by-speed" and pick.flags.endswith(" --inner-steps by-speed"), pick
+    assert reason.startswith(f"use {pick.label}: +")
+    assert not any(p.inner_steps == "by-speed" for p in predict(pc_and_mac(exchange_s=0.15)))
+
+
 def test_advice_takes_the_freshest_mode_near_the_best_rate():
     predictions = predict(pc_and_mac(exchange_s=0.15))
     pick, reason = advise(predictions)

@@ -160,9 +160,9 @@ class Balancer:
         the steps it merges there."""
         if not self.merges:
             return list(self.overhead)
-        return [a / m for a, m in zip(self.overhead, self._merged(split))]
+        return [a / m for a, m in zip(self.overhead, self.merged_steps(split))]
 
-    def _merged(self, split: Sequence[int]) -> list[int]:
+    def merged_steps(self, split: Sequence[int]) -> list[int]:
         """Each rank's steps per merge at `split` (1 without `merges`). A round of H steps cut
         into merges of m holds ceil(H/m) of them: on average H/ceil(H/m) steps each."""
         largest = max(split)
@@ -199,7 +199,7 @@ class Balancer:
         faster than the rank's overhead proves the overhead overrated (calibrated while its
         host was busy): it drops to that step's time, else the rank would keep the minimum
         share for good, every step of it inside the overhead and none measured."""
-        for rank, (t, n, merged) in enumerate(zip(step_seconds, sizes, self._merged(sizes) if sizes else [])):
+        for rank, (t, n, merged) in enumerate(zip(step_seconds, sizes, self.merged_steps(sizes) if sizes else [])):
             if n > 0:
                 self.overhead[rank] = min(self.overhead[rank], t * merged)
             per_sample = (t - self.overhead[rank] / merged) / n if n > 0 else 0.0

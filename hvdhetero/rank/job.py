@@ -147,17 +147,20 @@ class Job:
         if any(failed) and self.is_main:
             print(f"hvdhetero: calibration probe failed ({next(f for f in failed if f)}); starting from an "
                   "equal split and balancing from the first steps (pass loss_fn=... to prepare)", flush=True)
+        kind, every = check_sync(cfg.sync)
+        overlap_sync, inner = cfg.overlap_sync, cfg.inner_steps
+        if cfg.plan_only or kind == "auto":
+            kind, every, overlap_sync, inner = self._plan(balancer, model, probe_failed=any(failed))
+            if inner == "by-speed":  # the split balanced for merged steps, as the plan predicted it
+                balancer.merges, balancer.merge_limit = True, every
+                balancer.calibrate(balancer.overhead, balancer.seconds_per_sample)
         sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
         loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
                         on_item=self._on_item, epoch=lambda: self.epoch, before_step=self._before_step,
-                        group=self._merged if cfg.inner_steps == "by-speed" else None)
+                        group=self._merged if inner == "by-speed" else None)
         wrapped = JobOptimizer(optimizer, self)
         if scheduler is not None:
             scheduler.step = self._once_per_step(scheduler.step)
-        kind, every = check_sync(cfg.sync)
-        overlap_sync = cfg.overlap_sync
-        if cfg.plan_only or kind == "auto":
-            kind, every, overlap_sync = self._plan(balancer, model, probe_failed=any(failed))
         if kind != "step":
             # The balancer hears once a round, a mean of H steps: it may decide at every hearing
             # (at its default of every 5th, a K=12 job at H=4 spent 60 steps unbalanced).
@@ -168,7 +171,7 @@ class Job:
             balancer.settle = max(3, -(-balancer.settle // every))
         self._sync = None if kind == "step" else ParameterSync(model, kind, every, global_batch, cfg.compression,
                                                                   cfg.outer_lr, cfg.outer_momentum, overlap_sync)
-        if self._sync is not None and cfg.inner_steps == "by-speed":
+        if self._sync is not None and inner == "by-speed":
             balancer.merge_limit = every
             if num_workers:  # workers draw 2 chunks each ahead, and a chunk may hold H steps
                 loader.lag = 2 * num_workers * every
@@ -183,9 +186,9 @@ class Job:
         self._start_log(balancer, resumed)
         return model, wrapped, loader
 
-    def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool]:
+    def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool, str]:
         """`invoke plan`: print the plan and end the job here. --sync auto: the advised mode for
-        these hosts (step when the ranks could not be timed)."""
+        these hosts (step when the ranks could not be timed): (kind, H, overlapped, inner steps)."""
         from hvdhetero.rank import plan
 
         if probe_failed or self.config.equal_split:
@@ -194,7 +197,7 @@ class Job:
                 raise ConfigError(f"invoke plan needs every rank timed on the model, but {why}")
             if self.is_main:
                 print(f"hvdhetero: --sync auto: cannot time the ranks ({why}); using step sync", flush=True)
-            return "step", 1, False
+            return "step", 1, False, "same"
         tensors = [p for p in model.parameters() if p.requires_grad] + [b for b in model.buffers()
                                                                          if b.is_floating_point()]
         measured = plan.measure(balancer, tensors, WIRE_DTYPES[self.config.compression],
@@ -208,16 +211,16 @@ class Job:
             raise SystemExit(0)
         together = [p for p in full.predictions if len(p.ranks) == self.size]
         pick, _ = plan.advise(together)
-        self._write("plan", chose=f"{pick.sync}{' overlapped' if pick.overlap else ''}", **full.to_json())
+        self._write("plan", chose=pick.mode, **full.to_json())
         if self.is_main:
-            note = f"hvdhetero: --sync auto chose {pick.sync}{' overlapped' if pick.overlap else ''}: predicted " \
+            note = f"hvdhetero: --sync auto chose {pick.mode}: predicted " \
                    f"{pick.samples_per_s:,.0f} samples/s ({pick.vs_fastest:.2f}x the fastest rank alone)"
             if full.advice.ranks != pick.ranks:
                 note += f"; but {full.reason} (see invoke plan)"
             print(note, flush=True)
         if pick.sync in ("step", "alone"):  # alone: a one-rank job
-            return "step", 1, False
-        return "diloco", int(pick.sync.split(":")[1]), pick.overlap
+            return "step", 1, False, "same"
+        return "diloco", int(pick.sync.split(":")[1]), pick.overlap, pick.inner_steps
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the

@@ -13,7 +13,9 @@ subset of hosts and every mode, the step time of a global batch B:
     ... overlapped       t = T + (L + X + max(0, C - H T)) / H   (the allreduce runs while the
                                                                    next H steps compute)
 
-and samples/s = B / t. Step sync is predicted without the part of C that hides behind
+and samples/s = B / t. With --inner-steps by-speed a slower rank merges its shares into steps
+about the largest share's size, so its a_i counts once a merge (a_i / m_i a step): T is the
+split balanced for that (rank/balancer.py, `merges`). Step sync is predicted without the part of C that hides behind
 backward, so it errs on the slow side; it is never what a slow link recommends.
 
 An overlapped mode is advised only when its exchange fits in half a round (HEADROOM): under
@@ -109,6 +111,8 @@ class Prediction:
     headroom: float = 0.0
     """Overlapped: a round's compute over its exchange (behind compute); below HEADROOM the
     exchange may outlast the round under load and the mode is not advised."""
+    inner_steps: str = "same"
+    """local/diloco: same (every rank H steps a round) or by-speed (a slower rank merges steps)."""
 
     @property
     def fits(self) -> bool:
@@ -119,7 +123,13 @@ class Prediction:
         hosts = "+".join(self.hosts)
         if self.sync == "alone":
             return f"{hosts} alone"
-        return f"{hosts} {self.sync}{' overlapped' if self.overlap else ''}"
+        return f"{hosts} {self.mode}"
+
+    @property
+    def mode(self) -> str:
+        """The sync mode in words: step, diloco:H [overlapped] [by-speed]."""
+        return (self.sync + (" overlapped" if self.overlap else "")
+                + (" by-speed" if self.inner_steps != "same" else ""))
 
     @property
     def flags(self) -> str:
@@ -127,7 +137,8 @@ class Prediction:
         hosts = f"--hosts {','.join(self.names)}"
         if self.sync in ("alone", "step"):
             return hosts + ("" if self.sync == "alone" else " --sync step")
-        return f"{hosts} --sync {self.sync}" + (" --overlap-sync" if self.overlap else "")
+        return (f"{hosts} --sync {self.sync}" + (" --overlap-sync" if self.overlap else "")
+                + (f" --inner-steps {self.inner_steps}" if self.inner_steps != "same" else ""))
 
 
 @dataclass
@@ -163,29 +174,42 @@ def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
             r = ranks[0]
             out.append(_made(labels, ranks, "alone", False, m.overhead[r] + m.per_sample[r] * m.global_batch, 0, m))
             continue
+        caps = [m.caps[r] for r in ranks] if m.caps else ()
         try:
-            balancer = Balancer(m.global_batch, len(ranks), caps=[m.caps[r] for r in ranks] if m.caps else ())
+            balancer = Balancer(m.global_batch, len(ranks), caps=caps)
         except ValueError:  # their caps (max_batch) hold less than the global batch
             continue
-        split = balancer.calibrate([m.overhead[r] for r in ranks], [m.per_sample[r] for r in ranks])
-        t = balancer.step_time(split)
+        a, p = [m.overhead[r] for r in ranks], [m.per_sample[r] for r in ranks]
+        t = balancer.step_time(balancer.calibrate(a, p))
         out.append(_made(labels, ranks, "step", False, t + m.exchange_s, 0, m))
         for h in EVERY:
-            out.append(_made(labels, ranks, f"diloco:{h}", False, t + (m.exchange_s + m.latency_s + m.copy_s) / h,
-                             h, m))
-            behind = max(m.exchange_s, m.busy_exchange_s)
-            hidden = t + (m.latency_s + m.copy_s + m.stolen * min(behind, h * t) + max(0.0, behind - h * t)) / h
-            out.append(_made(labels, ranks, f"diloco:{h}", True, hidden, 2 * h, m))
-            out[-1].headroom = h * t / max(behind, 1e-9)
+            out += _rounds(labels, ranks, h, t, "same", m)
+            # --inner-steps by-speed: a slower rank merges its shares into steps about the largest
+            # share's size, paying its fixed cost once a merge (rank/balancer.py `merges`)
+            merging = Balancer(m.global_batch, len(ranks), caps=caps, merges=True, merge_limit=h)
+            quicker = merging.step_time(merging.calibrate(a, p))
+            if quicker < t:  # listed where merging gains (no fixed cost a step: nothing to gain)
+                out += _rounds(labels, ranks, h, quicker, "by-speed", m)
     fastest = max(p.samples_per_s for p in out if len(p.hosts) == 1) if any(len(p.hosts) == 1 for p in out) else 0
     for p in out:
         p.vs_fastest = p.samples_per_s / fastest if fastest else 0.0
     return out
 
 
-def _made(labels, ranks, sync, overlap, step_s, staleness, m: Measured) -> Prediction:
+def _rounds(labels, ranks, h: int, t: float, inner: str, m: Measured) -> list[Prediction]:
+    """diloco:H at once and overlapped, for a step of `t` seconds between exchanges."""
+    at_once = _made(labels, ranks, f"diloco:{h}", False, t + (m.exchange_s + m.latency_s + m.copy_s) / h, h, m, inner)
+    behind = max(m.exchange_s, m.busy_exchange_s)
+    hidden = t + (m.latency_s + m.copy_s + m.stolen * min(behind, h * t) + max(0.0, behind - h * t)) / h
+    overlapped = _made(labels, ranks, f"diloco:{h}", True, hidden, 2 * h, m, inner)
+    overlapped.headroom = h * t / max(behind, 1e-9)
+    return [at_once, overlapped]
+
+
+def _made(labels, ranks, sync, overlap, step_s, staleness, m: Measured, inner: str = "same") -> Prediction:
     names = tuple(dict.fromkeys(m.hosts[r] for r in ranks))
-    return Prediction(labels, ranks, names, sync, overlap, step_s, m.global_batch / step_s, staleness)
+    return Prediction(labels, ranks, names, sync, overlap, step_s, m.global_batch / step_s, staleness,
+                      inner_steps=inner)
 
 
 def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
@@ -236,13 +260,15 @@ def render(plan: Plan) -> str:
 
 def _shown(predictions: list[Prediction]) -> list[Prediction]:
     """Per host subset: alone or step, and for local/diloco the freshest H within 2% of the
-    best, at once and overlapped (the full list is in the JSON)."""
+    best, at once and overlapped, each rank H steps a round and by-speed (the full list is in
+    the JSON)."""
     shown = []
     for hosts in dict.fromkeys(p.hosts for p in predictions):
         group = [p for p in predictions if p.hosts == hosts]
         shown += [p for p in group if p.sync in ("alone", "step")]
-        for overlap in (False, True):
-            modes = [p for p in group if p.sync.startswith("diloco") and p.overlap == overlap]
+        for inner, overlap in itertools.product(("same", "by-speed"), (False, True)):
+            modes = [p for p in group if p.sync.startswith("diloco") and p.overlap == overlap
+                     and p.inner_steps == inner]
             if modes:
                 shown.append(_freshest([p for p in modes if p.fits] or modes))
     return shown
