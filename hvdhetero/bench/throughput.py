@@ -136,7 +136,8 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
     for name, step in phases.items():
         warm = []
         whole = getattr(step, "round", 1)  # local/diloco: whole rounds only (a merged step ends with one)
-        for _ in range(-(-args.warmup // whole) * whole):
+        rounds = -(-args.warmup // whole) + (whole > 1)  # ...and one more, to pace by (below)
+        for _ in range(rounds * whole):
             t0 = time.perf_counter()
             step()
             warm.append(time.perf_counter() - t0)
@@ -144,9 +145,10 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
         if hasattr(step, "timings"):
             step.timings.clear()  # a step's breakdown is kept for timed steps only
             getattr(step, "exchanges", []).clear()
-        # the pace of a step: the quickest warm-up step, or over whole rounds their mean (a rank
-        # merging steps runs a round's work in a few calls and returns at once from the others)
-        pace = min(warm) if whole == 1 else sum(warm) / len(warm)
+        # the pace of a step: the quickest warm-up step, or the mean of the last warm-up round (a
+        # rank merging steps runs a round's work in a few calls and returns at once from the
+        # others; the first round holds the first exchange's set-up and made windows short)
+        pace = min(warm) if whole == 1 else sum(warm[-whole:]) / whole
         want = max(args.steps, math.ceil(args.min_seconds / pace)) if warm and pace > 0 else args.steps
         want = -(-want // whole) * whole
         counts[name] = want if name == "solo" else int(max(allreduce_sum(one_hot(want), f"bench.steps.{name}")))
