@@ -37,7 +37,7 @@ import torch
 from hvdhetero import progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import batches, checkpoint, host, precision, resume, validate
+from hvdhetero.rank import batches, checkpoint, elastic, host, precision, resume, validate
 from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
@@ -93,6 +93,8 @@ class Job:
         """Steps between periodic checkpoints (0: only at epochs' ends)."""
         self._checkpoint_due = False
         self._last_checkpoint = 0
+        self._last_commit = 0
+        """--elastic: the step of this rank's last in-memory commit (rank/elastic.py)."""
         self._round_origin = 0
         """local/diloco: the global step the current round began at (rounds end every H steps
         from it; a flush starts a new one)."""
@@ -177,10 +179,15 @@ class Job:
         self._host_names = hvd.allgather_object(self._host.get("name") or socket.gethostname(),
                                                 name="hvdhetero.host_names")
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
-        resumed = resume.resume_from_disk(self) if cfg.resume else None
+        # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
+        resumed = elastic.rejoin(self) if self._elastic else None
+        if resumed is None and cfg.resume:
+            resumed = resume.resume_from_disk(self)
         timed = not (cfg.equal_split or any(failed))  # else the step time is unknown until an epoch ends
         self._set_checkpoint_interval(balancer.step_time(balancer.split) if timed else 0.0)
         self._start_log(balancer, resumed)
+        if self._elastic:
+            elastic.commit(self, check_hosts=False)
         return model, wrapped, loader
 
     def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool]:
@@ -317,7 +324,7 @@ class Job:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._epochs = n
         self._stopping = False
-        if self._start_epoch >= n and self.is_main:
+        if self._start_epoch >= n and self.is_main and not self._elastic:
             print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
                   flush=True)
         for epoch in range(self._start_epoch, n):
@@ -403,6 +410,8 @@ class Job:
         now (every rank at the same step)."""
         if self._checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
+        if self._elastic and self.step - self._last_commit >= self.config.commit_every:
+            elastic.commit(self)
 
     def _merged(self, step: int, left: int) -> int:
         """--inner-steps by-speed: how many global steps from `step` on this rank takes as one
@@ -555,6 +564,8 @@ class Job:
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
             if self._sync is None or self._checkpoint_due or self._checkpoint_is_due():
                 resume.save_checkpoint(self, epoch_done=True)
+            if self._elastic:
+                elastic.commit(self, epoch_done=True)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 
@@ -565,6 +576,17 @@ class Job:
         by_time = round(cfg.checkpoint_minutes * 60 / step_s) if cfg.checkpoint_minutes and step_s > 0 else 0
         every = [n for n in (cfg.checkpoint_every, max(1, by_time) if by_time else 0) if n]
         self._checkpoint_every = min(every) if every and cfg.keep_checkpoints else 0
+
+    @property
+    def _elastic(self) -> bool:
+        """Under --elastic, launched by the runner (which keeps the commits across resets)."""
+        return self.config.elastic and elastic.active() is not None
+
+    def _close(self) -> None:
+        """An elastic reset drops this Job: its files close (the next Job opens them again)."""
+        for log in (self._metrics, self._tensorboard):
+            if log is not None and hasattr(log, "close"):
+                log.close()
 
     def _end(self) -> None:
         self._one_model()

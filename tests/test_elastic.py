@@ -1,0 +1,126 @@
+"""invoke train --elastic: a rank killed or frozen is dropped and the others go on from their last
+commit; a host that comes back rejoins; below --min-hosts the job ends with the usual message.
+Real horovodrun ranks (this machine's two slots run as two hosts, localhost and 127.0.0.1), real
+signals; after each, no process of the job is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.bench.recovery import job_pids, records, recovered, start, stop, under_way
+from hvdhetero.cluster import elastic
+from hvdhetero.cluster.inventory import Host
+
+RUN = ["--epochs", "4", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
+"""4 epochs of 90 steps (about 10 steps a second here): long enough to drop a host and let it back."""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-hosts", "2"], "--min-hosts and --commit-every go with --elastic"),
+    (["--commit-every", "5"], "--min-hosts and --commit-every go with --elastic"),
+    (["--elastic", "--min-hosts", "3"], "--min-hosts 3 is more than the 2 hosts of the job (local-1, local-2)"),
+    (["--elastic", "--commit-every", "0"], "--commit-every must be an integer >= 1"),
+    (["--elastic", "--sync", "diloco:4"], "--elastic needs --sync step, got --sync diloco:4"),
+])
+def test_bad_elastic_options_stop_before_anything_starts(args, message, tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "run", "--dry-run"], check=False,
+                   timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, (proc.returncode, proc.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_discovery_script_lists_the_hosts_that_answer(tmp_path):
+    """This machine always; another host when its SSH port takes a TCP connection (127.0.0.2 and
+    .3 stand for two hosts here: one with a listening port, one whose port refuses)."""
+    listening = socket.create_server(("127.0.0.2", 0))
+    closed = socket.create_server(("127.0.0.3", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    hosts = [Host("here", "localhost", slots=2), Host("up", "127.0.0.2", port=listening.getsockname()[1]),
+             Host("down", "127.0.0.3", port=closed_port)]
+    script = elastic.write_discovery(tmp_path / elastic.DISCOVERY, hosts, str(VENV_BIN / "python"))
+    try:
+        out = subprocess.run([str(script)], capture_output=True, text=True, timeout=30, check=True).stdout
+    finally:
+        listening.close()
+    assert out.split() == ["localhost:2", "127.0.0.2:1"], out
+
+
+def finished(proc: subprocess.Popen, within: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        out = stop(proc)
+        pytest.fail(f"the job did not end within {within} s:\n{out[-4000:]}")
+    return out
+
+
+def accuracy(run_dir) -> float:
+    return records(run_dir, "end")[-1]["test_accuracy"]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_cmd([VENV_BIN / "invoke", "train", "--run-dir", whole, "--epochs", "4", "--", "--repeat", "4"], timeout=300)
+    proc = start(cut, *RUN)
+    pids = under_way(proc, cut)
+    sent = time.time()
+    os.kill(pids[1], signal.SIGKILL)
+    out = finished(proc, 300)
+    assert proc.returncode == 0, out[-4000:]
+    assert "hvdhetero: elastic: rank 1 on host local-2 killed by signal 9 (SIGKILL): host dropped" in out, out[-4000:]
+    assert "hvdhetero: elastic: dropped local-2; continuing on 1 rank(s) (local-1) from the commit at step" in out
+    dropped = recovered(cut, sent, within=0)
+    assert dropped["hosts"] == ["local-1"] and dropped["redone_steps"] <= 10, dropped
+    assert dropped["time"] - sent < 30, dropped["time"] - sent
+    # the killed host is listed again: after its cooldown it rejoins at a commit
+    assert "joined local-2; continuing on 2 rank(s) (local-1, local-2)" in out, out[-4000:]
+    assert abs(accuracy(cut) - accuracy(whole)) < 0.02, (accuracy(cut), accuracy(whole))
+    assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
+    time.sleep(1)
+    assert not job_pids(cut)
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
+    proc = start(tmp_path, *RUN)
+    frozen = under_way(proc, tmp_path)[1]
+    sent = time.time()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        went_on = recovered(tmp_path, sent, within=90)
+    finally:
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    out = finished(proc, 300)
+    assert went_on is not None and went_on["time"] - sent < 60 and went_on["hosts"] == ["local-1"], (went_on, sent)
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank 1 on host local-2: no response for 1" in out and "stopping it" in out, out[-4000:]
+    time.sleep(1)
+    assert not job_pids(tmp_path)
+
+
+@pytest.mark.slow
+def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
+    proc = start(tmp_path, "--min-hosts", "2", *RUN)
+    pids = under_way(proc, tmp_path)
+    t0 = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    out = finished(proc, 90)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 30, (time.monotonic() - t0, out[-4000:])
+    assert "error: rank 1 on host local-2 killed by signal 9 (SIGKILL); the other ranks were stopped" in out, out[-3000:]
+    assert "fewer than --min-hosts 2 hosts were left" in out
+    assert f"resume with: invoke train --resume {tmp_path}" in out
+    assert "Traceback" not in out, out[-3000:]
+    time.sleep(1)
+    assert not job_pids(tmp_path)
