@@ -13,13 +13,15 @@ import time
 
 import pytest
 
-from conftest import ROOT, VENV_BIN, run_cmd
+from conftest import LAUNCH_NS, ROOT, VENV_BIN, requires_root, run_cmd
 from hvdhetero.bench.recovery import job_pids, records, recovered, start, stop, under_way
 from hvdhetero.cluster import elastic
 from hvdhetero.cluster.inventory import Host
 
 RUN = ["--epochs", "4", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
 """4 epochs of 90 steps (about 10 steps a second here): long enough to drop a host and let it back."""
+RUN_LONG = ["--epochs", "20", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
+"""Across the namespaced hosts: outlasts 90 s frozen and the rejoin after it."""
 
 
 @pytest.mark.parametrize("args, message", [
@@ -124,3 +126,41 @@ def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
     assert "Traceback" not in out, out[-3000:]
     time.sleep(1)
     assert not job_pids(tmp_path)
+
+
+@requires_root
+@pytest.mark.slow
+def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejoins(provisioned, tmp_path):
+    """h1 and h2 (ci/testhosts), launched from a third namespace. The rank on h2 is stopped for
+    90 s (a laptop asleep): the watchdog kills it over SSH, h1 goes on within 60 s of the stop,
+    and h2, still answering, is started again and rejoins at a commit."""
+    inventory, _ = provisioned
+    run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes the metrics here
+    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--elastic",
+                             "--hosts", "h1,h2", "--inventory", str(inventory), "--run-dir", str(run_dir), *RUN_LONG],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        frozen = under_way(proc, run_dir, after_s=5.0, within=300)[1]
+        sent = time.time()
+        os.kill(frozen, signal.SIGSTOP)
+        went_on = recovered(run_dir, sent, within=60)
+        time.sleep(max(0.0, sent + 90 - time.time()))
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed by the watchdog, as it should be
+        out = finished(proc, 600)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    assert went_on is not None and went_on["hosts"] == ["h1"], (went_on, sent)
+    assert went_on["time"] - sent < 60, went_on["time"] - sent
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank 1 on host h2: no response for 1" in out and "joined h2; continuing on 2 rank(s) (h1, h2)" in out, \
+        out[-4000:]
+    time.sleep(2)
+    for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):  # no process of the job anywhere
+        ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
+                            timeout=30).stdout
+        assert str(run_dir) not in ps, (ns, ps)
