@@ -15,8 +15,10 @@ import pytest
 
 from conftest import LAUNCH_NS, ROOT, VENV_BIN, requires_root, run_cmd
 from hvdhetero.bench.recovery import job_pids, records, recovered, start, stop, under_way
-from hvdhetero.cluster import elastic
+from hvdhetero.cluster import elastic, launch
+from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster.inventory import Host
+from hvdhetero.config import JobConfig
 
 RUN = ["--epochs", "4", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
 """4 epochs of 90 steps (about 10 steps a second here): long enough to drop a host and let it back."""
@@ -36,6 +38,19 @@ def test_bad_elastic_options_stop_before_anything_starts(args, message, tmp_path
                    timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, (proc.returncode, proc.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_elastic_command_runs_this_machines_two_slots_as_two_hosts():
+    inventory = inv.load(ROOT / "inventory.yaml")
+    config = JobConfig(run_dir="/tmp/run", elastic=True)
+    argv, _ = launch.command(inventory, inventory.select(None), config, launch.recipe([]),
+                             launcher_python="/opt/venv/bin/python")
+    assert argv[:18] == ["/opt/venv/bin/horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2",
+                         "--host-discovery-script", "/tmp/run/discover-hosts.py", "--blacklist-cooldown-range", "5",
+                         "60", "--elastic-timeout", "60", "--gloo", "--start-timeout", "120", "--gloo-timeout-seconds"]
+    assert argv[18] == "20" and "-H" not in argv
+    hosts = JobConfig.from_json(argv[argv.index("--job-json") + 1]).hosts
+    assert {a: h["name"] for a, h in hosts.items()} == {"localhost": "local-1", "127.0.0.1": "local-2"}
 
 
 def test_the_discovery_script_lists_the_hosts_that_answer(tmp_path):
@@ -120,7 +135,8 @@ def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
     os.kill(pids[1], signal.SIGKILL)
     out = finished(proc, 90)
     assert proc.returncode == 1 and time.monotonic() - t0 < 30, (time.monotonic() - t0, out[-4000:])
-    assert "error: rank 1 on host local-2 killed by signal 9 (SIGKILL); the other ranks were stopped" in out, out[-3000:]
+    assert "error: rank 1 on host local-2 killed by signal 9 (SIGKILL); the other ranks were stopped" in out, \
+        out[-3000:]
     assert "fewer than --min-hosts 2 hosts were left" in out
     assert f"resume with: invoke train --resume {tmp_path}" in out
     assert "Traceback" not in out, out[-3000:]

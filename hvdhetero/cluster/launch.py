@@ -228,8 +228,8 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
-            failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch), live.display_for(sys.stdout),
-                                     results=results, alive=alive)
+            failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch),
+                                     live.display_for(sys.stdout), results=results, alive=alive)
         except _Silent as silent:
             _stop(proc)
             _finish(watch)
@@ -239,8 +239,9 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         except _TooFew:
             _stop(proc)
             _finish(watch)
-            hosts = {r: h for r, (_, h) in alive.items()} | {r: h for r, (h, _) in watch.pids.items()}
-            raise LaunchError(died(exits, hosts, 1) + _fewer(watch) + resume_hint(run_dir, rank0_host)) from None
+            last = watch.dropped[-1]
+            raise LaunchError(f"rank {last['rank']} on host {last['host']} {last['what']}; the other ranks were "
+                              f"stopped" + _fewer(watch) + resume_hint(run_dir, rank0_host)) from None
         except _Failed as failed:  # elastic: a script's own error is no host failure: the job ends
             _stop(proc)
             _finish(watch)
@@ -307,9 +308,10 @@ def _elastic_line(line: str, watch: elastic.Watch) -> bool:
             watch.beat(beat)
     elif body.startswith(progress.ERROR_TAG):
         try:
-            raise _Failed(json.loads(body[len(progress.ERROR_TAG):]))
-        except ValueError:
-            pass
+            failure = json.loads(body[len(progress.ERROR_TAG):])
+        except ValueError:  # cut short: the relay shows what there is
+            return True
+        raise _Failed(failure)
     return True
 
 
@@ -320,11 +322,12 @@ class _Failed(Exception):
 
 
 def _fewer(watch: elastic.Watch | None) -> str:
-    """Elastic: the hosts dropped before the job ended."""
+    """Elastic: why the job ended after all, and the hosts dropped before."""
     if watch is None or not watch.dropped:
         return ""
-    dropped = "; ".join(f"rank {d['rank']} on {d['host']} ({d['what']})" for d in watch.dropped)
-    return f"\n  elastic: dropped {dropped}; fewer than --min-hosts {watch.min_hosts} hosts were left"
+    before = "; ".join(f"rank {d['rank']} on {d['host']} ({d['what']})" for d in watch.dropped[:-1])
+    return (f"\n  elastic: fewer than --min-hosts {watch.min_hosts} hosts were left"
+            + (f" (dropped before: {before})" if before else ""))
 
 
 def _finish(watch: elastic.Watch | None) -> None:
