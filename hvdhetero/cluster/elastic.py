@@ -19,6 +19,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -130,6 +131,7 @@ class Watch:
         self.pending: dict[tuple[str, int], float] = {}
         """(host, pid) still to kill (its host did not answer) -> when to try again."""
         self.dropped: list[dict] = []
+        self._lock = threading.Lock()
 
     def beat(self, beat: dict) -> None:
         if "pid" in beat:
@@ -140,8 +142,10 @@ class Watch:
         self.dropped.append({"rank": rank, "host": host, "what": f"no response for {seconds:.0f} s", "at": time.time()})
         self.say(f"hvdhetero: elastic: rank {rank} on host {host}: no response for {seconds:.0f} s (frozen, asleep "
                  f"or cut off): stopping it; the others go on from their last commit")
-        if pid:
-            self._kill(host, pid)
+        if pid:  # over SSH this may take seconds: the watchdog goes on meanwhile
+            with self._lock:
+                self.pending[(host, pid)] = time.monotonic() + KILL_TIMEOUT_S + RETRY_S  # being tried
+            threading.Thread(target=self._kill, args=(host, pid), name="hvdhetero-kill", daemon=True).start()
 
     def exited(self, rank: int, what: str) -> None:
         host, _ = self.pids.pop(rank, ("?", 0))
@@ -158,10 +162,12 @@ class Watch:
     def tick(self) -> None:
         """Retry killing what could not be killed yet (a host that answers again)."""
         now = time.monotonic()
-        for (host, pid), when in list(self.pending.items()):
-            if when <= now:
-                del self.pending[(host, pid)]
-                self._kill(host, pid)
+        with self._lock:
+            due = [key for key, when in self.pending.items() if when <= now]
+            for key in due:
+                self.pending[key] = now + KILL_TIMEOUT_S + RETRY_S  # being tried
+        for host, pid in due:
+            threading.Thread(target=self._kill, args=(host, pid), name="hvdhetero-kill", daemon=True).start()
 
     def finish(self, within: float = 30.0) -> list[str]:
         """At the end: keep trying the kills still pending for up to `within` seconds; returns
@@ -170,23 +176,33 @@ class Watch:
         while self.pending and time.monotonic() < deadline:
             time.sleep(1.0)
             self.tick()
-        return [f"{host}: pid {pid}" for host, pid in self.pending]
+        with self._lock:
+            return [f"{host}: pid {pid}" for host, pid in self.pending]
 
     def _kill(self, host_name: str, pid: int) -> None:
         host = self.hosts.get(host_name)
-        if host is None or host.is_local:
+        if host is None:  # not a host of this job: no pid of ours to kill (never a local process by chance)
+            with self._lock:
+                self.pending.pop((host_name, pid), None)
+            return
+        if host.is_local:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            with self._lock:
+                self.pending.pop((host_name, pid), None)
             return
         try:
             done = subprocess.run(self.kill_argv(host, pid), capture_output=True, text=True, timeout=KILL_TIMEOUT_S)
             ok = done.returncode == 0 or "No such process" in done.stderr
         except subprocess.TimeoutExpired:
             ok = False
-        if not ok:
-            self.pending[(host_name, pid)] = time.monotonic() + RETRY_S
+        with self._lock:
+            if ok:
+                self.pending.pop((host_name, pid), None)
+            else:
+                self.pending[(host_name, pid)] = time.monotonic() + RETRY_S
 
 
 def kill_command(inventory: Inventory, ssh_argv: Callable[[Inventory, Host], list[str]]):

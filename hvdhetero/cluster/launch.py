@@ -122,7 +122,7 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
                               "at the inventory file's directory)")
     else:
         argv += ssh_flags(inventory, hosts)
-        env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory)
+        env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory, keepalive=elastic_discovery is not None)
         python = remote_python(hosts[0].env)
     argv += [*python, "-m", *module_and_flags]
     if hosts_json:
@@ -186,11 +186,15 @@ def ssh_flags(inventory: Inventory, hosts: Sequence[Host]) -> list[str]:
     return flags + ["--network-interfaces", nic]
 
 
-def ssh_options(inventory: Inventory) -> str:
-    """Options for horovodrun's ssh (our Horovod patch 0004): keys only, host keys checked."""
+def ssh_options(inventory: Inventory, keepalive: bool = False) -> str:
+    """Options for horovodrun's ssh (our Horovod patch 0004): keys only, host keys checked. With
+    `keepalive` (--elastic) the ssh session of a rank whose host stops answering ends after 20 s,
+    so that Horovod sees that rank fail and drops its host (it waits on a frozen one forever)."""
     known = os.path.expanduser(inventory.known_hosts or "~/.ssh/known_hosts")
+    alive = ["-o ServerAliveInterval=5", "-o ServerAliveCountMax=4"] if keepalive else []
     return " ".join(["-o BatchMode=yes", "-o PasswordAuthentication=no", "-o StrictHostKeyChecking=yes",
-                     f"-o UserKnownHostsFile={shlex.quote(known)}", f"-o ConnectTimeout={START_TIMEOUT_S // 4}"])
+                     f"-o UserKnownHostsFile={shlex.quote(known)}", f"-o ConnectTimeout={START_TIMEOUT_S // 4}",
+                     *alive])
 
 
 # What horovodrun may forward to remote ranks: it copies its own environment into every rank's
