@@ -70,6 +70,33 @@ def test_the_discovery_script_lists_the_hosts_that_answer(tmp_path):
     assert out.split() == ["localhost:2", "127.0.0.2:1"], out
 
 
+def test_the_watch_kills_a_silent_rank_even_a_stopped_one_and_retries_a_host_that_did_not_answer():
+    """A SIGSTOPped process (a frozen rank) dies of SIGKILL; for a remote host the kill command
+    (ssh in a job; here a local stand-in) is retried until it works."""
+    here, there = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["sleep", "120"])
+    os.kill(here.pid, signal.SIGSTOP)
+    tries = []
+
+    def kill_argv(host, pid):  # the first try fails, as ssh to a host that is asleep
+        tries.append(pid)
+        return ["false"] if len(tries) == 1 else ["kill", "-KILL", str(pid)]
+
+    said = []
+    watch = elastic.Watch([Host("pc", "localhost"), Host("mac", "10.0.0.9")], 2, kill_argv, say=said.append)
+    watch.beat({"rank": 0, "host": "pc", "pid": here.pid})
+    watch.beat({"rank": 1, "host": "mac", "pid": there.pid})
+    watch.silent(0, 16.0)
+    watch.silent(1, 17.0)
+    try:
+        assert here.wait(timeout=10) == -signal.SIGKILL
+        assert watch.finish(within=20) == [] and there.wait(timeout=10) == -signal.SIGKILL and len(tries) == 2
+    finally:
+        for proc in (here, there):
+            proc.kill()
+    assert said[0].startswith("hvdhetero: elastic: rank 0 on host pc: no response for 16 s (frozen, asleep or cut off)")
+    assert watch.too_few({5: (0.0, "pc")}) and not watch.too_few({5: (0.0, "pc"), 6: (0.0, "mac")})
+
+
 def finished(proc: subprocess.Popen, within: float) -> str:
     try:
         out, _ = proc.communicate(timeout=within)
