@@ -47,6 +47,7 @@ class Commits(State):
         """The furthest step taken since the last commit (what a reset redoes)."""
         self.resets = 0
         self.reset_at: float | None = None
+        self.started = time.perf_counter()
 
     def save(self) -> None:
         pass  # commit() puts the snapshot in `state` first (take)

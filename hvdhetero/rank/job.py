@@ -83,6 +83,8 @@ class Job:
         self._logged: list[dict] = []
         """Every job.log record, for the end report."""
         self._started = self._epoch_started = time.perf_counter()
+        if config.elastic and elastic.active() is not None:  # the run's seconds count from its first Job
+            self._started = elastic.active().started
         self._epochs = 1
         self._start_epoch = 0
         """Resumed: the first epoch job.epochs yields."""
