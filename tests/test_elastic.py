@@ -6,6 +6,7 @@ signals; after each, no process of the job is left."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,10 +20,13 @@ from hvdhetero.cluster import elastic, launch
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster.inventory import Host
 from hvdhetero.config import JobConfig
+from hvdhetero.rank import checkpoint
 
-RUN = ["--epochs", "4", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
-"""4 epochs of 90 steps (about 10 steps a second here): long enough to drop a host and let it back."""
-RUN_LONG = ["--epochs", "20", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
+PACED = str(ROOT / "tests" / "scripts" / "paced_digits.py")
+RUN = ["--script", PACED, "--", "20", "0.05"]
+"""20 epochs of 23 steps, each at least 50 ms on every rank (about 25 s undisturbed): as long
+with one rank as with two, so that a host is dropped and let back before the end."""
+RUN_LONG = ["--script", PACED, "--", "70", "0.05"]
 """Across the namespaced hosts: outlasts 90 s frozen and the rejoin after it."""
 
 
@@ -107,27 +111,28 @@ def finished(proc: subprocess.Popen, within: float) -> str:
 
 
 def accuracy(run_dir) -> float:
-    return records(run_dir, "end")[-1]["test_accuracy"]
+    return records(run_dir, "log")[-1]["test_accuracy"]
 
 
 @pytest.mark.slow
 def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run_cmd([VENV_BIN / "invoke", "train", "--run-dir", whole, "--epochs", "4", "--", "--repeat", "4"], timeout=300)
+    run_cmd([VENV_BIN / "invoke", "train", "--run-dir", whole, *RUN], timeout=300)
     proc = start(cut, *RUN)
-    pids = under_way(proc, cut)
+    under_way(proc, cut)
     sent = time.time()
-    os.kill(pids[1], signal.SIGKILL)
+    os.kill(job_pids(cut, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)  # local-2's
     out = finished(proc, 300)
     assert proc.returncode == 0, out[-4000:]
-    assert "hvdhetero: elastic: rank 1 on host local-2 killed by signal 9 (SIGKILL): host dropped" in out, out[-4000:]
+    dropped_line = r"hvdhetero: elastic: rank \d on host local-2 killed by signal 9 \(SIGKILL\): host dropped"
+    assert re.search(dropped_line, out), out[-4000:]
     assert "hvdhetero: elastic: dropped local-2; continuing on 1 rank(s) (local-1) from the commit at step" in out
     dropped = recovered(cut, sent, within=0)
     assert dropped["hosts"] == ["local-1"] and dropped["redone_steps"] <= 10, dropped
     assert dropped["time"] - sent < 30, dropped["time"] - sent
     # the killed host is listed again: after its cooldown it rejoins at a commit
     assert "joined local-2; continuing on 2 rank(s) (local-1, local-2)" in out, out[-4000:]
-    assert abs(accuracy(cut) - accuracy(whole)) < 0.02, (accuracy(cut), accuracy(whole))
+    assert abs(accuracy(cut) - accuracy(whole)) < 0.02 and accuracy(whole) > 0.95, (accuracy(cut), accuracy(whole))
     assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
     time.sleep(1)
     assert not job_pids(cut)
@@ -136,7 +141,8 @@ def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_pat
 @pytest.mark.slow
 def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
     proc = start(tmp_path, *RUN)
-    frozen = under_way(proc, tmp_path)[1]
+    under_way(proc, tmp_path)
+    frozen = job_pids(tmp_path, by="HOROVOD_HOSTNAME")["localhost"]  # local-1's
     sent = time.time()
     os.kill(frozen, signal.SIGSTOP)
     try:
@@ -146,10 +152,10 @@ def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
             os.kill(frozen, signal.SIGCONT)
         except ProcessLookupError:
             pass
-    out = finished(proc, 300)
-    assert went_on is not None and went_on["time"] - sent < 60 and went_on["hosts"] == ["local-1"], (went_on, sent)
-    assert proc.returncode == 0, out[-4000:]
-    assert "rank 1 on host local-2: no response for 1" in out and "stopping it" in out, out[-4000:]
+        out = stop(proc)  # it went on (or not): the rest of the run is the kill test's
+    assert went_on is not None and went_on["time"] - sent < 60 and went_on["hosts"] == ["local-2"], (went_on, sent)
+    silent_line = r"rank \d on host local-1: no response for 1\d s \(frozen, asleep or cut off\): stopping it"
+    assert re.search(silent_line, out), out[-4000:]
     time.sleep(1)
     assert not job_pids(tmp_path)
 
@@ -157,14 +163,18 @@ def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
 @pytest.mark.slow
 def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
     proc = start(tmp_path, "--min-hosts", "2", *RUN)
-    pids = under_way(proc, tmp_path)
+    under_way(proc, tmp_path)
+    deadline = time.monotonic() + 60
+    while not checkpoint.listed(tmp_path) and time.monotonic() < deadline:  # the first epoch's end
+        time.sleep(0.1)
     t0 = time.monotonic()
-    os.kill(pids[1], signal.SIGKILL)
+    os.kill(job_pids(tmp_path, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)
     out = finished(proc, 90)
     assert proc.returncode == 1 and time.monotonic() - t0 < 30, (time.monotonic() - t0, out[-4000:])
-    assert "error: rank 1 on host local-2 killed by signal 9 (SIGKILL); the other ranks were stopped" in out, \
-        out[-3000:]
+    assert re.search(r"error: rank \d on host local-2 killed by signal 9 \(SIGKILL\); the other ranks were stopped",
+                     out), out[-3000:]
     assert "fewer than --min-hosts 2 hosts were left" in out
+    assert f"newest checkpoint: {tmp_path / 'checkpoints'}" in out
     assert f"resume with: invoke train --resume {tmp_path}" in out
     assert "Traceback" not in out, out[-3000:]
     time.sleep(1)
@@ -184,7 +194,8 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        frozen = under_way(proc, run_dir, after_s=5.0, within=300)[1]
+        under_way(proc, run_dir, after_s=5.0, within=300)
+        frozen = job_pids(run_dir, by="HOROVOD_HOSTNAME")["10.213.0.12"]  # h2's rank
         sent = time.time()
         os.kill(frozen, signal.SIGSTOP)
         went_on = recovered(run_dir, sent, within=60)
@@ -200,8 +211,8 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
     assert went_on is not None and went_on["hosts"] == ["h1"], (went_on, sent)
     assert went_on["time"] - sent < 60, went_on["time"] - sent
     assert proc.returncode == 0, out[-4000:]
-    assert "rank 1 on host h2: no response for 1" in out and "joined h2; continuing on 2 rank(s) (h1, h2)" in out, \
-        out[-4000:]
+    assert re.search(r"rank \d on host h2: no response for 1\d s", out), out[-4000:]
+    assert "joined h2; continuing on 2 rank(s) (h1, h2)" in out, out[-4000:]
     time.sleep(2)
     for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):  # no process of the job anywhere
         ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,

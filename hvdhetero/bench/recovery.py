@@ -30,9 +30,10 @@ LONG = ["--epochs", "30", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
 """A run that outlasts a measurement: 30 epochs of 90 steps."""
 
 
-def job_pids(run_dir: Path) -> dict[int, int]:
-    """The job's rank processes on this machine: {rank as horovodrun numbered it: pid} (their
-    command line carries the run directory)."""
+def job_pids(run_dir: Path, by: str = "HOROVOD_RANK") -> dict:
+    """The job's rank processes on this machine: {rank as horovodrun numbered it: pid}, or by
+    another of their environment's variables (HOROVOD_HOSTNAME: the host's address); their
+    command line carries the run directory."""
     pids = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -43,9 +44,9 @@ def job_pids(run_dir: Path) -> dict[int, int]:
         except OSError:
             continue
         if "hvdhetero.rank.runner" in cmdline and str(run_dir) in cmdline:
-            rank = next((int(e.split(b"=")[1]) for e in environ if e.startswith(b"HOROVOD_RANK=")), None)
-            if rank is not None:
-                pids[rank] = int(proc.name)
+            key = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(by.encode() + b"=")), None)
+            if key is not None:
+                pids[int(key) if by == "HOROVOD_RANK" else key] = int(proc.name)
     return pids
 
 
@@ -86,12 +87,13 @@ def under_way(proc: subprocess.Popen, run_dir: Path, ranks: int = 2, after_s: fl
 def recovered(run_dir: Path, since: float, within: float = 120.0) -> dict | None:
     """The first `elastic` record written after `since` (wall time), or None within the bound."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    while True:
         for record in records(run_dir, "elastic"):
             if record["time"] > since:
                 return record
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(0.2)
-    return None
 
 
 def stop(proc: subprocess.Popen) -> str:
