@@ -218,3 +218,39 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
         ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
                             timeout=30).stdout
         assert str(run_dir) not in ps, (ns, ps)
+
+
+@requires_root
+@pytest.mark.slow
+def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(provisioned, tmp_path):
+    """h2's link goes down for 60 s (Wi-Fi gone): its rank cannot be killed meanwhile. Its ssh
+    session ends (keepalive) and Gloo's timeout fails the survivor's collective, so h1 goes on
+    within 60 s; once the link is up, the old rank is killed over SSH and h2 rejoins."""
+    inventory, _ = provisioned
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--elastic",
+                             "--hosts", "h1,h2", "--inventory", str(inventory), "--run-dir", str(run_dir), *RUN_LONG],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    link = ["ip", "netns", "exec", "hvdt-h2", "ip", "link", "set", "enp3s0"]
+    try:
+        under_way(proc, run_dir, after_s=5.0, within=300)
+        sent = time.time()
+        subprocess.run([*link, "down"], check=True, timeout=30)
+        went_on = recovered(run_dir, sent, within=60)
+        time.sleep(max(0.0, sent + 60 - time.time()))
+    finally:
+        subprocess.run([*link, "up"], check=True, timeout=30)
+    try:
+        out = finished(proc, 600)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    assert went_on is not None and went_on["hosts"] == ["h1"] and went_on["time"] - sent < 60, (went_on, sent)
+    assert proc.returncode == 0, out[-4000:]
+    assert "joined h2; continuing on 2 rank(s) (h1, h2)" in out, out[-4000:]
+    time.sleep(2)
+    for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):
+        ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
+                            timeout=30).stdout
+        assert str(run_dir) not in ps, (ns, ps)

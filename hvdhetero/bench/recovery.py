@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.repeats):
             results.append(measure(getattr(signal, f"SIG{args.signal}"), Path(folder)))
             print(f"SIG{args.signal} {i + 1}/{args.repeats}: {results[-1]}", flush=True)
-    print(f"SIG{args.signal}: median {statistics.median(r['seconds'] for r in results):.1f} s to go on, median "
+    print(f"SIG{args.signal}: median {statistics.median(r['seconds'] for r in results):.2f} s to go on, median "
           f"{statistics.median(r['redone_steps'] for r in results):g} steps redone (commit every 10 steps); "
           f"processes left: {sum(r['left'] for r in results)}")
 
