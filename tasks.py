@@ -115,6 +115,10 @@ def test(c):
     "resume": "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options (--hosts and "
               "--inventory may differ: a host fewer re-balances)",
     "tensorboard": "also write the metrics as TensorBoard scalars in RUN_DIR/tensorboard (tensorboard --logdir runs)",
+    "elastic": "Horovod elastic: a host that dies or goes silent is dropped and the others go on from their last "
+               "commit; one that comes back rejoins (step sync only)",
+    "min_hosts": "with --elastic: end the job when fewer hosts than this are left (default 1)",
+    "commit_every": "with --elastic: steps between in-memory commits (what a failure redoes at most; default 10)",
     "dry_run": "print the horovodrun command and exit",
 }, auto_shortflags=False)
 @_user_errors
@@ -124,7 +128,7 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
           run_dir=None, inventory=None, slowdown=1.0, equal_split=False, compression="none", precision="fp32",
           micro_batch="auto", sync="step", outer_lr=0.7, outer_momentum=0.9, overlap_sync=False, inner_steps="same",
           seed=0, checkpoint_every=0, checkpoint_minutes=5.0, keep_checkpoints=3, resume="", tensorboard=False,
-          dry_run=False):
+          elastic=False, min_hosts=1, commit_every=10, dry_run=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     recipe = recipe_argv(dict(dataset=dataset, model=model, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -134,7 +138,8 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
                     overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum),
                     inner_steps=inner_steps, checkpoint_every=int(checkpoint_every),
                     checkpoint_minutes=float(checkpoint_minutes),
-                    keep_checkpoints=int(keep_checkpoints), tensorboard=bool(tensorboard))
+                    keep_checkpoints=int(keep_checkpoints), tensorboard=bool(tensorboard), elastic=bool(elastic),
+                    min_hosts=int(min_hosts), commit_every=int(commit_every))
     script_args = None
     if resume:
         given = {k: v for k, v in locals().items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]}
@@ -227,8 +232,16 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
             {"hosts": [h.name for h in selected], "rank0_local": selected[0].is_local, "script": script,
              "workdir": workdir, "recipe": recipe,
              "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
+    watch = None
+    if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
+        from hvdhetero.cluster import elastic
+
+        hosts_ = elastic.as_elastic_hosts(selected)
+        elastic.write_discovery(Path(run_dir) / elastic.DISCOVERY, hosts_, sys.executable)
+        watch = elastic.Watch(hosts_, config.min_hosts, elastic.kill_command(
+            inventory_, functools.partial(launch.ssh_argv, connect_s=5)))
     return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
-                               rank0_host=None if selected[0].is_local else selected[0].name)
+                               rank0_host=None if selected[0].is_local else selected[0].name, watch=watch)
 
 
 _RUN_OPTIONS = _run_options()

@@ -72,6 +72,15 @@ class JobConfig:
     """The newest this many checkpoints are kept in RUN_DIR/checkpoints (0: no checkpoints)."""
     resume: bool = False
     """Continue the run in run_dir from its newest checkpoint that loads."""
+    elastic: bool = False
+    """Horovod elastic: a host that dies or goes silent is dropped and the others continue from
+    their last commit; a host that comes back rejoins at a commit (docs/failures.md, Elastic)."""
+    min_hosts: int = 1
+    """With elastic: the job ends (with the usual failure message) when fewer hosts are left."""
+    commit_every: int = 10
+    """With elastic: every rank keeps an in-memory commit of everything a resume needs every this
+    many steps (and at every epoch's end); a failure redoes at most this many steps, and a host
+    that comes back joins at the next commit."""
     tensorboard: bool = False
     """Rank 0 also writes the metrics as TensorBoard scalars under run_dir/tensorboard."""
     plan_only: bool = False
@@ -102,6 +111,14 @@ class JobConfig:
         if self.checkpoint_every < 0 or not self.checkpoint_minutes >= 0 or self.keep_checkpoints < 0:
             raise ConfigError(f"--checkpoint-every, --checkpoint-minutes and --keep-checkpoints must be >= 0, got "
                               f"{self.checkpoint_every!r}, {self.checkpoint_minutes!r}, {self.keep_checkpoints!r}")
+        checks.at_least("commit_every", self.commit_every, 1, "steps between elastic commits")
+        checks.at_least("min_hosts", self.min_hosts, 1, "hosts the job needs to go on")
+        if not self.elastic and (self.min_hosts != 1 or self.commit_every != 10):
+            raise ConfigError(f"--min-hosts and --commit-every go with --elastic, got --min-hosts {self.min_hosts} "
+                              f"--commit-every {self.commit_every} without it")
+        if self.elastic and check_sync(self.sync)[0] != "step":
+            raise ConfigError(f"--elastic needs --sync step, got --sync {self.sync} (local/diloco rounds are not "
+                              "committed yet)")
         if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
             raise ConfigError(f"--slowdown must be a number >= 1 (how many times slower the last rank acts), "
                               f"got {self.slowdown!r}")

@@ -44,7 +44,7 @@ PREFIX = re.compile(r"^(?:\S+ )?\[(\d+)\]<(stdout|stderr)>:")
 
 def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thread:
     """Rank side: print this rank's heartbeat every `every` seconds from a daemon thread."""
-    line = (ALIVE_TAG + json.dumps({"rank": rank, "host": host}) + "\n").encode()
+    line = (ALIVE_TAG + json.dumps({"rank": rank, "host": host, "pid": os.getpid()}) + "\n").encode()
     fd = os.dup(2)  # stderr, one write() each: never spliced into a stdout line (results, progress)
 
     def beat():

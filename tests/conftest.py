@@ -24,3 +24,50 @@ def run_cmd(argv, *, timeout=600, cwd=ROOT, env=None, check=True) -> subprocess.
 
 requires_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: creates network namespaces and runs sshd (CI runs as root)")
+
+
+# -- the namespaced test hosts (ci/testhosts), shared by every root test of the session ----------
+
+LAUNCH_NS = "hvdt-launch"
+STATE = Path(os.environ.get("HVDHETERO_TESTHOSTS_STATE", "/tmp/hvdhetero-testhosts"))
+# What the hosts' pip installs from (the namespaces have no internet).
+WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "rich", "scikit-learn",
+          "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel"]
+
+
+def launcher(*argv, timeout=900, check=False):
+    """Run a command in the launcher's namespace, stdin closed (a prompt would hang: it must not)."""
+    proc = subprocess.run(["ip", "netns", "exec", LAUNCH_NS, *map(str, argv)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{argv} exited {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def invoke(*args, inventory, timeout=1800, check=False):
+    return launcher(VENV_BIN / "invoke", *args, "--inventory", inventory, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="session")  # one set for the session: test_multihost and test_elastic
+def hosts():
+    """Fresh test hosts (torn down at the end, even when a test fails), their wheelhouse filled."""
+    if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # start from bare hosts
+        subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
+    up = subprocess.run([ROOT / "ci/testhosts", "up", "--state", STATE], capture_output=True, text=True,
+                        timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    inventory = Path(up.stdout.strip().splitlines()[-1])
+    try:
+        subprocess.run([VENV_BIN / "python", "-m", "pip", "download", "--quiet", "-d", STATE / "wheelhouse",
+                        *WHEELS], check=True, timeout=1200, capture_output=True)
+        yield inventory
+    finally:
+        if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # a developer's fast re-run keeps them
+            subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
+
+
+@pytest.fixture(scope="session")
+def provisioned(hosts):
+    first = invoke("provision", inventory=hosts)
+    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
+    return hosts, first

@@ -16,48 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, VENV_BIN, requires_root
+from conftest import ROOT, STATE, VENV_BIN, invoke, launcher, requires_root
 from hvdhetero.rank import checkpoint
 
 pytestmark = [requires_root, pytest.mark.slow]
-LAUNCH_NS = "hvdt-launch"
-STATE = Path(os.environ.get("HVDHETERO_TESTHOSTS_STATE", "/tmp/hvdhetero-testhosts"))
-# What the hosts' pip installs from (the namespaces have no internet).
-WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "rich", "scikit-learn",
-          "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel"]
-
-
-def launcher(*argv, timeout=900, check=False):
-    """Run a command in the launcher's namespace, stdin closed (a prompt would hang: it must not)."""
-    proc = subprocess.run(["ip", "netns", "exec", LAUNCH_NS, *map(str, argv)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    if check and proc.returncode != 0:
-        pytest.fail(f"{argv} exited {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
-    return proc
-
-
-def invoke(*args, inventory, timeout=1800, check=False):
-    return launcher(VENV_BIN / "invoke", *args, "--inventory", inventory, timeout=timeout, check=check)
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    """Fresh test hosts (torn down at the end, even when a test fails), their wheelhouse filled."""
-    if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # start from bare hosts
-        subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
-    up = subprocess.run([ROOT / "ci/testhosts", "up", "--state", STATE], capture_output=True, text=True,
-                        timeout=120)
-    assert up.returncode == 0, up.stdout + up.stderr
-    inventory = Path(up.stdout.strip().splitlines()[-1])
-    try:
-        subprocess.run([VENV_BIN / "python", "-m", "pip", "download", "--quiet", "-d", STATE / "wheelhouse",
-                        *WHEELS], check=True, timeout=1200, capture_output=True)
-        yield inventory
-    finally:
-        if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # a developer's fast re-run keeps them
-            subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
-
-
 def variant(inventory: Path, tmp_path: Path, edit) -> Path:
     """A copy of the test inventory changed by `edit(dict)`."""
     data = yaml.safe_load(inventory.read_text())
@@ -69,13 +31,6 @@ def variant(inventory: Path, tmp_path: Path, edit) -> Path:
 
 def sshd_log_lines(host: str) -> int:
     return len((STATE / host / "sshd.log").read_text().splitlines())
-
-
-@pytest.fixture(scope="module")
-def provisioned(hosts):
-    first = invoke("provision", inventory=hosts)
-    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
-    return hosts, first
 
 
 def test_provision_installs_both_hosts(provisioned):

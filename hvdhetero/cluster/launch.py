@@ -22,7 +22,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from hvdhetero import netinfo, progress
-from hvdhetero.cluster import console, live
+from hvdhetero.cluster import console, elastic, live
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.cluster.inventory import Host, Inventory
@@ -69,9 +69,14 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
             launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` running a training script on `hosts`, one rank per
     slot, through the rank-side runner: `program` is `script(...)`'s or `recipe(...)`'s list."""
+    check_hosts(inventory, hosts)
+    discovery = None
+    if config.elastic:  # a local host's slots run as hosts of their own (Horovod drops whole hosts)
+        hosts = elastic.as_elastic_hosts(hosts)
+        discovery = (Path(config.run_dir) / elastic.DISCOVERY, config.min_hosts)
     settings = replace(config, hosts=host_settings(hosts)).to_json()
     return job(inventory, hosts, ["hvdhetero.rank.runner", "--job-json", settings, *program], launcher_python,
-               hosts_json=False)
+               hosts_json=False, elastic_discovery=discovery)
 
 
 def recipe(args: Sequence[str]) -> list[str]:
@@ -92,18 +97,21 @@ def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[s
 
 
 def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[str],
-        launcher_python: str = sys.executable, hosts_json: bool = True) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of `horovodrun --gloo` running `python -m MODULE FLAGS` once per slot."""
-    check_hosts(inventory, hosts)
+        launcher_python: str = sys.executable, hosts_json: bool = True,
+        elastic_discovery: tuple[Path, int] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of `horovodrun --gloo` running `python -m MODULE FLAGS` once per slot; with
+    `elastic_discovery` (the discovery script's path, --min-hosts) in elastic mode."""
+    if elastic_discovery is None:
+        check_hosts(inventory, hosts)
     local = [h for h in hosts if h.is_local]
     horovodrun = str(Path(launcher_python).parent / "horovodrun")
     argv = [
         horovodrun,
-        "-np", str(sum(h.slots for h in hosts)),
-        "-H", ",".join(f"{h.address}:{h.slots}" for h in hosts),
+        *(elastic.flags(hosts, *elastic_discovery) if elastic_discovery else
+          ["-np", str(sum(h.slots for h in hosts)), "-H", ",".join(f"{h.address}:{h.slots}" for h in hosts)]),
         "--gloo",
         "--start-timeout", str(START_TIMEOUT_S),
-        "--gloo-timeout-seconds", str(GLOO_TIMEOUT_S),
+        "--gloo-timeout-seconds", str(elastic.gloo_timeout() if elastic_discovery else GLOO_TIMEOUT_S),
     ]
     env = dict(RANK_ENV)
     if local:
@@ -114,7 +122,7 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
                               "at the inventory file's directory)")
     else:
         argv += ssh_flags(inventory, hosts)
-        env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory)
+        env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory, keepalive=elastic_discovery is not None)
         python = remote_python(hosts[0].env)
     argv += [*python, "-m", *module_and_flags]
     if hosts_json:
@@ -178,11 +186,15 @@ def ssh_flags(inventory: Inventory, hosts: Sequence[Host]) -> list[str]:
     return flags + ["--network-interfaces", nic]
 
 
-def ssh_options(inventory: Inventory) -> str:
-    """Options for horovodrun's ssh (our Horovod patch 0004): keys only, host keys checked."""
+def ssh_options(inventory: Inventory, keepalive: bool = False) -> str:
+    """Options for horovodrun's ssh (our Horovod patch 0004): keys only, host keys checked. With
+    `keepalive` (--elastic) the ssh session of a rank whose host stops answering ends after 20 s,
+    so that Horovod sees that rank fail and drops its host (it waits on a frozen one forever)."""
     known = os.path.expanduser(inventory.known_hosts or "~/.ssh/known_hosts")
+    alive = ["-o ServerAliveInterval=5", "-o ServerAliveCountMax=4"] if keepalive else []
     return " ".join(["-o BatchMode=yes", "-o PasswordAuthentication=no", "-o StrictHostKeyChecking=yes",
-                     f"-o UserKnownHostsFile={shlex.quote(known)}", f"-o ConnectTimeout={START_TIMEOUT_S // 4}"])
+                     f"-o UserKnownHostsFile={shlex.quote(known)}", f"-o ConnectTimeout={START_TIMEOUT_S // 4}",
+                     *alive])
 
 
 # What horovodrun may forward to remote ranks: it copies its own environment into every rank's
@@ -200,16 +212,19 @@ def printable(argv: Sequence[str], env: dict[str, str]) -> str:
 
 
 def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
-        run_dir: str | Path | None = None, rank0_host: str | None = None) -> list[dict]:
+        run_dir: str | Path | None = None, rank0_host: str | None = None,
+        watch: elastic.Watch | None = None) -> list[dict]:
     """Run the job in the foreground, its ranks' output relayed to the console; returns the
     results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
     progress.SILENT_S ends the job with one message naming it (and, for a training run with a
     `run_dir`, its newest checkpoint and the command that resumes); nothing of the job is left
     running on this machine. The ranks' progress is a live table on the console (cluster/live.py);
-    with a `run_dir`, every rank's whole output is kept there as rank-N.log."""
+    with a `run_dir`, every rank's whole output is kept there as rank-N.log. Under elastic (a
+    `watch`) a rank that dies or goes silent is dropped instead (a silent one killed) while at
+    least --min-hosts hosts are left."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
-    silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or progress.SILENT_S)
+    silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic.SILENT_S if watch else progress.SILENT_S))
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
     logs = console.RankLogs(run_dir) if run_dir is not None else None
@@ -217,15 +232,27 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
-            failures = console.relay(_watched(proc, alive, exits, silent_s, logs), live.display_for(sys.stdout),
-                                     results=results, alive=alive)
+            failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch),
+                                     live.display_for(sys.stdout), results=results, alive=alive)
         except _Silent as silent:
             _stop(proc)
+            _finish(watch)
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
-                              f"(frozen, asleep or cut off); the job was stopped"
+                              f"(frozen, asleep or cut off); the job was stopped" + _fewer(watch)
                               + _output_hint(logs, silent.rank) + resume_hint(run_dir, rank0_host)) from None
+        except _TooFew:
+            _stop(proc)
+            _finish(watch)
+            last = watch.dropped[-1]
+            raise LaunchError(f"rank {last['rank']} on host {last['host']} {last['what']}; the other ranks were "
+                              f"stopped" + _fewer(watch) + resume_hint(run_dir, rank0_host)) from None
+        except _Failed as failed:  # elastic: a script's own error is no host failure: the job ends
+            _stop(proc)
+            _finish(watch)
+            raise LaunchError(console.failure_summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
         except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
             _stop(proc)
+            _finish(watch)
             raise
         finally:
             if logs is not None:
@@ -233,13 +260,16 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     for failure in failures:
         if logs is not None and logs.has(failure["rank"]):
             failure["log"] = str(logs.path(failure["rank"]))
+    _finish(watch)
+    if watch is not None and proc.returncode == 0:  # ranks were dropped, the job went on
+        return results
     first = next(iter(exits.items()), None)
     if failures and not (first and _signalled(first[1])):
         raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         hosts = {r: h for r, (_, h) in alive.items()}
         rank = next(iter(exits), None)
-        raise LaunchError(died(exits, hosts, proc.returncode) + _output_hint(logs, rank)
+        raise LaunchError(died(exits, hosts, proc.returncode) + _fewer(watch) + _output_hint(logs, rank)
                           + resume_hint(run_dir, rank0_host))
     return results
 
@@ -265,11 +295,59 @@ class _Silent(Exception):
         self.rank, self.host, self.seconds = rank, host, seconds
 
 
+class _TooFew(Exception):
+    """Elastic: a rank exited and fewer than --min-hosts hosts are left."""
+
+
+def _elastic_line(line: str, watch: elastic.Watch) -> bool:
+    """A heartbeat tells the watch its rank's pid; a script's own error ends the job (_Failed).
+    False: the line stays off the console (it is in the rank's log)."""
+    match = progress.PREFIX.match(line)
+    body = line[match.end():] if match else line
+    if EXIT_LINE.match(line) or elastic.noise(body):
+        return False
+    if progress.ALIVE_TAG in body:
+        _, beat = console.without_heartbeat(body)
+        if beat is not None:
+            watch.beat(beat)
+    elif body.startswith(progress.ERROR_TAG):
+        try:
+            failure = json.loads(body[len(progress.ERROR_TAG):])
+        except ValueError:  # cut short: the relay shows what there is
+            return True
+        raise _Failed(failure)
+    return True
+
+
+class _Failed(Exception):
+    def __init__(self, failure: dict):
+        super().__init__(failure)
+        self.failure = failure
+
+
+def _fewer(watch: elastic.Watch | None) -> str:
+    """Elastic: why the job ended after all, and the hosts dropped before."""
+    if watch is None or not watch.dropped:
+        return ""
+    before = "; ".join(f"rank {d['rank']} on {d['host']} ({d['what']})" for d in watch.dropped[:-1])
+    return (f"\n  elastic: fewer than --min-hosts {watch.min_hosts} hosts were left"
+            + (f" (dropped before: {before})" if before else ""))
+
+
+def _finish(watch: elastic.Watch | None) -> None:
+    """Elastic: a silent rank whose host did not answer is killed once it does (bounded)."""
+    if watch is not None:
+        for left in watch.finish():
+            print(f"warning: could not stop the silent rank on {left} (its host does not answer); it ends itself "
+                  "at its next heartbeat, its launcher gone", file=sys.stderr)
+
+
 def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
-             logs: console.RankLogs | None = None):
+             logs: console.RankLogs | None = None, watch: elastic.Watch | None = None):
     """horovodrun's lines as they come (read by a thread), checking at least once a second that
     no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
-    every line goes to the rank logs, if kept."""
+    every line goes to the rank logs, if kept. Under elastic (`watch`) a silent rank is killed and
+    a dead one dropped, until fewer than --min-hosts hosts are left."""
     lines: queue.Queue = queue.Queue()
 
     def read():
@@ -293,14 +371,30 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
             match = EXIT_LINE.match(line)
             if match:
                 exits.setdefault(int(match.group(1)), int(match.group(2)))
+                if watch is not None:
+                    rank = int(match.group(1))
+                    watch.exited(rank, _what(int(match.group(2))))
+                    alive.pop(rank, None)
+                    if watch.too_few(alive):
+                        raise _TooFew()
+            if watch is not None and not _elastic_line(line, watch):
+                continue  # horovodrun's exit line (the watch said it in words), Horovod's reset noise
             # Once a rank has ended, the rest is horovodrun stopping the others (its traceback,
             # the survivors' broken collectives): only our tagged lines go on to the relay.
-            if not exits or any(tag in line for tag in (progress.ERROR_TAG, progress.RESULT_TAG, progress.ALIVE_TAG)):
+            if watch is not None or not exits or any(tag in line for tag in (progress.ERROR_TAG, progress.RESULT_TAG,
+                                                                             progress.ALIVE_TAG)):
                 yield line
         now = time.monotonic()
         for rank, (seen, host) in sorted(alive.items()):
             if now - seen > silent_s and proc.poll() is None:
-                raise _Silent(rank, host, now - seen)
+                if watch is None:
+                    raise _Silent(rank, host, now - seen)
+                watch.silent(rank, now - seen)
+                del alive[rank]
+                if watch.too_few(alive):
+                    raise _Silent(rank, host, now - seen)
+        if watch is not None:
+            watch.tick()
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
@@ -320,16 +414,19 @@ def died(exits: dict[int, int], hosts: dict[int, str], returncode: int) -> str:
     if not exits:
         return f"training failed: horovodrun exited with {returncode} (see the rank output above)"
     rank, code = next(iter(exits.items()))  # horovodrun prints the first one first
-    if _signalled(code):
-        signum = -code if code < 0 else code - 128
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        what = f"killed by signal {signum} ({name})"
-    else:
-        what = f"exited with code {code}"
-    return f"rank {rank} on host {hosts.get(rank, '?')} {what}; the other ranks were stopped"
+    return f"rank {rank} on host {hosts.get(rank, '?')} {_what(code)}; the other ranks were stopped"
+
+
+def _what(code: int) -> str:
+    """A rank's exit code in words: killed by signal 9 (SIGKILL), exited with code 1."""
+    if not _signalled(code):
+        return f"exited with code {code}"
+    signum = -code if code < 0 else code - 128
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"killed by signal {signum} ({name})"
 
 
 def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> str:
@@ -352,12 +449,22 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
 def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:
     """rsync over ssh pushing directory `src` to `dest` on `host` (relative = its home), with
     the same ssh rules as everything else: keys only, host key checked, no prompt."""
-    ssh_argv = ["ssh", "-p", str(host.port), *ssh_options(inventory).split()]
-    if host.identity:
-        ssh_argv += ["-i", os.path.expanduser(host.identity)]
+    ssh = ssh_argv(inventory, host, with_target=False)
     target = f"{host.user + '@' if host.user else ''}{host.address}"
     if ":" in host.address:
         target = f"{host.user + '@' if host.user else ''}[{host.address}]"
     # --protect-args: the remote path reaches the remote side as data, not through its shell.
-    return ["rsync", "-a", "--protect-args", "--timeout=60", "-e", shlex.join(ssh_argv),
+    return ["rsync", "-a", "--protect-args", "--timeout=60", "-e", shlex.join(ssh),
             src.rstrip("/") + "/", f"{target}:{dest}"]
+
+
+def ssh_argv(inventory: Inventory, host: Host, with_target: bool = True, connect_s: int | None = None) -> list[str]:
+    """ssh to `host` with the same rules as everything else: keys only, host key checked, no
+    prompt; `connect_s` bounds the connection (ssh takes an option's first value)."""
+    argv = ["ssh", "-p", str(host.port), *([f"-oConnectTimeout={connect_s}"] if connect_s else []),
+            *ssh_options(inventory).split()]
+    if host.identity:
+        argv += ["-i", os.path.expanduser(host.identity)]
+    if with_target:
+        argv += [f"{host.user + '@' if host.user else ''}{host.address}"]
+    return argv

@@ -121,7 +121,9 @@ class Board:
         with self.lock:
             try:
                 rank = int(record["rank"])
-                track = self.tracks.get(rank) or Track(self.window_s)
+                track = self.tracks.get(rank)
+                if track is None or _another_process(track.last, record):
+                    track = Track(self.window_s)
                 if not track.add(record):
                     return False
             except (KeyError, TypeError, ValueError):  # not ours, or from another version
@@ -149,6 +151,12 @@ class Board:
         return Status(job["epoch"], job["epochs"], job["step"], job["steps"], job.get("loss"),
                       _ordered(job.get("logged") or {}), job.get("logged_epoch"), sum(rates) if rates else None,
                       left / step_rate if step_rate else None, run_left / step_rate if step_rate else None)
+
+
+def _another_process(last: dict | None, record: dict) -> bool:
+    """--elastic renumbers ranks after a host is dropped or joins, and a rank's totals start
+    again in the Job made for the new membership: its rates start afresh too."""
+    return bool(last) and (last.get("host") != record.get("host") or record["n_steps"] < last["n_steps"])
 
 
 def _ends_epoch(record: dict) -> bool:

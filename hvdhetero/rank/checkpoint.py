@@ -145,6 +145,12 @@ class MetricsLog:
         self._file.truncate(min(offset, self.path.stat().st_size))
         self._file.seek(0, os.SEEK_END)
 
+    def complete_lines(self) -> int:
+        """Bytes up to the end of the last whole line (a writer killed mid-line leaves a part)."""
+        self._file.flush()
+        data = self.path.read_bytes()
+        return data.rfind(b"\n") + 1
+
     def close(self) -> None:
         self._file.close()
 

@@ -37,12 +37,12 @@ import torch
 from hvdhetero import progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import batches, checkpoint, host, precision, validate
+from hvdhetero.rank import batches, checkpoint, elastic, host, precision, resume, validate
 from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
-from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state, to_cpu
+from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split, steps_merged
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.sync import ParameterSync
@@ -83,6 +83,8 @@ class Job:
         self._logged: list[dict] = []
         """Every job.log record, for the end report."""
         self._started = self._epoch_started = time.perf_counter()
+        if config.elastic and elastic.active() is not None:  # the run's seconds count from its first Job
+            self._started = elastic.active().started
         self._epochs = 1
         self._start_epoch = 0
         """Resumed: the first epoch job.epochs yields."""
@@ -93,6 +95,8 @@ class Job:
         """Steps between periodic checkpoints (0: only at epochs' ends)."""
         self._checkpoint_due = False
         self._last_checkpoint = 0
+        self._last_commit = 0
+        """--elastic: the step of this rank's last in-memory commit (rank/elastic.py)."""
         self._round_origin = 0
         """local/diloco: the global step the current round began at (rounds end every H steps
         from it; a flush starts a new one)."""
@@ -180,10 +184,15 @@ class Job:
         self._host_names = hvd.allgather_object(self._host.get("name") or socket.gethostname(),
                                                 name="hvdhetero.host_names")
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
-        resumed = self._resume() if cfg.resume else None
+        # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
+        resumed = elastic.rejoin(self) if self._elastic else None
+        if resumed is None and cfg.resume:
+            resumed = resume.resume_from_disk(self)
         timed = not (cfg.equal_split or any(failed))  # else the step time is unknown until an epoch ends
         self._set_checkpoint_interval(balancer.step_time(balancer.split) if timed else 0.0)
         self._start_log(balancer, resumed)
+        if self._elastic:
+            elastic.commit(self, check_hosts=False)
         return model, wrapped, loader
 
     def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool, str]:
@@ -320,7 +329,7 @@ class Job:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._epochs = n
         self._stopping = False
-        if self._start_epoch >= n and self.is_main:
+        if self._start_epoch >= n and self.is_main and not self._elastic:
             print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
                   flush=True)
         for epoch in range(self._start_epoch, n):
@@ -405,7 +414,9 @@ class Job:
         """The loader is about to hand out a step's first batch: a periodic checkpoint due is taken
         now (every rank at the same step)."""
         if self._checkpoint_due:
-            self._save_checkpoint(epoch_done=False)
+            resume.save_checkpoint(self, epoch_done=False)
+        if self._elastic and self.step - self._last_commit >= self.config.commit_every:
+            elastic.commit(self)
 
     def _merged(self, step: int, left: int) -> int:
         """--inner-steps by-speed: how many global steps from `step` on this rank takes as one
@@ -557,9 +568,11 @@ class Job:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
             if self._sync is None or self._checkpoint_due or self._checkpoint_is_due():
-                self._save_checkpoint(epoch_done=True)
+                resume.save_checkpoint(self, epoch_done=True)
+            if self._elastic:
+                elastic.commit(self, epoch_done=True)
 
-    # -- checkpoints (rank/checkpoint.py has the files' rules) ---------------------------------
+    # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 
     def _set_checkpoint_interval(self, step_s: float) -> None:
         """Steps between periodic checkpoints: --checkpoint-every, or --checkpoint-minutes at
@@ -569,76 +582,16 @@ class Job:
         every = [n for n in (cfg.checkpoint_every, max(1, by_time) if by_time else 0) if n]
         self._checkpoint_every = min(every) if every and cfg.keep_checkpoints else 0
 
-    def _save_checkpoint(self, epoch_done: bool) -> None:
-        """Everything a resume needs, written by rank 0 (every rank's part gathered), atomically;
-        the newest --keep-checkpoints kept. With local/diloco the ranks first agree on one model."""
-        p, cfg = self._prepared, self.config
-        if p is None or not cfg.keep_checkpoints:
-            return
-        started = time.perf_counter()
-        self._one_model()
-        rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
-        # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
-        optimizer = (hvd.allgather_object(to_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
-                     if self._sync is not None else p.optimizer.state_dict())
-        path = checkpoint.path_for(self.run_dir, self.step)
-        if self.is_main:
-            state = {"format": checkpoint.FORMAT, "step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
-                     "size": self.size, "hosts": self._host_names, "model": p.model.state_dict(),
-                     "optimizer": optimizer,
-                     "scheduler": _scheduler_state(self._scheduler) if self._scheduler is not None else None,
-                     "loss_scale": asdict(self.loss_scale) if self.loss_scale is not None else None,
-                     "sync": self._sync.state_dict() if self._sync is not None else None,
-                     "split": list(p.sampler.batch_sizes),
-                     "rng": rngs, "config": asdict(cfg), "metrics_offset": self._metrics.offset(),
-                     "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()}}
-            checkpoint.save_object(state, path)
-            checkpoint.keep_newest(self.run_dir, cfg.keep_checkpoints)
-        self._last_checkpoint, self._checkpoint_due = self.step, False
-        self._write("checkpoint", epoch=self.epoch, step=self.step, path=str(path),
-                    seconds=round(time.perf_counter() - started, 4))
+    @property
+    def _elastic(self) -> bool:
+        """Under --elastic, launched by the runner (which keeps the commits across resets)."""
+        return self.config.elastic and elastic.active() is not None
 
-    def _resume(self) -> str:
-        """--resume: every rank continues from rank 0's newest checkpoint that loads."""
-        p = self._prepared
-        found = checkpoint.newest(self.run_dir) if self.is_main else None
-        path, state = hvd.broadcast_object((str(found[0]), found[1]) if found else (None, None), root_rank=0,
-                                           name="hvdhetero.resume")
-        if state is None:
-            raise ConfigError(f"--resume: no checkpoint in {self.run_dir / checkpoint.FOLDER} loads (the run wrote "
-                              "none yet, or they were removed)")
-        p.model.load_state_dict(state["model"])
-        optimizer = state["optimizer"]
-        if isinstance(optimizer, list):  # local/diloco: each rank's own; a rank more starts from rank 0's
-            optimizer = optimizer[self.rank] if self.rank < len(optimizer) else optimizer[0]
-        p.optimizer.load_state_dict(optimizer)
-        if self._scheduler is not None and state["scheduler"] is not None:
-            self._scheduler.load_state_dict(state["scheduler"])
-        if self.loss_scale is not None and state["loss_scale"]:
-            self.loss_scale = precision.LossScale(**state["loss_scale"])
-        if self._sync is not None and state["sync"] is not None:
-            self._sync.load_state_dict(state["sync"])
-        for name, obj in self._tracked.items():
-            if name in state["tracked"]:
-                obj.load_state_dict(state["tracked"][name])
-        hosts = self._host_names
-        same = state.get("hosts") == hosts
-        # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
-        # is the run's). The same hosts get their random states back; others draw from the seed.
-        if same:
-            checkpoint.set_rng_state(state["rng"][self.rank])
-        else:
-            torch.manual_seed(self.config.seed * 1_000_003 + state["step"] * 101 + self.rank)
-        self.step = self._last_checkpoint = self._round_origin = state["step"]
-        self.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
-        self._start_epoch = self.epoch
-        p.loader.start_step = self.step
-        if self._metrics is not None:
-            self._metrics.truncate(state["metrics_offset"])  # what the run wrote after it is redone
-        if self.is_main:
-            change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
-            print(f"hvdhetero: resuming from {path} (epoch {self.epoch + 1}, step {self.step}{change})", flush=True)
-        return path
+    def _close(self) -> None:
+        """An elastic reset drops this Job: its files close (the next Job opens them again)."""
+        for log in (self._metrics, self._tensorboard):
+            if log is not None and hasattr(log, "close"):
+                log.close()
 
     def _end(self) -> None:
         self._one_model()
@@ -655,11 +608,6 @@ class _Prepared:
     def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
-
-
-def _scheduler_state(scheduler) -> dict:
-    """An LR scheduler's state without the once-per-step `step` that prepare put on it."""
-    return {k: v for k, v in scheduler.state_dict().items() if k != "step"}
 
 
 def param_digest(model: torch.nn.Module) -> str:

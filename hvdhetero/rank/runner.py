@@ -50,14 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.workdir:
         os.chdir(os.path.expanduser(args.workdir))
     try:
-        if args.module:
-            sys.argv = [args.module, *args.args]
-            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        if config.elastic:  # Horovod elastic: the script runs again from the top after every reset
+            from hvdhetero.rank import elastic, host
+
+            host.set_gloo_interface(host.settings(config.hosts))  # Horovod's notification service binds it
+            elastic.run(lambda: run_script(args))
         else:
-            script = os.path.abspath(args.script)
-            sys.argv = [script, *args.args]
-            sys.path.insert(0, os.path.dirname(script))
-            runpy.run_path(script, run_name="__main__")
+            run_script(args)
     except SystemExit as done:
         if done.code not in (None, 0):
             fail(config, f"SystemExit: {done.code}", [])
@@ -69,6 +68,19 @@ def main(argv: list[str] | None = None) -> None:
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
     else:
         print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
+
+
+def run_script(args) -> None:
+    """The script (or module) as __main__, with its own arguments."""
+    if args.module:
+        sys.argv = [args.module, *args.args]
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(args.script)
+        sys.argv = [script, *args.args]
+        if os.path.dirname(script) not in sys.path:
+            sys.path.insert(0, os.path.dirname(script))
+        runpy.run_path(script, run_name="__main__")
 
 
 def host_name(config: JobConfig) -> str:

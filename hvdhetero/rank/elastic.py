@@ -1,0 +1,153 @@
+"""--elastic inside a rank: Horovod elastic around the user's whole script, commits in memory.
+
+    python -m hvdhetero.rank.runner ...   # runner.main: elastic.run(script) when config.elastic
+
+Horovod elastic retries a function from a sync point when a peer fails (HorovodInternalError)
+or hosts change (HostsUpdatedInterrupt, raised at a commit). Our public API has no function to
+retry, only the user's loop, so the function is the whole script: on a reset it runs again from
+the top, `hh.init()` hands out a new Job for the new membership, and `job.prepare` fast-forwards
+the fresh model, optimizer and loader to the last commit (as --resume does from a checkpoint,
+rank/resume.py). A host that joins runs the very same script from the top, so survivors and
+newcomers make the same collectives in the same order: none of them waits in a broadcast the
+others never make (horovod#2652's hang), and the state is synced after every reset, removals
+included (horovod#3494's deadlock comes from skipping that sync).
+
+A commit is a CPU copy of resume.snapshot (this rank's own random states), taken every
+--commit-every steps as a step begins and at every epoch's end; Horovod's commit() then checks
+for hosts that came or went (one small broadcast) and raises HostsUpdatedInterrupt there.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import horovod.torch as hvd
+import torch
+from horovod.common.elastic import State
+
+import hvdhetero
+from hvdhetero.rank import checkpoint, resume
+
+if TYPE_CHECKING:
+    from hvdhetero.rank.job import Job
+
+
+class Commits(State):
+    """Horovod's elastic State for our Job: the last commit, kept across resets (the process
+    lives on; the Job is made anew)."""
+
+    def __init__(self):
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        self.state: dict[str, Any] | None = None
+        self.reached = 0
+        """The furthest step taken since the last commit (what a reset redoes)."""
+        self.resets = 0
+        self.reset_at: float | None = None
+        self.started = time.perf_counter()
+
+    def save(self) -> None:
+        pass  # commit() puts the snapshot in `state` first (take)
+
+    def restore(self) -> None:
+        pass  # the commit stays; job.prepare loads it when the script runs again
+
+    def sync(self) -> None:
+        pass  # job.prepare syncs, the same collectives on survivors and newcomers
+
+    def reset(self) -> None:
+        """The membership changed: the next hh.init() builds a Job for it."""
+        self.resets += 1
+        self.reset_at = time.time()
+        job, hvdhetero._job = hvdhetero._job, None
+        if job is not None:
+            self.reached = max(self.reached, job.step)
+            job._close()
+
+
+COMMITS: Commits | None = None
+
+
+def run(script: Callable[[], None]) -> None:
+    """Run `script` under Horovod elastic: again from the top after every reset."""
+    global COMMITS
+    COMMITS = Commits()
+    hvd.elastic.run(lambda state: script())(COMMITS)
+
+
+def active() -> Commits | None:
+    return COMMITS
+
+
+def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None:
+    """Keep everything a resume needs in memory; then (check_hosts) raise HostsUpdatedInterrupt
+    on every rank alike if hosts came or went."""
+    state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
+                            epoch_done=epoch_done)
+    state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
+    COMMITS.state, COMMITS.reached = _copied(state), job.step
+    job._last_commit = job.step
+    if check_hosts:
+        COMMITS.check_host_updates()
+
+
+def rejoin(job: Job) -> str | None:
+    """In job.prepare: every rank continues from the last commit (rank 0's, which a newcomer
+    gets through one broadcast); None before the first commit."""
+    mine = COMMITS.state["step"] if COMMITS.state is not None else -1
+    steps = hvd.allgather_object(mine, name="hvdhetero.elastic.steps")
+    if steps[0] < 0:
+        return None
+    state = COMMITS.state if len(set(steps)) == 1 else _broadcast(COMMITS.state if job.is_main else None)
+    own = COMMITS.state is not None and mine == state["step"]
+    was = state.get("hosts") or []
+    resume.restore(job, _copied(state), COMMITS.state["rng"] if own else None)
+    if job._metrics is not None:
+        if state.get("metrics_host") == socket.gethostname():
+            job._metrics.truncate(state["metrics_offset"])  # what was written after the commit is redone
+        else:  # rank 0 moved (its host was dropped): keep its records, less a line it was killed writing
+            job._metrics.truncate(job._metrics.complete_lines())
+    redone = max(0, COMMITS.reached - job.step)
+    COMMITS.reached = job.step
+    job._write("elastic", step=job.step, epoch=job.epoch, ranks=job.size, hosts=job._host_names, was=was,
+               redone_steps=redone, resets=COMMITS.resets,
+               reset_s=round(time.time() - COMMITS.reset_at, 3) if COMMITS.reset_at else None)
+    if job.is_main:
+        gone = sorted(set(was) - set(job._host_names))
+        came = sorted(set(job._host_names) - set(was))
+        change = "; ".join(([f"dropped {', '.join(gone)}"] if gone else []) + ([f"joined {', '.join(came)}"]
+                                                                                  if came else []))
+        print(f"hvdhetero: elastic: {change or 'same hosts'}; continuing on {job.size} rank(s) "
+              f"({', '.join(job._host_names)}) from the commit at step {job.step} ({redone} steps redone)",
+              flush=True)
+    return f"elastic commit at step {job.step}"
+
+
+def _copied(obj):
+    """`obj` with every tensor copied to the CPU (a commit must not change with the live model)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _copied(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_copied(v) for v in obj)
+    return obj
+
+
+def _broadcast(state: dict[str, Any] | None) -> dict[str, Any]:
+    """Rank 0's commit to every rank as torch.save bytes, read back with weights_only=True:
+    tensors and plain values only, nothing unpickled."""
+    data = None
+    if state is not None:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    size = torch.tensor([data.numel() if data is not None else 0], dtype=torch.int64)
+    hvd.broadcast_(size, root_rank=0, name="hvdhetero.elastic.size")
+    if data is None:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    hvd.broadcast_(data, root_rank=0, name="hvdhetero.elastic.state")
+    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)

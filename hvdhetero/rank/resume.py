@@ -1,0 +1,118 @@
+"""Everything a resume needs, taken from a Job and put back into one: the state of a checkpoint
+on disk (`save_checkpoint`, `resume_from_disk`) and of an elastic commit in memory
+(rank/elastic.py) alike.
+
+    state = snapshot(job, rng=..., optimizer=...)   # model, optimizer, scheduler, loss scale,
+                                                    # sync state, split, position, RNG, config,
+                                                    # metrics offset, job.track'ed objects
+    restore(job, state, rng=...)                    # into the prepared objects, in place
+
+A state holds tensors and plain values only, so it round-trips through torch.save and
+torch.load(weights_only=True): nothing is ever unpickled. The files' own rules (atomic writes,
+the newest K kept, the newest that loads) are rank/checkpoint.py's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero.errors import ConfigError
+from hvdhetero.rank import checkpoint, precision
+from hvdhetero.rank.reducer import to_cpu
+
+if TYPE_CHECKING:
+    from hvdhetero.rank.job import Job
+
+
+def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False) -> dict[str, Any]:
+    """The job's state now: `rng` is every rank's random states (a checkpoint) or this rank's (an
+    elastic commit); `optimizer` the optimizer state to keep (every rank's under local/diloco)."""
+    p, cfg = job._prepared, job.config
+    return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
+            "size": job.size, "hosts": job._host_names, "model": p.model.state_dict(), "optimizer": optimizer,
+            "scheduler": _scheduler_state(job._scheduler) if job._scheduler is not None else None,
+            "loss_scale": asdict(job.loss_scale) if job.loss_scale is not None else None,
+            "sync": job._sync.state_dict() if job._sync is not None else None,
+            "split": list(p.sampler.batch_sizes), "rng": rng, "config": asdict(cfg),
+            "metrics_offset": job._metrics.offset() if job._metrics is not None else 0,
+            "tracked": {name: obj.state_dict() for name, obj in job._tracked.items()}}
+
+
+def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
+    """Put `state` back into the job's prepared objects, in place, and continue from its position;
+    `rng` is this rank's random states to restore (None: draw new ones from the seed and step)."""
+    p = job._prepared
+    p.model.load_state_dict(state["model"])
+    optimizer = state["optimizer"]
+    if isinstance(optimizer, list):  # local/diloco: each rank's own; a rank more starts from rank 0's
+        optimizer = optimizer[job.rank] if job.rank < len(optimizer) else optimizer[0]
+    p.optimizer.load_state_dict(optimizer)
+    if job._scheduler is not None and state["scheduler"] is not None:
+        job._scheduler.load_state_dict(state["scheduler"])
+    if job.loss_scale is not None and state["loss_scale"]:
+        job.loss_scale = precision.LossScale(**state["loss_scale"])
+    if job._sync is not None and state["sync"] is not None:
+        job._sync.load_state_dict(state["sync"])
+    for name, obj in job._tracked.items():
+        if name in state["tracked"]:
+            obj.load_state_dict(state["tracked"][name])
+    # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
+    # is the run's). The same hosts get their random states back; others draw from the seed.
+    if rng is not None:
+        checkpoint.set_rng_state(rng)
+    else:
+        torch.manual_seed(job.config.seed * 1_000_003 + state["step"] * 101 + job.rank)
+    job.step = job._last_checkpoint = job._round_origin = state["step"]
+    job.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
+    job._start_epoch = job.epoch
+    p.loader.start_step = job.step
+
+
+def save_checkpoint(job: Job, epoch_done: bool) -> None:
+    """Everything a resume needs, written by rank 0 (every rank's part gathered), atomically; the
+    newest --keep-checkpoints kept. With local/diloco the ranks first agree on one model."""
+    p, cfg = job._prepared, job.config
+    if p is None or not cfg.keep_checkpoints:
+        return
+    started = time.perf_counter()
+    job._one_model()
+    rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
+    # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
+    optimizer = (hvd.allgather_object(to_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
+                 if job._sync is not None else p.optimizer.state_dict())
+    path = checkpoint.path_for(job.run_dir, job.step)
+    if job.is_main:
+        checkpoint.save_object(snapshot(job, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
+        checkpoint.keep_newest(job.run_dir, cfg.keep_checkpoints)
+    job._last_checkpoint, job._checkpoint_due = job.step, False
+    job._write("checkpoint", epoch=job.epoch, step=job.step, path=str(path),
+               seconds=round(time.perf_counter() - started, 4))
+
+
+def resume_from_disk(job: Job) -> str:
+    """--resume: every rank continues from rank 0's newest checkpoint that loads."""
+    found = checkpoint.newest(job.run_dir) if job.is_main else None
+    path, state = hvd.broadcast_object((str(found[0]), found[1]) if found else (None, None), root_rank=0,
+                                       name="hvdhetero.resume")
+    if state is None:
+        raise ConfigError(f"--resume: no checkpoint in {job.run_dir / checkpoint.FOLDER} loads (the run wrote "
+                          "none yet, or they were removed)")
+    hosts = job._host_names
+    same = state.get("hosts") == hosts
+    restore(job, state, state["rng"][job.rank] if same else None)
+    if job._metrics is not None:
+        job._metrics.truncate(state["metrics_offset"])  # what the run wrote after it is redone
+    if job.is_main:
+        change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
+        print(f"hvdhetero: resuming from {path} (epoch {job.epoch + 1}, step {job.step}{change})", flush=True)
+    return path
+
+
+def _scheduler_state(scheduler) -> dict:
+    """An LR scheduler's state without the once-per-step `step` that prepare put on it."""
+    return {k: v for k, v in scheduler.state_dict().items() if k != "step"}

@@ -1,0 +1,256 @@
+"""invoke train --elastic: a rank killed or frozen is dropped and the others go on from their last
+commit; a host that comes back rejoins; below --min-hosts the job ends with the usual message.
+Real horovodrun ranks (this machine's two slots run as two hosts, localhost and 127.0.0.1), real
+signals; after each, no process of the job is left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import LAUNCH_NS, ROOT, VENV_BIN, requires_root, run_cmd
+from hvdhetero.bench.recovery import job_pids, records, recovered, start, stop, under_way
+from hvdhetero.cluster import elastic, launch
+from hvdhetero.cluster import inventory as inv
+from hvdhetero.cluster.inventory import Host
+from hvdhetero.config import JobConfig
+from hvdhetero.rank import checkpoint
+
+PACED = str(ROOT / "tests" / "scripts" / "paced_digits.py")
+RUN = ["--script", PACED, "--", "20", "0.05"]
+"""20 epochs of 23 steps, each at least 50 ms on every rank (about 25 s undisturbed): as long
+with one rank as with two, so that a host is dropped and let back before the end."""
+RUN_LONG = ["--script", PACED, "--", "70", "0.05"]
+"""Across the namespaced hosts: outlasts 90 s frozen and the rejoin after it."""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-hosts", "2"], "--min-hosts and --commit-every go with --elastic"),
+    (["--commit-every", "5"], "--min-hosts and --commit-every go with --elastic"),
+    (["--elastic", "--min-hosts", "3"], "--min-hosts 3 is more than the 2 hosts of the job (local-1, local-2)"),
+    (["--elastic", "--commit-every", "0"], "--commit-every must be an integer >= 1"),
+    (["--elastic", "--sync", "diloco:4"], "--elastic needs --sync step, got --sync diloco:4"),
+])
+def test_bad_elastic_options_stop_before_anything_starts(args, message, tmp_path):
+    proc = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "run", "--dry-run"], check=False,
+                   timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, (proc.returncode, proc.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_elastic_command_runs_this_machines_two_slots_as_two_hosts():
+    inventory = inv.load(ROOT / "inventory.yaml")
+    config = JobConfig(run_dir="/tmp/run", elastic=True)
+    argv, _ = launch.command(inventory, inventory.select(None), config, launch.recipe([]),
+                             launcher_python="/opt/venv/bin/python")
+    assert argv[:18] == ["/opt/venv/bin/horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2",
+                         "--host-discovery-script", "/tmp/run/discover-hosts.py", "--blacklist-cooldown-range", "5",
+                         "60", "--elastic-timeout", "60", "--gloo", "--start-timeout", "120", "--gloo-timeout-seconds"]
+    assert argv[18] == "20" and "-H" not in argv
+    hosts = JobConfig.from_json(argv[argv.index("--job-json") + 1]).hosts
+    assert {a: h["name"] for a, h in hosts.items()} == {"localhost": "local-1", "127.0.0.1": "local-2"}
+
+
+def test_the_discovery_script_lists_the_hosts_that_answer(tmp_path):
+    """This machine always; another host when its SSH port takes a TCP connection (127.0.0.2 and
+    .3 stand for two hosts here: one with a listening port, one whose port refuses)."""
+    listening = socket.create_server(("127.0.0.2", 0))
+    closed = socket.create_server(("127.0.0.3", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    hosts = [Host("here", "localhost", slots=2), Host("up", "127.0.0.2", port=listening.getsockname()[1]),
+             Host("down", "127.0.0.3", port=closed_port)]
+    script = elastic.write_discovery(tmp_path / elastic.DISCOVERY, hosts, str(VENV_BIN / "python"))
+    try:
+        out = subprocess.run([str(script)], capture_output=True, text=True, timeout=30, check=True).stdout
+    finally:
+        listening.close()
+    assert out.split() == ["localhost:2", "127.0.0.2:1"], out
+
+
+def test_the_watch_kills_a_silent_rank_even_a_stopped_one_and_retries_a_host_that_did_not_answer():
+    """A SIGSTOPped process (a frozen rank) dies of SIGKILL; for a remote host the kill command
+    (ssh in a job; here a local stand-in) is retried until it works."""
+    here, there = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["sleep", "120"])
+    os.kill(here.pid, signal.SIGSTOP)
+    tries = []
+
+    def kill_argv(host, pid):  # the first try fails, as ssh to a host that is asleep
+        tries.append(pid)
+        return ["false"] if len(tries) == 1 else ["kill", "-KILL", str(pid)]
+
+    said = []
+    watch = elastic.Watch([Host("pc", "localhost"), Host("mac", "10.0.0.9")], 2, kill_argv, say=said.append)
+    watch.beat({"rank": 0, "host": "pc", "pid": here.pid})
+    watch.beat({"rank": 1, "host": "mac", "pid": there.pid})
+    watch.silent(0, 16.0)
+    watch.silent(1, 17.0)
+    try:
+        assert here.wait(timeout=10) == -signal.SIGKILL
+        assert watch.finish(within=20) == [] and there.wait(timeout=10) == -signal.SIGKILL and len(tries) == 2
+    finally:
+        for proc in (here, there):
+            proc.kill()
+    assert said[0].startswith("hvdhetero: elastic: rank 0 on host pc: no response for 16 s (frozen, asleep or cut off)")
+    assert watch.too_few({5: (0.0, "pc")}) and not watch.too_few({5: (0.0, "pc"), 6: (0.0, "mac")})
+
+
+def finished(proc: subprocess.Popen, within: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        out = stop(proc)
+        pytest.fail(f"the job did not end within {within} s:\n{out[-4000:]}")
+    return out
+
+
+def accuracy(run_dir) -> float:
+    return records(run_dir, "log")[-1]["test_accuracy"]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_cmd([VENV_BIN / "invoke", "train", "--run-dir", whole, *RUN], timeout=300)
+    proc = start(cut, *RUN)
+    under_way(proc, cut)
+    sent = time.time()
+    os.kill(job_pids(cut, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)  # local-2's
+    out = finished(proc, 300)
+    assert proc.returncode == 0, out[-4000:]
+    dropped_line = r"hvdhetero: elastic: rank \d on host local-2 killed by signal 9 \(SIGKILL\): host dropped"
+    assert re.search(dropped_line, out), out[-4000:]
+    assert "hvdhetero: elastic: dropped local-2; continuing on 1 rank(s) (local-1) from the commit at step" in out
+    dropped = recovered(cut, sent, within=0)
+    assert dropped["hosts"] == ["local-1"] and dropped["redone_steps"] <= 10, dropped
+    assert dropped["time"] - sent < 30, dropped["time"] - sent
+    # the killed host is listed again: after its cooldown it rejoins at a commit
+    assert "joined local-2; continuing on 2 rank(s) (local-1, local-2)" in out, out[-4000:]
+    assert abs(accuracy(cut) - accuracy(whole)) < 0.02 and accuracy(whole) > 0.95, (accuracy(cut), accuracy(whole))
+    assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
+    time.sleep(1)
+    assert not job_pids(cut)
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
+    proc = start(tmp_path, *RUN)
+    under_way(proc, tmp_path)
+    frozen = job_pids(tmp_path, by="HOROVOD_HOSTNAME")["localhost"]  # local-1's
+    sent = time.time()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        went_on = recovered(tmp_path, sent, within=90)
+    finally:
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        out = stop(proc)  # it went on (or not): the rest of the run is the kill test's
+    assert went_on is not None and went_on["time"] - sent < 60 and went_on["hosts"] == ["local-2"], (went_on, sent)
+    silent_line = r"rank \d on host local-1: no response for 1\d s \(frozen, asleep or cut off\): stopping it"
+    assert re.search(silent_line, out), out[-4000:]
+    time.sleep(1)
+    assert not job_pids(tmp_path)
+
+
+@pytest.mark.slow
+def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
+    proc = start(tmp_path, "--min-hosts", "2", *RUN)
+    under_way(proc, tmp_path)
+    deadline = time.monotonic() + 60
+    while not checkpoint.listed(tmp_path) and time.monotonic() < deadline:  # the first epoch's end
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    os.kill(job_pids(tmp_path, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)
+    out = finished(proc, 90)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 30, (time.monotonic() - t0, out[-4000:])
+    assert re.search(r"error: rank \d on host local-2 killed by signal 9 \(SIGKILL\); the other ranks were stopped",
+                     out), out[-3000:]
+    assert "fewer than --min-hosts 2 hosts were left" in out
+    assert f"newest checkpoint: {tmp_path / 'checkpoints'}" in out
+    assert f"resume with: invoke train --resume {tmp_path}" in out
+    assert "Traceback" not in out, out[-3000:]
+    time.sleep(1)
+    assert not job_pids(tmp_path)
+
+
+@requires_root
+@pytest.mark.slow
+def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejoins(provisioned, tmp_path):
+    """h1 and h2 (ci/testhosts), launched from a third namespace. The rank on h2 is stopped for
+    90 s (a laptop asleep): the watchdog kills it over SSH, h1 goes on within 60 s of the stop,
+    and h2, still answering, is started again and rejoins at a commit."""
+    inventory, _ = provisioned
+    run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes the metrics here
+    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--elastic",
+                             "--hosts", "h1,h2", "--inventory", str(inventory), "--run-dir", str(run_dir), *RUN_LONG],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        under_way(proc, run_dir, after_s=5.0, within=300)
+        frozen = job_pids(run_dir, by="HOROVOD_HOSTNAME")["10.213.0.12"]  # h2's rank
+        sent = time.time()
+        os.kill(frozen, signal.SIGSTOP)
+        went_on = recovered(run_dir, sent, within=60)
+        time.sleep(max(0.0, sent + 90 - time.time()))
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed by the watchdog, as it should be
+        out = finished(proc, 600)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    assert went_on is not None and went_on["hosts"] == ["h1"], (went_on, sent)
+    assert went_on["time"] - sent < 60, went_on["time"] - sent
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"rank \d on host h2: no response for 1\d s", out), out[-4000:]
+    assert "joined h2; continuing on 2 rank(s) (h1, h2)" in out, out[-4000:]
+    time.sleep(2)
+    for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):  # no process of the job anywhere
+        ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
+                            timeout=30).stdout
+        assert str(run_dir) not in ps, (ns, ps)
+
+
+@requires_root
+@pytest.mark.slow
+def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(provisioned, tmp_path):
+    """h2's link goes down for 60 s (Wi-Fi gone): its rank cannot be killed meanwhile. Its ssh
+    session ends (keepalive) and Gloo's timeout fails the survivor's collective, so h1 goes on
+    within 60 s; once the link is up, the old rank is killed over SSH and h2 rejoins."""
+    inventory, _ = provisioned
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--elastic",
+                             "--hosts", "h1,h2", "--inventory", str(inventory), "--run-dir", str(run_dir), *RUN_LONG],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    link = ["ip", "netns", "exec", "hvdt-h2", "ip", "link", "set", "enp3s0"]
+    try:
+        under_way(proc, run_dir, after_s=5.0, within=300)
+        sent = time.time()
+        subprocess.run([*link, "down"], check=True, timeout=30)
+        went_on = recovered(run_dir, sent, within=60)
+        time.sleep(max(0.0, sent + 60 - time.time()))
+    finally:
+        subprocess.run([*link, "up"], check=True, timeout=30)
+    try:
+        out = finished(proc, 600)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    assert went_on is not None and went_on["hosts"] == ["h1"] and went_on["time"] - sent < 60, (went_on, sent)
+    assert proc.returncode == 0, out[-4000:]
+    assert "joined h2; continuing on 2 rank(s) (h1, h2)" in out, out[-4000:]
+    time.sleep(2)
+    for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):
+        ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
+                            timeout=30).stdout
+        assert str(run_dir) not in ps, (ns, ps)
