@@ -60,6 +60,11 @@ def test_bench_writes_the_documented_json(tmp_path):
         [e / o - 1 for e, o in zip(result["engine"]["per_round_samples_per_s"],
                                    result["hvdhetero"]["per_round_samples_per_s"])]))
     assert "public API overhead" in proc.stdout
+    # Checkpoints as training writes them, timed, against the time between two by default
+    saving = result["checkpoint"]
+    assert saving["save_s"] > 0 and saving["bytes"] > 100_000 and saving["interval_s"] > 0
+    assert saving["cost"] == pytest.approx(saving["save_s"] / (saving["save_s"] + saving["interval_s"]))
+    assert "checkpoints at the default interval: " in proc.stdout
 
 
 def test_bench_takes_a_sync_mode_for_the_hvdhetero_phase_and_refuses_a_bad_one():

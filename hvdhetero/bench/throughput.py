@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from hvdhetero.config import JobConfig, check_sync
+from hvdhetero.rank import checkpoint, resume
 from hvdhetero.rank import host as rank_host
 from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                   "engine": engine_step(args, build, train_set, me.fresh(micro_batch=chunk))}
         chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
         seconds, counts = measure(args, phases)
+        saving = checkpoint_cost(phases["hvdhetero"], statistics.median(seconds["hvdhetero"]))
         # Every rank's solo rate in every round, on every rank.
         mine = [phases["solo"].batch / s for s in seconds["solo"]]
         flat = allreduce_sum([v for r in range(hvd.size()) for v in (mine if r == hvd.rank() else [0.0] * len(mine))],
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                     name=f"bench.exchanges.{name}")}
                         for name in ("hvdhetero", "engine"))
         if hvd.rank() == 0:
-            report(args, solo, horovod, ours, engine, counts)
+            report(args, solo, horovod, ours, engine, counts, saving)
     finally:
         hvd.shutdown()
 
@@ -300,6 +302,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
                                    job._sync.link_late])
 
     step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
+    step.job, step.epoch_steps = job, len(loader)
     step.exchanges, step.target = [], 0
     """Per round's end in the timed steps: [seconds blocked, of which waiting for the round applied
     (its slowest rank, then the link), whether that round was still on the link]."""
@@ -339,6 +342,24 @@ def engine_step(args, build, dataset, me: Rank):
     return step
 
 
+def checkpoint_cost(step, step_s: float, saves: int = 3) -> dict:
+    """What checkpointing costs the hvdhetero phase at the default interval: a few checkpoints
+    saved as training saves them (every rank takes part; with local/diloco the ranks first agree
+    on one model), the slowest rank's median time, against the time between two checkpoints by
+    default: an epoch (EPOCH_STEPS steps at the phase's measured step time, about CIFAR-10's at
+    batch 512) or --checkpoint-minutes, whichever is shorter."""
+    job, took = step.job, []
+    for i in range(saves):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        resume.save_checkpoint(job, epoch_done=False)
+        took.append(max(allreduce_sum(one_hot(time.perf_counter() - t0), f"bench.checkpoint.{i}")))
+    save_s = statistics.median(took)
+    interval_s = min(step.epoch_steps * step_s, job.config.checkpoint_minutes * 60 or math.inf)
+    return {"save_s": save_s, "interval_s": interval_s, "cost": save_s / (save_s + interval_s),
+            "bytes": max((f.stat().st_size for f in checkpoint.listed(job.run_dir)), default=0)}
+
+
 def where_time_goes(timings: list[tuple[float, float, float]]) -> dict:
     """This rank's median step: compute (forward/backward, straggling included), the reduce
     (mostly waiting for the slowest rank when the split is off) and the whole step; its mean
@@ -356,7 +377,8 @@ def sync_name(args) -> str:
     return args.sync + (" overlapped" if args.overlap_sync else "") + (" by-speed" if args.inner_steps != "same" else "") + wire
 
 
-def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict) -> None:
+def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict,
+           saving: dict) -> None:
     """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
     ratios within each round (paired, so the VM's drift between rounds cancels)."""
     med = statistics.median
@@ -385,6 +407,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         "horovod": horovod,
         "hvdhetero": ours,
         "engine": engine,
+        "checkpoint": saving,
         "hvdhetero_vs_horovod": med(o / h for o, h in zip(ours["per_round_samples_per_s"],
                                                           horovod["per_round_samples_per_s"])),
         # The public API's cost: how much faster the bare engine ran, paired within rounds.
@@ -417,6 +440,9 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
           f"(combined - fastest) / (sum - fastest): hvdhetero {ours['captured']:.0%}, plain horovod "
           f"{horovod['captured']:.0%}; hvdhetero's worst round {ours['min_vs_fastest']:.3f}x the fastest rank alone",
           flush=True)
+    print(f"checkpoints at the default interval: {saving['save_s'] * 1e3:,.1f} ms a save "
+          f"({saving['bytes'] / 1e6:,.2f} MB) every {saving['interval_s']:,.1f} s (an epoch of hvdhetero's "
+          f"steps, or --checkpoint-minutes if sooner): {saving['cost']:.2%} of training time", flush=True)
     if args.sync == "step":
         print(f"public API overhead (engine alone / hvdhetero, paired per round): {result['api_overhead']:+.2%}",
               flush=True)
