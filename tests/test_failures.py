@@ -13,27 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
 
 pytestmark = pytest.mark.slow
-
-
-def job_pids(run_dir: Path) -> dict[int, int]:
-    """This job's rank processes: {rank: pid} (their command line carries the run directory)."""
-    pids = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if "hvdhetero.rank.runner" in cmdline and str(run_dir) in cmdline:
-            rank = next((int(e.split(b"=")[1]) for e in environ if e.startswith(b"HOROVOD_RANK=")), None)
-            if rank is not None:
-                pids[rank] = int(proc.name)
-    return pids
 
 
 def leftover(run_dir: Path) -> list[int]:
