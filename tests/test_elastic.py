@@ -254,3 +254,17 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
         ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
                             timeout=30).stdout
         assert str(run_dir) not in ps, (ns, ps)
+
+
+@pytest.mark.slow
+def test_a_scripts_own_error_is_no_host_failure_the_job_ends_with_it(tmp_path):
+    """Under --elastic a rank whose script raises is not dropped (the others would only raise
+    too): the job ends with the script's error, as without --elastic."""
+    t0 = time.monotonic()
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--elastic", "--script", ROOT / "tests" / "scripts" / "raises.py",
+                    "--run-dir", tmp_path], check=False, timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 60, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"error: rank \d on host local-\d failed: ValueError: boom on purpose", proc.stderr), proc.stderr
+    assert "host dropped" not in proc.stdout
+    time.sleep(1)
+    assert not job_pids(tmp_path)

@@ -19,14 +19,17 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from hvdhetero.cluster.console import without_heartbeat
 from hvdhetero.cluster.inventory import Host, Inventory
 from hvdhetero.errors import ConfigError
+from hvdhetero.progress import ALIVE_TAG, ERROR_TAG
 
 DISCOVERY = "discover-hosts.py"
 LOCAL_ALIASES = ("localhost", "127.0.0.1")
@@ -118,6 +121,18 @@ def write_discovery(path: str | Path, hosts: Sequence[Host], python: str) -> Pat
     return path
 
 
+class TooFew(Exception):
+    """A rank exited and fewer than --min-hosts hosts are left."""
+
+
+class ScriptFailed(Exception):
+    """A rank's script raised (its summary line): no host failure, the job ends."""
+
+    def __init__(self, failure: dict):
+        super().__init__(failure)
+        self.failure = failure
+
+
 class Watch:
     """The launcher's side of --elastic: every rank process's host and pid (from its heartbeat);
     a silent one killed, a dead one noted; says when fewer than `min_hosts` hosts are left."""
@@ -155,6 +170,33 @@ class Watch:
         self.say(f"hvdhetero: elastic: rank {rank} on host {host} {what}: host dropped; the others go on from their "
                  "last commit")
 
+    def read(self, body: str, exit_line: bool = False) -> bool:
+        """One of horovodrun's lines (`body`: without the rank prefix): a heartbeat tells this
+        watch its rank's pid; a script's own error ends the job (ScriptFailed: not a host's
+        failure). False: the line stays off the console (it is in the rank's log): horovodrun's
+        exit line (`exit_line`, said in words by `exited`) and Horovod's reset noise."""
+        if exit_line or noise(body):
+            return False
+        if ALIVE_TAG in body:
+            _, beat = without_heartbeat(body)
+            if beat is not None:
+                self.beat(beat)
+        elif body.startswith(ERROR_TAG):
+            try:
+                failure = json.loads(body[len(ERROR_TAG):])
+            except ValueError:  # cut short: the relay shows what there is
+                return True
+            raise ScriptFailed(failure)
+        return True
+
+    def ended(self) -> str:
+        """Why the job ended after all, and the hosts dropped before (for its failure message)."""
+        if not self.dropped:
+            return ""
+        before = "; ".join(f"rank {d['rank']} on {d['host']} ({d['what']})" for d in self.dropped[:-1])
+        return (f"\n  elastic: fewer than --min-hosts {self.min_hosts} hosts were left"
+                + (f" (dropped before: {before})" if before else ""))
+
     def too_few(self, alive: dict) -> bool:
         """Fewer than min_hosts hosts have a rank that beats."""
         return len({host for _, host in alive.values()}) < self.min_hosts
@@ -170,14 +212,19 @@ class Watch:
             threading.Thread(target=self._kill, args=(host, pid), name="hvdhetero-kill", daemon=True).start()
 
     def finish(self, within: float = 30.0) -> list[str]:
-        """At the end: keep trying the kills still pending for up to `within` seconds; returns
-        what is left (host: pid), which ends itself at its next heartbeat once it runs again."""
+        """At the end: keep trying the kills still pending for up to `within` seconds; warns of
+        and returns what is left (host: pid), which ends itself at its next heartbeat once it
+        runs again (its launcher gone)."""
         deadline = time.monotonic() + within
         while self.pending and time.monotonic() < deadline:
             time.sleep(1.0)
             self.tick()
         with self._lock:
-            return [f"{host}: pid {pid}" for host, pid in self.pending]
+            left = [f"{host}: pid {pid}" for host, pid in self.pending]
+        for what in left:
+            print(f"warning: could not stop the silent rank on {what} (its host does not answer); it ends itself "
+                  "at its next heartbeat, its launcher gone", file=sys.stderr)
+        return left
 
     def _kill(self, host_name: str, pid: int) -> None:
         host = self.hosts.get(host_name)

@@ -225,9 +225,18 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
     silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic.SILENT_S if watch else progress.SILENT_S))
+    logs = console.RankLogs(run_dir) if run_dir is not None else None
+    try:
+        return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs)
+    finally:
+        if watch is not None:
+            watch.finish()  # a silent rank whose host did not answer yet: killed once it does (bounded)
+
+
+def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silent_s: float,
+         logs: console.RankLogs | None) -> list[dict]:
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
-    logs = console.RankLogs(run_dir) if run_dir is not None else None
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
@@ -236,23 +245,19 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
                                      live.display_for(sys.stdout), results=results, alive=alive)
         except _Silent as silent:
             _stop(proc)
-            _finish(watch)
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
-                              f"(frozen, asleep or cut off); the job was stopped" + _fewer(watch)
+                              f"(frozen, asleep or cut off); the job was stopped" + _ended(watch)
                               + _output_hint(logs, silent.rank) + resume_hint(run_dir, rank0_host)) from None
-        except _TooFew:
+        except elastic.TooFew:
             _stop(proc)
-            _finish(watch)
             last = watch.dropped[-1]
             raise LaunchError(f"rank {last['rank']} on host {last['host']} {last['what']}; the other ranks were "
-                              f"stopped" + _fewer(watch) + resume_hint(run_dir, rank0_host)) from None
-        except _Failed as failed:  # elastic: a script's own error is no host failure: the job ends
+                              f"stopped" + _ended(watch) + resume_hint(run_dir, rank0_host)) from None
+        except elastic.ScriptFailed as failed:  # a script's own error is no host failure: the job ends
             _stop(proc)
-            _finish(watch)
             raise LaunchError(console.failure_summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
         except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
             _stop(proc)
-            _finish(watch)
             raise
         finally:
             if logs is not None:
@@ -260,7 +265,6 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     for failure in failures:
         if logs is not None and logs.has(failure["rank"]):
             failure["log"] = str(logs.path(failure["rank"]))
-    _finish(watch)
     if watch is not None and proc.returncode == 0:  # ranks were dropped, the job went on
         return results
     first = next(iter(exits.items()), None)
@@ -269,7 +273,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         hosts = {r: h for r, (_, h) in alive.items()}
         rank = next(iter(exits), None)
-        raise LaunchError(died(exits, hosts, proc.returncode) + _fewer(watch) + _output_hint(logs, rank)
+        raise LaunchError(died(exits, hosts, proc.returncode) + _ended(watch) + _output_hint(logs, rank)
                           + resume_hint(run_dir, rank0_host))
     return results
 
@@ -289,57 +293,14 @@ def _signalled(code: int) -> bool:
 EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
 
 
+def _ended(watch: elastic.Watch | None) -> str:
+    return watch.ended() if watch is not None else ""
+
+
 class _Silent(Exception):
     def __init__(self, rank: int, host: str, seconds: float):
         super().__init__(rank, host, seconds)
         self.rank, self.host, self.seconds = rank, host, seconds
-
-
-class _TooFew(Exception):
-    """Elastic: a rank exited and fewer than --min-hosts hosts are left."""
-
-
-def _elastic_line(line: str, watch: elastic.Watch) -> bool:
-    """A heartbeat tells the watch its rank's pid; a script's own error ends the job (_Failed).
-    False: the line stays off the console (it is in the rank's log)."""
-    match = progress.PREFIX.match(line)
-    body = line[match.end():] if match else line
-    if EXIT_LINE.match(line) or elastic.noise(body):
-        return False
-    if progress.ALIVE_TAG in body:
-        _, beat = console.without_heartbeat(body)
-        if beat is not None:
-            watch.beat(beat)
-    elif body.startswith(progress.ERROR_TAG):
-        try:
-            failure = json.loads(body[len(progress.ERROR_TAG):])
-        except ValueError:  # cut short: the relay shows what there is
-            return True
-        raise _Failed(failure)
-    return True
-
-
-class _Failed(Exception):
-    def __init__(self, failure: dict):
-        super().__init__(failure)
-        self.failure = failure
-
-
-def _fewer(watch: elastic.Watch | None) -> str:
-    """Elastic: why the job ended after all, and the hosts dropped before."""
-    if watch is None or not watch.dropped:
-        return ""
-    before = "; ".join(f"rank {d['rank']} on {d['host']} ({d['what']})" for d in watch.dropped[:-1])
-    return (f"\n  elastic: fewer than --min-hosts {watch.min_hosts} hosts were left"
-            + (f" (dropped before: {before})" if before else ""))
-
-
-def _finish(watch: elastic.Watch | None) -> None:
-    """Elastic: a silent rank whose host did not answer is killed once it does (bounded)."""
-    if watch is not None:
-        for left in watch.finish():
-            print(f"warning: could not stop the silent rank on {left} (its host does not answer); it ends itself "
-                  "at its next heartbeat, its launcher gone", file=sys.stderr)
 
 
 def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
@@ -376,8 +337,9 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
                     watch.exited(rank, _what(int(match.group(2))))
                     alive.pop(rank, None)
                     if watch.too_few(alive):
-                        raise _TooFew()
-            if watch is not None and not _elastic_line(line, watch):
+                        raise elastic.TooFew()
+            prefix = progress.PREFIX.match(line)
+            if watch is not None and not watch.read(line[prefix.end():] if prefix else line, bool(match)):
                 continue  # horovodrun's exit line (the watch said it in words), Horovod's reset noise
             # Once a rank has ended, the rest is horovodrun stopping the others (its traceback,
             # the survivors' broken collectives): only our tagged lines go on to the relay.
