@@ -5,6 +5,7 @@ signals (SIGKILL; SIGSTOP as a sleeping laptop)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, VENV_BIN, run_cmd
+from conftest import LAUNCH_NS, ROOT, VENV_BIN, requires_root, run_cmd
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
 
@@ -95,3 +96,45 @@ def test_a_rank_whose_script_returned_is_not_taken_for_a_frozen_one(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "main_lingers.py",
                     "--run-dir", tmp_path, "--", "15"], env={"HVDHETERO_SILENT_S": "8"}, timeout=300)
     assert "rank 0 finished its own work" in proc.stdout
+
+
+@requires_root
+def test_across_namespaced_hosts_a_link_down_ends_the_job_within_60_s_and_nothing_is_left(provisioned, tmp_path):
+    """Without --elastic: h2's link goes down (Wi-Fi gone) and stays down past the bound. Its rank
+    sends nothing and closes nothing; the job ends within 60 s with the message naming h2's rank
+    and the resume command. Once the link is back, the rank stranded on h2 is gone too (killed
+    over SSH, or ended by itself with its launcher gone)."""
+    inventory, _ = provisioned
+    run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes here
+    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--hosts", "h1,h2",
+                             "--inventory", str(inventory), "--run-dir", str(run_dir), "--checkpoint-every", "20",
+                             "--script", str(ROOT / "tests" / "scripts" / "paced_digits.py"), "--", "70", "0.05"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    link = ["ip", "netns", "exec", "hvdt-h2", "ip", "link", "set", "enp3s0"]
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.listed(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert checkpoint.listed(run_dir), "the run did not get going"
+        subprocess.run([*link, "down"], check=True, timeout=30)
+        try:
+            out, took = ended(proc, 60)
+        finally:
+            subprocess.run([*link, "up"], check=True, timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1 and took < 60, (took, out[-3000:])
+    assert re.search(r"error: rank \d on host h2", out), out[-3000:]
+    assert f"resume with: invoke train --resume {run_dir}" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    deadline = time.monotonic() + 90  # the stranded rank: gone once its host answers again
+    while time.monotonic() < deadline:
+        left = {ns: ps for ns in (LAUNCH_NS, "hvdt-h1", "hvdt-h2")
+                if str(run_dir) in (ps := subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"],
+                                                         capture_output=True, text=True, timeout=30).stdout)}
+        if not left:
+            break
+        time.sleep(2)
+    assert not left, left
