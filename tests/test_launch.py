@@ -110,3 +110,12 @@ hosts:
     ssh = argv[argv.index("-e") + 1]
     assert ssh.startswith("ssh -p 2222 -o BatchMode=yes") and "-o StrictHostKeyChecking=yes" in ssh
     assert "-o UserKnownHostsFile=/k/known_hosts" in ssh and ssh.endswith(f"-i {key}")
+
+
+@pytest.mark.parametrize("code, says", [
+    (-9, "killed by signal 9 (SIGKILL)"), (137, "killed by signal 9 (SIGKILL)"), (1, "exited with code 1"),
+    (255, "was cut off (exit 255: ssh lost the connection to its host"),
+])
+def test_a_ranks_end_is_said_in_words_ssh_losing_its_host_is_no_signal(code, says):
+    said = launch.died({1: code}, {1: "mac"}, 1)
+    assert said.startswith(f"rank 1 on host mac {says}") and said.endswith("the other ranks were stopped"), said

@@ -268,7 +268,7 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silen
     if watch is not None and proc.returncode == 0:  # ranks were dropped, the job went on
         return results
     first = next(iter(exits.items()), None)
-    if failures and not (first and _signalled(first[1])):
+    if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
         raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         hosts = {r: h for r, (_, h) in alive.items()}
@@ -285,9 +285,14 @@ def _output_hint(logs: console.RankLogs | None, rank: int | None) -> str:
     return f"\n  its output: {logs.path(rank)}"
 
 
+SSH_LOST = 255
+"""ssh's own exit code: the connection to the host failed or was cut (a rank on another host)."""
+
+
 def _signalled(code: int) -> bool:
-    """An exit code that means a signal ended the process (-N from Python, 128+N from a shell)."""
-    return code < 0 or code > 128
+    """An exit code that means a signal ended the process (-N from Python, 128+N from a shell;
+    signals go up to 64, so 255 is ssh's, not a signal's)."""
+    return code < 0 or 128 < code <= 128 + 64
 
 
 EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
@@ -381,6 +386,8 @@ def died(exits: dict[int, int], hosts: dict[int, str], returncode: int) -> str:
 
 def _what(code: int) -> str:
     """A rank's exit code in words: killed by signal 9 (SIGKILL), exited with code 1."""
+    if code == SSH_LOST:
+        return "was cut off (exit 255: ssh lost the connection to its host: down, asleep or off the network)"
     if not _signalled(code):
         return f"exited with code {code}"
     signum = -code if code < 0 else code - 128
