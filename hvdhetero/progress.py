@@ -66,8 +66,9 @@ class Reporter:
     monotonic clock at most every `every` seconds, and always at its first step and at each
     epoch's last."""
 
-    def __init__(self, rank: int, host: str, device: str, every: float = REPORT_S, out=None):
-        self.who = {"rank": rank, "host": host, "device": device}
+    def __init__(self, rank: int, host: str, device: str, every: float = REPORT_S, out=None,
+                 size: int | None = None):
+        self.who = {"rank": rank, "host": host, "device": device, **({"size": size} if size else {})}
         self.every, self.out = every, out
         self.steps = self.samples = 0
         self.compute_s = self.wait_s = 0.0

@@ -71,6 +71,19 @@ def test_rates_follow_the_last_seconds_of_the_rank():
     assert board.rows()[0].steps_per_s == pytest.approx(2)
 
 
+def test_under_elastic_a_dropped_hosts_row_goes_and_a_joined_one_comes():
+    """Three ranks, then the host of rank 2 dropped: the survivors' records say the job's size is
+    2 and rank 2's row goes; once it is back (size 3) it has a row again."""
+    board = live.Board()
+    for rank in range(3):
+        board.update(record(rank, 1.0, 1, size=3))
+    assert [r.rank for r in board.rows()] == [0, 1, 2]
+    board.update(record(0, 50.0, 1, size=2))  # a Job for the new membership: its totals start again
+    assert [r.rank for r in board.rows()] == [0, 1]
+    board.update(record(2, 90.0, 1, size=3))
+    assert [r.rank for r in board.rows()] == [0, 1, 2]
+
+
 def test_plain_lines_print_a_block_once_every_rank_ended_the_epoch():
     out = io.StringIO()
     display = live.PlainLines(out, every=3600)

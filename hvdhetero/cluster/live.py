@@ -129,6 +129,9 @@ class Board:
             except (KeyError, TypeError, ValueError):  # not ours, or from another version
                 return False
             self.tracks[rank] = track
+            if isinstance(record.get("size"), int):  # --elastic: a host dropped, its ranks' rows go
+                for gone in [r for r in self.tracks if r >= record["size"]]:
+                    del self.tracks[gone]
             epoch = record.get("epoch")
             return _ends_epoch(record) and all(t.last.get("epoch") == epoch and _ends_epoch(t.last)
                                                for t in self.tracks.values())

@@ -286,7 +286,7 @@ class Job:
         p = self._prepared
         if self._reporter is None:
             self._reporter = progress.Reporter(self.rank, self._host.get("name") or socket.gethostname(),
-                                               self.me.device.describe())
+                                               self.me.device.describe(), size=self.size)
         compute_s, wait_s = self.last_step_seconds
         if self._sync is not None:  # local/diloco: what the last exchange blocked this rank, once a round
             wait_s += self._reporter.exchanged(self._sync.rounds, self._sync.last_exchange_s)
