@@ -24,11 +24,18 @@ def leftover(run_dir: Path) -> list[int]:
     return list(job_pids(run_dir).values())
 
 
-def started(run_dir: Path) -> subprocess.Popen:
-    """A long run (50 epochs of 90 steps) with a checkpoint every 20 steps, once one is written."""
-    proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", "--epochs", "50", "--checkpoint-every", "20",
-                             "--run-dir", str(run_dir), "--", "--repeat", "4"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+LONG = ["--epochs", "50", "--checkpoint-every", "20"]
+"""A run that outlasts any test: 50 epochs of 90 steps, a checkpoint every 20 steps."""
+EXACT = ["--epochs", "3", "--checkpoint-every", "20", "--checkpoint-minutes", "0", "--equal-split",
+         "--micro-batch", "0", "--seed", "3"]
+"""A short run whose resume ends bit for bit as an uninterrupted one (tests/test_checkpoint.py)."""
+
+
+def started(run_dir: Path, args=LONG) -> subprocess.Popen:
+    """`invoke train ARGS` (90 steps an epoch), once its first checkpoint is written."""
+    proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", *args, "--run-dir", str(run_dir), "--", "--repeat",
+                             "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 180
     while not checkpoint.listed(run_dir) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -46,9 +53,9 @@ def ended(proc: subprocess.Popen, within: float) -> tuple[str, float]:
     return out, time.monotonic() - t0
 
 
-def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command(tmp_path):
+def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_which_ends_as_undisturbed(tmp_path):
     run_dir = tmp_path / "run"
-    proc = started(run_dir)
+    proc = started(run_dir, EXACT)
     os.kill(job_pids(run_dir)[1], signal.SIGKILL)
     out, took = ended(proc, 30)
     assert proc.returncode == 1 and took < 30, (took, out[-3000:])
@@ -58,8 +65,13 @@ def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command(tmp_
     assert f"resume with: invoke train --resume {run_dir}" in out
     assert "Traceback" not in out and "RuntimeError: Horovod detected" not in out, out[-3000:]
     assert not leftover(run_dir)
-    resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir, "--dry-run"], timeout=60)
-    assert '"resume": true' in resumed.stdout and "--epochs 50" in resumed.stdout
+    # the command it printed, run: the resumed run ends as one never interrupted (same parameters)
+    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=600)
+    whole = tmp_path / "whole"
+    run_cmd([VENV_BIN / "invoke", "train", *EXACT, "--run-dir", whole, "--", "--repeat", "4"], timeout=600)
+    a, b = (checkpoint.read_metrics(d / "metrics.jsonl")[-1] for d in (whole, run_dir))
+    assert a["event"] == b["event"] == "end", (a, b)
+    assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
 
 
 def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tmp_path):
