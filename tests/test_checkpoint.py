@@ -147,3 +147,25 @@ def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_a
     assert saves >= 5, f"only {saves} saves completed in 20 runs: the kills did not interleave with saves"
     out = run_cmd([VENV_BIN / "invoke", "train", "--resume", run], timeout=600)
     assert f"step {done})" in out.stdout and "nothing left to train" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_run_resumes_on_fewer_ranks_and_the_split_is_made_for_them(tmp_path):
+    """Killed on two ranks; resumed with another inventory whose host has one slot (the Mac left
+    at home): the run continues from the newest checkpoint to its end on one rank, the split made
+    for one rank (the checkpoint's two-rank split is not forced on it)."""
+    run_dir = tmp_path / "run"
+    killed_after_step(["--epochs", "2", "--checkpoint-every", "25", "--checkpoint-minutes", "0"], run_dir, 50)
+    newest = checkpoint.newest(run_dir)
+    assert newest is not None and not newest[1]["epoch_done"], newest
+    inventory = tmp_path / "one.yaml"
+    inventory.write_text((ROOT / "inventory.yaml").read_text().replace("slots: 2", "slots: 1")
+                         .replace("env: .venv", f"env: {ROOT / '.venv'}"))
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir, "--inventory", inventory], timeout=600)
+    assert f"resuming from {newest[0]}" in proc.stdout, proc.stdout[-3000:]
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    starts = [r for r in records if r["event"] == "start"]
+    assert [s["ranks"] for s in starts] == [2, 1], starts
+    after = [r for r in records if r["event"] == "epoch" and r["time"] > starts[1]["time"]]
+    assert after and all(len(r["split"]) == 1 for r in after), after
+    assert records[-1]["event"] == "end" and records[-1]["test_accuracy"] > 0.9, records[-1]
