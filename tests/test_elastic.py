@@ -55,6 +55,8 @@ def test_the_elastic_command_runs_this_machines_two_slots_as_two_hosts():
     assert argv[18] == "20" and "-H" not in argv
     hosts = JobConfig.from_json(argv[argv.index("--job-json") + 1]).hosts
     assert {a: h["name"] for a, h in hosts.items()} == {"localhost": "local-1", "127.0.0.1": "local-2"}
+    # one machine as two hosts: each rank its half of the cores, as two ranks of one host get
+    assert {a: h["machine_share"] for a, h in hosts.items()} == {"localhost": [0, 2], "127.0.0.1": [1, 2]}
 
 
 def test_the_discovery_script_lists_the_hosts_that_answer(tmp_path):
@@ -133,6 +135,8 @@ def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_pat
     # the killed host is listed again: after its cooldown it rejoins at a commit
     assert "joined local-2; continuing on 2 rank(s) (local-1, local-2)" in out, out[-4000:]
     assert abs(accuracy(cut) - accuracy(whole)) < 0.02 and accuracy(whole) > 0.95, (accuracy(cut), accuracy(whole))
+    cores = os.cpu_count() // 2
+    assert records(whole, "start")[0]["devices"] == [f"cpu ({cores} threads)"] * 2, "the two hosts share the cores"
     assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
     time.sleep(1)
     assert not job_pids(cut)

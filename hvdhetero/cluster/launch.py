@@ -53,10 +53,16 @@ def env_python(inventory: Inventory, host: Host) -> str:
 
 
 def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
-    """What each rank needs to know about its own host, keyed by the name horovodrun uses."""
+    """What each rank needs to know about its own host, keyed by the name horovodrun uses.
+    Hosts that are this machine under several names (--elastic runs the local host's slots as
+    localhost and 127.0.0.1) get their share of its cores, [index, count], as ranks of one host
+    get theirs from Horovod's local rank and size."""
+    local = [h.address for h in hosts if h.is_local]
     return {
         h.address: {"name": h.name, "device": h.device, "interface": h.interface, "slowdown": h.slowdown,
-                    "max_batch": h.max_batch}
+                    "max_batch": h.max_batch,
+                    **({"machine_share": [local.index(h.address), len(local)]} if len(local) > 1 and h.is_local
+                       else {})}
         for h in hosts
     }
 

@@ -41,10 +41,12 @@ def set_gloo_interface(host: dict) -> None:
 
 
 def pin_cpu_rank(host: dict) -> None:
-    """CPU ranks sharing a machine get a core share each (horovodrun sets the local rank/size)."""
+    """CPU ranks sharing a machine get a core share each (horovodrun sets the local rank/size;
+    the launcher sets `machine_share` for one machine run as several hosts, under --elastic)."""
     if host.get("device", "auto") == "cpu":
-        devices.pin_local_rank(int(os.environ.get("HOROVOD_LOCAL_RANK", 0)),
-                               int(os.environ.get("HOROVOD_LOCAL_SIZE", 1)))
+        index, count = host.get("machine_share") or (os.environ.get("HOROVOD_LOCAL_RANK", 0),
+                                                     os.environ.get("HOROVOD_LOCAL_SIZE", 1))
+        devices.pin_local_rank(int(index), int(count))
 
 
 def make_rank(host: dict, slowdown: float) -> Rank:
