@@ -1,0 +1,96 @@
+"""`invoke bench`'s table and JSON, from the phases' per-round rates (bench/throughput.py):
+rates are medians over rounds, ratios medians of the ratios within rounds."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import horovod.torch as hvd
+
+from hvdhetero.recipes import models
+
+
+def sync_name(args) -> str:
+    wire = ", fp16 wire" if args.compression != "none" else ""
+    return args.sync + (" overlapped" if args.overlap_sync else "") + (" by-speed" if args.inner_steps != "same" else "") + wire
+
+
+def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict,
+           saving: dict) -> None:
+    """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
+    ratios within each round (paired, so the VM's drift between rounds cancels)."""
+    med = statistics.median
+    rounds = range(len(solo_rounds[0]))
+    total_r = [sum(rank[r] for rank in solo_rounds) for r in rounds]
+    fastest_r = [max(rank[r] for rank in solo_rounds) for r in rounds]
+    solo = [med(rank) for rank in solo_rounds]
+    total, fastest = sum(solo), max(solo)
+    for job in (horovod, ours, engine):
+        rates = job["per_round_samples_per_s"]
+        job["samples_per_s"] = med(rates)
+        job["efficiency"] = med(rates[r] / total_r[r] for r in rounds)
+        job["vs_fastest"] = med(rates[r] / fastest_r[r] for r in rounds)
+        job["min_vs_fastest"] = min(rates[r] / fastest_r[r] for r in rounds)
+        # What the job made of the slower ranks: 1 = all their solo speed added, < 0 = a loss.
+        job["captured"] = med((rates[r] - fastest_r[r]) / (total_r[r] - fastest_r[r]) for r in rounds)
+    result = {
+        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync,
+                   "inner_steps": args.inner_steps,
+                   "compression": args.compression, "dataset": args.dataset,
+                   "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
+                   "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,
+                   "warmup": args.warmup, "timed_steps": counts},
+        "solo": {"samples_per_s": total, "per_rank_samples_per_s": solo, "fastest": fastest,
+                 "per_round_samples_per_s": total_r, "per_round_fastest": fastest_r},
+        "horovod": horovod,
+        "hvdhetero": ours,
+        "engine": engine,
+        "checkpoint": saving,
+        "hvdhetero_vs_horovod": med(o / h for o, h in zip(ours["per_round_samples_per_s"],
+                                                          horovod["per_round_samples_per_s"])),
+        # The public API's cost: how much faster the bare engine ran, paired within rounds.
+        "api_overhead": med(e / o - 1 for e, o in zip(engine["per_round_samples_per_s"],
+                                                      ours["per_round_samples_per_s"])),
+    }
+    rows = [(f"solo rank {i}", s, None, None, "") for i, s in enumerate(solo)]
+    rows += [("solo, sum", total, 1.0, total / fastest, ""),
+             ("plain horovod", horovod["samples_per_s"], horovod["efficiency"], horovod["vs_fastest"],
+              str(horovod["split"])),
+             ("hvdhetero", ours["samples_per_s"], ours["efficiency"], ours["vs_fastest"],
+              f"{ours['split']}, chunks {ours['micro_batches']}"),
+             ("engine (no API)", engine["samples_per_s"], engine["efficiency"], engine["vs_fastest"],
+              str(engine["split"]))]
+    print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, hvdhetero --sync {sync_name(args)}, global batch "
+          f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats} rounds; "
+          f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}, "
+          f"engine {counts['engine']}")
+    print(f"{'':16}{'samples/s':>12}{'E':>8}{'vs fastest':>12}  split")
+    for name, rate, eff, vs, split in rows:
+        e = f"{eff:8.3f}" if eff is not None else " " * 8
+        v = f"{vs:12.3f}" if vs is not None else " " * 12
+        print(f"{name:16}{rate:12,.0f}{e}{v}  {split}")
+    steps = ours["per_rank_step_ms"]
+    per_rank = lambda key: " / ".join(f"{r[key]:.1f}" for r in steps)  # noqa: E731
+    print(f"hvdhetero median step, ms per rank: compute {per_rank('compute_ms')}, reduce (mostly waiting for "
+          f"the slower rank) {per_rank('reduce_ms')}, whole step {per_rank('step_ms')}; "
+          f"mean step {steps[0]['mean_step_ms']:.1f}")
+    print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x; slower ranks' solo speed captured "
+          f"(combined - fastest) / (sum - fastest): hvdhetero {ours['captured']:.0%}, plain horovod "
+          f"{horovod['captured']:.0%}; hvdhetero's worst round {ours['min_vs_fastest']:.3f}x the fastest rank alone",
+          flush=True)
+    print(f"checkpoints at the default interval: {saving['save_s'] * 1e3:,.1f} ms a save "
+          f"({saving['bytes'] / 1e6:,.2f} MB) every {saving['interval_s']:,.1f} s (an epoch of hvdhetero's "
+          f"steps, or --checkpoint-minutes if sooner): {saving['cost']:.2%} of training time", flush=True)
+    if args.sync == "step":
+        print(f"public API overhead (engine alone / hvdhetero, paired per round): {result['api_overhead']:+.2%}",
+              flush=True)
+    else:
+        print(f"hvdhetero --sync {sync_name(args)} / step sync (engine), paired per round: "
+              f"{1 / (1 + result['api_overhead']):.3f}x", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.flush()
