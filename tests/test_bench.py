@@ -91,3 +91,35 @@ def test_bench_runs_a_mode_whose_slow_rank_merges_steps(tmp_path):
     result = json.loads(out.read_text())
     assert result["config"]["inner_steps"] == "by-speed" and result["config"]["timed_steps"]["hvdhetero"] % 4 == 0
     assert len(result["hvdhetero"]["per_round_samples_per_s"]) == 2 and result["hvdhetero"]["samples_per_s"] > 0
+
+
+def _job(rates, split):
+    return {"per_round_samples_per_s": rates, "split": split, "micro_batches": [None] * len(split),
+            "per_rank_step_ms": [{"compute_ms": 1.0, "reduce_ms": 0.1, "step_ms": 1.2, "mean_step_ms": 1.3}]}
+
+
+@pytest.mark.parametrize("solo, ours, captured", [
+    ([[100.0, 110.0]], [90.0, 99.0], None),  # one host: nothing slower to capture
+    ([[100.0, 110.0], [20.0, 20.0]], [112.0, 121.0], 0.575),  # rounds: 12/20, 11/20
+])
+def test_the_report_takes_one_host_as_well_as_two(tmp_path, solo, ours, captured, capsys):
+    """`invoke bench --hosts pc` (one rank) divided by zero: captured is (combined - fastest) /
+    (sum - fastest), and with one rank there is no slower one."""
+    from types import SimpleNamespace
+
+    from hvdhetero.bench.summary import report
+
+    args = SimpleNamespace(slowdown=1.0, sync="step", overlap_sync=False, inner_steps="same", compression="none",
+                           dataset="digits", model="", batch_size=512, steps=8, min_seconds=6.0, repeats=2, warmup=2,
+                           out=str(tmp_path / "b.json"))
+    split = [512 // len(solo)] * len(solo)
+    report(args, solo, _job([80.0, 90.0], split), _job(ours, split), _job(ours, split),
+           {"solo": [10] * len(solo), "horovod": 8, "hvdhetero": 10, "engine": 10},
+           {"save_s": 0.02, "interval_s": 30.0, "cost": 0.02 / 30.02, "bytes": 1000})
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result["config"]["ranks"] == len(solo)
+    assert result["hvdhetero"]["vs_fastest"] == pytest.approx(statistics.median([o / s for o, s in zip(ours, solo[0])]))
+    if captured is None:
+        assert result["hvdhetero"]["captured"] is None and "captured" not in capsys.readouterr().out
+    else:
+        assert result["hvdhetero"]["captured"] == pytest.approx(captured, abs=0.01)

@@ -8,8 +8,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import horovod.torch as hvd
-
 from hvdhetero.recipes import models
 
 
@@ -35,9 +33,11 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         job["vs_fastest"] = med(rates[r] / fastest_r[r] for r in rounds)
         job["min_vs_fastest"] = min(rates[r] / fastest_r[r] for r in rounds)
         # What the job made of the slower ranks: 1 = all their solo speed added, < 0 = a loss.
-        job["captured"] = med((rates[r] - fastest_r[r]) / (total_r[r] - fastest_r[r]) for r in rounds)
+        # (None with one rank: there is no slower rank to capture.)
+        job["captured"] = (med((rates[r] - fastest_r[r]) / (total_r[r] - fastest_r[r]) for r in rounds)
+                           if len(solo_rounds) > 1 else None)
     result = {
-        "config": {"ranks": hvd.size(), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync,
+        "config": {"ranks": len(solo_rounds), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync,
                    "inner_steps": args.inner_steps,
                    "compression": args.compression, "dataset": args.dataset,
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
@@ -63,7 +63,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
               f"{ours['split']}, chunks {ours['micro_batches']}"),
              ("engine (no API)", engine["samples_per_s"], engine["efficiency"], engine["vs_fastest"],
               str(engine["split"]))]
-    print(f"\nbenchmark: {hvd.size()} ranks, last rank {args.slowdown:g}x slower, hvdhetero --sync {sync_name(args)}, global batch "
+    print(f"\nbenchmark: {len(solo_rounds)} ranks, last rank {args.slowdown:g}x slower, hvdhetero --sync {sync_name(args)}, global batch "
           f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats} rounds; "
           f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}, "
           f"engine {counts['engine']}")
@@ -77,10 +77,10 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
     print(f"hvdhetero median step, ms per rank: compute {per_rank('compute_ms')}, reduce (mostly waiting for "
           f"the slower rank) {per_rank('reduce_ms')}, whole step {per_rank('step_ms')}; "
           f"mean step {steps[0]['mean_step_ms']:.1f}")
-    print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x; slower ranks' solo speed captured "
-          f"(combined - fastest) / (sum - fastest): hvdhetero {ours['captured']:.0%}, plain horovod "
-          f"{horovod['captured']:.0%}; hvdhetero's worst round {ours['min_vs_fastest']:.3f}x the fastest rank alone",
-          flush=True)
+    captured = (f"slower ranks' solo speed captured (combined - fastest) / (sum - fastest): hvdhetero "
+                f"{ours['captured']:.0%}, plain horovod {horovod['captured']:.0%}; " if len(solo) > 1 else "")
+    print(f"hvdhetero / plain horovod: {result['hvdhetero_vs_horovod']:.3f}x; {captured}hvdhetero's worst round "
+          f"{ours['min_vs_fastest']:.3f}x the fastest rank alone", flush=True)
     print(f"checkpoints at the default interval: {saving['save_s'] * 1e3:,.1f} ms a save "
           f"({saving['bytes'] / 1e6:,.2f} MB) every {saving['interval_s']:,.1f} s (an epoch of hvdhetero's "
           f"steps, or --checkpoint-minutes if sooner): {saving['cost']:.2%} of training time", flush=True)
