@@ -241,7 +241,8 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
         watch = elastic.Watch(hosts_, config.min_hosts, elastic.kill_command(
             inventory_, functools.partial(launch.ssh_argv, connect_s=5)))
     return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
-                               rank0_host=None if selected[0].is_local else selected[0].name, watch=watch)
+                               rank0_host=None if selected[0].is_local else selected[0].name, watch=watch,
+                               rank_hosts=() if watch else launch.rank_hosts(selected))
 
 
 _RUN_OPTIONS = _run_options()
@@ -368,7 +369,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
     env["HOROVOD_CYCLE_TIME"] = str(options.cycle_time_ms)
     print(launch.printable(argv, env))
     if not dry_run:
-        launch.run(argv, env)
+        launch.run(argv, env, rank_hosts=launch.rank_hosts(selected))
 
 
 def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:

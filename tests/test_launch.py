@@ -119,3 +119,12 @@ hosts:
 def test_a_ranks_end_is_said_in_words_ssh_losing_its_host_is_no_signal(code, says):
     said = launch.died({1: code}, {1: "mac"}, 1)
     assert said.startswith(f"rank 1 on host mac {says}") and said.endswith("the other ranks were stopped"), said
+
+
+def test_without_elastic_a_rank_is_named_by_its_host_even_before_its_first_heartbeat():
+    """horovodrun -H pc:1,mac:2 puts rank 0 on pc, ranks 1-2 on mac: a rank that fails before it
+    said anything (a benchmark's crash) is still named by its host, not '?'."""
+    pc = inv.Host(name="pc", address="192.168.1.20", slots=1)
+    mac = inv.Host(name="mac", address="192.168.1.21", slots=2)
+    assert launch.rank_hosts([pc, mac]) == ["pc", "mac", "mac"]
+    assert launch.died({2: 1}, dict(enumerate(launch.rank_hosts([pc, mac]))), 1).startswith("rank 2 on host mac ")

@@ -67,6 +67,12 @@ def host_settings(hosts: Sequence[Host]) -> dict[str, dict]:
     }
 
 
+def rank_hosts(hosts: Sequence[Host]) -> list[str]:
+    """Each rank's host name, in rank order, as horovodrun places them without --elastic
+    (-H a:2,b:1: ranks 0-1 on a, rank 2 on b)."""
+    return [h.name for h in hosts for _ in range(h.slots)]
+
+
 RECIPE = "hvdhetero.recipes.train"
 """The built-in training script (a user of the public API like any other)."""
 
@@ -219,7 +225,7 @@ def printable(argv: Sequence[str], env: dict[str, str]) -> str:
 
 def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         run_dir: str | Path | None = None, rank0_host: str | None = None,
-        watch: elastic.Watch | None = None) -> list[dict]:
+        watch: elastic.Watch | None = None, rank_hosts: Sequence[str] = ()) -> list[dict]:
     """Run the job in the foreground, its ranks' output relayed to the console; returns the
     results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
     progress.SILENT_S ends the job with one message naming it (and, for a training run with a
@@ -233,14 +239,14 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic.SILENT_S if watch else progress.SILENT_S))
     logs = console.RankLogs(run_dir) if run_dir is not None else None
     try:
-        return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs)
+        return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts)
     finally:
         if watch is not None:
             watch.finish()  # a silent rank whose host did not answer yet: killed once it does (bounded)
 
 
 def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silent_s: float,
-         logs: console.RankLogs | None) -> list[dict]:
+         logs: console.RankLogs | None, rank_hosts: Sequence[str]) -> list[dict]:
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
@@ -277,7 +283,9 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silen
     if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
         raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
-        hosts = {r: h for r, (_, h) in alive.items()}
+        # a rank's host from its heartbeats, else from where horovodrun put it (one that failed
+        # before its first heartbeat)
+        hosts = {**dict(enumerate(rank_hosts)), **{r: h for r, (_, h) in alive.items()}}
         rank = next(iter(exits), None)
         raise LaunchError(died(exits, hosts, proc.returncode) + _ended(watch) + _output_hint(logs, rank)
                           + resume_hint(run_dir, rank0_host))
