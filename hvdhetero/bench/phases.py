@@ -54,11 +54,13 @@ def solo_step(args, build, dataset, me: Rank):
     local = args.batch_size
 
     def step():
+        started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        forward_backward(model, take(dataset, draw(local), me), me)
+        seconds = forward_backward(model, take(dataset, draw(local), me), me)[1]
         optimizer.step()
+        step.timings.append((seconds, 0.0, time.perf_counter() - started))
 
-    step.batch = local
+    step.batch, step.timings = local, []
     return step
 
 

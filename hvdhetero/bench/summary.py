@@ -17,7 +17,7 @@ def sync_name(args) -> str:
 
 
 def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engine: dict, counts: dict,
-           saving: dict) -> None:
+           saving: dict, solo_steps: list[dict] | None = None) -> None:
     """Rates are medians over rounds; E, vs_fastest and hvdhetero/horovod are medians of the
     ratios within each round (paired, so the VM's drift between rounds cancels)."""
     med = statistics.median
@@ -44,7 +44,8 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
                    "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,
                    "warmup": args.warmup, "timed_steps": counts},
         "solo": {"samples_per_s": total, "per_rank_samples_per_s": solo, "fastest": fastest,
-                 "per_round_samples_per_s": total_r, "per_round_fastest": fastest_r},
+                 "per_round_samples_per_s": total_r, "per_round_fastest": fastest_r,
+                 "per_rank_step_ms": solo_steps or []},
         "horovod": horovod,
         "hvdhetero": ours,
         "engine": engine,
@@ -74,6 +75,15 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
         print(f"{name:16}{rate:12,.0f}{e}{v}  {split}")
     steps = ours["per_rank_step_ms"]
     per_rank = lambda key: " / ".join(f"{r[key]:.1f}" for r in steps)  # noqa: E731
+    fast = solo.index(fastest)
+    if solo_steps and solo_steps[fast] and steps[fast] and ours["split"][fast]:
+        # The fastest rank's forward/backward per sample alone and in hvdhetero (the same chunks;
+        # their batches differ), and its whole step: what separates "alone" from the job.
+        alone, mine = solo_steps[fast], steps[fast]
+        print(f"fastest rank {fast}, per sample: compute {1e3 * alone['compute_ms'] / args.batch_size:.1f} us alone, "
+              f"{1e3 * mine['compute_ms'] / ours['split'][fast]:.1f} us in hvdhetero; whole step "
+              f"{1e3 * alone['step_ms'] / args.batch_size:.1f} us alone, "
+              f"{1e3 * mine['step_ms'] / ours['split'][fast]:.1f} us in hvdhetero")
     print(f"hvdhetero median step, ms per rank: compute {per_rank('compute_ms')}, reduce (mostly waiting for "
           f"the slower rank) {per_rank('reduce_ms')}, whole step {per_rank('step_ms')}; "
           f"mean step {steps[0]['mean_step_ms']:.1f}")

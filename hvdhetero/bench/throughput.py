@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         flat = allreduce_sum([v for r in range(hvd.size()) for v in (mine if r == hvd.rank() else [0.0] * len(mine))],
                              "bench.solo")
         solo = [flat[r * len(mine):(r + 1) * len(mine)] for r in range(hvd.size())]
+        solo_steps = hvd.allgather_object(where_time_goes(phases["solo"].timings), name="bench.where.solo")
         horovod = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["horovod"]],
                    "split": phases["horovod"].split}
         ours, engine = ({"per_round_samples_per_s": [args.batch_size / s for s in seconds[name]],
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                     name=f"bench.exchanges.{name}")}
                         for name in ("hvdhetero", "engine"))
         if hvd.rank() == 0:
-            report(args, solo, horovod, ours, engine, counts, saving)
+            report(args, solo, horovod, ours, engine, counts, saving, solo_steps)
     finally:
         hvd.shutdown()
 
