@@ -184,8 +184,10 @@ def checkpoint_cost(step, step_s: float, saves: int = 3) -> dict:
     """What checkpointing costs the hvdhetero phase at the default interval: a few checkpoints
     saved as training saves them (every rank takes part; with local/diloco the ranks first agree
     on one model), the slowest rank's median time, against the time between two checkpoints by
-    default: an epoch (EPOCH_STEPS steps at the phase's measured step time, about CIFAR-10's at
-    batch 512) or --checkpoint-minutes, whichever is shorter."""
+    default: with step sync an epoch (EPOCH_STEPS steps at the phase's measured step time, about
+    CIFAR-10's at batch 512) or --checkpoint-minutes, whichever is shorter; with local/diloco
+    --checkpoint-minutes (training does not checkpoint their epochs' ends: each would expose an
+    exchange, which a save on a slow link mostly is)."""
     job, took = step.job, []
     for i in range(saves):
         hvd.barrier()
@@ -193,7 +195,8 @@ def checkpoint_cost(step, step_s: float, saves: int = 3) -> dict:
         resume.save_checkpoint(job, epoch_done=False)
         took.append(max(allreduce_sum(one_hot(time.perf_counter() - t0), f"bench.checkpoint.{i}")))
     save_s = statistics.median(took)
-    interval_s = min(step.epoch_steps * step_s, job.config.checkpoint_minutes * 60 or math.inf)
+    epoch_s = step.epoch_steps * step_s if job._sync is None else math.inf
+    interval_s = min(epoch_s, job.config.checkpoint_minutes * 60 or math.inf)
     return {"save_s": save_s, "interval_s": interval_s, "cost": save_s / (save_s + interval_s),
             "bytes": max((f.stat().st_size for f in checkpoint.listed(job.run_dir)), default=0)}
 
