@@ -84,7 +84,13 @@ def active() -> Commits | None:
 
 def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None:
     """Keep everything a resume needs in memory; then (check_hosts) raise HostsUpdatedInterrupt
-    on every rank alike if hosts came or went."""
+    on every rank alike if hosts came or went. With local/diloco only between rounds (the Job
+    calls it there); overlapped, the round in flight lands first, so that the commit holds one
+    model and the outer state every rank agrees on, and nothing is in flight at a reset here."""
+    if job._sync is not None:
+        assert job._sync.round_steps == 0, "an elastic commit in the middle of a local/diloco round"
+        if job._sync.unsettled:  # --overlap-sync: wait for the round in flight and apply it
+            job._one_model()
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
                             epoch_done=epoch_done)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
@@ -103,6 +109,8 @@ def rejoin(job: Job) -> str | None:
         return None
     state = COMMITS.state if len(set(steps)) == 1 else _broadcast(COMMITS.state if job.is_main else None)
     own = COMMITS.state is not None and mine == state["step"]
+    if own:  # a survivor keeps its own optimizer state (local/diloco: each rank's inner one differs)
+        state = {**state, "optimizer": COMMITS.state["optimizer"]}
     was = state.get("hosts") or []
     resume.restore(job, _copied(state), COMMITS.state["rng"] if own else None)
     if job._metrics is not None:
