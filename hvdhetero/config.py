@@ -80,7 +80,8 @@ class JobConfig:
     commit_every: int = 10
     """With elastic: every rank keeps an in-memory commit of everything a resume needs every this
     many steps (and at every epoch's end); a failure redoes at most this many steps, and a host
-    that comes back joins at the next commit."""
+    that comes back joins at the next commit. With local/diloco a commit waits for a round's end
+    (overlapped: for the round in flight to land), so a failure redoes up to this plus H-1."""
     tensorboard: bool = False
     """Rank 0 also writes the metrics as TensorBoard scalars under run_dir/tensorboard."""
     plan_only: bool = False

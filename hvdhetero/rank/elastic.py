@@ -15,6 +15,14 @@ included (horovod#3494's deadlock comes from skipping that sync).
 A commit is a CPU copy of resume.snapshot (this rank's own random states), taken every
 --commit-every steps as a step begins and at every epoch's end; Horovod's commit() then checks
 for hosts that came or went (one small broadcast) and raises HostsUpdatedInterrupt there.
+
+With --sync local:H / diloco:H a commit waits for a round's end (the first after --commit-every
+steps; an epoch's end only if a round ended there), where every rank has the same model, anchor
+and outer optimizer state and is at the same step; overlapped, the round in flight lands first.
+So a reset restarts a round from a state every rank agrees on: an exchange in flight at a
+failure dies with the old Job, never half applied, and the next one is weighted by the new
+membership's samples. Each rank's inner optimizer state is its own: a survivor keeps its own,
+a newcomer starts from rank 0's.
 """
 
 from __future__ import annotations
