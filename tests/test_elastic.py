@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,6 +44,15 @@ def test_bad_elastic_options_stop_before_anything_starts(args, message, tmp_path
                    timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, (proc.returncode, proc.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_every_fixed_sync_mode_is_elastic(tmp_path):
+    """local/diloco (overlapped, with merged inner steps too) commit at rounds' ends: accepted."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--elastic", "--sync", "diloco:4", "--overlap-sync", "--inner-steps",
+                    "by-speed", "--run-dir", tmp_path / "run", "--dry-run"], timeout=60)
+    argv = shlex.split(next(line for line in proc.stdout.splitlines() if "--job-json" in line))
+    job = JobConfig.from_json(argv[argv.index("--job-json") + 1])
+    assert job.elastic and job.sync == "diloco:4" and job.overlap_sync and job.inner_steps == "by-speed", job
 
 
 def test_the_elastic_command_runs_this_machines_two_slots_as_two_hosts():
