@@ -80,7 +80,8 @@ class JobConfig:
     commit_every: int = 10
     """With elastic: every rank keeps an in-memory commit of everything a resume needs every this
     many steps (and at every epoch's end); a failure redoes at most this many steps, and a host
-    that comes back joins at the next commit."""
+    that comes back joins at the next commit. With local/diloco a commit waits for a round's end
+    (overlapped: for the round in flight to land), so a failure redoes up to this plus H-1."""
     tensorboard: bool = False
     """Rank 0 also writes the metrics as TensorBoard scalars under run_dir/tensorboard."""
     plan_only: bool = False
@@ -116,9 +117,10 @@ class JobConfig:
         if not self.elastic and (self.min_hosts != 1 or self.commit_every != 10):
             raise ConfigError(f"--min-hosts and --commit-every go with --elastic, got --min-hosts {self.min_hosts} "
                               f"--commit-every {self.commit_every} without it")
-        if self.elastic and check_sync(self.sync)[0] != "step":
-            raise ConfigError(f"--elastic needs --sync step, got --sync {self.sync} (local/diloco rounds are not "
-                              "committed yet)")
+        if self.elastic and check_sync(self.sync)[0] == "auto":
+            raise ConfigError("--elastic needs a fixed --sync mode, got --sync auto (the plan would be made anew "
+                              "for every membership and could change the mode mid-run); run invoke plan and pass "
+                              "the mode it advises: --sync step, local:H or diloco:H")
         if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
             raise ConfigError(f"--slowdown must be a number >= 1 (how many times slower the last rank acts), "
                               f"got {self.slowdown!r}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster.inventory import Host
 from hvdhetero.config import JobConfig
 from hvdhetero.rank import checkpoint
+from test_api import two_ranks
 
 PACED = str(ROOT / "tests" / "scripts" / "paced_digits.py")
 RUN = ["--script", PACED, "--", "20", "0.05"]
@@ -35,13 +37,22 @@ RUN_LONG = ["--script", PACED, "--", "70", "0.05"]
     (["--commit-every", "5"], "--min-hosts and --commit-every go with --elastic"),
     (["--elastic", "--min-hosts", "3"], "--min-hosts 3 is more than the 2 hosts of the job (local-1, local-2)"),
     (["--elastic", "--commit-every", "0"], "--commit-every must be an integer >= 1"),
-    (["--elastic", "--sync", "diloco:4"], "--elastic needs --sync step, got --sync diloco:4"),
+    (["--elastic", "--sync", "auto"], "--elastic needs a fixed --sync mode, got --sync auto"),
 ])
 def test_bad_elastic_options_stop_before_anything_starts(args, message, tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "run", "--dry-run"], check=False,
                    timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, (proc.returncode, proc.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_every_fixed_sync_mode_is_elastic(tmp_path):
+    """local/diloco (overlapped, with merged inner steps too) commit at rounds' ends: accepted."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--elastic", "--sync", "diloco:4", "--overlap-sync", "--inner-steps",
+                    "by-speed", "--run-dir", tmp_path / "run", "--dry-run"], timeout=60)
+    argv = shlex.split(next(line for line in proc.stdout.splitlines() if "--job-json" in line))
+    job = JobConfig.from_json(argv[argv.index("--job-json") + 1])
+    assert job.elastic and job.sync == "diloco:4" and job.overlap_sync and job.inner_steps == "by-speed", job
 
 
 def test_the_elastic_command_runs_this_machines_two_slots_as_two_hosts():
@@ -103,6 +114,18 @@ def test_the_watch_kills_a_silent_rank_even_a_stopped_one_and_retries_a_host_tha
     assert watch.too_few({5: (0.0, "pc")}) and not watch.too_few({5: (0.0, "pc"), 6: (0.0, "mac")})
 
 
+@pytest.mark.slow
+def test_a_diloco_commit_holds_the_outer_state_and_the_anchor_exactly(tmp_path):
+    """tests/jobs/elastic_commit.py: --sync diloco:2 --overlap-sync, a commit due at step 5 is taken
+    at the round's end (step 6) with the round in flight landed; a fresh Job's prepare restores it
+    bit for bit on a survivor and on a newcomer (rank 0's commit), one step later."""
+    for rank, r in enumerate(two_ranks("elastic_commit.py", "ELASTIC_COMMIT", tmp_path)):
+        assert r["committed_step"] == r["step"] == r["round_origin"] == 6 and not r["unsettled"], r
+        assert r["rounds"] == r["applied"] == 3 and r["outer_momentum"] > 0, r  # Nesterov's buffer in it
+        assert r["model"] == r["sync"] == r["optimizer"] == [], r  # anchor, outer state, counts, weights
+        assert bool(r["own_optimizer"]) == (rank == 1), r  # the newcomer's own AdamW state differed
+
+
 def finished(proc: subprocess.Popen, within: float) -> str:
     try:
         out, _ = proc.communicate(timeout=within)
@@ -137,6 +160,44 @@ def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_pat
     assert abs(accuracy(cut) - accuracy(whole)) < 0.02 and accuracy(whole) > 0.95, (accuracy(cut), accuracy(whole))
     cores = os.cpu_count() // 2
     assert records(whole, "start")[0]["devices"] == [f"cpu ({cores} threads)"] * 2, "the two hosts share the cores"
+    assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
+    time.sleep(1)
+    assert not job_pids(cut)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", [["--sync", "diloco:4"], ["--sync", "local:4", "--overlap-sync"]],
+                         ids=["diloco", "local-overlapped"])
+def test_under_local_or_diloco_a_killed_rank_is_dropped_the_round_restarts_and_the_host_rejoins(sync, tmp_path):
+    """The kill test under --sync local/diloco: commits are taken between rounds (overlapped: once
+    the round in flight landed); the survivor abandons the exchange it was in and restarts the
+    round from the commit, alone, then with the host back. Same steps, same global batch: the
+    test accuracy is the undisturbed run's within 2 points, as under step sync."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_cmd([VENV_BIN / "invoke", "train", "--elastic", "--run-dir", whole, *sync, *RUN], timeout=300)
+    proc = start(cut, *sync, *RUN)
+    under_way(proc, cut)
+    deadline = time.monotonic() + 120
+    while not records(cut, "epoch") and time.monotonic() < deadline:  # commits taken at rounds' ends since
+        time.sleep(0.1)
+    sent = time.time()
+    os.kill(job_pids(cut, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)  # local-2's
+    out = finished(proc, 300)
+    assert proc.returncode == 0, out[-4000:]
+    assert "hvdhetero: elastic: dropped local-2; continuing on 1 rank(s) (local-1) from the commit at step" in out
+    dropped = recovered(cut, sent, within=0)
+    assert dropped["hosts"] == ["local-1"] and dropped["time"] - sent < 30, (dropped, sent)
+    # a round's start (every 4 steps from an epoch's, whose evaluation exchanges the partial round)
+    assert dropped["step"] >= 23 and dropped["step"] % 23 % 4 == 0, dropped
+    assert "joined local-2; continuing on 2 rank(s) (local-1, local-2)" in out, out[-4000:]
+    exchanges = records(cut, "exchange")
+    assert exchanges and all(sum(e["split"]) == 64 for e in exchanges), exchanges[-3:]
+    end = records(cut, "end")[-1]
+    assert len(set(end["param_digests"])) == 1, end  # one model at the end, on both ranks again
+    print(f"test accuracy {sync}: undisturbed {accuracy(whole):.4f}, killed {accuracy(cut):.4f}, "
+          f"redone {dropped['redone_steps']} steps from step {dropped['step']}, went on after "
+          f"{dropped['time'] - sent:.1f} s")
+    assert abs(accuracy(cut) - accuracy(whole)) < 0.02 and accuracy(whole) > 0.95, (accuracy(cut), accuracy(whole))
     assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
     time.sleep(1)
     assert not job_pids(cut)

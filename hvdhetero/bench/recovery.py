@@ -2,6 +2,7 @@
 
     .venv/bin/python -m hvdhetero.bench.recovery --signal KILL --repeats 5
     .venv/bin/python -m hvdhetero.bench.recovery --signal STOP --repeats 5
+    .venv/bin/python -m hvdhetero.bench.recovery --signal KILL --sync diloco:4
 
 Each repeat starts `invoke train --elastic` (digits on this machine's two ranks as two hosts),
 sends the signal to rank 1 once training is under way, and reads the survivors' `elastic`
@@ -114,10 +115,10 @@ def stop(proc: subprocess.Popen) -> str:
     return out
 
 
-def measure(signum: int, folder: Path) -> dict:
+def measure(signum: int, folder: Path, sync: str = "step") -> dict:
     """One repeat: seconds from the signal to the survivors' resumption, steps redone."""
     run_dir = folder / f"run-{signal.Signals(signum).name}-{time.time_ns()}"
-    proc = start(run_dir, *LONG)
+    proc = start(run_dir, "--sync", sync, *LONG)
     try:
         pids = under_way(proc, run_dir)
         sent = time.time()
@@ -184,17 +185,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accuracy", action="store_true",
                         help="final accuracy per seed, undisturbed and with rank 1 killed half-way")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="with --accuracy: comma-separated seeds")
+    parser.add_argument("--sync", default="step", help="the run's --sync mode (step, local:H, diloco:H)")
     args = parser.parse_args(argv)
     if args.accuracy:
         return accuracy([int(s) for s in args.seeds.split(",")])
     with tempfile.TemporaryDirectory(prefix="hvdhetero-recovery-") as folder:
         results = []
         for i in range(args.repeats):
-            results.append(measure(getattr(signal, f"SIG{args.signal}"), Path(folder)))
+            results.append(measure(getattr(signal, f"SIG{args.signal}"), Path(folder), args.sync))
             print(f"SIG{args.signal} {i + 1}/{args.repeats}: {results[-1]}", flush=True)
     print(f"SIG{args.signal}: median {statistics.median(r['seconds'] for r in results):.2f} s to go on, median "
-          f"{statistics.median(r['redone_steps'] for r in results):g} steps redone (commit every 10 steps); "
-          f"processes left: {sum(r['left'] for r in results)}")
+          f"{statistics.median(r['redone_steps'] for r in results):g} steps redone (--sync {args.sync}, commit every "
+          f"10 steps); processes left: {sum(r['left'] for r in results)}")
 
 
 if __name__ == "__main__":

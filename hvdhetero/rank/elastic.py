@@ -15,6 +15,14 @@ included (horovod#3494's deadlock comes from skipping that sync).
 A commit is a CPU copy of resume.snapshot (this rank's own random states), taken every
 --commit-every steps as a step begins and at every epoch's end; Horovod's commit() then checks
 for hosts that came or went (one small broadcast) and raises HostsUpdatedInterrupt there.
+
+With --sync local:H / diloco:H a commit waits for a round's end (the first after --commit-every
+steps; an epoch's end only if a round ended there), where every rank has the same model, anchor
+and outer optimizer state and is at the same step; overlapped, the round in flight lands first.
+So a reset restarts a round from a state every rank agrees on: an exchange in flight at a
+failure dies with the old Job, never half applied, and the next one is weighted by the new
+membership's samples. Each rank's inner optimizer state is its own: a survivor keeps its own,
+a newcomer starts from rank 0's.
 """
 
 from __future__ import annotations
@@ -84,7 +92,13 @@ def active() -> Commits | None:
 
 def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None:
     """Keep everything a resume needs in memory; then (check_hosts) raise HostsUpdatedInterrupt
-    on every rank alike if hosts came or went."""
+    on every rank alike if hosts came or went. With local/diloco only between rounds (the Job
+    calls it there); overlapped, the round in flight lands first, so that the commit holds one
+    model and the outer state every rank agrees on, and nothing is in flight at a reset here."""
+    if job._sync is not None:
+        assert job._sync.round_steps == 0, "an elastic commit in the middle of a local/diloco round"
+        if job._sync.unsettled:  # --overlap-sync: wait for the round in flight and apply it
+            job._one_model()
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
                             epoch_done=epoch_done)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
@@ -103,6 +117,8 @@ def rejoin(job: Job) -> str | None:
         return None
     state = COMMITS.state if len(set(steps)) == 1 else _broadcast(COMMITS.state if job.is_main else None)
     own = COMMITS.state is not None and mine == state["step"]
+    if own:  # a survivor keeps its own optimizer state (local/diloco: each rank's inner one differs)
+        state = {**state, "optimizer": COMMITS.state["optimizer"]}
     was = state.get("hosts") or []
     resume.restore(job, _copied(state), COMMITS.state["rng"] if own else None)
     if job._metrics is not None:

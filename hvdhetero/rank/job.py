@@ -415,7 +415,7 @@ class Job:
         now (every rank at the same step)."""
         if self._checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
-        if self._elastic and self.step - self._last_commit >= self.config.commit_every:
+        if self._elastic and self.step - self._last_commit >= self.config.commit_every and self._round_start:
             elastic.commit(self)
 
     def _merged(self, step: int, left: int) -> int:
@@ -569,7 +569,7 @@ class Job:
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
             if self._sync is None or self._checkpoint_due or self._checkpoint_is_due():
                 resume.save_checkpoint(self, epoch_done=True)
-            if self._elastic:
+            if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
@@ -581,6 +581,13 @@ class Job:
         by_time = round(cfg.checkpoint_minutes * 60 / step_s) if cfg.checkpoint_minutes and step_s > 0 else 0
         every = [n for n in (cfg.checkpoint_every, max(1, by_time) if by_time else 0) if n]
         self._checkpoint_every = min(every) if every and cfg.keep_checkpoints else 0
+
+    @property
+    def _round_start(self) -> bool:
+        """Whether a commit may be taken now: always under step sync; with local/diloco only
+        between rounds (every rank at the same step, none of its round unexchanged), so that a
+        reset restarts a round from a state every rank agrees on (rank/elastic.py)."""
+        return self._sync is None or self._sync.round_steps == 0
 
     @property
     def _elastic(self) -> bool:

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False) -> dict[str, Any]:
     """The job's state now: `rng` is every rank's random states (a checkpoint) or this rank's (an
-    elastic commit); `optimizer` the optimizer state to keep (every rank's under local/diloco)."""
+    elastic commit); `optimizer` the optimizer state to keep (under local/diloco every rank's in a
+    checkpoint, this rank's own in a commit). Under local/diloco only between rounds, nothing in
+    flight (ParameterSync.state_dict says so otherwise)."""
     p, cfg = job._prepared, job.config
     return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
             "size": job.size, "hosts": job._host_names, "model": p.model.state_dict(), "optimizer": optimizer,

@@ -1,0 +1,86 @@
+"""An elastic commit under --sync diloco:2 --overlap-sync holds what a resume needs, exactly. Two
+ranks train three rounds (the outer Nesterov momentum non-zero, the third round in flight); the
+commit due (--commit-every 5) waits for the round's end at step 6, where it lands the round in
+flight. After one more step (the live state moves on; the commit must not), a fresh Job's
+prepare puts the commit into a fresh model and optimizer, as after a reset: rank 0 as a survivor
+(its own commit), rank 1 as a newcomer (rank 0's, through the broadcast). Rank 0 prints, per
+rank, what differs from the state at the commit.
+
+Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/elastic_commit.py RUN_DIR
+"""
+
+import copy
+import json
+import sys
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+
+import hvdhetero as hh
+from hvdhetero.config import JobConfig
+from hvdhetero.rank import elastic
+from hvdhetero.recipes import data, models
+
+run_dir = sys.argv[1]
+train, _, info = data.load("digits", "unused")
+elastic.COMMITS = elastic.Commits()  # what rank/runner.py's elastic.run sets up
+
+
+def prepared(seed):
+    job = hh.Job(JobConfig(run_dir=run_dir, sync="diloco:2", overlap_sync=True, elastic=True, commit_every=5,
+                           micro_batch="0"))
+    torch.manual_seed(seed)
+    model = models.build("cnn", info).eval()  # eval: no dropout
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return job, *job.prepare(model, optimizer, train, global_batch=48,
+                             loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+
+
+def differences(a, b, at="") -> list[str]:
+    """Where two states differ (tensors bit for bit), as key paths."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype \
+            and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+        return [] if same else [at]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{at} keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{at}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{at} length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{at}[{i}]")]
+    return [] if a == b else [f"{at}: {a!r} != {b!r}"]
+
+
+job, model, optimizer, loader = prepared(seed=0)
+live = None
+for x, y in loader:  # the batch of step 7 is handed out after the commit at step 6
+    if job.step == 6:
+        live = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
+                "sync": copy.deepcopy(job._sync.state_dict())}
+    job.backward(F.cross_entropy(model(x), y))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if job.step == 7:
+        break
+committed = elastic.COMMITS.state
+outer_momentum = sum(float(s["momentum_buffer"].norm()) for s in live["sync"]["outer"]["state"].values())
+rank0_optimizer = hvd.broadcast_object(live["optimizer"], root_rank=0, name="commit.rank0_optimizer")
+job._close()
+
+if hvd.rank() == 1:
+    elastic.COMMITS.state = None  # a newcomer: no commit of its own
+job, model, optimizer, loader = prepared(seed=1 + hvd.rank())  # other weights than the run's
+result = {"committed_step": committed["step"], "rounds": live["sync"]["rounds"], "applied": live["sync"]["applied"],
+          "outer_momentum": outer_momentum, "step": job.step, "round_origin": job._round_origin,
+          "unsettled": job._sync.unsettled,
+          "model": differences(model.state_dict(), live["model"]),
+          "sync": differences(job._sync.state_dict(), live["sync"]),
+          # a survivor keeps its own inner optimizer state; a newcomer starts from rank 0's
+          "optimizer": differences(optimizer.state_dict(), live["optimizer"] if hvd.rank() == 0 else rank0_optimizer),
+          "own_optimizer": differences(optimizer.state_dict(), live["optimizer"])}
+results = hvd.allgather_object(result, name="commit.results")
+if hvd.rank() == 0:
+    print("ELASTIC_COMMIT " + json.dumps(results), flush=True)
