@@ -198,6 +198,7 @@ def checkpoint_cost(step, step_s: float, saves: int = 3) -> dict:
     epoch_s = step.epoch_steps * step_s if job._sync is None else math.inf
     interval_s = min(epoch_s, job.config.checkpoint_minutes * 60 or math.inf)
     return {"save_s": save_s, "interval_s": interval_s, "cost": save_s / (save_s + interval_s),
+            "interval_by": "epoch" if interval_s == epoch_s else "minutes",
             "bytes": max((f.stat().st_size for f in checkpoint.listed(job.run_dir)), default=0)}
 
 

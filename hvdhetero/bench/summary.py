@@ -93,8 +93,10 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
           f"{ours['min_vs_fastest']:.3f}x the fastest rank alone", flush=True)
     print(f"checkpoints at the default interval: {saving['save_s'] * 1e3:,.1f} ms a save "
           f"({saving['bytes'] / 1e6:,.2f} MB) every {saving['interval_s']:,.1f} s ("
-          + ("an epoch of hvdhetero's steps, or --checkpoint-minutes if sooner" if args.sync == "step" else
-             "--checkpoint-minutes: local/diloco do not checkpoint every epoch")
+          + {"epoch": "an epoch of hvdhetero's steps, sooner than --checkpoint-minutes",
+             "minutes": "--checkpoint-minutes" + ("" if args.sync == "step" else
+                                                  ": local/diloco do not checkpoint every epoch")}
+          [saving.get("interval_by", "minutes")]
           + f"): {saving['cost']:.2%} of training time", flush=True)
     if args.sync == "step":
         print(f"public API overhead (engine alone / hvdhetero, paired per round): {result['api_overhead']:+.2%}",
