@@ -340,13 +340,14 @@ def build_horovod(c, install=False):
     "seeds": "with --to-accuracy: comma-separated seeds, each way trained once per seed (medians reported)",
     "epochs": "with --to-accuracy: at most this many epochs per run",
     "repeat": "with --to-accuracy: passes over the training set per epoch (one evaluation an epoch)",
+    "ways": "with --to-accuracy: which to train, of alone,step,mode (step sync over a slow link takes long)",
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=None,
           cycle_time_ms=5.0, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
           inner_steps="same",
           compression="none", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0,
-          seeds="0,1,2", epochs=30, repeat=8):
+          seeds="0,1,2", epochs=30, repeat=8, ways="alone,step,mode"):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     given = {k: v for k, v in locals().items() if k not in ("c", "hosts", "inventory")}
     options = BenchOptions(**{**given, "repeats": checks.integer("repeats", repeats)})  # bad values: exit 2 here
@@ -379,7 +380,7 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
                          repeat=options.repeat, target_accuracy=options.to_accuracy)
     try:
         plan_ = accuracy.ways([h.name for h in selected], options.sync, options.overlap_sync, options.slowdown,
-                              options.inner_steps)
+                              options.inner_steps, keep=tuple(options.way_list))
     except ValueError as err:
         raise Exit(f"error: {err}", code=2) from None
 

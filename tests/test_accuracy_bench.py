@@ -52,11 +52,24 @@ def test_ways_are_the_first_host_alone_step_and_the_mode_on_all():
         ways(["pc"], "local:4", False, 1.0)
 
 
+def test_ways_can_leave_step_sync_out():
+    """Over a slow link step sync takes minutes a seed: --ways alone,mode trains the other two,
+    and vs alone still compares with the host alone."""
+    got = ways(["pc", "mac"], "diloco:64", True, 12.0, keep=("alone", "mode"))
+    assert [w.label for w in got] == ["pc alone", "pc+mac diloco:64 overlapped"]
+    runs = [Run(w.label, 0, [{"epoch": 0, "test_accuracy": 0.98, "seconds_to_target": s, "train_seconds": s,
+                             "samples_seen": 100}]) for w, s in zip(got, (4.0, 3.2))]
+    rows = summarize(runs, 0.97)["ways"]
+    assert [r["vs_alone"] for r in rows] == [1.0, 1.25]
+
+
 @pytest.mark.parametrize("args, named", [
     (["--to-accuracy", "1.5", "--sync", "local:4"], "--to-accuracy"),
     (["--to-accuracy", "0.9", "--sync", "step"], "local:H or diloco:H"),
     (["--to-accuracy", "0.9", "--sync", "local:4", "--seeds", "a,b"], "--seeds"),
     (["--to-accuracy", "0.9", "--sync", "local:4"], "two or more"),  # the default inventory: one host
+    (["--to-accuracy", "0.9", "--sync", "local:4", "--ways", "alone,fast"], "--ways alone,fast"),
+    (["--ways", "alone,mode"], "--ways does not apply"),
 ])
 def test_bad_to_accuracy_options_exit_2_naming_them(args, named):
     proc = run_cmd([str(VENV_BIN / "invoke"), "bench", *args], check=False, timeout=60)

@@ -48,17 +48,19 @@ class Run:
         return next((r["test_accuracy"] for r in self.logs if r["epoch"] + 1 == epochs), None)
 
 
-def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_steps: str = "same") -> list[Way]:
+def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_steps: str = "same",
+         keep: tuple[str, ...] = ("alone", "step", "mode")) -> list[Way]:
     """Alone on the first host, step sync and `sync` on all of them (the straggler injection,
-    which slows the last rank, only where there is more than one host)."""
+    which slows the last rank, only where there is more than one host); only those in `keep`."""
     if len(hosts) < 2:
         raise ValueError("--to-accuracy compares a host alone with several together: give --hosts two or more")
     mode = f"{sync}{' overlapped' if overlap else ''}{' by-speed' if inner_steps != 'same' else ''}"
     together = dict(slowdown=slowdown)
-    return [Way(f"{hosts[0]} alone", hosts[:1], dict(sync="step", overlap_sync=False, slowdown=1.0)),
-            Way(f"{'+'.join(hosts)} step", hosts, dict(sync="step", overlap_sync=False, **together)),
-            Way(f"{'+'.join(hosts)} {mode}", hosts, dict(sync=sync, overlap_sync=overlap, inner_steps=inner_steps,
-                                                           **together))]
+    every = {"alone": Way(f"{hosts[0]} alone", hosts[:1], dict(sync="step", overlap_sync=False, slowdown=1.0)),
+             "step": Way(f"{'+'.join(hosts)} step", hosts, dict(sync="step", overlap_sync=False, **together)),
+             "mode": Way(f"{'+'.join(hosts)} {mode}", hosts, dict(sync=sync, overlap_sync=overlap,
+                                                                   inner_steps=inner_steps, **together))}
+    return [way for name, way in every.items() if name in keep]
 
 
 def measure(train: Callable[[Way, int], list[dict]], plan: list[Way], seeds: list[int]) -> list[Run]:
@@ -83,7 +85,7 @@ def summarize(runs: list[Run], target: float) -> dict:
                      "samples_per_s": statistics.median(r.samples_per_s for r in mine),
                      "accuracy_equal_samples": statistics.mean(accs) if accs else None,
                      "each_accuracy_equal_samples": accs})
-    alone = rows[0]["seconds_to_target"] if rows else None
+    alone = next((r["seconds_to_target"] for r in rows if r["way"].endswith(" alone")), None)
     for row in rows:
         row["vs_alone"] = alone / row["seconds_to_target"] if alone and row["seconds_to_target"] else None
     return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "ways": rows}

@@ -19,13 +19,15 @@ from hvdhetero.config import COMPRESSIONS, INNER_STEPS, check_micro_batch, check
 from hvdhetero.errors import ConfigError
 
 TRANSPORTS = ("uv", "tcp")  # as hvdhetero/cluster/horovod_build.py builds them
+WAYS = ("alone", "step", "mode")
+"""--to-accuracy: the first host alone, all hosts with step sync, all hosts in --sync's mode."""
 
 USES = {
     "throughput": ("slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
                    "sync", "overlap_sync", "inner_steps", "compression", "out", "dry_run"),
     "allreduce": ("allreduce", "sizes_mb", "transports", "rounds", "repeats", "out"),
-    "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "batch_size", "sync", "overlap_sync", "inner_steps",
-                    "slowdown", "compression", "out"),
+    "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "ways", "batch_size", "sync", "overlap_sync",
+                    "inner_steps", "slowdown", "compression", "out"),
 }
 """The options each measurement reads; any other given a value of its own is a mistake."""
 
@@ -76,6 +78,8 @@ class BenchOptions:
     """to_accuracy: at most this many epochs per run."""
     repeat: int = 8
     """to_accuracy: passes over the training set per epoch."""
+    ways: str = "alone,step,mode"
+    """to_accuracy: which ways to train, comma-separated: alone (the first host), step, mode (--sync)."""
 
     def __post_init__(self):
         checks.types(self)
@@ -143,6 +147,13 @@ class BenchOptions:
             checks.within("seeds", seed, 0, 2**32 - 1)
         checks.at_least("epochs", self.epochs, 1)
         checks.at_least("repeat", self.repeat, 1)
+        if not self.way_list or any(w not in WAYS for w in self.way_list):
+            raise ConfigError(f"--ways {self.ways}: give some of {','.join(WAYS)}, comma-separated (e.g. alone,mode: "
+                              "step sync over a slow link can take minutes a seed)")
+
+    @property
+    def way_list(self) -> list[str]:
+        return [w for w in self.ways.split(",") if w]
 
     @property
     def seed_list(self) -> list[int]:
