@@ -106,6 +106,17 @@ def test_advice_takes_the_freshest_mode_near_the_best_rate():
     assert pick.label == "pc+mac diloco:16 overlapped", pick
     assert pick.flags == "--hosts pc,mac --sync diloco:16 --overlap-sync"
     assert reason.startswith("use pc+mac diloco:16 overlapped: +") and "over pc alone" in reason
+    # at most +8% (K=12): local SGD's loss per sample can eat that, and the advice says so
+    assert "learns less per sample" in reason and "bench --to-accuracy A --hosts pc,mac --sync diloco:16 --overlap-sync`" in reason
+
+
+def test_a_large_gain_is_advised_without_the_per_sample_caution():
+    m = pc_and_mac(exchange_s=0.15)
+    m.per_sample = [1e-4, 1.5e-4]  # the slow host at 2/3 of the fast one: up to +67%
+    pick, reason = advise(predict(m))
+    assert pick.sync != "step" and len(pick.hosts) == 2, pick
+    assert float(re.search(r": \+(\d+)% over pc alone", reason).group(1)) > 15, reason
+    assert "learns less per sample" not in reason, reason
 
 
 def test_a_link_that_costs_more_than_the_slow_host_adds_means_the_fast_host_alone():

@@ -47,6 +47,11 @@ EVERY = (4, 8, 16, 32, 64, 128)
 """The H a plan considers for local/diloco."""
 ALONE_MARGIN = 0.03
 """A multi-host mode must beat the fastest host alone by more than this to be advised."""
+PER_SAMPLE_CAUTION = 0.15
+"""Below this gain over the fastest host alone, advice for local/DiLoCo says that the rate may
+not buy an earlier accuracy: syncing every H steps learns less per sample (on digits at K=12 the
+pair was +10% in samples/s and reached 98% in 0.73x the fast host's time at 8 Mbit, 1.05x at 25
+Mbit, docs/benchmarks.md)."""
 NEAR_BEST = 0.02
 """Modes within this of the best rate count as equally fast; the freshest of them is advised."""
 HEADROOM = 2.0
@@ -234,7 +239,12 @@ def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
     if fastest_alone is None or len(pick.hosts) == 1:
         return pick, f"use {pick.label}"
     gain = pick.samples_per_s / fastest_alone.samples_per_s - 1
-    return pick, f"use {pick.label}: {gain:+.0%} over {'+'.join(fastest_alone.hosts)} alone"
+    reason = f"use {pick.label}: {gain:+.0%} over {'+'.join(fastest_alone.hosts)} alone"
+    if pick.sync != "step" and gain < PER_SAMPLE_CAUTION:
+        reason += (f" in samples/s; syncing every {pick.sync.split(':')[1]} steps learns less per sample, which can "
+                   f"cost more than {gain:+.0%}: before a long run, compare the time to your accuracy with `invoke "
+                   f"bench --to-accuracy A {pick.flags}`")
+    return pick, reason
 
 
 def render(plan: Plan) -> str:
