@@ -136,7 +136,11 @@ def finished(proc: subprocess.Popen, within: float) -> str:
 
 
 def accuracy(run_dir) -> float:
-    return records(run_dir, "log")[-1]["test_accuracy"]
+    """Where the run's test accuracy ended: the mean over its last 5 epochs. One epoch's (360
+    test samples) swings by 1-2 points from epoch to epoch late in a run (0.964-0.983 over one
+    killed diloco:4 run's last 8 epochs), enough to fail a 2-point comparison by the draw."""
+    last = [r["test_accuracy"] for r in records(run_dir, "log") if "test_accuracy" in r][-5:]
+    return sum(last) / len(last)
 
 
 @pytest.mark.slow
