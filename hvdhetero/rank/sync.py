@@ -43,7 +43,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
+from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum, wait
 
 
 def _cpu(tensors) -> list[torch.Tensor]:
@@ -207,7 +207,7 @@ class ParameterSync:
         (counts_handle, handle, nominal), self._pending = self._pending, None
         self.link_late = not hvd.poll(handle)
         waited = time.perf_counter()
-        total, *rest = hvd.synchronize(counts_handle).tolist()
+        total, *rest = wait(counts_handle).tolist()
         n = len(rest) // 4
         self.inner_steps = [int(u) for u in rest[2 * n:3 * n]]
         steps = [int(s) for s in rest[3 * n:]]
@@ -216,7 +216,7 @@ class ParameterSync:
                                f"{steps}: with --inner-steps by-speed the ranks meet only at a round's or an epoch's "
                                "end; call job.evaluate/job.save (or a collective of your own) at epochs' ends, "
                                "not every N steps")
-        flat = hvd.synchronize(handle).to(torch.float32).mul_(nominal / total)
+        flat = wait(handle).to(torch.float32).mul_(nominal / total)
         self.wait_s = time.perf_counter() - waited
         chunks = list(flat.split([t.numel() for t in self.start + self.start_buffers]))
         deltas, bdeltas = chunks[:len(self.start)], chunks[len(self.start):]
