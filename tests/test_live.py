@@ -121,11 +121,15 @@ def test_the_relay_feeds_the_table_and_echoes_the_rest():
              "[1]<stderr>:" + beat + "\n",
              "[1]<stdout>:half a line" + beat + "\n",
              "[0]<stdout>:hello\n",
+             "[0]<stderr>:[2026-11-23 19:50:35: E operations.cc:697] [0]: Horovod background loop uncaught exception: "
+             "[pair.cc:223] Connection to rank 1 lost: connection reset by peer\n",  # a peer's failure, seen by 0
+             "[1]<stderr>:a warning of the script's own\n",
              "[1]<stdout>:" + progress.TAG + "{cut sho\n",
              "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}\n']
     failures = console.relay(lines, Display(), results=results, alive=alive)
     assert failures == [] and results == [{"event": "end"}] and set(alive) == {1}
-    assert shown == [("update", 0), ("echo", "[1]<stdout>:half a line\n"), ("echo", "hello\n"), ("close",)]
+    assert shown == [("update", 0), ("echo", "[1]<stdout>:half a line\n"), ("echo", "hello\n"),
+                     ("echo", "[1]<stderr>:a warning of the script's own\n"), ("close",)]
 
 
 def test_rank_logs_keep_each_ranks_output_and_a_failures_traceback(tmp_path):

@@ -19,6 +19,12 @@ from typing import IO, Iterable
 
 from hvdhetero.progress import ALIVE_TAG, DONE_TAG, ERROR_TAG, PREFIX, RESULT_TAG, TAG
 
+HOROVOD_LOOP_ERROR = "Horovod background loop uncaught exception"
+"""Horovod's log line on a rank whose collective failed: nearly always a peer that died or was
+cut off ("Connection to rank 1 lost", or Gloo's timeout), which that peer's own report or the
+launcher names. Kept in the rank log, off the console (it can come before the report it
+follows from)."""
+
 
 def relay(lines: Iterable[str], display, results: list[dict] | None = None,
           alive: dict[int, tuple[float, str]] | None = None) -> list[dict]:
@@ -60,6 +66,8 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                 continue
             if failures and (not match or body.strip() == "Terminated"):
                 continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
+            if HOROVOD_LOOP_ERROR in body:
+                continue
             own = rank == 0 and match.group(2) == "stdout"
             display.echo(body if own else line)
     finally:  # a live table left running would draw itself over the message that ends the job

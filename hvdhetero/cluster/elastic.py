@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hvdhetero.cluster.console import without_heartbeat
+from hvdhetero.cluster.console import HOROVOD_LOOP_ERROR, without_heartbeat
 from hvdhetero.cluster.inventory import Host, Inventory
 from hvdhetero.errors import ConfigError
 from hvdhetero.progress import ALIVE_TAG, ERROR_TAG
@@ -262,7 +262,7 @@ def kill_command(inventory: Inventory, ssh_argv: Callable[[Inventory, Host], lis
 def noise(body: str) -> bool:
     """What a rank prints when a peer fails and Horovod resets, or the shell when it is killed
     (it stays in the rank logs)."""
-    return "Horovod background loop uncaught exception" in body or body.strip() == "Killed"
+    return HOROVOD_LOOP_ERROR in body or body.strip() == "Killed"
 
 
 def gloo_timeout() -> int:
