@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+WAYS = ("alone", "step", "mode")
+"""The ways `ways` builds: the first host alone, all hosts with step sync, all in --sync's mode."""
+
+
 @dataclass
 class Way:
     label: str
@@ -49,7 +53,7 @@ class Run:
 
 
 def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_steps: str = "same",
-         keep: tuple[str, ...] = ("alone", "step", "mode")) -> list[Way]:
+         keep: tuple[str, ...] = WAYS) -> list[Way]:
     """Alone on the first host, step sync and `sync` on all of them (the straggler injection,
     which slows the last rank, only where there is more than one host); only those in `keep`."""
     if len(hosts) < 2:

@@ -15,12 +15,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from hvdhetero import checks
+from hvdhetero.bench.accuracy import WAYS
 from hvdhetero.config import COMPRESSIONS, INNER_STEPS, check_micro_batch, check_sync
 from hvdhetero.errors import ConfigError
 
 TRANSPORTS = ("uv", "tcp")  # as hvdhetero/cluster/horovod_build.py builds them
-WAYS = ("alone", "step", "mode")
-"""--to-accuracy: the first host alone, all hosts with step sync, all hosts in --sync's mode."""
 
 USES = {
     "throughput": ("slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
@@ -78,7 +77,7 @@ class BenchOptions:
     """to_accuracy: at most this many epochs per run."""
     repeat: int = 8
     """to_accuracy: passes over the training set per epoch."""
-    ways: str = "alone,step,mode"
+    ways: str = ",".join(WAYS)
     """to_accuracy: which ways to train, comma-separated: alone (the first host), step, mode (--sync)."""
 
     def __post_init__(self):
