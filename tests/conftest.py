@@ -48,6 +48,23 @@ def invoke(*args, inventory, timeout=1800, check=False):
     return launcher(VENV_BIN / "invoke", *args, "--inventory", inventory, timeout=timeout, check=check)
 
 
+def train_across(inventory, run_dir, *args) -> subprocess.Popen:
+    """`invoke train --hosts h1,h2 --run-dir RUN_DIR ARGS` from the launcher's namespace, in a
+    session of its own, running on while the test disturbs it (output captured, stdin closed)."""
+    return subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--hosts", "h1,h2",
+                             "--inventory", str(inventory), "--run-dir", str(run_dir), *map(str, args)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def left_in_namespaces(run_dir) -> dict[str, str]:
+    """{namespace: its ps listing} for every namespace of the test hosts (the launcher's too)
+    where a process whose command line names `run_dir` still runs."""
+    listings = {ns: subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True,
+                                   text=True, timeout=30).stdout for ns in (LAUNCH_NS, "hvdt-h1", "hvdt-h2")}
+    return {ns: ps for ns, ps in listings.items() if str(run_dir) in ps}
+
+
 @pytest.fixture(scope="session")  # one set for the session: test_multihost and test_elastic
 def hosts():
     """Fresh test hosts (torn down at the end, even when a test fails), their wheelhouse filled."""

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import LAUNCH_NS, ROOT, VENV_BIN, requires_root, run_cmd
+from conftest import ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
 from hvdhetero.bench.recovery import job_pids, records, recovered, start, stop, under_way
 from hvdhetero.cluster import elastic, launch
 from hvdhetero.cluster import inventory as inv
@@ -262,10 +262,7 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
     and h2, still answering, is started again and rejoins at a commit."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes the metrics here
-    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--elastic",
-                             "--hosts", "h1,h2", "--inventory", str(inventory), "--run-dir", str(run_dir), *RUN_LONG],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = train_across(inventory, run_dir, "--elastic", *RUN_LONG)
     try:
         under_way(proc, run_dir, after_s=5.0, within=300)
         frozen = job_pids(run_dir, by="HOROVOD_HOSTNAME")["10.213.0.12"]  # h2's rank
@@ -287,10 +284,7 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
     assert re.search(r"rank \d on host h2: no response for 1\d s", out), out[-4000:]
     assert "joined h2; continuing on 2 rank(s) (h1, h2)" in out, out[-4000:]
     time.sleep(2)
-    for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):  # no process of the job anywhere
-        ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
-                            timeout=30).stdout
-        assert str(run_dir) not in ps, (ns, ps)
+    assert not (left := left_in_namespaces(run_dir)), left  # no process of the job anywhere
 
 
 @requires_root
@@ -304,10 +298,7 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
     Horovod's driver waited for the link to come back (our patch 0008)."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--elastic",
-                             "--hosts", "h1,h2", "--inventory", str(inventory), "--run-dir", str(run_dir), *RUN_LONG],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = train_across(inventory, run_dir, "--elastic", *RUN_LONG)
     link = None
     try:
         under_way(proc, run_dir, after_s=5.0, within=300)
@@ -331,10 +322,7 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
     assert proc.returncode == 0, out[-4000:]
     assert f"joined {host}; continuing on 2 rank(s)" in out, out[-4000:]
     time.sleep(2)
-    for ns in ("hvdt-launch", "hvdt-h1", "hvdt-h2"):
-        ps = subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"], capture_output=True, text=True,
-                            timeout=30).stdout
-        assert str(run_dir) not in ps, (ns, ps)
+    assert not (left := left_in_namespaces(run_dir)), left  # no process of the job anywhere
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAUNCH_NS, ROOT, VENV_BIN, requires_root, run_cmd
+from conftest import ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
 
@@ -118,11 +118,8 @@ def test_across_namespaced_hosts_a_link_down_ends_the_job_within_60_s_and_nothin
     over SSH, or ended by itself with its launcher gone)."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes here
-    proc = subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--hosts", "h1,h2",
-                             "--inventory", str(inventory), "--run-dir", str(run_dir), "--checkpoint-every", "20",
-                             "--script", str(ROOT / "tests" / "scripts" / "paced_digits.py"), "--", "70", "0.05"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = train_across(inventory, run_dir, "--checkpoint-every", "20", "--script",
+                        ROOT / "tests" / "scripts" / "paced_digits.py", "--", "70", "0.05")
     link = ["ip", "netns", "exec", "hvdt-h2", "ip", "link", "set", "enp3s0"]
     try:
         deadline = time.monotonic() + 300
@@ -143,9 +140,7 @@ def test_across_namespaced_hosts_a_link_down_ends_the_job_within_60_s_and_nothin
     assert "Traceback" not in out, out[-3000:]
     deadline = time.monotonic() + 90  # the stranded rank: gone once its host answers again
     while time.monotonic() < deadline:
-        left = {ns: ps for ns in (LAUNCH_NS, "hvdt-h1", "hvdt-h2")
-                if str(run_dir) in (ps := subprocess.run(["ip", "netns", "exec", ns, "ps", "-eo", "pid,args"],
-                                                         capture_output=True, text=True, timeout=30).stdout)}
+        left = left_in_namespaces(run_dir)
         if not left:
             break
         time.sleep(2)
