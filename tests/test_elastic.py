@@ -319,6 +319,7 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
         if proc.poll() is None:
             stop(proc)
     assert went_on is not None and went_on["hosts"] == [survivor] and went_on["time"] - sent < 60, (went_on, sent)
+    print(f"link of {host} ({cut}) down: {survivor} went on after {went_on['time'] - sent:.1f} s")  # pytest -s
     assert proc.returncode == 0, out[-4000:]
     assert f"joined {host}; continuing on 2 rank(s)" in out, out[-4000:]
     time.sleep(2)
