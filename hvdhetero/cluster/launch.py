@@ -1,6 +1,7 @@
 """The horovodrun command for a set of inventory hosts, as data: `(argv, env)`.
 
-`command()` is pure (tests assert on its list, `--dry-run` prints it); `run()` executes it.
+`command()` is pure (tests assert on its list, `--dry-run` prints it); `run()` executes it
+(cluster/supervise.py, re-exported here with the rest of what running a job needs).
 Launcher side: never imports torch or horovod, so `invoke train --dry-run` starts instantly.
 """
 
@@ -8,28 +9,32 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import shlex
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from dataclasses import replace
 
-from hvdhetero import netinfo, progress
-from hvdhetero.cluster import console, elastic, live
+from hvdhetero import netinfo
+from hvdhetero.cluster import elastic
 from hvdhetero.config import JobConfig
-from hvdhetero.errors import ConfigError, LaunchError
+from hvdhetero.errors import ConfigError
 from hvdhetero.cluster.inventory import Host, Inventory
+# Running the command lives in supervise.py; tasks.py, bench/ and tests call it as launch.run etc.
+from hvdhetero.cluster.supervise import (EXIT_LINE, FORWARDED, SSH_LOST, died, forwarded_env,  # noqa: F401
+                                         resume_hint, run)
 
 # Every network wait of a job is bounded: the rendezvous and Gloo's own operations.
 START_TIMEOUT_S = 120
 GLOO_TIMEOUT_S = 120
+
+# Horovod's background thread negotiates with every other rank once a cycle, whether or not
+# anything is queued; at its default of 1 ms that took ~16% of a one-core host's compute
+# (digits, 8 Mbit, diloco:64: 147 us a sample on the fast rank against 123 us at 5 ms,
+# the same as 20 and 50 ms). Step sync runs as fast at 5 ms as at 1 ms (`invoke bench
+# --cycle-time-ms 1|5` on h1,h2: 9,312 / 9,319 samples/s). `invoke bench` times at it too.
+CYCLE_TIME_MS = 5
 
 RANK_ENV = {
     "PYTHONUNBUFFERED": "1",  # rank output reaches the console as it happens
@@ -38,6 +43,7 @@ RANK_ENV = {
     # instead of hanging it: Horovod warns after 60 s and shuts down after 120 s.
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+    "HOROVOD_CYCLE_TIME": str(CYCLE_TIME_MS),
 }
 
 
@@ -209,224 +215,9 @@ def ssh_options(inventory: Inventory, keepalive: bool = False) -> str:
                      *alive])
 
 
-# What horovodrun may forward to remote ranks: it copies its own environment into every rank's
-# command line, so it gets this allowlist, never the launcher's whole environment (secrets).
-FORWARDED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "SSH_AUTH_SOCK", "TMPDIR")
-
-
-def forwarded_env(env: dict[str, str]) -> dict[str, str]:
-    return {**{k: os.environ[k] for k in FORWARDED if k in os.environ}, **env}
-
-
 def printable(argv: Sequence[str], env: dict[str, str]) -> str:
     """The command as one shell line a user can copy."""
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), *map(shlex.quote, argv)])
-
-
-def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
-        run_dir: str | Path | None = None, rank0_host: str | None = None,
-        watch: elastic.Watch | None = None, rank_hosts: Sequence[str] = ()) -> list[dict]:
-    """Run the job in the foreground, its ranks' output relayed to the console; returns the
-    results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
-    progress.SILENT_S ends the job with one message naming it (and, for a training run with a
-    `run_dir`, its newest checkpoint and the command that resumes); nothing of the job is left
-    running on this machine. The ranks' progress is a live table on the console (cluster/live.py);
-    with a `run_dir`, every rank's whole output is kept there as rank-N.log. Under elastic (a
-    `watch`) a rank that dies or goes silent is dropped instead (a silent one killed) while at
-    least --min-hosts hosts are left."""
-    if not Path(argv[0]).exists():
-        raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
-    silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic.SILENT_S if watch else progress.SILENT_S))
-    logs = console.RankLogs(run_dir) if run_dir is not None else None
-    try:
-        return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts)
-    finally:
-        if watch is not None:
-            watch.finish()  # a silent rank whose host did not answer yet: killed once it does (bounded)
-
-
-def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silent_s: float,
-         logs: console.RankLogs | None, rank_hosts: Sequence[str]) -> list[dict]:
-    alive: dict[int, tuple[float, str]] = {}
-    exits: dict[int, int] = {}
-    with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
-        results: list[dict] = []
-        try:
-            failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch),
-                                     live.display_for(sys.stdout), results=results, alive=alive)
-        except _Silent as silent:
-            _stop(proc)
-            raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
-                              f"(frozen, asleep or cut off); the job was stopped" + _ended(watch)
-                              + _output_hint(logs, silent.rank) + resume_hint(run_dir, rank0_host)) from None
-        except elastic.TooFew:
-            _stop(proc)
-            last = watch.dropped[-1]
-            raise LaunchError(f"rank {last['rank']} on host {last['host']} {last['what']}; the other ranks were "
-                              f"stopped" + _ended(watch) + resume_hint(run_dir, rank0_host)) from None
-        except elastic.ScriptFailed as failed:  # a script's own error is no host failure: the job ends
-            _stop(proc)
-            raise LaunchError(console.failure_summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
-        except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
-            _stop(proc)
-            raise
-        finally:
-            if logs is not None:
-                logs.close()
-    for failure in failures:
-        if logs is not None and logs.has(failure["rank"]):
-            failure["log"] = str(logs.path(failure["rank"]))
-    if watch is not None and proc.returncode == 0:  # ranks were dropped, the job went on
-        return results
-    first = next(iter(exits.items()), None)
-    if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
-        raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
-    if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
-        # a rank's host from its heartbeats, else from where horovodrun put it (one that failed
-        # before its first heartbeat)
-        hosts = {**dict(enumerate(rank_hosts)), **{r: h for r, (_, h) in alive.items()}}
-        rank = next(iter(exits), None)
-        raise LaunchError(died(exits, hosts, proc.returncode) + _ended(watch) + _output_hint(logs, rank)
-                          + resume_hint(run_dir, rank0_host))
-    return results
-
-
-def _output_hint(logs: console.RankLogs | None, rank: int | None) -> str:
-    """Where the rank's whole output is, if it was kept."""
-    if logs is None or rank is None or not logs.has(rank):
-        return ""
-    return f"\n  its output: {logs.path(rank)}"
-
-
-SSH_LOST = 255
-"""ssh's own exit code: the connection to the host failed or was cut (a rank on another host)."""
-
-
-def _signalled(code: int) -> bool:
-    """An exit code that means a signal ended the process (-N from Python, 128+N from a shell;
-    signals go up to 64, so 255 is ssh's, not a signal's)."""
-    return code < 0 or 128 < code <= 128 + 64
-
-
-EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
-
-
-def _ended(watch: elastic.Watch | None) -> str:
-    return watch.ended() if watch is not None else ""
-
-
-class _Silent(Exception):
-    def __init__(self, rank: int, host: str, seconds: float):
-        super().__init__(rank, host, seconds)
-        self.rank, self.host, self.seconds = rank, host, seconds
-
-
-def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
-             logs: console.RankLogs | None = None, watch: elastic.Watch | None = None):
-    """horovodrun's lines as they come (read by a thread), checking at least once a second that
-    no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
-    every line goes to the rank logs, if kept. Under elastic (`watch`) a silent rank is killed and
-    a dead one dropped, until fewer than --min-hosts hosts are left."""
-    lines: queue.Queue = queue.Queue()
-
-    def read():
-        try:
-            for line in proc.stdout:
-                lines.put(line)
-        finally:
-            lines.put(None)
-
-    threading.Thread(target=read, name="hvdhetero-relay", daemon=True).start()
-    while True:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            line = ""
-        if line is None:
-            return
-        if line:
-            if logs is not None:
-                logs.write(line)
-            match = EXIT_LINE.match(line)
-            if match:
-                exits.setdefault(int(match.group(1)), int(match.group(2)))
-                if watch is not None:
-                    rank = int(match.group(1))
-                    watch.exited(rank, _what(int(match.group(2))))
-                    alive.pop(rank, None)
-                    if watch.too_few(alive):
-                        raise elastic.TooFew()
-            prefix = progress.PREFIX.match(line)
-            if watch is not None and not watch.read(line[prefix.end():] if prefix else line, bool(match)):
-                continue  # horovodrun's exit line (the watch said it in words), Horovod's reset noise
-            # Once a rank has ended, the rest is horovodrun stopping the others (its traceback,
-            # the survivors' broken collectives): only our tagged lines go on to the relay.
-            if watch is not None or not exits or any(tag in line for tag in (progress.ERROR_TAG, progress.RESULT_TAG,
-                                                                             progress.ALIVE_TAG)):
-                yield line
-        now = time.monotonic()
-        for rank, (seen, host) in sorted(alive.items()):
-            if now - seen > silent_s and proc.poll() is None:
-                if watch is None:
-                    raise _Silent(rank, host, now - seen)
-                watch.silent(rank, now - seen)
-                del alive[rank]
-                if watch.too_few(alive):
-                    raise _Silent(rank, host, now - seen)
-        if watch is not None:
-            watch.tick()
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """End horovodrun and everything it started: SIGTERM (it stops its ranks: SIGTERM, then
-    SIGKILL after 5 s, which ends a stopped process too), SIGKILL if it is still there."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-
-
-def died(exits: dict[int, int], hosts: dict[int, str], returncode: int) -> str:
-    """What horovodrun reported of the first rank that ended badly, in words."""
-    if not exits:
-        return f"training failed: horovodrun exited with {returncode} (see the rank output above)"
-    rank, code = next(iter(exits.items()))  # horovodrun prints the first one first
-    return f"rank {rank} on host {hosts.get(rank, '?')} {_what(code)}; the other ranks were stopped"
-
-
-def _what(code: int) -> str:
-    """A rank's exit code in words: killed by signal 9 (SIGKILL), exited with code 1."""
-    if code == SSH_LOST:
-        return "was cut off (exit 255: ssh lost the connection to its host: down, asleep or off the network)"
-    if not _signalled(code):
-        return f"exited with code {code}"
-    signum = -code if code < 0 else code - 128
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
-    return f"killed by signal {signum} ({name})"
-
-
-def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> str:
-    """The newest checkpoint of a training run and the command that continues it (rank 0 writes
-    them: on `rank0_host` when that is another machine)."""
-    if run_dir is None:
-        return ""
-    folder = Path(run_dir) / "checkpoints"
-    saved = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
-    if not saved and rank0_host:
-        return (f"\n  checkpoints, if any, are on {rank0_host} in {folder}"
-                f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
-    if not saved:
-        return f"\n  no checkpoint was written yet (run directory {run_dir}); start the run again"
-    step = int(saved[-1].stem.split("-")[1])
-    return (f"\n  newest checkpoint: {saved[-1]} (step {step})"
-            f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
 
 
 def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:
