@@ -344,10 +344,10 @@ def build_horovod(c, install=False):
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=None,
-          cycle_time_ms=5.0, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
+          cycle_time_ms=BenchOptions.cycle_time_ms, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
           inner_steps="same",
           compression="none", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0,
-          seeds="0,1,2", epochs=30, repeat=8, ways="alone,step,mode"):
+          seeds="0,1,2", epochs=30, repeat=8, ways=BenchOptions.ways):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     given = {k: v for k, v in locals().items() if k not in ("c", "hosts", "inventory")}
     options = BenchOptions(**{**given, "repeats": checks.integer("repeats", repeats)})  # bad values: exit 2 here

@@ -28,7 +28,8 @@ def test_local_command_is_two_cpu_ranks_over_gloo_running_the_recipe_through_the
         "--module", "hvdhetero.recipes.train", "--", "--epochs", "3",
     ]
     assert env == {"PYTHONUNBUFFERED": "1", "PYTORCH_ENABLE_MPS_FALLBACK": "1",
-                   "HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120"}
+                   "HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+                   "HOROVOD_CYCLE_TIME": "5"}
 
 
 def test_what_the_launcher_writes_is_what_the_rank_reads():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hvdhetero import checks
 from hvdhetero.bench.accuracy import WAYS
+from hvdhetero.cluster.launch import CYCLE_TIME_MS
 from hvdhetero.config import COMPRESSIONS, INNER_STEPS, check_micro_batch, check_sync
 from hvdhetero.errors import ConfigError
 
@@ -45,8 +46,8 @@ class BenchOptions:
     """Quick phases take more steps, to be timed over at least this long per repeat."""
     repeats: int | None = None
     """Rounds of all phases, medians reported (None: 5); with allreduce, timed allreduces (None: 10)."""
-    cycle_time_ms: float = 5.0
-    """Horovod's HOROVOD_CYCLE_TIME for all phases alike."""
+    cycle_time_ms: float = float(CYCLE_TIME_MS)
+    """Horovod's HOROVOD_CYCLE_TIME for all phases alike (by default what every job runs at)."""
     micro_batch: str = "auto"
     """Chunk size of the solo and hvdhetero phases: auto, 0 (whole batch) or N."""
     sync: str = "step"
