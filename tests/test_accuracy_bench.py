@@ -37,8 +37,44 @@ def test_medians_over_seeds_and_accuracy_where_every_way_has_run():
     assert rows["a+b step"]["vs_alone"] == pytest.approx(5.0 / 20.0)
     assert rows["a+b local:8"]["accuracy_equal_samples"] == pytest.approx((0.95 + 0.96) / 2)
     assert rows["a+b local:8"]["samples_per_s"] == pytest.approx(3000 / 5.4)
+    assert rows["a+b local:8"]["each_vs_alone"] == [pytest.approx(6.0 / 5.4)]  # seed 1 never got there
+    assert rows["a+b step"]["vs_alone_per_seed"] == pytest.approx((6.0 / 20 + 4.0 / 20) / 2)
+    assert rows["a+b step"]["seeds_sooner"] == 0 and rows["a+b local:8"]["seeds_sooner"] == 1
     table = render(summary)
-    assert "a+b local:8" in table and "1/2" in table and "0.25x" in table
+    assert "a+b local:8" in table and "1/2" in table and "0.25x" in table and "1.11x (1/2)" in table
+
+
+def test_per_seed_ratios_compare_each_seed_with_itself():
+    """A hard seed (a slow test split for every way) moves both medians; the per-seed ratio
+    keeps each comparison within one seed: here the pair is sooner on 2 seeds of 3 although
+    the medians' ratio says it is slower."""
+    alone, pair = [10.0, 4.5, 5.3], [6.8, 5.8, 5.0]
+    runs = [Run(way, seed, [{"epoch": 0, "test_accuracy": 0.98, "seconds_to_target": s, "train_seconds": s,
+                             "samples_seen": 100}])
+            for seed in range(3) for way, s in (("a alone", alone[seed]), ("a+b diloco:32", pair[seed]))]
+    row = summarize(runs, 0.98)["ways"][1]
+    assert row["vs_alone"] == pytest.approx(5.3 / 5.8)
+    assert row["vs_alone_per_seed"] == pytest.approx(5.3 / 5.0) and row["seeds_sooner"] == 2
+
+
+def test_elapsed_time_counts_what_the_evaluations_cost():
+    """The pair's evaluations start with an exchange (one model on every rank), which the training
+    loop's clock leaves out: here 1 s an epoch, so the pair sooner by the loop's clock is later
+    by the elapsed one."""
+    def run(way, per_epoch, exchange):
+        out, elapsed = [], 0.0
+        for epoch in range(3):
+            elapsed += per_epoch + exchange
+            out.append({"epoch": epoch, "test_accuracy": 0.9 + 0.04 * epoch, "train_seconds": per_epoch * (epoch + 1),
+                        "elapsed_seconds": elapsed, "samples_seen": 100 * (epoch + 1)})
+        out[-1].update(seconds_to_target=out[-1]["train_seconds"], elapsed_to_target=out[-1]["elapsed_seconds"])
+        return Run(way, 0, out)
+
+    rows = summarize([run("a alone", 1.5, 0.0), run("a+b diloco:64", 1.4, 1.0)], 0.98)["ways"]
+    assert rows[1]["vs_alone_per_seed"] == pytest.approx(4.5 / 4.2)
+    assert rows[1]["elapsed_to_target"] == pytest.approx(7.2)
+    assert rows[1]["elapsed_vs_alone_per_seed"] == pytest.approx(4.5 / 7.2)
+    assert "7.2 0.63x" in render(summarize([run("a alone", 1.5, 0.0), run("a+b diloco:64", 1.4, 1.0)], 0.98))
 
 
 def test_ways_are_the_first_host_alone_step_and_the_mode_on_all():
@@ -75,3 +111,15 @@ def test_bad_to_accuracy_options_exit_2_naming_them(args, named):
     proc = run_cmd([str(VENV_BIN / "invoke"), "bench", *args], check=False, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert named in proc.stdout + proc.stderr
+
+
+def test_a_seed_only_the_pair_finished_counts_as_sooner():
+    def run(way, seed, seconds):
+        record = {"epoch": 0, "test_accuracy": 0.98 if seconds else 0.9, "train_seconds": seconds or 9.0,
+                  "samples_seen": 100}
+        return Run(way, seed, [{**record, "seconds_to_target": seconds} if seconds else record])
+
+    runs = [run("a alone", 0, None), run("a+b local:8", 0, 7.0), run("a alone", 1, 4.0), run("a+b local:8", 1, 5.0)]
+    row = summarize(runs, 0.98)["ways"][1]
+    assert row["seeds_sooner"] == 1 and row["each_vs_alone"] == [pytest.approx(0.8)]  # ratios only where both did
+    assert "0.80x (1/2)" in render(summarize(runs, 0.98))

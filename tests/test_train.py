@@ -165,3 +165,4 @@ def test_the_recipe_stops_at_a_target_accuracy_and_logs_the_time_to_it(tmp_path)
     before = [r for r in records if r["event"] == "log" and r["epoch"] < hit["epoch"]]
     assert before and all(r["test_accuracy"] < 0.95 for r in before), "it stopped at the first epoch that got there"
     assert 0 < before[-1]["train_seconds"] < hit["seconds_to_target"]
+    assert hit["seconds_to_target"] < hit["elapsed_to_target"] == hit["elapsed_seconds"]  # evaluations included

@@ -1,8 +1,9 @@
 """Time to a test accuracy: `invoke bench --to-accuracy A --hosts fast,slow --sync MODE`.
 
 Three ways to train the same model, each with the built-in recipe until its test accuracy
-reaches A (evaluated after every epoch; the training seconds to it, evaluations excluded, as
-the recipe logs them), for a few seeds:
+reaches A (evaluated after every epoch; the training loop's seconds to it, evaluations
+excluded, as the recipe logs them, and the elapsed seconds, evaluations included), for a few
+seeds:
 
   alone   the first of --hosts alone, the whole global batch (put the fastest first)
   step    all the hosts, gradients reduced every step
@@ -11,6 +12,17 @@ the recipe logs them), for a few seeds:
 Reported per way: the median seconds to A over the seeds, how many seeds reached it, and the
 test accuracy after the last epoch every run of a seed completed (equal samples seen), next
 to the samples/s over the training loop. This side starts no torch: each run is a job.
+
+Against the host alone, two ratios: the medians' (alone's median seconds / the way's) and the
+median of the per-seed ratios, with how many seeds got there sooner. The second is the one to
+read: a seed fixes the initial model and the digits train/test split, so one seed's test set
+can take twice another's training (seed 0: 9-10 s alone where the others take 4-6 s), and
+comparing the same seed's runs takes that out, where the medians of five mix it in.
+
+Why both clocks: with --sync local/diloco an evaluation first makes the ranks' models one (the
+round in flight and the partial one exchanged at once, job.evaluate), so the training loop's
+clock leaves out exchanges that the pair's learning got; the elapsed clock counts them (and the
+evaluations, the same few milliseconds for every way).
 """
 
 from __future__ import annotations
@@ -44,6 +56,10 @@ class Run:
         return next((r["seconds_to_target"] for r in self.logs if "seconds_to_target" in r), None)
 
     @property
+    def elapsed_to_target(self) -> float | None:
+        return next((r["elapsed_to_target"] for r in self.logs if "elapsed_to_target" in r), None)
+
+    @property
     def samples_per_s(self) -> float:
         last = self.logs[-1] if self.logs else {}
         return last.get("samples_seen", 0) / last["train_seconds"] if last.get("train_seconds") else 0.0
@@ -75,7 +91,7 @@ def measure(train: Callable[[Way, int], list[dict]], plan: list[Way], seeds: lis
 
 def summarize(runs: list[Run], target: float) -> dict:
     labels = list(dict.fromkeys(r.way for r in runs))
-    seeds = sorted({r.seed for r in runs})
+    seeds = list(dict.fromkeys(r.seed for r in runs))  # as measured (each way's runs are in this order)
     # equal samples: per seed, the last epoch every way's run completed
     common = {s: min((len(r.logs) for r in runs if r.seed == s), default=0) for s in seeds}
     rows = []
@@ -83,29 +99,60 @@ def summarize(runs: list[Run], target: float) -> dict:
         mine = [r for r in runs if r.way == label]
         reached = [r.seconds_to_target for r in mine if r.seconds_to_target is not None]
         accs = [a for r in mine if (a := r.accuracy_after(common[r.seed])) is not None]
+        elapsed = [r.elapsed_to_target for r in mine if r.elapsed_to_target is not None]
         rows.append({"way": label, "seeds": len(mine), "reached": len(reached),
                      "seconds_to_target": statistics.median(reached) if reached else None,
                      "each_seconds_to_target": [r.seconds_to_target for r in mine],
+                     "elapsed_to_target": statistics.median(elapsed) if elapsed else None,
+                     "each_elapsed_to_target": [r.elapsed_to_target for r in mine],
                      "samples_per_s": statistics.median(r.samples_per_s for r in mine),
                      "accuracy_equal_samples": statistics.mean(accs) if accs else None,
                      "each_accuracy_equal_samples": accs})
-    alone = next((r["seconds_to_target"] for r in rows if r["way"].endswith(" alone")), None)
+    alone_row = next((r for r in rows if r["way"].endswith(" alone")), None)
+    alone = alone_row["seconds_to_target"] if alone_row else None
     for row in rows:
         row["vs_alone"] = alone / row["seconds_to_target"] if alone and row["seconds_to_target"] else None
+        row["each_vs_alone"] = _per_seed(alone_row, row, "each_seconds_to_target")
+        row["vs_alone_per_seed"] = statistics.median(row["each_vs_alone"]) if row["each_vs_alone"] else None
+        row["seeds_sooner"] = _sooner(alone_row, row) if alone_row else 0
+        elapsed_ratios = _per_seed(alone_row, row, "each_elapsed_to_target")
+        row["elapsed_vs_alone_per_seed"] = statistics.median(elapsed_ratios) if elapsed_ratios else None
     return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "ways": rows}
+
+
+def _per_seed(alone: dict | None, row: dict, key: str) -> list[float]:
+    """Each seed's alone time over the way's, where both reached the target (rows list their
+    runs in the same seed order: measure's)."""
+    return [a / t for a, t in zip(alone[key], row[key]) if a and t] if alone else []
+
+
+def _sooner(alone: dict, row: dict) -> int:
+    """Seeds on which the way reached the target sooner than the host alone, or reached it where
+    the host alone did not."""
+    return sum(t is not None and (a is None or t < a)
+               for a, t in zip(alone["each_seconds_to_target"], row["each_seconds_to_target"]))
 
 
 def render(summary: dict) -> str:
     lines = [f"time to test accuracy {summary['target_accuracy']:.2%}, median over seeds "
              f"{','.join(map(str, summary['seeds']))} (accuracy at equal samples: after the last epoch every "
              f"way completed, per seed {summary['equal_samples_epochs']}):",
-             f"{'':40}{'seconds':>9}{'reached':>9}{'vs alone':>10}{'samples/s':>11}{'acc (eq. samples)':>19}"]
+             f"{'':40}{'seconds':>9}{'reached':>9}{'vs alone':>10}{'per seed':>16}{'elapsed, per seed':>20}"
+             f"{'samples/s':>11}{'acc (eq. samples)':>19}"]
     for row in summary["ways"]:
+        alone = row["way"].endswith(" alone")
         secs = f"{row['seconds_to_target']:.1f}" if row["seconds_to_target"] is not None else "-"
         ratio = f"{row['vs_alone']:.2f}x" if row["vs_alone"] else "-"
+        paired = (f"{row['vs_alone_per_seed']:.2f}x ({row['seeds_sooner']}/{row['seeds']})"
+                  if row["vs_alone_per_seed"] and not alone else "-")
+        elapsed = (f"{row['elapsed_to_target']:.1f}" if row["elapsed_to_target"] is not None else "-") + (
+            f" {row['elapsed_vs_alone_per_seed']:.2f}x" if row["elapsed_vs_alone_per_seed"] and not alone else "")
         acc = f"{row['accuracy_equal_samples']:.2%}" if row["accuracy_equal_samples"] is not None else "-"
-        lines.append(f"{row['way']:40}{secs:>9}{row['reached']:>5}/{row['seeds']:<3}{ratio:>10}"
-                     f"{row['samples_per_s']:11,.0f}{acc:>19}")
+        lines.append(f"{row['way']:40}{secs:>9}{row['reached']:>5}/{row['seeds']:<3}{ratio:>10}{paired:>16}"
+                     f"{elapsed:>20}{row['samples_per_s']:11,.0f}{acc:>19}")
     lines.append("seconds: training loop to the first epoch at the target, evaluations excluded; vs alone > 1: "
-                 "sooner than the first host alone")
+                 "sooner than the first host alone (the medians' ratio); per seed: the median of each seed's "
+                 "ratio to the host alone on the same seed (same model init and test split), and in how many "
+                 "seeds it was sooner; elapsed: evaluations included, and with local/diloco the exchange each "
+                 "one starts with")
     return "\n".join(lines)
