@@ -110,6 +110,20 @@ def test_advice_takes_the_freshest_mode_near_the_best_rate():
     assert "learns less per sample" in reason and "bench --to-accuracy A --hosts pc,mac --sync diloco:16 --overlap-sync`" in reason
 
 
+def test_advice_for_rounds_says_how_often_an_evaluation_may_exchange():
+    """job.evaluate/job.save make one model at once: one exchange each, not behind compute. The
+    advice names how many steps apart they must be for that to cost less than the gain."""
+    pick, reason = advise(predict(pc_and_mac(exchange_s=0.15)))
+    gain = float(re.search(r": \+(\d+)% over pc alone", reason).group(1)) / 100
+    assert pick.flush_s == pytest.approx(0.15 + 0.002 + 0.01)
+    every = int(re.search(r"when ~([\d,]+) steps apart", reason).group(1).replace(",", ""))
+    # an exchange every `every` steps costs about the gain (the gain is rounded in the text)
+    assert pick.flush_s / (every * pick.step_s) == pytest.approx(gain, rel=0.2), (every, reason)
+    slower = advise(predict(pc_and_mac(exchange_s=0.6)))
+    if slower[0].sync != "step" and len(slower[0].hosts) == 2:  # a slower link: evaluate less often
+        assert int(re.search(r"when ~([\d,]+) steps apart", slower[1]).group(1).replace(",", "")) > every
+
+
 def test_a_large_gain_is_advised_without_the_per_sample_caution():
     m = pc_and_mac(exchange_s=0.15)
     m.per_sample = [1e-4, 1.5e-4]  # the slow host at 2/3 of the fast one: up to +67%

@@ -32,6 +32,7 @@ once, 2H overlapped), since larger H converges slower per sample (DiLoCo, local 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,9 +50,11 @@ ALONE_MARGIN = 0.03
 """A multi-host mode must beat the fastest host alone by more than this to be advised."""
 PER_SAMPLE_CAUTION = 0.15
 """Below this gain over the fastest host alone, advice for local/DiLoCo says that the rate may
-not buy an earlier accuracy: syncing every H steps learns less per sample (on digits at K=12 the
-pair was +10% in samples/s and reached 98% in 0.73x the fast host's time at 8 Mbit, 1.05x at 25
-Mbit, docs/benchmarks.md)."""
+not buy an earlier accuracy: syncing every H steps can learn less per sample (on digits at K=12
+the pair was +8-12% in samples/s and, by the training loop's clock, reached 98% 1.07x as fast as
+the fast host at 8 Mbit and 1.13x at 25 Mbit, the median over 7 seeds of each seed's ratio, but
+a seed's race is decided by one epoch of 23 steps either way: within this VM's noise;
+docs/benchmarks.md)."""
 NEAR_BEST = 0.02
 """Modes within this of the best rate count as equally fast; the freshest of them is advised."""
 HEADROOM = 2.0
@@ -118,6 +121,9 @@ class Prediction:
     exchange may outlast the round under load and the mode is not advised."""
     inner_steps: str = "same"
     """local/diloco: same (every rank H steps a round) or by-speed (a slower rank merges steps)."""
+    flush_s: float = 0.0
+    """local/diloco: what one job.evaluate or job.save adds, exchanging at once so that every
+    rank holds one model (not behind compute)."""
 
     @property
     def fits(self) -> bool:
@@ -203,11 +209,13 @@ def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
 
 def _rounds(labels, ranks, h: int, t: float, inner: str, m: Measured) -> list[Prediction]:
     """diloco:H at once and overlapped, for a step of `t` seconds between exchanges."""
-    at_once = _made(labels, ranks, f"diloco:{h}", False, t + (m.exchange_s + m.latency_s + m.copy_s) / h, h, m, inner)
+    exposed = m.exchange_s + m.latency_s + m.copy_s  # an exchange not behind compute: a round's, or a flush
+    at_once = _made(labels, ranks, f"diloco:{h}", False, t + exposed / h, h, m, inner)
     behind = max(m.exchange_s, m.busy_exchange_s)
     hidden = t + (m.latency_s + m.copy_s + m.stolen * min(behind, h * t) + max(0.0, behind - h * t)) / h
     overlapped = _made(labels, ranks, f"diloco:{h}", True, hidden, 2 * h, m, inner)
     overlapped.headroom = h * t / max(behind, 1e-9)
+    at_once.flush_s = overlapped.flush_s = exposed
     return [at_once, overlapped]
 
 
@@ -244,6 +252,16 @@ def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
         reason += (f" in samples/s; syncing every {pick.sync.split(':')[1]} steps learns less per sample, which can "
                    f"cost more than {gain:+.0%}: before a long run, compare the time to your accuracy with `invoke "
                    f"bench --to-accuracy A {pick.flags}`")
+    if pick.sync != "step" and gain > 0 and pick.flush_s:
+        # One flush every n steps costs flush_s / (n step_s) of the training time, the whole gain
+        # at n = flush_s / (gain step_s). flush_s is a lower bound: a flush also waits for the
+        # round in flight and for a slow rank's merged step (digits at 8 Mbit: 1.3 s measured
+        # against 0.75 s predicted; an evaluation every 23-step epoch took the pair 1.7x the fast
+        # host's elapsed time to 98%, where by the training loop's clock it was 1.07x as fast).
+        every = math.ceil(pick.flush_s / (gain * pick.step_s))
+        reason += (f"; each job.evaluate or job.save first exchanges at once (at least {pick.flush_s:.2f} s here, "
+                   f"{pick.flush_s / pick.step_s:,.1f} steps' time): they cost the whole {gain:+.0%} when "
+                   f"~{every:,} steps apart, so call them several times less often than that")
     return pick, reason
 
 
