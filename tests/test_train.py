@@ -97,18 +97,25 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
     """The last rank 3x slower gets a smaller share, and the model reaches the test accuracy of
     one process on the same global batch, within 0.5 percentage points. One run of each cannot
     show that: the 360 test samples move accuracy in steps of 0.28 pp, and the runs are not
-    identical (each rank draws its own dropout masks, and the split follows timings), so at one
-    seed they differed by -0.56 to +0.83 pp (seeds 0-6, `invoke train --epochs 15 --seed S`).
-    The test compares the mean over 6 seeds (standard error of the difference ~0.2 pp)."""
+    identical (each rank draws its own dropout masks, and the split follows timings). Measured
+    over seeds 0-19 (`invoke train --epochs 15 --seed S`, one slot against --slowdown 3): the
+    last epoch's accuracies differed by -1.39 to +0.56 pp a seed (mean -0.10, sd 0.49), so a
+    mean over 6 seeds of the last epoch alone missed 0.5 pp about once in a hundred runs (CI
+    saw +0.56 once); the mean of the last 5 epochs' accuracies differed with sd 0.24 pp a seed
+    (mean -0.09). The test compares that, averaged over 6 seeds (standard error ~0.1 pp)."""
     single = _one_rank_inventory(tmp_path)
     accuracy = {"one": [], "k3": []}
+    final = []
     for seed in CONVERGENCE_SEEDS:
         for name, args in {"one": ["--inventory", single], "k3": ["--slowdown", "3"]}.items():
             run_dir = tmp_path / f"{name}-{seed}"
             run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--run-dir", run_dir, *args],
                     timeout=600)
             records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
-            accuracy[name].append(records[-1]["test_accuracy"])
+            tested = [r["test_accuracy"] for r in records if r["event"] == "log"]
+            assert len(tested) == 15, tested
+            accuracy[name].append(statistics.fmean(tested[-5:]))  # epochs 10-14
+            final.append(tested[-1])
             if name == "k3":
                 # the model's splits (a probe of the equal split, or a fallback to it on a busy
                 # machine, is the balancer checking itself)
@@ -116,7 +123,7 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
                           and not r["reason"].startswith("probe:")]
                 assert all(s[0] >= 2 * s[1] for s in splits[1:] or splits), splits  # the slow rank got less
     mean = {name: statistics.fmean(values) for name, values in accuracy.items()}
-    assert min(accuracy["one"] + accuracy["k3"]) >= 0.95, accuracy
+    assert min(final) >= 0.95, (final, accuracy)
     assert abs(mean["one"] - mean["k3"]) <= 0.005, (mean, accuracy)
 
 
