@@ -43,6 +43,11 @@ def test_overlapped_exchange_lands_one_round_late(results, mode):
     assert r["steps"] == 9 and r["rounds"] == 3 and r["applied"] == 2, r
     assert r["param_rel_err"] <= 1e-5 and r["moved"] > 1e-3, r
     assert r["at_once_rel_err"] > 100 * max(r["param_rel_err"], 1e-7), r
+    # job.evaluate(exchange=False) scored the global model (the replay's, rounds 1-2), not this
+    # rank's own, exchanged nothing, and left this rank's own model as it was
+    g = r["global_eval"]
+    assert abs(g["sum"] - g["replay"]) <= 1e-4 * abs(g["replay"]) and abs(g["own"] - g["replay"]) > 1e-3, g
+    assert g["applied"] == 2 and g["own_kept"], g
     # the flush lands round 3 (in flight) and reports what it ran: every rank's step seconds and share
     assert r["applied_after_flush"] == 3 and r["same_model"], r
     times, shares = r["flush_times"]
@@ -62,6 +67,21 @@ def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path, overla
     assert late == ([1] * 5 + [0]) * 4 if overlap else set(late) == {0}, late
     end = records[-1]
     assert end["test_accuracy"] >= 0.85 and len(set(end["param_digests"])) == 1, end  # 0.89-0.95 seen
+
+
+def test_eval_global_scores_the_global_model_and_exchanges_nothing_at_an_epochs_end(tmp_path):
+    """The recipe's --eval-global (job.evaluate(..., exchange=False)): rounds run on across the
+    epochs' ends (no flush there, where exact evaluations flush the partial round: the test
+    above), the first epochs score the global model, the last one the exact model it saves."""
+    run_cmd([VENV_BIN / "invoke", "train", "--epochs", "3", "--sync", "diloco:4", "--overlap-sync",
+             "--run-dir", tmp_path, "--", "--eval-global"], timeout=600)
+    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    steps = [r["step"] for r in records if r["event"] == "exchange"]
+    assert steps == [*range(4, 69, 4), 69], "23 steps an epoch: 17 rounds of 4 across steps 23 and 46, then the flush"
+    logs = [r for r in records if r["event"] == "log"]
+    assert [r.get("evaluated") for r in logs] == ["global", "global", None], logs
+    end = records[-1]
+    assert end["test_accuracy"] >= 0.8 and len(set(end["param_digests"])) == 1, end
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimize
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -369,27 +370,39 @@ class Job:
         self._write("log", **self._logged[-1])  # the script's own win
 
     @torch.no_grad()
-    def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None) -> dict:
+    def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None,
+                 exchange: bool = True) -> dict:
         """Run `fn(batch) -> {name: sum}` over `dataset`, each rank on a disjoint part (sized by
-        its speed), the prepared model in eval mode; returns every name's sum over all ranks."""
+        its speed), the prepared model in eval mode; returns every name's sum over all ranks.
+
+        With --sync local/diloco the ranks' models differ between exchanges. By default the
+        round in flight and the partial one are exchanged first, at once (one exchange not
+        behind compute: `invoke plan` says what it costs); `exchange=False` evaluates the global
+        model as of the last exchange that landed instead (what DiLoCo evaluates), with nothing
+        but the sums on the link, and every rank trains on from its own model after. That model
+        lacks the last rounds (1..2 overlapped, 0..1 not): use it to watch a run, and the
+        default where the current model matters. Under step sync both are the one model."""
         model = self._prepared.model if self._prepared else None
-        self._one_model()
-        if model is not None:
-            average_buffers(model)
-            was_training = model.training
-            model.eval()
+        lend = self._sync is not None and model is not None and not exchange
+        if lend:
+            self._sync.pause_clock()  # an evaluation is not a step's work
+            borrowed = self._sync.global_model()
+        else:
+            self._one_model()
+            if model is not None:
+                average_buffers(model)
+            borrowed = contextlib.nullcontext()
         split = self._prepared.balancer.split if self._prepared else [1] * self.size
         shares = proportional_split(batch_size * self.size, split)
         sampler = WeightedBatchSampler(len(dataset), shares, self.rank, shuffle=False)
         sums: dict[str, float] = {}
-        for indices in sampler:
-            if indices:
-                batch = batches.to_device(batches.collate(dataset, indices, collate_fn), self.device)
-                with self.autocast():
-                    for k, v in fn(batch).items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-        if model is not None and was_training:
-            model.train()
+        with borrowed, _eval_mode(model):
+            for indices in sampler:
+                if indices:
+                    batch = batches.to_device(batches.collate(dataset, indices, collate_fn), self.device)
+                    with self.autocast():
+                        for k, v in fn(batch).items():
+                            sums[k] = sums.get(k, 0.0) + float(v)
         names = sorted(set().union(*hvd.allgather_object(sorted(sums), name="hvdhetero.eval_names")))
         return dict(zip(names, allreduce_sum([sums.get(k, 0.0) for k in names], "hvdhetero.eval")))
 
@@ -615,6 +628,19 @@ class _Prepared:
     def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module | None):
+    """`model` in eval mode for the block (none: nothing), back in training mode after if it was."""
+    was_training = model is not None and model.training
+    if model is not None:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
 
 
 def param_digest(model: torch.nn.Module) -> str:

@@ -32,11 +32,16 @@ round's average, so the two differ only by when the others' progress arrives.
 Between exchanges every rank has its own model. Where one model matters, `flush` applies the
 round in flight and exchanges the partial one at once: job.evaluate, job.save and the end of
 job.epochs call it (not every epoch's end: that cost one exposed exchange an epoch). A script
-that saves the model itself between those gets its rank's own replica.
+that saves the model itself between those gets its rank's own replica. Where a model some
+rounds old will do, `global_model` lends the global model theta_g (the same on every rank, every
+round applied so far) for a block, with nothing exchanged: job.evaluate(..., exchange=False), the
+model DiLoCo evaluates. It lacks the ranks' progress since the last round that landed: 0..1
+round without overlap, 1..2 rounds overlapped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import horovod.torch as hvd
@@ -175,6 +180,22 @@ class ParameterSync:
         self._continue_from_global(None)
         self.last_exchange_s = time.perf_counter() - started
         return times
+
+    @contextlib.contextmanager
+    def global_model(self):
+        """The model's parameters and buffers hold the global model for the block (every round
+        applied so far, none of this rank's unexchanged progress), this rank's own after it.
+        Nothing crosses the link, and every rank lends the same model."""
+        own = [t.detach().clone() for t in self.params + self.buffers]
+        with torch.no_grad():
+            for mine, glob in zip(self.params + self.buffers, self.start + self.start_buffers):
+                mine.copy_(glob.view_as(mine))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for mine, kept in zip(self.params + self.buffers, own):
+                    mine.copy_(kept)
 
     # -- the exchange's parts -----------------------------------------------------------------
 

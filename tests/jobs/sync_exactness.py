@@ -147,7 +147,21 @@ for i, (sync, name, steps, reference, overlap) in enumerate(CASES):
                     "rounds": job._sync.rounds if job._sync else None, "applied": applied,
                     "at_once_rel_err": rel(model.parameters(), at_once.refs[0].parameters()) if at_once else None,
                     "moved": rel(initial, model.parameters())})
-    if overlap:  # the round in flight lands at a flush with no step since: one model, that round's step times
+    if overlap:
+        # exchange=False: the sums of the global model (2 rounds applied), no exchange, own model kept
+        probe = torch.utils.data.TensorDataset(*(t[:100] for t in train.tensors))
+        before = flat(model.parameters()).clone()
+        sums = job.evaluate(lambda b: {"out": model(b[0]).double().sum()}, probe, batch_size=16, exchange=False)
+        glob_model = copy.deepcopy(model)
+        with torch.no_grad():
+            for p, g in zip(glob_model.parameters(), replay.glob):
+                p.copy_(g)
+        wanted = glob_model(probe.tensors[0]).double().sum().item()
+        results[-1]["global_eval"] = {"sum": sums["out"], "replay": wanted,
+                                      "own": copy.deepcopy(model)(probe.tensors[0]).double().sum().item(),
+                                      "applied": job._sync.applied,
+                                      "own_kept": bool(torch.equal(before, flat(model.parameters())))}
+        # the round in flight lands at a flush with no step since: one model, that round's step times
         results[-1]["flush_times"] = job._sync.flush()
         results[-1]["applied_after_flush"] = job._sync.applied
         results[-1]["same_model"] = len(set(hvd.allgather_object(
