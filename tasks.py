@@ -341,13 +341,16 @@ def build_horovod(c, install=False):
     "epochs": "with --to-accuracy: at most this many epochs per run",
     "repeat": "with --to-accuracy: passes over the training set per epoch (one evaluation an epoch)",
     "ways": "with --to-accuracy: which to train, of alone,step,mode (step sync over a slow link takes long)",
+    "lr": "with --to-accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)",
+    "eval_global": "with --to-accuracy: local/diloco evaluate the global model each epoch, no exchange first "
+                   "(job.evaluate(exchange=False)); the last epoch's is exact",
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=None,
           cycle_time_ms=BenchOptions.cycle_time_ms, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
           inner_steps="same",
           compression="none", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0,
-          seeds="0,1,2", epochs=30, repeat=8, ways=BenchOptions.ways):
+          seeds="0,1,2", epochs=30, repeat=8, ways=BenchOptions.ways, lr=BenchOptions.lr, eval_global=False):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     given = {k: v for k, v in locals().items() if k not in ("c", "hosts", "inventory")}
     options = BenchOptions(**{**given, "repeats": checks.integer("repeats", repeats)})  # bad values: exit 2 here
@@ -377,7 +380,8 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
     from hvdhetero.bench import accuracy
 
     recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
-                         repeat=options.repeat, target_accuracy=options.to_accuracy)
+                         repeat=options.repeat, target_accuracy=options.to_accuracy, lr=options.lr,
+                         eval_global=options.eval_global)
     try:
         plan_ = accuracy.ways([h.name for h in selected], options.sync, options.overlap_sync, options.slowdown,
                               options.inner_steps, keep=tuple(options.way_list))
@@ -391,7 +395,8 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
                               name="tta")
         return next((r["logs"] for r in results if r.get("event") == "end"), [])
 
-    summary = accuracy.summarize(accuracy.measure(train, plan_, options.seed_list), options.to_accuracy)
+    summary = accuracy.summarize(accuracy.measure(train, plan_, options.seed_list), options.to_accuracy,
+                                 evaluated="global" if options.eval_global else "exact")
     print(accuracy.render(summary))
     if options.out:
         Path(options.out).write_text(json.dumps(summary, indent=1) + "\n")

@@ -89,7 +89,10 @@ def measure(train: Callable[[Way, int], list[dict]], plan: list[Way], seeds: lis
     return [Run(way.label, seed, train(way, seed)) for seed in seeds for way in plan]
 
 
-def summarize(runs: list[Run], target: float) -> dict:
+def summarize(runs: list[Run], target: float, evaluated: str = "exact") -> dict:
+    """Per way, the seconds to `target` (both clocks) and the ratios to the host alone;
+    `evaluated`: what local/diloco's evaluations scored, "exact" (the current model, exchanged
+    first) or "global" (the global model as of the last exchange, nothing exchanged)."""
     labels = list(dict.fromkeys(r.way for r in runs))
     seeds = list(dict.fromkeys(r.seed for r in runs))  # as measured (each way's runs are in this order)
     # equal samples: per seed, the last epoch every way's run completed
@@ -117,7 +120,8 @@ def summarize(runs: list[Run], target: float) -> dict:
         row["seeds_sooner"] = _sooner(alone_row, row) if alone_row else 0
         elapsed_ratios = _per_seed(alone_row, row, "each_elapsed_to_target")
         row["elapsed_vs_alone_per_seed"] = statistics.median(elapsed_ratios) if elapsed_ratios else None
-    return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "ways": rows}
+    return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "evaluated": evaluated,
+            "ways": rows}
 
 
 def _per_seed(alone: dict | None, row: dict, key: str) -> list[float]:
@@ -153,6 +157,8 @@ def render(summary: dict) -> str:
     lines.append("seconds: training loop to the first epoch at the target, evaluations excluded; vs alone > 1: "
                  "sooner than the first host alone (the medians' ratio); per seed: the median of each seed's "
                  "ratio to the host alone on the same seed (same model init and test split), and in how many "
-                 "seeds it was sooner; elapsed: evaluations included, and with local/diloco the exchange each "
-                 "one starts with")
+                 "seeds it was sooner; elapsed: evaluations included, and with local/diloco "
+                 + ("the exchange each one starts with" if summary.get("evaluated", "exact") == "exact" else
+                    "no exchange: each epoch scored the global model as of the last exchange (--eval-global), "
+                    "so a target is reached when the pair holds one model at it"))
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from hvdhetero.bench.accuracy import WAYS
 from hvdhetero.cluster.launch import CYCLE_TIME_MS
 from hvdhetero.config import COMPRESSIONS, INNER_STEPS, check_micro_batch, check_sync
 from hvdhetero.errors import ConfigError
+from hvdhetero.recipes.options import RecipeOptions
 
 TRANSPORTS = ("uv", "tcp")  # as hvdhetero/cluster/horovod_build.py builds them
 
@@ -26,8 +27,8 @@ USES = {
     "throughput": ("slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
                    "sync", "overlap_sync", "inner_steps", "compression", "out", "dry_run"),
     "allreduce": ("allreduce", "sizes_mb", "transports", "rounds", "repeats", "out"),
-    "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "ways", "batch_size", "sync", "overlap_sync",
-                    "inner_steps", "slowdown", "compression", "out"),
+    "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "ways", "lr", "eval_global", "batch_size", "sync",
+                    "overlap_sync", "inner_steps", "slowdown", "compression", "out"),
 }
 """The options each measurement reads; any other given a value of its own is a mistake."""
 
@@ -80,6 +81,10 @@ class BenchOptions:
     """to_accuracy: passes over the training set per epoch."""
     ways: str = ",".join(WAYS)
     """to_accuracy: which ways to train, comma-separated: alone (the first host), step, mode (--sync)."""
+    lr: float = RecipeOptions.lr
+    """to_accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)."""
+    eval_global: bool = False
+    """to_accuracy: with local/diloco, each epoch evaluates the global model, no exchange first."""
 
     def __post_init__(self):
         checks.types(self)
@@ -147,6 +152,7 @@ class BenchOptions:
             checks.within("seeds", seed, 0, 2**32 - 1)
         checks.at_least("epochs", self.epochs, 1)
         checks.at_least("repeat", self.repeat, 1)
+        checks.above("lr", self.lr, 0, "the built-in recipe's learning rate")
         if not self.way_list or any(w not in WAYS for w in self.way_list):
             raise ConfigError(f"--ways {self.ways}: give some of {','.join(WAYS)}, comma-separated (e.g. alone,mode: "
                               "step sync over a slow link can take minutes a seed)")

@@ -54,6 +54,10 @@ class RecipeOptions:
     target_accuracy: float = 0.0
     """Stop after the first epoch whose test accuracy reaches this (0: off); the training
     seconds to it, evaluation excluded, are logged."""
+    eval_global: bool = False
+    """With --sync local/diloco, evaluate each epoch the global model as of the last exchange
+    (job.evaluate(..., exchange=False): nothing exchanged first, 1-2 rounds old when overlapped);
+    the last epoch's evaluation exchanges first and scores the model saved."""
 
     def __post_init__(self):
         checks.types(self)

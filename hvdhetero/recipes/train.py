@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         training += time.perf_counter() - began
-        test = job.evaluate(lambda b: score(model, b), test_set)
+        # --eval-global: the global model, no exchange first (local/diloco), but the last epoch's is exact
+        exact = not args.eval_global or epoch + 1 == args.epochs
+        test = job.evaluate(lambda b: score(model, b), test_set, exchange=exact)
         accuracy = test["correct"] / test["count"]
         reached = bool(args.target_accuracy) and accuracy >= args.target_accuracy  # the same sums on every rank
         # elapsed: evaluations included, and with them (--sync local/diloco) the exchange that
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         job.log(test_loss=test["loss"] / test["count"], test_accuracy=accuracy, test_samples=int(test["count"]),
                 train_seconds=trained, elapsed_seconds=elapsed, samples_seen=seen,
                 **({"reached_target": args.target_accuracy, "seconds_to_target": trained,
-                    "elapsed_to_target": elapsed, "samples_to_target": seen} if reached else {}))
+                    "elapsed_to_target": elapsed, "samples_to_target": seen} if reached else {}),
+                **({} if exact else {"evaluated": "global"}))
         if reached:
             job.stop()
     path = job.save(model.state_dict(), "model.pt")
