@@ -160,9 +160,10 @@ def test_bf16_on_cpu_reaches_the_fp32_accuracy(tmp_path):
 
 def test_the_recipe_stops_at_a_target_accuracy_and_logs_the_time_to_it(tmp_path):
     """--target-accuracy ends the run after the first epoch that reaches it (job.stop), with the
-    training seconds to it (evaluation excluded) and the end record written."""
+    training seconds to it (evaluation excluded) and the end record written. Under step sync
+    --eval-global changes nothing (the ranks' models are one)."""
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "40", "--run-dir", tmp_path, "--", "--repeat", "2",
-             "--target-accuracy", "0.95"], timeout=600)
+             "--target-accuracy", "0.95", "--eval-global"], timeout=600)
     records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
     reached = [r for r in records if r["event"] == "log" and r.get("reached_target")]
     epochs = [r for r in records if r["event"] == "epoch"]
@@ -173,3 +174,4 @@ def test_the_recipe_stops_at_a_target_accuracy_and_logs_the_time_to_it(tmp_path)
     assert before and all(r["test_accuracy"] < 0.95 for r in before), "it stopped at the first epoch that got there"
     assert 0 < before[-1]["train_seconds"] < hit["seconds_to_target"]
     assert hit["seconds_to_target"] < hit["elapsed_to_target"] == hit["elapsed_seconds"]  # evaluations included
+    assert not any("evaluated" in r or "final_test_accuracy" in r for r in records), "step sync: exact"

@@ -369,6 +369,12 @@ class Job:
         self._logged.append({"epoch": self.epoch, "step": self.step, **values})
         self._write("log", **self._logged[-1])  # the script's own win
 
+    @property
+    def sync(self) -> str:
+        """The sync mode in use: step, local:H or diloco:H (--sync auto as the plan chose; step
+        before prepare)."""
+        return "step" if self._sync is None else f"{self._sync.kind}:{self._sync.every}"
+
     @torch.no_grad()
     def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None,
                  exchange: bool = True) -> dict:

@@ -184,18 +184,19 @@ class ParameterSync:
     @contextlib.contextmanager
     def global_model(self):
         """The model's parameters and buffers hold the global model for the block (every round
-        applied so far, none of this rank's unexchanged progress), this rank's own after it.
-        Nothing crosses the link, and every rank lends the same model."""
-        own = [t.detach().clone() for t in self.params + self.buffers]
-        with torch.no_grad():
-            for mine, glob in zip(self.params + self.buffers, self.start + self.start_buffers):
-                mine.copy_(glob.view_as(mine))
+        applied so far, none of this rank's unexchanged progress), this rank's own after it (kept
+        on the CPU meanwhile). Nothing crosses the link, and every rank lends the same model."""
+        mine = self.params + self.buffers
+        own = [t.detach().to("cpu", copy=True) for t in mine]
         try:
+            with torch.no_grad():
+                for t, glob in zip(mine, self.start + self.start_buffers):
+                    t.copy_(glob.view_as(t))
             yield
         finally:
             with torch.no_grad():
-                for mine, kept in zip(self.params + self.buffers, own):
-                    mine.copy_(kept)
+                for t, kept in zip(mine, own):
+                    t.copy_(kept.view_as(t))
 
     # -- the exchange's parts -----------------------------------------------------------------
 

@@ -57,7 +57,8 @@ class RecipeOptions:
     eval_global: bool = False
     """With --sync local/diloco, evaluate each epoch the global model as of the last exchange
     (job.evaluate(..., exchange=False): nothing exchanged first, 1-2 rounds old when overlapped);
-    the last epoch's evaluation exchanges first and scores the model saved."""
+    the last epoch's evaluation exchanges first and scores the model saved, and so does one more
+    when the global model reaches --target-accuracy (logged as final_test_accuracy)."""
 
     def __post_init__(self):
         checks.types(self)

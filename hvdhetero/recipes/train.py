@@ -60,20 +60,25 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         training += time.perf_counter() - began
-        # --eval-global: the global model, no exchange first (local/diloco), but the last epoch's is exact
-        exact = not args.eval_global or epoch + 1 == args.epochs
+        # --eval-global: under local/diloco the global model, no exchange first; the last epoch's is exact
+        exact = not args.eval_global or job.sync == "step" or epoch + 1 == args.epochs
         test = job.evaluate(lambda b: score(model, b), test_set, exchange=exact)
         accuracy = test["correct"] / test["count"]
         reached = bool(args.target_accuracy) and accuracy >= args.target_accuracy  # the same sums on every rank
-        # elapsed: evaluations included, and with them (--sync local/diloco) the exchange that
-        # makes the ranks' models one before each evaluation
+        # elapsed: evaluations included, and with them (--sync local/diloco, not --eval-global)
+        # the exchange that makes the ranks' models one before each evaluation
         elapsed, trained = round(time.perf_counter() - started, 3), round(training, 3)
         seen = (epoch + 1) * len(train_set)
+        final = None
+        if reached and not exact:  # the global model got there: the one saved (exchanged now) is scored too
+            final = job.evaluate(lambda b: score(model, b), test_set)
         job.log(test_loss=test["loss"] / test["count"], test_accuracy=accuracy, test_samples=int(test["count"]),
                 train_seconds=trained, elapsed_seconds=elapsed, samples_seen=seen,
                 **({"reached_target": args.target_accuracy, "seconds_to_target": trained,
                     "elapsed_to_target": elapsed, "samples_to_target": seen} if reached else {}),
-                **({} if exact else {"evaluated": "global"}))
+                **({} if exact else {"evaluated": "global"}),
+                **({"final_test_accuracy": final["correct"] / final["count"]} if final is not None else {}))
+        test = final or test  # what the last line below reports: the model saved
         if reached:
             job.stop()
     path = job.save(model.state_dict(), "model.pt")

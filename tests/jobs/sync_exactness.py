@@ -156,9 +156,11 @@ for i, (sync, name, steps, reference, overlap) in enumerate(CASES):
         with torch.no_grad():
             for p, g in zip(glob_model.parameters(), replay.glob):
                 p.copy_(g)
-        wanted = glob_model(probe.tensors[0]).double().sum().item()
-        results[-1]["global_eval"] = {"sum": sums["out"], "replay": wanted,
-                                      "own": copy.deepcopy(model)(probe.tensors[0]).double().sum().item(),
+            wanted = glob_model(probe.tensors[0]).double()
+            own = model(probe.tensors[0]).double()
+        results[-1]["global_eval"] = {"sum": sums["out"], "replay": wanted.sum().item(),
+                                      "scale": wanted.abs().sum().item(), "own": own.sum().item(),
+                                      "own_vs_replay": ((own - wanted).norm() / wanted.norm()).item(),
                                       "applied": job._sync.applied,
                                       "own_kept": bool(torch.equal(before, flat(model.parameters())))}
         # the round in flight lands at a flush with no step since: one model, that round's step times
