@@ -340,7 +340,8 @@ def build_horovod(c, install=False):
     "seeds": "with --to-accuracy: comma-separated seeds, each way trained once per seed (medians reported)",
     "epochs": "with --to-accuracy: at most this many epochs per run",
     "repeat": "with --to-accuracy: passes over the training set per epoch (one evaluation an epoch)",
-    "ways": "with --to-accuracy: which to train, of alone,step,mode (step sync over a slow link takes long)",
+    "ways": "with --to-accuracy: which to train, of alone,step,mode,alone-mode (the first host alone in --sync's "
+            "mode); step sync over a slow link takes long",
     "lr": "with --to-accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)",
     "eval_global": "with --to-accuracy: local/diloco evaluate the global model each epoch, no exchange first "
                    "(job.evaluate(exchange=False)); the last epoch's is exact",

@@ -123,3 +123,27 @@ def test_a_seed_only_the_pair_finished_counts_as_sooner():
     row = summarize(runs, 0.98)["ways"][1]
     assert row["seeds_sooner"] == 1 and row["each_vs_alone"] == [pytest.approx(0.8)]  # ratios only where both did
     assert "0.80x (1/2)" in render(summarize(runs, 0.98))
+
+
+def test_the_pair_is_also_compared_with_the_fast_host_alone_in_the_same_mode():
+    """--ways alone-mode: the first host alone in --sync's mode (its own rounds and outer
+    optimizer), so what the second host adds is read with the algorithm alike; per seed, both clocks."""
+    got = ways(["pc", "mac"], "diloco:32", True, 12.0, "by-speed", keep=("alone-mode", "mode"))
+    assert [w.label for w in got] == ["pc+mac diloco:32 overlapped by-speed", "pc alone, diloco:32 overlapped"]
+    assert got[1].hosts == ["pc"] and got[1].settings == dict(sync="diloco:32", overlap_sync=True, slowdown=1.0)
+
+    def run(way, seed, loop, elapsed):
+        return Run(way, seed, [{"epoch": 0, "test_accuracy": 0.99, "train_seconds": loop, "samples_seen": 1000,
+                                "seconds_to_target": loop, "elapsed_to_target": elapsed}])
+    same, pair = "pc alone, diloco:32 overlapped", "pc+mac diloco:32 overlapped by-speed"
+    runs = [run(same, 0, 10.0, 11.0), run(pair, 0, 8.0, 9.0), run(same, 1, 6.0, 6.5), run(pair, 1, 7.5, 8.0),
+            run(same, 2, 9.0, 9.5), run(pair, 2, 8.0, 8.5)]
+    summary = summarize(runs, 0.98, evaluated="global")
+    row = next(r for r in summary["ways"] if r["way"] == pair)
+    assert row["vs_alone_mode"]["per_seed"] == pytest.approx(9.0 / 8.0)  # median of 1.25, 0.8, 1.125
+    assert row["vs_alone_mode"]["elapsed_per_seed"] == pytest.approx(9.5 / 8.5)
+    assert row["vs_alone_mode"]["seeds_sooner"] == 2
+    assert "vs_alone_mode" not in next(r for r in summary["ways"] if r["way"] == same)
+    text = render(summary)
+    assert f"{pair} against {same} (the same mode on one host), per seed: 1.12x (2/3 sooner), elapsed 1.12x" in text
+    assert "scored the global model" in text

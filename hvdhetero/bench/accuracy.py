@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
-WAYS = ("alone", "step", "mode")
-"""The ways `ways` builds: the first host alone, all hosts with step sync, all in --sync's mode."""
+WAYS = ("alone", "step", "mode", "alone-mode")
+"""The ways `ways` builds: the first host alone, all hosts with step sync, all in --sync's mode,
+and the first host alone in --sync's mode (one rank: its own rounds and outer optimizer)."""
+DEFAULT_WAYS = "alone,step,mode"
+"""What --ways trains unless told."""
 
 
 @dataclass
@@ -69,7 +72,7 @@ class Run:
 
 
 def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_steps: str = "same",
-         keep: tuple[str, ...] = WAYS) -> list[Way]:
+         keep: tuple[str, ...] = tuple(DEFAULT_WAYS.split(","))) -> list[Way]:
     """Alone on the first host, step sync and `sync` on all of them (the straggler injection,
     which slows the last rank, only where there is more than one host); only those in `keep`."""
     if len(hosts) < 2:
@@ -79,7 +82,9 @@ def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_step
     every = {"alone": Way(f"{hosts[0]} alone", hosts[:1], dict(sync="step", overlap_sync=False, slowdown=1.0)),
              "step": Way(f"{'+'.join(hosts)} step", hosts, dict(sync="step", overlap_sync=False, **together)),
              "mode": Way(f"{'+'.join(hosts)} {mode}", hosts, dict(sync=sync, overlap_sync=overlap,
-                                                                   inner_steps=inner_steps, **together))}
+                                                                   inner_steps=inner_steps, **together)),
+             "alone-mode": Way(f"{hosts[0]} alone, {sync}{' overlapped' if overlap else ''}", hosts[:1],
+                               dict(sync=sync, overlap_sync=overlap, slowdown=1.0))}
     return [way for name, way in every.items() if name in keep]
 
 
@@ -120,6 +125,15 @@ def summarize(runs: list[Run], target: float, evaluated: str = "exact") -> dict:
         row["seeds_sooner"] = _sooner(alone_row, row) if alone_row else 0
         elapsed_ratios = _per_seed(alone_row, row, "each_elapsed_to_target")
         row["elapsed_vs_alone_per_seed"] = statistics.median(elapsed_ratios) if elapsed_ratios else None
+    # against the first host alone in the same mode: what the other hosts add, the algorithm alike
+    same = next((r for r in rows if " alone, " in r["way"]), None)  # ways()'s label for alone-mode
+    for row in rows:
+        if same is None or row is same or row is alone_row:
+            continue
+        loop, elapsed = (_per_seed(same, row, key) for key in ("each_seconds_to_target", "each_elapsed_to_target"))
+        row["vs_alone_mode"] = {"way": same["way"], "per_seed": statistics.median(loop) if loop else None,
+                                "elapsed_per_seed": statistics.median(elapsed) if elapsed else None,
+                                "seeds_sooner": _sooner(same, row), "each": loop, "each_elapsed": elapsed}
     return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "evaluated": evaluated,
             "ways": rows}
 
@@ -154,6 +168,12 @@ def render(summary: dict) -> str:
         acc = f"{row['accuracy_equal_samples']:.2%}" if row["accuracy_equal_samples"] is not None else "-"
         lines.append(f"{row['way']:40}{secs:>9}{row['reached']:>5}/{row['seeds']:<3}{ratio:>10}{paired:>16}"
                      f"{elapsed:>20}{row['samples_per_s']:11,.0f}{acc:>19}")
+    for row in summary["ways"]:
+        other = row.get("vs_alone_mode")
+        if other and other["per_seed"]:
+            elapsed = f"{other['elapsed_per_seed']:.2f}x" if other["elapsed_per_seed"] else "-"
+            lines.append(f"{row['way']} against {other['way']} (the same mode on one host), per seed: "
+                         f"{other['per_seed']:.2f}x ({other['seeds_sooner']}/{row['seeds']} sooner), elapsed {elapsed}")
     lines.append("seconds: training loop to the first epoch at the target, evaluations excluded; vs alone > 1: "
                  "sooner than the first host alone (the medians' ratio); per seed: the median of each seed's "
                  "ratio to the host alone on the same seed (same model init and test split), and in how many "

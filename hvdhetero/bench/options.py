@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from hvdhetero import checks
-from hvdhetero.bench.accuracy import WAYS
+from hvdhetero.bench.accuracy import DEFAULT_WAYS, WAYS
 from hvdhetero.cluster.launch import CYCLE_TIME_MS
 from hvdhetero.config import COMPRESSIONS, INNER_STEPS, check_micro_batch, check_sync
 from hvdhetero.errors import ConfigError
@@ -79,8 +79,9 @@ class BenchOptions:
     """to_accuracy: at most this many epochs per run."""
     repeat: int = 8
     """to_accuracy: passes over the training set per epoch."""
-    ways: str = ",".join(WAYS)
-    """to_accuracy: which ways to train, comma-separated: alone (the first host), step, mode (--sync)."""
+    ways: str = DEFAULT_WAYS
+    """to_accuracy: which ways to train, comma-separated: alone (the first host), step, mode (--sync),
+    alone-mode (the first host alone in --sync's mode: what the other hosts add to the same algorithm)."""
     lr: float = RecipeOptions.lr
     """to_accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)."""
     eval_global: bool = False
