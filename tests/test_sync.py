@@ -60,24 +60,34 @@ def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path, overla
              *(["--overlap-sync"] if overlap else [])], timeout=600)
     records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
     exchanges = [r for r in records if r["event"] == "exchange"]
-    assert len(exchanges) == 4 * 6, "23 steps an epoch: 5 rounds of 4 and the epoch's last 3"
+    # 23 steps an epoch: 5 rounds of 4 and the epoch's last 3, which the evaluation exchanges at
+    # once; overlapped, a round that would leave fewer than 4 steps of the epoch takes them
+    # (ParameterSync.round_due): 4 rounds of 4 and one of 7.
+    per_epoch = [4, 8, 12, 16, 23] if overlap else [4, 8, 12, 16, 20, 23]
+    assert [e["step"] for e in exchanges] == [23 * epoch + s for epoch in range(4) for s in per_epoch]
     assert all(sum(e["split"]) == 64 and e["seconds"] > 0 for e in exchanges)
     # Overlapped, a round lands at the next one's end; the epoch's last round lands at once.
     late = [e["round"] - e["applied"] for e in exchanges]
-    assert late == ([1] * 5 + [0]) * 4 if overlap else set(late) == {0}, late
+    assert late == ([1] * 4 + [0]) * 4 if overlap else set(late) == {0}, late
     end = records[-1]
     assert end["test_accuracy"] >= 0.85 and len(set(end["param_digests"])) == 1, end  # 0.89-0.95 seen
 
 
 def test_eval_global_scores_the_global_model_and_exchanges_nothing_at_an_epochs_end(tmp_path):
-    """The recipe's --eval-global (job.evaluate(..., exchange=False)): rounds run on across the
-    epochs' ends (no flush there, where exact evaluations flush the partial round: the test
-    above), the first epochs score the global model, the last one the exact model it saves."""
+    """The recipe's --eval-global (job.evaluate(..., exchange=False)): no flush at an epoch's
+    end (where an exact evaluation exchanges at once: the test above), the round launched only
+    after the epoch's collectives, and landing at the next round's end; the first epochs score
+    the global model, the last one the exact model it saves."""
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "3", "--sync", "diloco:4", "--overlap-sync",
              "--run-dir", tmp_path, "--", "--eval-global"], timeout=600)
     records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
-    steps = [r["step"] for r in records if r["event"] == "exchange"]
-    assert steps == [*range(4, 69, 4), 69], "23 steps an epoch: 17 rounds of 4 across steps 23 and 46, then the flush"
+    exchanges = [r for r in records if r["event"] == "exchange"]
+    assert [r["step"] for r in exchanges] == [23 * epoch + s for epoch in range(3) for s in (4, 8, 12, 16, 23)]
+    late = [e["round"] - e["applied"] for e in exchanges]
+    assert late == [1] * 14 + [0], "every round lands one late, but the last (the run's end flushes it)"
+    epoch_end = [i for i, r in enumerate(records) if r["event"] == "epoch"]
+    launched = [i for i, r in enumerate(records) if r["event"] == "exchange" and r["step"] in (23, 46)]
+    assert launched == [epoch_end[0] + 1, epoch_end[1] + 1], "after the epoch's statistics, not before"
     logs = [r for r in records if r["event"] == "log"]
     assert [r.get("evaluated") for r in logs] == ["global", "global", None], logs
     end = records[-1]

@@ -442,7 +442,10 @@ class Job:
         optimizer step: about the largest share's batch (`steps_merged`), never past the
         round's end, so that every rank's merged step ends where the round does."""
         sizes, every = self._prepared.sampler.batch_sizes, self._sync.every if self._sync else 1
-        round_left = every - (step - self._round_origin) % every
+        since = step - self._round_origin
+        round_left = every - since % every
+        if self._sync is not None and self._sync.overlap and (since >= every or left - round_left < every):
+            round_left = min(left, 2 * every - since)  # on to the epoch's end (ParameterSync.round_due)
         merged = steps_merged(sizes[self.rank], max(sizes))
         if self.me.max_batch:  # a merged step stays within the host's memory cap
             merged = min(merged, max(1, self.me.max_batch // max(1, sizes[self.rank])))
@@ -487,7 +490,9 @@ class Job:
         and, at a round's end, exchange parameters and feed the balancer the round's times."""
         item, round_ended = self._item, False
         if self._sync is not None and item is not None:
-            landed = self._sync.after_step(item.share, self.last_step_seconds[0], item.steps)
+            steps = len(self._prepared.loader) if self._prepared else 0
+            landed = self._sync.after_step(item.share, self.last_step_seconds[0], item.steps,
+                                           epoch_left=-self.step % steps if steps else None)
             if self._sync.round_steps == 0:  # a round ended
                 self._exchanged(landed, after_step=item.step)
                 round_ended = True
@@ -590,6 +595,11 @@ class Job:
                 resume.save_checkpoint(self, epoch_done=True)
             if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)
+            # Overlapped, a round ends with the epoch, its exchange launched after the epoch's
+            # collectives (ParameterSync.round_due); the last epoch's lands in _end's flush.
+            if self._sync is not None and self._sync.overlap and self._sync.round_steps and not self._stopping \
+                    and self.epoch + 1 < self._epochs:
+                self._exchanged(self._sync.exchange(), after_step=self.step)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 
