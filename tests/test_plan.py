@@ -119,6 +119,7 @@ def test_advice_for_rounds_says_how_often_an_evaluation_may_exchange():
     every = int(re.search(r"when ~([\d,]+) steps apart", reason).group(1).replace(",", ""))
     # an exchange every `every` steps costs about the gain (the gain is rounded in the text)
     assert pick.flush_s / (every * pick.step_s) == pytest.approx(gain, rel=0.2), (every, reason)
+    assert "job.evaluate(..., exchange=False)" in reason  # the free way to watch a run
     slower = advise(predict(pc_and_mac(exchange_s=0.6)))
     if slower[0].sync != "step" and len(slower[0].hosts) == 2:  # a slower link: evaluate less often
         assert int(re.search(r"when ~([\d,]+) steps apart", slower[1]).group(1).replace(",", "")) > every

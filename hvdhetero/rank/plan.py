@@ -50,11 +50,11 @@ ALONE_MARGIN = 0.03
 """A multi-host mode must beat the fastest host alone by more than this to be advised."""
 PER_SAMPLE_CAUTION = 0.15
 """Below this gain over the fastest host alone, advice for local/DiLoCo says that the rate may
-not buy an earlier accuracy: syncing every H steps can learn less per sample (on digits at K=12
-the pair was +8-12% in samples/s and, by the training loop's clock, reached 98% 1.07x as fast as
-the fast host at 8 Mbit and 1.13x at 25 Mbit, the median over 7 seeds of each seed's ratio, but
-a seed's race is decided by one epoch of 23 steps either way: within this VM's noise;
-docs/benchmarks.md)."""
+not buy an earlier accuracy: syncing every H steps can learn less per sample, and a model
+evaluated without an exchange is a round or two old (on digits at K=12 the pair was +6-12% in
+samples/s and reached 98% 1.02x as fast as the fast host alone in the same mode by the training
+loop's clock, at 8 and 25 Mbit, the median over 4 seeds of each seed's ratio; by the elapsed
+clock 0.94x and 1.02x: within this VM's noise; docs/benchmarks.md)."""
 NEAR_BEST = 0.02
 """Modes within this of the best rate count as equally fast; the freshest of them is advised."""
 HEADROOM = 2.0
@@ -261,7 +261,8 @@ def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
         every = math.ceil(pick.flush_s / (gain * pick.step_s))
         reason += (f"; each job.evaluate or job.save first exchanges at once (at least {pick.flush_s:.2f} s here, "
                    f"{pick.flush_s / pick.step_s:,.1f} steps' time): they cost the whole {gain:+.0%} when "
-                   f"~{every:,} steps apart, so call them several times less often than that")
+                   f"~{every:,} steps apart, so call them several times less often than that, or watch the run "
+                   "with job.evaluate(..., exchange=False) (the global model, a round or two old, nothing exchanged)")
     return pick, reason
 
 
