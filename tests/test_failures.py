@@ -74,6 +74,24 @@ def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_whic
     assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothing(tmp_path, signum):
+    """`kill PID` of `invoke train` (or its terminal closed) stops the ranks as Ctrl-C does;
+    Python's default for these signals runs no cleanup, which left horovodrun and both ranks
+    training on (seen when a benchmark was killed)."""
+    run_dir = tmp_path / "run"
+    proc = started(run_dir)
+    os.kill(proc.pid, signum)  # the launcher alone, not its process group
+    out, took = ended(proc, 30)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum and took < 30, (proc.returncode, took, out[-3000:])
+    assert f"hvdhetero: {name}: the job was stopped" in out and f"resume with: invoke train --resume {run_dir}" in out
+    assert "Traceback" not in out, out[-3000:]
+    assert not leftover(run_dir)
+    # horovodrun and its helpers too: every process of the job names the run directory
+    assert subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 1
+
+
 def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tmp_path):
     """SIGSTOP (a laptop's lid closed): the rank sends nothing and closes nothing. Horovod alone
     took 253 s to give up; the heartbeat watchdog gives up after 45 s of silence."""

@@ -129,3 +129,25 @@ def test_without_elastic_a_rank_is_named_by_its_host_even_before_its_first_heart
     mac = inv.Host(name="mac", address="192.168.1.21", slots=2)
     assert launch.rank_hosts([pc, mac]) == ["pc", "mac", "mac"]
     assert launch.died({2: 1}, dict(enumerate(launch.rank_hosts([pc, mac]))), 1).startswith("rank 2 on host mac ")
+
+
+def test_while_a_job_runs_sigterm_stops_it_and_a_signal_ignored_already_stays_ignored():
+    """`nohup invoke train`: SIGHUP was ignored before the job, so neither the launcher nor
+    horovodrun (which inherits the ignore across exec) stops on a hangup; SIGTERM stops the job
+    (tests/test_failures.py sends it to a real one). Both are as before once the job is over."""
+    import signal
+
+    from hvdhetero.cluster import supervise
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with supervise._stop_on_terminate():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            handler = signal.getsignal(signal.SIGTERM)
+            assert callable(handler) and handler is not before[1]
+            with pytest.raises(supervise._Terminated):
+                handler(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is before[1]
+    finally:
+        signal.signal(signal.SIGHUP, before[0])
+        signal.signal(signal.SIGTERM, before[1])

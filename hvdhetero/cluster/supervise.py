@@ -8,6 +8,7 @@ on which host, what ended it, and the checkpoint and command that resume the run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -49,10 +50,50 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic.SILENT_S if watch else progress.SILENT_S))
     logs = console.RankLogs(run_dir) if run_dir is not None else None
     try:
-        return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts)
+        with _stop_on_terminate():
+            return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts)
+    except _Terminated as terminated:  # the job was stopped on the way out (_run's BaseException)
+        print(f"hvdhetero: {terminated.name}: the job was stopped" + resume_hint(run_dir, rank0_host),
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + terminated.signum) from None
     finally:
         if watch is not None:
             watch.finish()  # a silent rank whose host did not answer yet: killed once it does (bounded)
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP reached the launcher (`kill`, a closed terminal, a service stopped)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.name = signum, signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stop_on_terminate():
+    """While the job runs, SIGTERM and SIGHUP stop it as Ctrl-C does, instead of ending the
+    launcher on the spot: Python's default for them runs no cleanup, which left horovodrun and
+    its ranks running. A second signal while the job is being stopped is ignored (the stop is
+    bounded: cluster/supervise.py _stop), and so is one that comes while the job is already being
+    stopped for another reason. A signal ignored already stays ignored (`nohup invoke train`).
+    Only the main thread can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
+
+    def stop(signum, frame):
+        for s in wanted:
+            signal.signal(s, signal.SIG_IGN)
+        if not _STOPPING.is_set():
+            raise _Terminated(signum)
+
+    before = {s: signal.signal(s, stop) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silent_s: float,
@@ -188,9 +229,21 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
             watch.tick()
 
 
+_STOPPING = threading.Event()
+"""Set while _stop ends a job: a SIGTERM/SIGHUP then must not break into it (_stop_on_terminate)."""
+
+
 def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     """End horovodrun and everything it started: SIGTERM (it stops its ranks: SIGTERM, then
     SIGKILL after 5 s, which ends a stopped process too), SIGKILL if it is still there."""
+    _STOPPING.set()
+    try:
+        _stop_now(proc, grace_s)
+    finally:
+        _STOPPING.clear()
+
+
+def _stop_now(proc: subprocess.Popen, grace_s: float) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:

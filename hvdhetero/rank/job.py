@@ -87,6 +87,8 @@ class Job:
         if config.elastic and elastic.active() is not None:  # the run's seconds count from its first Job
             self._started = elastic.active().started
         self._epochs = 1
+        self._in_epochs = False
+        """Whether job.epochs is iterating: only there do overlapped rounds end with the epochs."""
         self._start_epoch = 0
         """Resumed: the first epoch job.epochs yields."""
         self._scheduler = None
@@ -333,15 +335,19 @@ class Job:
         if self._start_epoch >= n and self.is_main and not self._elastic:
             print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
                   flush=True)
-        for epoch in range(self._start_epoch, n):
-            self.epoch = epoch
-            self._loss_sum = self._samples = 0.0
-            self._busy = [0.0, 0.0]
-            self._epoch_started = time.perf_counter()
-            yield epoch
-            self._end_epoch()
-            if self._stopping:
-                break
+        self._in_epochs = True  # overlapped rounds end with the epochs (ParameterSync.round_due)
+        try:
+            for epoch in range(self._start_epoch, n):
+                self.epoch = epoch
+                self._loss_sum = self._samples = 0.0
+                self._busy = [0.0, 0.0]
+                self._epoch_started = time.perf_counter()
+                yield epoch
+                self._end_epoch()
+                if self._stopping:
+                    break
+        finally:
+            self._in_epochs = False
         self._end()
 
     def stop(self) -> None:
@@ -444,7 +450,8 @@ class Job:
         sizes, every = self._prepared.sampler.batch_sizes, self._sync.every if self._sync else 1
         since = step - self._round_origin
         round_left = every - since % every
-        if self._sync is not None and self._sync.overlap and (since >= every or left - round_left < every):
+        if self._sync is not None and self._sync.overlap and self._in_epochs and (
+                since >= every or left - round_left < every):
             round_left = min(left, 2 * every - since)  # on to the epoch's end (ParameterSync.round_due)
         merged = steps_merged(sizes[self.rank], max(sizes))
         if self.me.max_batch:  # a merged step stays within the host's memory cap
@@ -490,9 +497,10 @@ class Job:
         and, at a round's end, exchange parameters and feed the balancer the round's times."""
         item, round_ended = self._item, False
         if self._sync is not None and item is not None:
-            steps = len(self._prepared.loader) if self._prepared else 0
+            # steps of the epoch left after this one, in the loader's numbering (as _merged counts)
+            steps = len(self._prepared.loader) if self._prepared and self._in_epochs else 0
             landed = self._sync.after_step(item.share, self.last_step_seconds[0], item.steps,
-                                           epoch_left=-self.step % steps if steps else None)
+                                           epoch_left=(self.epoch + 1) * steps - 1 - item.step if steps else None)
             if self._sync.round_steps == 0:  # a round ended
                 self._exchanged(landed, after_step=item.step)
                 round_ended = True
@@ -595,10 +603,11 @@ class Job:
                 resume.save_checkpoint(self, epoch_done=True)
             if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)
-            # Overlapped, a round ends with the epoch, its exchange launched after the epoch's
-            # collectives (ParameterSync.round_due); the last epoch's lands in _end's flush.
-            if self._sync is not None and self._sync.overlap and self._sync.round_steps and not self._stopping \
-                    and self.epoch + 1 < self._epochs:
+            # Overlapped, a round of H steps or more ends with the epoch, its exchange launched
+            # after the epoch's collectives (ParameterSync.round_due); a shorter one runs on into
+            # the next epoch; the last epoch's lands in _end's flush.
+            if self._sync is not None and self._sync.overlap and self._sync.round_steps >= self._sync.every \
+                    and not self._stopping and self.epoch + 1 < self._epochs:
                 self._exchanged(self._sync.exchange(), after_step=self.step)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)

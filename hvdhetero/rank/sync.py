@@ -123,7 +123,10 @@ class ParameterSync:
     def round_due(self, epoch_left: int | None) -> bool:
         """Whether the round ends now. Overlapped, not where fewer than H steps of the epoch would
         be left (none included): those join this round, which the job ends at the epoch's end
-        after the epoch's collectives (its statistics, the script's evaluation). Horovod runs
+        after the epoch's collectives (its statistics, the script's evaluation). So a round has
+        H to 2H-1 steps, and never fewer than H (an epoch shorter than H: a round ends at the
+        first epoch's end H steps after it began), which is what the plan's H hides an exchange
+        behind: the exchange launched at an epoch's end has H steps or more to land. Horovod runs
         collectives in order, so one that comes while an exchange is on the link waits for it:
         with rounds running across epochs' ends, the end of each epoch waited 0.04-1.4 s for
         the exchange in flight (digits at 8 Mbit, 23-step epochs, H=32), ~20% of the elapsed
