@@ -185,6 +185,8 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
         try:
             for line in proc.stdout:
                 lines.put(line)
+        except (ValueError, OSError):  # the pipe closed under it: the job is being stopped, its end says why
+            pass
         finally:
             lines.put(None)
 
