@@ -5,7 +5,6 @@ way a host can refuse or be missing. Needs root (CI runs as root)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import shutil

@@ -1,6 +1,6 @@
 """Where overlapped local/DiLoCo rounds end, as every rank decides it alone: a rank that merges
-steps (--inner-steps by-speed, Job._merged) must end each round at the same global step as one
-that does not (ParameterSync.round_due and the epoch's end in Job._end_epoch), or the ranks
+steps (--inner-steps by-speed, rounds.merged) must end each round at the same global step as one
+that does not (ParameterSync.round_due and the epoch's end in rounds.end_epoch), or the ranks
 meet at different steps and the job stops. Replayed in one process, step by step, as the loader
 numbers steps (epoch * steps_per_epoch + s)."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvdhetero.rank.job import Job
+from hvdhetero.rank import rounds
 from hvdhetero.rank.sync import ParameterSync
 
 SPLIT = [490, 22]
@@ -22,14 +22,14 @@ def round_ends(rank: int, every: int, steps_per_epoch: int, epochs: int, in_epoc
     """The global steps after which `rank` ends a round, over `epochs` epochs (the run's end,
     which flushes whatever is left, not included)."""
     sync = ParameterSync(torch.nn.Linear(2, 2), "diloco", every, sum(SPLIT), overlap=True)
-    job = SimpleNamespace(_sync=sync, _round_origin=0, rank=rank, _in_epochs=in_epochs,
-                          me=SimpleNamespace(max_batch=None),
+    job = SimpleNamespace(_sync=sync, _round_origin=0, rank=rank, _in_epochs=in_epochs, _stopping=False,
+                          epoch=0, _epochs=epochs, me=SimpleNamespace(max_batch=None),
                           _prepared=SimpleNamespace(sampler=SimpleNamespace(batch_sizes=SPLIT)))
     ends, done = [], 0
     for epoch in range(epochs):
-        s = 0
+        job.epoch, s = epoch, 0
         while s < steps_per_epoch:
-            merged = Job._merged(job, epoch * steps_per_epoch + s, steps_per_epoch - s)
+            merged = rounds.merged(job, epoch * steps_per_epoch + s, steps_per_epoch - s)
             s += merged
             done += merged
             sync.round_steps += merged
@@ -38,8 +38,7 @@ def round_ends(rank: int, every: int, steps_per_epoch: int, epochs: int, in_epoc
             if sync.round_due(epoch_left):
                 ends.append(done)
                 sync.round_steps, job._round_origin = 0, done
-        last = epoch + 1 == epochs
-        if in_epochs and sync.round_steps >= every and not last:  # Job._end_epoch, after the collectives
+        if in_epochs and rounds.ends_with_epoch(job):  # rounds.end_epoch, after the epoch's collectives
             ends.append(done)
             sync.round_steps, job._round_origin = 0, done
     return ends

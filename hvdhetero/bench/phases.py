@@ -10,6 +10,7 @@ report needs (its split, its steps' times, its exchanges).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import tempfile
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from hvdhetero.config import JobConfig, check_sync
-from hvdhetero.rank import checkpoint, resume
+from hvdhetero.rank import checkpoint, resume, rounds
 from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
@@ -145,7 +146,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     """Per round's end in the timed steps: [seconds blocked, of which waiting for the round applied
     (its slowest rank, then the link), whether that round was still on the link]."""
     if job._sync is not None:
-        step.round, step.drain = every, job._one_model
+        step.round, step.drain = every, functools.partial(rounds.one_model, job)
     return step
 
 

@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tempfile
 from dataclasses import asdict, dataclass

@@ -38,7 +38,7 @@ import torch
 from horovod.common.elastic import State
 
 import hvdhetero
-from hvdhetero.rank import checkpoint, resume
+from hvdhetero.rank import checkpoint, resume, rounds
 
 if TYPE_CHECKING:
     from hvdhetero.rank.job import Job
@@ -98,7 +98,7 @@ def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None
     if job._sync is not None:
         assert job._sync.round_steps == 0, "an elastic commit in the middle of a local/diloco round"
         if job._sync.unsettled:  # --overlap-sync: wait for the round in flight and apply it
-            job._one_model()
+            rounds.one_model(job)
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
                             epoch_done=epoch_done)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is

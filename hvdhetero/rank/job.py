@@ -22,8 +22,7 @@ with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimize
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
+import functools
 import json
 import os
 import socket
@@ -38,13 +37,13 @@ import torch
 from hvdhetero import progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import batches, checkpoint, elastic, host, precision, resume, validate
+from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, rounds, validate
 from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
-from hvdhetero.rank.reducer import WIRE_DTYPES, Reducer, allreduce_sum, average_buffers, broadcast_state
-from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split, steps_merged
+from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
+from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.sync import ParameterSync
 from hvdhetero.rank.tensorboard import TensorBoardLog
@@ -157,14 +156,14 @@ class Job:
         kind, every = check_sync(cfg.sync)
         overlap_sync, inner = cfg.overlap_sync, cfg.inner_steps
         if cfg.plan_only or kind == "auto":
-            kind, every, overlap_sync, inner = self._plan(balancer, model, probe_failed=any(failed))
+            kind, every, overlap_sync, inner = autosync.choose(self, balancer, model, probe_failed=any(failed))
             if inner == "by-speed":  # the split balanced for merged steps, as the plan predicted it
                 balancer.merges, balancer.merge_limit = True, every
                 balancer.calibrate(balancer.overhead, balancer.seconds_per_sample)
         sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
         loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
                         on_item=self._on_item, epoch=lambda: self.epoch, before_step=self._before_step,
-                        group=self._merged if inner == "by-speed" else None)
+                        group=functools.partial(rounds.merged, self) if inner == "by-speed" else None)
         wrapped = JobOptimizer(optimizer, self)
         if scheduler is not None:
             scheduler.step = self._once_per_step(scheduler.step)
@@ -197,42 +196,6 @@ class Job:
         if self._elastic:
             elastic.commit(self, check_hosts=False)
         return model, wrapped, loader
-
-    def _plan(self, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool, str]:
-        """`invoke plan`: print the plan and end the job here. --sync auto: the advised mode for
-        these hosts (step when the ranks could not be timed): (kind, H, overlapped, inner steps)."""
-        from hvdhetero.rank import plan
-
-        if probe_failed or self.config.equal_split:
-            why = "the calibration probe failed (pass loss_fn=... to prepare)" if probe_failed else "--equal-split"
-            if self.config.plan_only:
-                raise ConfigError(f"invoke plan needs every rank timed on the model, but {why}")
-            if self.is_main:
-                print(f"hvdhetero: --sync auto: cannot time the ranks ({why}); using step sync", flush=True)
-            return "step", 1, False, "same"
-        tensors = [p for p in model.parameters() if p.requires_grad] + [b for b in model.buffers()
-                                                                         if b.is_floating_point()]
-        measured = plan.measure(balancer, tensors, WIRE_DTYPES[self.config.compression],
-                                self._host.get("name") or socket.gethostname(), self.me.device.describe())
-        full = plan.make(measured)
-        if self.config.plan_only:
-            if self.is_main:
-                print(plan.render(full), flush=True)
-                print(progress.RESULT_TAG + json.dumps(full.to_json()), flush=True)
-            hvd.barrier()
-            raise SystemExit(0)
-        together = [p for p in full.predictions if len(p.ranks) == self.size]
-        pick, _ = plan.advise(together)
-        self._write("plan", chose=pick.mode, **full.to_json())
-        if self.is_main:
-            note = f"hvdhetero: --sync auto chose {pick.mode}: predicted " \
-                   f"{pick.samples_per_s:,.0f} samples/s ({pick.vs_fastest:.2f}x the fastest rank alone)"
-            if full.advice.ranks != pick.ranks:
-                note += f"; but {full.reason} (see invoke plan)"
-            print(note, flush=True)
-        if pick.sync in ("step", "alone"):  # alone: a one-rank job
-            return "step", 1, False, "same"
-        return "diloco", int(pick.sync.split(":")[1]), pick.overlap, pick.inner_steps
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the
@@ -381,7 +344,6 @@ class Job:
         before prepare)."""
         return "step" if self._sync is None else f"{self._sync.kind}:{self._sync.every}"
 
-    @torch.no_grad()
     def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None,
                  exchange: bool = True) -> dict:
         """Run `fn(batch) -> {name: sum}` over `dataset`, each rank on a disjoint part (sized by
@@ -394,29 +356,7 @@ class Job:
         but the sums on the link, and every rank trains on from its own model after. That model
         lacks the last rounds (1..2 overlapped, 0..1 not): use it to watch a run, and the
         default where the current model matters. Under step sync both are the one model."""
-        model = self._prepared.model if self._prepared else None
-        lend = self._sync is not None and model is not None and not exchange
-        if lend:
-            self._sync.pause_clock()  # an evaluation is not a step's work
-            borrowed = self._sync.global_model()
-        else:
-            self._one_model()
-            if model is not None:
-                average_buffers(model)
-            borrowed = contextlib.nullcontext()
-        split = self._prepared.balancer.split if self._prepared else [1] * self.size
-        shares = proportional_split(batch_size * self.size, split)
-        sampler = WeightedBatchSampler(len(dataset), shares, self.rank, shuffle=False)
-        sums: dict[str, float] = {}
-        with borrowed, _eval_mode(model):
-            for indices in sampler:
-                if indices:
-                    batch = batches.to_device(batches.collate(dataset, indices, collate_fn), self.device)
-                    with self.autocast():
-                        for k, v in fn(batch).items():
-                            sums[k] = sums.get(k, 0.0) + float(v)
-        names = sorted(set().union(*hvd.allgather_object(sorted(sums), name="hvdhetero.eval_names")))
-        return dict(zip(names, allreduce_sum([sums.get(k, 0.0) for k in names], "hvdhetero.eval")))
+        return evaluation.evaluate(self, fn, dataset, batch_size, collate_fn, exchange)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -425,7 +365,7 @@ class Job:
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
         atomically; every rank gets the path."""
-        self._one_model()
+        rounds.one_model(self)
         if self._prepared is not None:
             average_buffers(self._prepared.model)
         path = self.run_dir / name
@@ -442,21 +382,6 @@ class Job:
             resume.save_checkpoint(self, epoch_done=False)
         if self._elastic and self.step - self._last_commit >= self.config.commit_every and self._round_start:
             elastic.commit(self)
-
-    def _merged(self, step: int, left: int) -> int:
-        """--inner-steps by-speed: how many global steps from `step` on this rank takes as one
-        optimizer step: about the largest share's batch (`steps_merged`), never past the
-        round's end, so that every rank's merged step ends where the round does."""
-        sizes, every = self._prepared.sampler.batch_sizes, self._sync.every if self._sync else 1
-        since = step - self._round_origin
-        round_left = every - since % every
-        if self._sync is not None and self._sync.overlap and self._in_epochs and (
-                since >= every or left - round_left < every):
-            round_left = min(left, 2 * every - since)  # on to the epoch's end (ParameterSync.round_due)
-        merged = steps_merged(sizes[self.rank], max(sizes))
-        if self.me.max_batch:  # a merged step stays within the host's memory cap
-            merged = min(merged, max(1, self.me.max_batch // max(1, sizes[self.rank])))
-        return min(merged, round_left, left)
 
     def _on_item(self, item: Item) -> None:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
@@ -479,31 +404,10 @@ class Job:
         self.step += self._item.steps if self._item is not None else 1
         return not self._skip
 
-    def _one_model(self) -> None:
-        """With --sync local/diloco, exchange the partial round (and the one in flight) now, so
-        that what is evaluated or saved is one model on every rank. Only there: a flush at every
-        epoch's end cost one exposed exchange an epoch (10-20% at the emulated Wi-Fi ratio with
-        96-step epochs, measured)."""
-        if self._sync is not None:
-            if self._sync.unsettled:
-                # A new split from what a flush lands takes effect after the round that starts
-                # now: merged steps up to its end may be drawn already (the checkpoint taken at a
-                # step's start flushes after the step's indices were drawn).
-                self._exchanged(self._sync.flush(), after_step=self.step + self._sync.every - 1)
-            self._sync.pause_clock()  # what follows (an evaluation, a save) is not a step's work
-
     def _after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
-        and, at a round's end, exchange parameters and feed the balancer the round's times."""
-        item, round_ended = self._item, False
-        if self._sync is not None and item is not None:
-            # steps of the epoch left after this one, in the loader's numbering (as _merged counts)
-            steps = len(self._prepared.loader) if self._prepared and self._in_epochs else 0
-            landed = self._sync.after_step(item.share, self.last_step_seconds[0], item.steps,
-                                           epoch_left=(self.epoch + 1) * steps - 1 - item.step if steps else None)
-            if self._sync.round_steps == 0:  # a round ended
-                self._exchanged(landed, after_step=item.step)
-                round_ended = True
+        and, at a round's end, exchange parameters (rank/rounds.py); a checkpoint may be due."""
+        round_ended = rounds.after_step(self)
         # Taken when the next step begins: after this step's scheduler.step(), the script's
         # job.log and whatever else it does between steps (the loader's before-hook). With
         # local/diloco only once a round has ended: mid-round its flush would expose an exchange,
@@ -514,21 +418,6 @@ class Job:
 
     def _checkpoint_is_due(self) -> bool:
         return bool(self._checkpoint_every) and self.step - self._last_checkpoint >= self._checkpoint_every
-
-    def _exchanged(self, landed: tuple[list[float], list[float]] | None, after_step: int) -> None:
-        """After a round's end or a flush: its record in the metrics, and the round that landed
-        (every rank's mean step seconds and samples per step in it) to the balancer."""
-        item, p = self._item, self._prepared
-        self._round_origin = self.step  # a round ended or was flushed: the next one starts here
-        if item is None:
-            return
-        self._busy[1] += self._sync.last_exchange_s
-        self._write("exchange", step=self.step, round=self._sync.rounds, applied=self._sync.applied,
-                    split=list(p.sampler.batch_sizes), seconds=round(self._sync.last_exchange_s, 4),
-                    wait_s=round(self._sync.wait_s, 4), link_late=self._sync.link_late,
-                    inner_steps=self._sync.inner_steps)
-        if landed is not None:
-            self._rebalance(*landed, item, after_step)
 
     def _rebalance(self, times: list[float], sizes: list[float], item: Item, after_step: int | None = None) -> None:
         """Every rank's step seconds (and the samples they took) to the balancer; a new split
@@ -604,11 +493,8 @@ class Job:
             if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)
             # Overlapped, a round of H steps or more ends with the epoch, its exchange launched
-            # after the epoch's collectives (ParameterSync.round_due); a shorter one runs on into
-            # the next epoch; the last epoch's lands in _end's flush.
-            if self._sync is not None and self._sync.overlap and self._sync.round_steps >= self._sync.every \
-                    and not self._stopping and self.epoch + 1 < self._epochs:
-                self._exchanged(self._sync.exchange(), after_step=self.step)
+            # after the epoch's collectives (rank/rounds.py)
+            rounds.end_epoch(self)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 
@@ -639,9 +525,10 @@ class Job:
                 log.close()
 
     def _end(self) -> None:
-        self._one_model()
+        rounds.one_model(self)
         model = self._prepared.model if self._prepared else None
-        digests = hvd.allgather_object(param_digest(model) if model is not None else "", name="hvdhetero.digests")
+        digest = evaluation.param_digest(model) if model is not None else ""
+        digests = hvd.allgather_object(digest, name="hvdhetero.digests")
         seconds = round(time.perf_counter() - self._started, 3)
         self._write("end", seconds=seconds, param_digests=digests, **self._last_scalars)
         if self.is_main:  # to the launcher too, wherever rank 0 runs (invoke bench --to-accuracy reads it)
@@ -653,24 +540,3 @@ class _Prepared:
     def __init__(self, model, optimizer, loader, reducer, balancer, sampler):
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.reducer, self.balancer, self.sampler = reducer, balancer, sampler
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module | None):
-    """`model` in eval mode for the block (none: nothing), back in training mode after if it was."""
-    was_training = model is not None and model.training
-    if model is not None:
-        model.eval()
-    try:
-        yield
-    finally:
-        if was_training:
-            model.train()
-
-
-def param_digest(model: torch.nn.Module) -> str:
-    """sha256 of every parameter's and buffer's bytes: equal digests mean identical replicas."""
-    h = hashlib.sha256()
-    for name, p in model.state_dict().items():
-        h.update(name.encode() + p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()

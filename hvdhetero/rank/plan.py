@@ -2,8 +2,8 @@
 
 `invoke plan` (and `invoke train --sync auto`) run the user's script up to `job.prepare`, which
 calibrates every rank as training would (its step time t_i(n) = a_i + p_i n on the real model,
-rank/calibrate.py) and then times the link the exchange would use: allreduces of one number
-(latency L) and of the model's bytes in the wire's dtype (C) over the same Gloo path, and the
+rank/calibrate.py) and then times the link the exchange would use (rank/autosync.py): allreduces
+of one number (latency L) and of the model's bytes in the wire's dtype (C) over the same Gloo path, and the
 CPU work an exchange adds on each rank (X: copies and flattening). From those, for every
 subset of hosts and every mode, the step time of a global batch B:
 
@@ -33,16 +33,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
-import horovod.torch as hvd
-import torch
-
 from hvdhetero.rank.balancer import Balancer
-from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import allreduce_sum
 
 EVERY = (4, 8, 16, 32, 64, 128)
 """The H a plan considers for local/diloco."""
@@ -308,77 +301,6 @@ def _freshest(predictions: list[Prediction]) -> Prediction:
     top = max(p.samples_per_s for p in predictions)
     return min((p for p in predictions if p.samples_per_s >= (1 - NEAR_BEST) * top),
                key=lambda p: (p.staleness, -p.samples_per_s))
-
-
-# -- measuring, inside job.prepare (collectives: every rank calls them together) ------------------
-
-def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, host: str, device: str,
-            repeats: int = 4) -> Measured:
-    """The link and the exchange's CPU work, with the calibrated a_i, p_i; identical on every rank."""
-    numel = sum(p.numel() for p in params)
-    started = time.perf_counter()
-    for _ in range(2):
-        flat = torch.cat([p.detach().to("cpu", torch.float32).reshape(-1) for p in params]).to(wire)
-        for p, chunk in zip(params, flat.to(torch.float32).split([p.numel() for p in params])):
-            chunk.view_as(p).to(p.device)
-    copy_s = (time.perf_counter() - started) / 2
-    small, big = torch.zeros(1, dtype=torch.float32), torch.zeros(numel, dtype=wire)
-    latency = statistics.median(_timed(small, "hvdhetero.plan.latency", repeats + 2))
-    # Training exchanges after a round of compute, on a link idle since the last one: TCP
-    # restarts slowly after idle and a shaped or lossy link drops bursts, so the same 0.6 MB took
-    # 0.65-0.8 s back to back and up to 1.5 s after a second's pause (8 Mbit, measured). The plan
-    # counts the slowest of a few exchanges, each after a pause.
-    exchange = max(_timed(big, "hvdhetero.plan.exchange", repeats, pause_s=0.5))
-    behind = [_behind(big, f"hvdhetero.plan.behind.{i}") for i in range(3)]
-    stolen, busy = statistics.median(s for s, _ in behind), max(b for _, b in behind)
-    size = hvd.size()
-    summed = allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s) + one_hot(stolen) + one_hot(busy),
-                           "hvdhetero.plan.times")
-    hosts = hvd.allgather_object(host, name="hvdhetero.plan.hosts")
-    devices = hvd.allgather_object(device, name="hvdhetero.plan.devices")
-    return Measured(hosts, devices, list(balancer.overhead), list(balancer.seconds_per_sample),
-                    balancer.global_batch, numel * big.element_size(), max(summed[:size]),
-                    max(summed[size:2 * size]), max(summed[2 * size:3 * size]), list(balancer.caps),
-                    busy_exchange_s=max(summed[4 * size:]), stolen=max(summed[3 * size:4 * size]))
-
-
-def _behind(tensor: torch.Tensor, name: str, bursts: int = 12) -> tuple[float, float]:
-    """An exchange behind compute, after a pause: the share of this rank's CPU compute lost
-    while it runs (the same small matrix products timed alone, then while an allreduce of
-    `tensor` is on the link) and how long it took meanwhile."""
-    time.sleep(0.5)
-    work = torch.randn(96, 96)
-
-    def burst() -> float:
-        t0 = time.perf_counter()
-        for _ in range(20):
-            work @ work
-        return time.perf_counter() - t0
-
-    alone = statistics.median(burst() for _ in range(bursts))
-    hvd.barrier()
-    t0 = time.perf_counter()
-    handle = hvd.allreduce_async_(tensor.clone(), op=hvd.Sum, name=name)
-    during = []
-    while not hvd.poll(handle):
-        during.append(burst())
-    took = time.perf_counter() - t0
-    hvd.synchronize(handle)
-    if len(during) < 3:  # over before it could be seen
-        return 0.0, took
-    return max(0.0, 1.0 - alone / statistics.median(during)), took
-
-
-def _timed(tensor: torch.Tensor, name: str, repeats: int, pause_s: float = 0.0) -> list[float]:
-    hvd.allreduce_(tensor, op=hvd.Sum, name=name + ".warm")
-    times = []
-    for i in range(repeats):
-        time.sleep(pause_s)
-        hvd.barrier()
-        t0 = time.perf_counter()
-        hvd.allreduce_(tensor, op=hvd.Sum, name=f"{name}.{i}")
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 def make(m: Measured, subsets: bool = True) -> Plan:

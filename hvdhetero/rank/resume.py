@@ -22,7 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import checkpoint, precision
+from hvdhetero.rank import checkpoint, precision, rounds
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def save_checkpoint(job: Job, epoch_done: bool) -> None:
     if p is None or not cfg.keep_checkpoints:
         return
     started = time.perf_counter()
-    job._one_model()
+    rounds.one_model(job)
     rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
     # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
     optimizer = (hvd.allgather_object(to_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")

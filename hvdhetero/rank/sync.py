@@ -48,7 +48,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum, wait
+from hvdhetero.rank.reducer import WIRE_DTYPES, wait
 
 
 def _cpu(tensors) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import hvdhetero as hh
 from hvdhetero.rank import precision
-from hvdhetero.rank.job import param_digest
+from hvdhetero.rank.evaluation import param_digest
 from hvdhetero.recipes import data, models
 
 job = hh.init(run_dir=sys.argv[1], precision="bf16", micro_batch="0")

@@ -1,0 +1,69 @@
+"""`job.evaluate`: a function over a dataset, every rank on a disjoint part sized by its speed,
+the sums over all ranks returned to every rank; and the replicas' digest the run's end records."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero.rank import batches, rounds
+from hvdhetero.rank.reducer import allreduce_sum, average_buffers
+from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
+
+if TYPE_CHECKING:
+    from hvdhetero.rank.job import Job
+
+
+@torch.no_grad()
+def evaluate(job: Job, fn: Callable, dataset, batch_size: int, collate_fn: Callable | None,
+             exchange: bool) -> dict:
+    """Job.evaluate's work (its docstring says what a script gets)."""
+    model = job._prepared.model if job._prepared else None
+    lend = job._sync is not None and model is not None and not exchange
+    if lend:
+        job._sync.pause_clock()  # an evaluation is not a step's work
+        borrowed = job._sync.global_model()
+    else:
+        rounds.one_model(job)
+        if model is not None:
+            average_buffers(model)
+        borrowed = contextlib.nullcontext()
+    split = job._prepared.balancer.split if job._prepared else [1] * job.size
+    shares = proportional_split(batch_size * job.size, split)
+    sampler = WeightedBatchSampler(len(dataset), shares, job.rank, shuffle=False)
+    sums: dict[str, float] = {}
+    with borrowed, eval_mode(model):
+        for indices in sampler:
+            if indices:
+                batch = batches.to_device(batches.collate(dataset, indices, collate_fn), job.device)
+                with job.autocast():
+                    for k, v in fn(batch).items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+    names = sorted(set().union(*hvd.allgather_object(sorted(sums), name="hvdhetero.eval_names")))
+    return dict(zip(names, allreduce_sum([sums.get(k, 0.0) for k in names], "hvdhetero.eval")))
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module | None):
+    """`model` in eval mode for the block (none: nothing), back in training mode after if it was."""
+    was_training = model is not None and model.training
+    if model is not None:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's and buffer's bytes: equal digests mean identical replicas."""
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode() + p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
