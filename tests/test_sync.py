@@ -87,6 +87,12 @@ def test_eval_global_scores_the_global_model_and_exchanges_nothing_at_an_epochs_
     assert [e["round"] - e["applied"] for e in exchanges] == [1, 0], "launched, then landed by the final flush"
     epoch_end = [i for i, r in enumerate(records) if r["event"] == "epoch"]
     assert records.index(exchanges[0]) == epoch_end[1] + 1, "after the epoch's statistics, not before"
+    # what the epoch-end launch blocked rank 0 counts in the next epoch's communication time:
+    # every exchange before the last epoch's record is in some epoch's comm_s (the run's final
+    # flush after it in none)
+    epochs = [r for r in records if r["event"] == "epoch"]
+    counted = [e["seconds"] for e in exchanges if records.index(e) < epoch_end[-1]]
+    assert counted and min(counted) > 0 and sum(e["comm_s"][0] for e in epochs) == pytest.approx(sum(counted), abs=3e-4)
     logs = [r for r in records if r["event"] == "log"]
     assert [r.get("evaluated") for r in logs] == ["global", "global", None], logs
     end = records[-1]

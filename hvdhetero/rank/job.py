@@ -78,6 +78,8 @@ class Job:
         self._loss_sum = self._samples = 0.0
         self._busy = [0.0, 0.0]
         """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
+        self._carried = 0.0
+        """Overlapped: seconds the last epoch's end exchange blocked, counted in the next epoch."""
         self._sync: ParameterSync | None = None
         self._last_scalars: dict = {}
         self._logged: list[dict] = []
@@ -303,8 +305,9 @@ class Job:
             for epoch in range(self._start_epoch, n):
                 self.epoch = epoch
                 self._loss_sum = self._samples = 0.0
-                self._busy = [0.0, 0.0]
-                self._epoch_started = time.perf_counter()
+                carried, self._carried = self._carried, 0.0
+                self._busy = [0.0, carried]
+                self._epoch_started = time.perf_counter() - carried
                 yield epoch
                 self._end_epoch()
                 if self._stopping:
@@ -493,8 +496,8 @@ class Job:
             if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)
             # Overlapped, a round of H steps or more ends with the epoch, its exchange launched
-            # after the epoch's collectives (rank/rounds.py)
-            rounds.end_epoch(self)
+            # after the epoch's collectives (rank/rounds.py); what that blocked counts in the next epoch
+            self._carried = rounds.end_epoch(self)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 

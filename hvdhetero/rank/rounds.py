@@ -68,12 +68,15 @@ def one_model(job: Job) -> None:
     job._sync.pause_clock()  # what follows (an evaluation, a save) is not a step's work
 
 
-def end_epoch(job: Job) -> None:
+def end_epoch(job: Job) -> float:
     """Overlapped, after the epoch's record: a round of H steps or more ends with the epoch and
     its exchange is launched (a shorter one runs on into the next epoch; the last epoch's lands
-    in the run's end)."""
-    if ends_with_epoch(job):
-        exchanged(job, job._sync.exchange(), after_step=job.step)
+    in the run's end). Returns the seconds it blocked this rank (the round before it landing),
+    which the next epoch counts as communication."""
+    if not ends_with_epoch(job):
+        return 0.0
+    exchanged(job, job._sync.exchange(), after_step=job.step, count=False)
+    return job._sync.last_exchange_s
 
 
 def ends_with_epoch(job: Job) -> bool:
@@ -84,14 +87,17 @@ def ends_with_epoch(job: Job) -> bool:
         and job.epoch + 1 < job._epochs
 
 
-def exchanged(job: Job, landed: tuple[list[float], list[float]] | None, after_step: int) -> None:
+def exchanged(job: Job, landed: tuple[list[float], list[float]] | None, after_step: int,
+              count: bool = True) -> None:
     """After a round's end or a flush: its record in the metrics, and the round that landed
-    (every rank's mean step seconds and samples per step in it) to the balancer."""
+    (every rank's mean step seconds and samples per step in it) to the balancer. `count`: its
+    seconds go to this epoch's communication time."""
     item, p, sync = job._item, job._prepared, job._sync
     job._round_origin = job.step  # a round ended or was flushed: the next one starts here
     if item is None:
         return
-    job._busy[1] += sync.last_exchange_s
+    if count:
+        job._busy[1] += sync.last_exchange_s
     job._write("exchange", step=job.step, round=sync.rounds, applied=sync.applied,
                split=list(p.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
                wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
