@@ -174,6 +174,28 @@ def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.15, 0.3])
+def test_a_rank_killed_in_the_middle_of_a_large_transfer_is_dropped_and_the_survivor_completes(delay, tmp_path):
+    """Every step reduces 128 MB over loopback, so the kill lands in the middle of a transfer:
+    the survivor's Gloo pair holds the buffer it was reading into or writing from. Our Gloo patch
+    0010 lets go of them when the dead peer's connection closes; holding them, the survivor could
+    spin for ever in that buffer's destructor as its collective failed."""
+    proc = start(tmp_path, "--script", str(ROOT / "tests" / "scripts" / "wide_exchange.py"), "--", "3")
+    under_way(proc, tmp_path)
+    time.sleep(delay)
+    sent = time.time()
+    os.kill(job_pids(tmp_path, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)  # local-2's
+    dropped = recovered(tmp_path, sent, within=60)
+    out = finished(proc, 240)
+    assert dropped is not None and dropped["hosts"] == ["local-1"], out[-4000:]
+    assert proc.returncode == 0 and records(tmp_path, "end"), out[-4000:]
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("rank-*.log"))
+    assert re.search(r"Connection to rank \d lost: ", logs), logs[-3000:]
+    time.sleep(1)
+    assert not job_pids(tmp_path)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sync", [["--sync", "diloco:4"], ["--sync", "local:4", "--overlap-sync"]],
                          ids=["diloco", "local-overlapped"])
 def test_under_local_or_diloco_a_killed_rank_is_dropped_the_round_restarts_and_the_host_rejoins(sync, tmp_path):
