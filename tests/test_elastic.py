@@ -174,15 +174,14 @@ def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.0, 0.15, 0.3])
-def test_a_rank_killed_in_the_middle_of_a_large_transfer_is_dropped_and_the_survivor_completes(delay, tmp_path):
-    """Every step reduces 128 MB over loopback, so the kill lands in the middle of a transfer:
-    the survivor's Gloo pair holds the buffer it was reading into or writing from. Our Gloo patch
-    0010 lets go of them when the dead peer's connection closes; holding them, the survivor could
-    spin for ever in that buffer's destructor as its collective failed."""
+def test_a_rank_killed_in_the_middle_of_a_large_transfer_is_dropped_and_the_survivor_completes(tmp_path):
+    """Every step reduces 128 MB over loopback, so the kill most likely lands in the middle of a
+    transfer, where the survivor's Gloo pair holds the buffer it was reading into or writing
+    from (our Gloo patch 0010 lets go of them when the dead peer's connection closes: held, they
+    could keep the survivor spinning in that buffer's destructor). The spin itself was never
+    seen here: 3 kills at different moments passed on the build without 0010 too."""
     proc = start(tmp_path, "--script", str(ROOT / "tests" / "scripts" / "wide_exchange.py"), "--", "3")
     under_way(proc, tmp_path)
-    time.sleep(delay)
     sent = time.time()
     os.kill(job_pids(tmp_path, by="HOROVOD_HOSTNAME")["127.0.0.1"], signal.SIGKILL)  # local-2's
     dropped = recovered(tmp_path, sent, within=60)
