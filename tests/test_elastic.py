@@ -115,11 +115,16 @@ def test_the_watch_kills_a_silent_rank_even_a_stopped_one_and_retries_a_host_tha
 
 
 @pytest.mark.slow
-def test_a_diloco_commit_holds_the_outer_state_and_the_anchor_exactly(tmp_path):
+def test_an_overlapped_diloco_commit_completes_when_its_round_lands_and_holds_what_a_flush_would(tmp_path):
     """tests/jobs/elastic_commit.py: --sync diloco:2 --overlap-sync, a commit due at step 5 is taken
-    at the round's end (step 6) with the round in flight landed; a fresh Job's prepare restores it
-    bit for bit on a survivor and on a newcomer (rank 0's commit), one step later."""
+    at the round's end (step 6) without waiting for that round, which is still in flight; it is
+    completed when the round lands (step 8) and then holds, bit for bit, the state of the same run
+    flushed at step 6; a fresh Job's prepare restores it on a survivor and on a newcomer (rank
+    0's commit)."""
     for rank, r in enumerate(two_ranks("elastic_commit.py", "ELASTIC_COMMIT", tmp_path)):
+        seen = {int(k): v for k, v in r["seen"].items()}
+        # (the commit held, a round in flight, rounds applied) after each step: nothing waited at 6
+        assert seen[6] == [0, True, 2] and seen[7] == [0, True, 2] and seen[8] == [6, True, 3], seen
         assert r["committed_step"] == r["step"] == r["round_origin"] == 6 and not r["unsettled"], r
         assert r["rounds"] == r["applied"] == 3 and r["outer_momentum"] > 0, r  # Nesterov's buffer in it
         assert r["model"] == r["sync"] == r["optimizer"] == [], r  # anchor, outer state, counts, weights

@@ -18,11 +18,20 @@ for hosts that came or went (one small broadcast) and raises HostsUpdatedInterru
 
 With --sync local:H / diloco:H a commit waits for a round's end (the first after --commit-every
 steps; an epoch's end only if a round ended there), where every rank has the same model, anchor
-and outer optimizer state and is at the same step; overlapped, the round in flight lands first.
-So a reset restarts a round from a state every rank agrees on: an exchange in flight at a
-failure dies with the old Job, never half applied, and the next one is weighted by the new
-membership's samples. Each rank's inner optimizer state is its own: a survivor keeps its own,
-a newcomer starts from rank 0's.
+and outer optimizer state and is at the same step. So a reset restarts a round from a state
+every rank agrees on: an exchange in flight at a failure dies with the old Job, never half
+applied, and the next one is weighted by the new membership's samples. Each rank's inner
+optimizer state is its own: a survivor keeps its own, a newcomer starts from rank 0's.
+
+Overlapped, the round that just ended is still on the link at that point. Waiting for it (a
+flush) would expose one exchange every commit, which with --commit-every below H is every
+round: the overlap lost. Instead the commit is taken there without the model (`pending`) and
+completed when that round lands, at the next round's end, before the next exchange is launched
+(ParameterSync.on_landed): its model is then the global model with that round applied, and its
+outer state the one after it, exactly what a flush at the commit's step would have left (one
+model on every rank). Horovod's check for hosts that came or went is made there too, where
+nothing is in flight. A failure before the commit completes goes back to the one before: up to
+one round more redone.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import torch
 from horovod.common.elastic import State
 
 import hvdhetero
-from hvdhetero.rank import checkpoint, resume, rounds
+from hvdhetero.rank import checkpoint, resume
 
 if TYPE_CHECKING:
     from hvdhetero.rank.job import Job
@@ -51,6 +60,9 @@ class Commits(State):
     def __init__(self):
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
         self.state: dict[str, Any] | None = None
+        self.pending: tuple[dict[str, Any], int, bool] | None = None
+        """Overlapped: a commit waiting for its round to land (state without its model, the
+        round it waits for, whether to check hosts then)."""
         self.reached = 0
         """The furthest step taken since the last commit (what a reset redoes)."""
         self.resets = 0
@@ -70,6 +82,7 @@ class Commits(State):
         """The membership changed: the next hh.init() builds a Job for it."""
         self.resets += 1
         self.reset_at = time.time()
+        self.pending = None  # its round died with the old Job
         job, hvdhetero._job = hvdhetero._job, None
         if job is not None:
             self.reached = max(self.reached, job.step)
@@ -95,15 +108,39 @@ def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None
     on every rank alike if hosts came or went. With local/diloco only between rounds (the Job
     calls it there); overlapped, the round in flight lands first, so that the commit holds one
     model and the outer state every rank agrees on, and nothing is in flight at a reset here."""
-    if job._sync is not None:
-        assert job._sync.round_steps == 0, "an elastic commit in the middle of a local/diloco round"
-        if job._sync.unsettled:  # --overlap-sync: wait for the round in flight and apply it
-            rounds.one_model(job)
+    sync = job._sync
+    landing = sync is not None and sync.unsettled  # overlapped: the round just ended is in flight
+    if sync is not None:
+        assert sync.round_steps == 0, "an elastic commit in the middle of a local/diloco round"
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
-                            epoch_done=epoch_done)
+                            epoch_done=epoch_done, landing=landing)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
-    COMMITS.state, COMMITS.reached = _copied(state), job.step
     job._last_commit = job.step
+    if landing:
+        COMMITS.pending = (_copied(state), sync.rounds, check_hosts)
+        sync.on_landed = lambda: _complete(job)
+        return
+    COMMITS.state, COMMITS.reached = _copied(state), job.step
+    if check_hosts:
+        COMMITS.check_host_updates()
+
+
+def _complete(job: Job) -> None:
+    """ParameterSync.on_landed: the round a pending commit waits for has landed (every rank at
+    the same round's end, nothing in flight): the global model and outer state are now what a
+    flush at the commit's step would have left; the commit holds them, then the hosts check."""
+    sync = job._sync
+    if COMMITS.pending is None or sync.applied < COMMITS.pending[1]:
+        return
+    (state, _, check_hosts), COMMITS.pending = COMMITS.pending, None
+    model = job._prepared.model
+    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    for live, landed in zip(sync.params + sync.buffers, sync.start + sync.start_buffers):
+        name = names[id(live)]
+        if name in state["model"]:  # non-persistent buffers are not in a state dict
+            state["model"][name] = landed.view_as(live).to(state["model"][name].dtype, copy=True)
+    state["sync"] = _copied(sync.landed_state())
+    COMMITS.state, COMMITS.reached = state, job.step
     if check_hosts:
         COMMITS.check_host_updates()
 

@@ -29,17 +29,20 @@ if TYPE_CHECKING:
     from hvdhetero.rank.job import Job
 
 
-def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False) -> dict[str, Any]:
+def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
+             landing: bool = False) -> dict[str, Any]:
     """The job's state now: `rng` is every rank's random states (a checkpoint) or this rank's (an
     elastic commit); `optimizer` the optimizer state to keep (under local/diloco every rank's in a
     checkpoint, this rank's own in a commit). Under local/diloco only between rounds, nothing in
-    flight (ParameterSync.state_dict says so otherwise)."""
+    flight (ParameterSync.state_dict says so otherwise), unless `landing`: an overlapped elastic
+    commit whose round is in flight, its global model and sync state put in when it lands
+    (rank/elastic.py)."""
     p, cfg = job._prepared, job.config
     return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
             "size": job.size, "hosts": job._host_names, "model": p.model.state_dict(), "optimizer": optimizer,
             "scheduler": _scheduler_state(job._scheduler) if job._scheduler is not None else None,
             "loss_scale": asdict(job.loss_scale) if job.loss_scale is not None else None,
-            "sync": job._sync.state_dict() if job._sync is not None else None,
+            "sync": job._sync.state_dict() if job._sync is not None and not landing else None,
             "split": list(p.sampler.batch_sizes), "rng": rng, "config": asdict(cfg),
             "metrics_offset": job._metrics.offset() if job._metrics is not None else 0,
             "tracked": {name: obj.state_dict() for name, obj in job._tracked.items()}}

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 import horovod.torch as hvd
 import torch
@@ -93,6 +94,9 @@ class ParameterSync:
         self.link_late = False
         """Whether the round applied was still on the link (or a rank had not sent it) when this
         rank came to apply it."""
+        self.on_landed: Callable[[], None] | None = None
+        """Called each time a round has been applied, on every rank at the same step, with
+        nothing in flight (an elastic commit taken with a round in flight completes there)."""
 
     def after_step(self, samples: int, seconds: float, steps: int = 1,
                    epoch_left: int | None = None) -> tuple[list[float], list[float]] | None:
@@ -143,7 +147,13 @@ class ParameterSync:
         flight, no partial round)."""
         if self.unsettled:
             raise RuntimeError("ParameterSync.state_dict() with a round in flight: flush() first")
-        return {"start": self.start, "start_buffers": self.start_buffers, "rounds": self.rounds,
+        return self.landed_state()
+
+    def landed_state(self) -> dict:
+        """What `state_dict` would hold after a flush at the end of the last round applied: its
+        global model and outer state, every round launched by then applied. Live tensors: copy
+        them to keep them."""
+        return {"start": self.start, "start_buffers": self.start_buffers, "rounds": self.applied,
                 "applied": self.applied, "outer": self.outer.state_dict() if self.outer is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
@@ -271,6 +281,8 @@ class ParameterSync:
         for s, d in zip(self.start_buffers, bdeltas):
             s.sub_(d.view_as(s))
         self.applied += 1
+        if self.on_landed is not None:
+            self.on_landed()
         return rest[:n], rest[n:2 * n]
 
     def _continue_from_global(self, progress: list[torch.Tensor] | None) -> None:

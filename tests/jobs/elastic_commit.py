@@ -1,10 +1,11 @@
-"""An elastic commit under --sync diloco:2 --overlap-sync holds what a resume needs, exactly. Two
-ranks train three rounds (the outer Nesterov momentum non-zero, the third round in flight); the
-commit due (--commit-every 5) waits for the round's end at step 6, where it lands the round in
-flight. After one more step (the live state moves on; the commit must not), a fresh Job's
-prepare puts the commit into a fresh model and optimizer, as after a reset: rank 0 as a survivor
-(its own commit), rank 1 as a newcomer (rank 0's, through the broadcast). Rank 0 prints, per
-rank, what differs from the state at the commit.
+"""An elastic commit under --sync diloco:2 --overlap-sync holds what a resume needs, exactly, and
+costs no exposed exchange. Two ranks train (the outer Nesterov momentum non-zero); the commit
+due (--commit-every 5) is taken at the round's end, step 6, while that round (the third) is
+still in flight, and completed at the next round's end (step 8) when it lands. A second run of
+the same job without commits flushes at step 6 instead: its state there is what the commit
+must hold. A fresh Job's prepare then puts the commit into a fresh model and optimizer, as after
+a reset: rank 0 as a survivor (its own commit), rank 1 as a newcomer (rank 0's, through the
+broadcast). Rank 0 prints, per rank, what differs from the flushed state.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/elastic_commit.py RUN_DIR
 """
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 import hvdhetero as hh
 from hvdhetero.config import JobConfig
-from hvdhetero.rank import elastic
+from hvdhetero.rank import elastic, rounds
 from hvdhetero.recipes import data, models
 
 run_dir = sys.argv[1]
@@ -27,9 +28,10 @@ train, _, info = data.load("digits", "unused")
 elastic.COMMITS = elastic.Commits()  # what rank/runner.py's elastic.run sets up
 
 
-def prepared(seed):
-    job = hh.Job(JobConfig(run_dir=run_dir, sync="diloco:2", overlap_sync=True, elastic=True, commit_every=5,
-                           micro_batch="0"))
+def prepared(seed, commits=True):
+    # an equal split: both runs take the same steps on the same samples, whatever the timings
+    job = hh.Job(JobConfig(run_dir=run_dir, sync="diloco:2", overlap_sync=True, micro_batch="0", equal_split=True,
+                           **({"elastic": True, "commit_every": 5} if commits else {})))
     torch.manual_seed(seed)
     model = models.build("cnn", info).eval()  # eval: no dropout
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -54,18 +56,32 @@ def differences(a, b, at="") -> list[str]:
     return [] if a == b else [f"{at}: {a!r} != {b!r}"]
 
 
+def run_steps(job, model, optimizer, loader, until, at=None):
+    """Steps until `until`; `at(step)` after each."""
+    for x, y in loader:
+        job.backward(F.cross_entropy(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if at is not None:
+            at(job.step)
+        if job.step == until:
+            return
+
+
+# the run with commits: the commit taken at 6 completes when its round lands, at 8
 job, model, optimizer, loader = prepared(seed=0)
-live = None
-for x, y in loader:  # the batch of step 7 is handed out after the commit at step 6
-    if job.step == 6:
-        live = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
-                "sync": copy.deepcopy(job._sync.state_dict())}
-    job.backward(F.cross_entropy(model(x), y))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if job.step == 7:
-        break
+seen = {}
+run_steps(job, model, optimizer, loader, until=9, at=lambda step: seen.setdefault(step, (
+    (elastic.COMMITS.state or {}).get("step"), job._sync.unsettled, job._sync.applied)))
 committed = elastic.COMMITS.state
+job._close()
+
+# the same run without commits, flushed at step 6: what the commit must hold
+job, model, optimizer, loader = prepared(seed=0, commits=False)
+run_steps(job, model, optimizer, loader, until=6)
+rounds.one_model(job)
+live = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
+        "sync": copy.deepcopy(job._sync.state_dict())}
 outer_momentum = sum(float(s["momentum_buffer"].norm()) for s in live["sync"]["outer"]["state"].values())
 rank0_optimizer = hvd.broadcast_object(live["optimizer"], root_rank=0, name="commit.rank0_optimizer")
 job._close()
@@ -74,6 +90,8 @@ if hvd.rank() == 1:
     elastic.COMMITS.state = None  # a newcomer: no commit of its own
 job, model, optimizer, loader = prepared(seed=1 + hvd.rank())  # other weights than the run's
 result = {"committed_step": committed["step"], "rounds": live["sync"]["rounds"], "applied": live["sync"]["applied"],
+          # per step of the first run: (the step of the commit held, a round in flight, rounds applied)
+          "seen": {step: seen[step] for step in sorted(seen)},
           "outer_momentum": outer_momentum, "step": job.step, "round_origin": job._round_origin,
           "unsettled": job._sync.unsettled,
           "model": differences(model.state_dict(), live["model"]),
