@@ -106,8 +106,9 @@ def active() -> Commits | None:
 def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None:
     """Keep everything a resume needs in memory; then (check_hosts) raise HostsUpdatedInterrupt
     on every rank alike if hosts came or went. With local/diloco only between rounds (the Job
-    calls it there); overlapped, the round in flight lands first, so that the commit holds one
-    model and the outer state every rank agrees on, and nothing is in flight at a reset here."""
+    calls it there), so that the commit holds one model and the outer state every rank agrees
+    on; overlapped, with the round just ended in flight, it is completed (and the hosts checked)
+    when that round lands (`_complete`), so that nothing is in flight at a reset here."""
     sync = job._sync
     landing = sync is not None and sync.unsettled  # overlapped: the round just ended is in flight
     if sync is not None:
@@ -133,12 +134,12 @@ def _complete(job: Job) -> None:
     if COMMITS.pending is None or sync.applied < COMMITS.pending[1]:
         return
     (state, _, check_hosts), COMMITS.pending = COMMITS.pending, None
-    model = job._prepared.model
-    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
-    for live, landed in zip(sync.params + sync.buffers, sync.start + sync.start_buffers):
-        name = names[id(live)]
-        if name in state["model"]:  # non-persistent buffers are not in a state dict
-            state["model"][name] = landed.view_as(live).to(state["model"][name].dtype, copy=True)
+    landed = {id(live): g for live, g in zip(sync.params + sync.buffers, sync.start + sync.start_buffers)}
+    # every name of a tensor: tied weights (an embedding and a head) are one tensor under two
+    # names, and loading the commit puts the last of them into it
+    for name, live in job._prepared.model.state_dict(keep_vars=True).items():
+        if id(live) in landed:
+            state["model"][name] = landed[id(live)].view_as(live).to(state["model"][name].dtype, copy=True)
     state["sync"] = _copied(sync.landed_state())
     COMMITS.state, COMMITS.reached = state, job.step
     if check_hosts:
