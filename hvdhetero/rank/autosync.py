@@ -21,6 +21,7 @@ from hvdhetero.rank import plan
 from hvdhetero.rank.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
+from hvdhetero.rank.sync import exchanged_tensors
 
 
 def choose(job, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool, str]:
@@ -33,9 +34,8 @@ def choose(job, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) 
         if job.is_main:
             print(f"hvdhetero: --sync auto: cannot time the ranks ({why}); using step sync", flush=True)
         return "step", 1, False, "same"
-    tensors = [p for p in model.parameters() if p.requires_grad] + [b for b in model.buffers()
-                                                                     if b.is_floating_point()]
-    measured = measure(balancer, tensors, WIRE_DTYPES[job.config.compression],
+    params, buffers = exchanged_tensors(model)
+    measured = measure(balancer, params + buffers, WIRE_DTYPES[job.config.compression],
                        job._host.get("name") or socket.gethostname(), job.me.device.describe())
     full = plan.make(measured)
     if job.config.plan_only:

@@ -52,6 +52,13 @@ from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import WIRE_DTYPES, wait
 
 
+def exchanged_tensors(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What a round's exchange carries: the trainable parameters and the floating-point buffers
+    (`invoke plan` times the link on the same bytes)."""
+    return ([p for p in model.parameters() if p.requires_grad],
+            [b for b in model.buffers() if b.is_floating_point()])
+
+
 def _cpu(tensors) -> list[torch.Tensor]:
     return [t.detach().to("cpu", torch.float32, copy=True) for t in tensors]
 
@@ -62,8 +69,7 @@ class ParameterSync:
     def __init__(self, model: torch.nn.Module, kind: str, every: int, global_batch: int, compression: str = "none",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, overlap: bool = False):
         self.kind, self.every, self.overlap, self.global_batch = kind, every, overlap, global_batch
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.params, self.buffers = exchanged_tensors(model)
         self.wire = WIRE_DTYPES[compression]
         self.start = _cpu(self.params)
         """The round's start: the global model (without overlap, also this rank's round start)."""
