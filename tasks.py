@@ -379,6 +379,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
 
 def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
     from hvdhetero.bench import accuracy
+    from hvdhetero.bench.runs import read_records
 
     recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
                          repeat=options.repeat, target_accuracy=options.to_accuracy, lr=options.lr,
@@ -389,12 +390,15 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
     except ValueError as err:
         raise Exit(f"error: {err}", code=2) from None
 
-    def train(way, seed: int) -> list[dict]:
+    def train(way, seed: int) -> tuple[list[dict], list[dict]]:
         settings = dict(seed=seed, compression=options.compression, keep_checkpoints=0, **way.settings)
         with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
             _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
                               name="tta")
-        return next((r["logs"] for r in results if r.get("event") == "end"), [])
+            metrics = Path(scratch) / "metrics.jsonl"
+            records = read_records(metrics)[0] if metrics.is_file() else []
+        return (next((r["logs"] for r in results if r.get("event") == "end"), []),
+                [r for r in records if r.get("event") == "epoch"])
 
     summary = accuracy.summarize(accuracy.measure(train, plan_, options.seed_list), options.to_accuracy,
                                  evaluated="global" if options.eval_global else "exact")

@@ -147,3 +147,25 @@ def test_the_pair_is_also_compared_with_the_fast_host_alone_in_the_same_mode():
     text = render(summary)
     assert f"{pair} against {same} (the same mode on one host), per seed: 1.12x (2/3 sooner), elapsed 1.12x" in text
     assert "scored the global model" in text
+
+
+def test_each_run_reports_its_rate_and_the_first_hosts_compute_per_sample():
+    """The first host's compute per sample, from the job's epoch records (the first epoch, with
+    its warm-up, left out), tells a pair whose fast host ran slower than alone from one that
+    lost its gain in waits or exchanges."""
+    def epochs(us: list[float]) -> list[dict]:
+        return [{"event": "epoch", "epoch": i, "compute_s": [u * 1000 / 1e6, 9.9], "rank_samples": [1000, 50]}
+                for i, u in enumerate(us)]
+
+    log = [{"epoch": 0, "test_accuracy": 0.99, "seconds_to_target": 2.0, "train_seconds": 2.0, "samples_seen": 500}]
+    runs = [Run("a alone", 0, log, epochs([900.0, 140.0, 150.0, 160.0])),
+            Run("a+b diloco:32", 0, log, epochs([900.0, 170.0, 168.0])),
+            Run("a alone", 1, log, epochs([900.0, 146.0])),
+            Run("a+b diloco:32", 1, log, [])]  # no epoch records: unknown, not zero
+    rows = {r["way"]: r for r in summarize(runs, 0.98)["ways"]}
+    assert rows["a alone"]["each_first_rank_us_per_sample"] == [150.0, 146.0]
+    assert rows["a alone"]["first_rank_us_per_sample"] == pytest.approx(148.0)
+    assert rows["a+b diloco:32"]["each_first_rank_us_per_sample"] == [169.0, None]
+    assert rows["a+b diloco:32"]["first_rank_us_per_sample"] == pytest.approx(169.0)
+    assert rows["a alone"]["each_samples_per_s"] == [250.0, 250.0]
+    assert "a alone 148.0; a+b diloco:32 169.0" in render(summarize(runs, 0.98))

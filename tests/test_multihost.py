@@ -275,4 +275,5 @@ def test_time_to_accuracy_compares_the_first_host_alone_step_and_a_mode(provisio
         assert row["reached"] == 1 and 0 < row["seconds_to_target"], row  # digits: 80% within 4 epochs
         assert 0.0 < row["accuracy_equal_samples"] <= 1.0, row  # the same epoch for all three
         assert row["samples_per_s"] > 0
+        assert len(row["each_first_rank_us_per_sample"]) == 1 and row["first_rank_us_per_sample"] > 0, row
     assert "time to test accuracy 80.00%" in proc.stdout and "h1+h2 local:4 overlapped" in proc.stdout

@@ -60,6 +60,8 @@ class Run:
     seed: int
     logs: list[dict] = field(default_factory=list)
     """The recipe's per-epoch records (test_accuracy, train_seconds, samples_seen, ...)."""
+    epochs: list[dict] = field(default_factory=list)
+    """The job's own `epoch` records from metrics.jsonl (compute_s, rank_samples per rank)."""
 
     @property
     def seconds_to_target(self) -> float | None:
@@ -73,6 +75,15 @@ class Run:
     def samples_per_s(self) -> float:
         last = self.logs[-1] if self.logs else {}
         return last.get("samples_seen", 0) / last["train_seconds"] if last.get("train_seconds") else 0.0
+
+    @property
+    def first_rank_us_per_sample(self) -> float | None:
+        """The first host's compute per sample (us; median over the epochs after the first, which
+        holds the warm-up, unless there is only one): what tells a pair whose fast host ran slower
+        than alone from a pair that lost its gain elsewhere (waits, exchanges)."""
+        each = [r["compute_s"][0] / r["rank_samples"][0] * 1e6 for r in self.epochs[1:] or self.epochs
+                if r.get("compute_s") and r.get("rank_samples") and r["rank_samples"][0]]
+        return statistics.median(each) if each else None
 
     def accuracy_after(self, epochs: int) -> float | None:
         return next((r["test_accuracy"] for r in self.logs if r["epoch"] + 1 == epochs), None)
@@ -95,10 +106,11 @@ def ways(hosts: list[str], sync: str, overlap: bool, slowdown: float, inner_step
     return [way for name, way in every.items() if name in keep]
 
 
-def measure(train: Callable[[Way, int], list[dict]], plan: list[Way], seeds: list[int]) -> list[Run]:
+def measure(train: Callable[[Way, int], tuple[list[dict], list[dict]]], plan: list[Way],
+            seeds: list[int]) -> list[Run]:
     """Every way for every seed, seed by seed (so a drift of the machine hits all ways alike);
-    `train(way, seed)` runs one job and returns its logged records."""
-    return [Run(way.label, seed, train(way, seed)) for seed in seeds for way in plan]
+    `train(way, seed)` runs one job and returns its logged records and its epoch records."""
+    return [Run(way.label, seed, *train(way, seed)) for seed in seeds for way in plan]
 
 
 def summarize(runs: list[Run], target: float, evaluated: str = "exact") -> dict:
@@ -121,6 +133,9 @@ def summarize(runs: list[Run], target: float, evaluated: str = "exact") -> dict:
                      "elapsed_to_target": statistics.median(elapsed) if elapsed else None,
                      "each_elapsed_to_target": [r.elapsed_to_target for r in mine],
                      "samples_per_s": statistics.median(r.samples_per_s for r in mine),
+                     "each_samples_per_s": [round(r.samples_per_s, 1) for r in mine],
+                     "first_rank_us_per_sample": _median(r.first_rank_us_per_sample for r in mine),
+                     "each_first_rank_us_per_sample": [_round(r.first_rank_us_per_sample) for r in mine],
                      "accuracy_equal_samples": statistics.mean(accs) if accs else None,
                      "each_accuracy_equal_samples": accs})
     alone_row = next((r for r in rows if r["way"].endswith(" alone")), None)
@@ -143,6 +158,15 @@ def summarize(runs: list[Run], target: float, evaluated: str = "exact") -> dict:
                                 "seeds_sooner": _sooner(same, row), "each": loop, "each_elapsed": elapsed}
     return {"target_accuracy": target, "seeds": seeds, "equal_samples_epochs": common, "evaluated": evaluated,
             "ways": rows}
+
+
+def _median(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
 
 
 def _per_seed(alone: dict | None, row: dict, key: str) -> list[float]:
@@ -175,6 +199,10 @@ def render(summary: dict) -> str:
         acc = f"{row['accuracy_equal_samples']:.2%}" if row["accuracy_equal_samples"] is not None else "-"
         lines.append(f"{row['way']:40}{secs:>9}{row['reached']:>5}/{row['seeds']:<3}{ratio:>10}{paired:>16}"
                      f"{elapsed:>20}{row['samples_per_s']:11,.0f}{acc:>19}")
+    compute = [f"{row['way']} {row['first_rank_us_per_sample']:.1f}" for row in summary["ways"]
+               if row.get("first_rank_us_per_sample")]
+    if compute:
+        lines.append("the first host's compute per sample (us, median over seeds): " + "; ".join(compute))
     for row in summary["ways"]:
         other = row.get("vs_alone_mode")
         if other and other["per_seed"]:
