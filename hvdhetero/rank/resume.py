@@ -35,11 +35,15 @@ def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
     elastic commit); `optimizer` the optimizer state to keep (under local/diloco every rank's in a
     checkpoint, this rank's own in a commit). Under local/diloco only between rounds, nothing in
     flight (ParameterSync.state_dict says so otherwise), unless `landing`: an overlapped elastic
-    commit whose round is in flight, its global model and sync state put in when it lands
-    (rank/elastic.py)."""
+    commit whose round is in flight, its global model (what the exchange carries, left out here)
+    and sync state put in when it lands (rank/elastic.py)."""
     p, cfg = job._prepared, job.config
+    model = p.model.state_dict()
+    if landing:
+        exchanged = {id(t) for t in job._sync.params + job._sync.buffers}
+        model = {name: t.detach() for name, t in p.model.state_dict(keep_vars=True).items() if id(t) not in exchanged}
     return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
-            "size": job.size, "hosts": job._host_names, "model": p.model.state_dict(), "optimizer": optimizer,
+            "size": job.size, "hosts": job._host_names, "model": model, "optimizer": optimizer,
             "scheduler": _scheduler_state(job._scheduler) if job._scheduler is not None else None,
             "loss_scale": asdict(job.loss_scale) if job.loss_scale is not None else None,
             "sync": job._sync.state_dict() if job._sync is not None and not landing else None,
