@@ -395,8 +395,10 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
         with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
             _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
                               name="tta")
-            metrics = Path(scratch) / "metrics.jsonl"
-            records = read_records(metrics)[0] if metrics.is_file() else []
+            try:  # what the job recorded of its epochs (compute per rank); a run without them is unknown
+                records = read_records(Path(scratch) / "metrics.jsonl")[0]
+            except (OSError, HvdHeteroError):
+                records = []
         return (next((r["logs"] for r in results if r.get("event") == "end"), []),
                 [r for r in records if r.get("event") == "epoch"])
 

@@ -200,7 +200,7 @@ def render(summary: dict) -> str:
         lines.append(f"{row['way']:40}{secs:>9}{row['reached']:>5}/{row['seeds']:<3}{ratio:>10}{paired:>16}"
                      f"{elapsed:>20}{row['samples_per_s']:11,.0f}{acc:>19}")
     compute = [f"{row['way']} {row['first_rank_us_per_sample']:.1f}" for row in summary["ways"]
-               if row.get("first_rank_us_per_sample")]
+               if row.get("first_rank_us_per_sample") is not None]
     if compute:
         lines.append("the first host's compute per sample (us, median over seeds): " + "; ".join(compute))
     for row in summary["ways"]:

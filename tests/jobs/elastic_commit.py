@@ -6,7 +6,7 @@ the same job without commits flushes at step 6 instead: its state there is what 
 must hold. A fresh Job's prepare then puts the commit into a fresh model and optimizer, as after
 a reset: rank 0 as a survivor (its own commit), rank 1 as a newcomer (rank 0's, through the
 broadcast). The model has a tied weight (one tensor under two names), whose every name the
-commit must fill. Rank 0 prints, per rank, what differs from the flushed state.
+commit must fill, and a frozen one, which no exchange carries and the commit keeps as it was. Rank 0 prints, per rank, what differs from the flushed state.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/elastic_commit.py RUN_DIR
 """
@@ -37,6 +37,7 @@ def prepared(seed, commits=True):
     model = models.build("cnn", info).eval()  # eval: no dropout
     head = model[-1]
     head.register_parameter("tied", head.weight)  # one tensor, two names (an LM's embedding and head)
+    head.register_parameter("frozen", torch.nn.Parameter(torch.randn(3), requires_grad=False))  # not exchanged
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return job, *job.prepare(model, optimizer, train, global_batch=48,
                              loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
