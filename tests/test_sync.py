@@ -139,6 +139,18 @@ def test_a_rounds_step_seconds_count_the_work_between_steps_but_not_a_pause(timi
     assert t1 == pytest.approx((0.3 + 0.5 + 0.3) / 3, abs=0.06), timing["clock_times"]
 
 
+@pytest.mark.parametrize("kind, gain", [("local", 1.0), ("diloco", 1.9)])
+def test_a_rank_that_merged_steps_moves_the_round_per_global_step(timing, kind, gain):
+    """--inner-steps by-speed: rank 1 took 1 optimizer step where rank 0 took 4. Weighted by
+    samples as they are, its change (one step's) would shrink the round's, and a 12x slower
+    host's samples would steer it ~1/12 of their share; counted per global step (x4), the round's
+    mean change is 0.8 * 0.04 + 0.2 * 0.08 = 0.048, not 0.036 (diloco: the first outer Nesterov
+    step at lr 1, momentum 0.9, moves 1.9 times the mean change)."""
+    merged = timing[f"merged_{kind}"]
+    assert merged["inner_steps"] == [4, 1] and merged["same"], merged
+    assert merged["moved"] == pytest.approx(0.048 * gain, rel=1e-5), merged
+
+
 def test_by_speed_a_slower_rank_takes_fewer_bigger_inner_steps(tmp_path):
     """--inner-steps by-speed: rank 1 (4x slower) merges its shares of several steps into one
     optimizer step, so in every round it steps fewer times than rank 0, while the rounds end on

@@ -202,10 +202,15 @@ class ParameterSync:
             # Scaled by samples over the round's nominal total (fp16 on the wire keeps its range);
             # the true total arrives with it and corrects the scale (a short last step).
             nominal = float(self.round_steps * self.global_batch)
-            self._launch(torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine
-                         else torch.zeros(0), [float(self.samples), *one_hot(self.seconds / self.round_steps),
-                                               *one_hot(self.samples / self.round_steps),
-                                               *one_hot(self.round_updates), *one_hot(self.steps)], nominal)
+            flat = torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine else torch.zeros(0)
+            # A rank that merged steps (--inner-steps by-speed) took fewer, bigger optimizer steps
+            # and moved that much less: its parameters' change counts per global step of the
+            # round (normalized averaging), so that its samples weigh what they are, and the
+            # round moves the model as far as H steps do. Buffers (running statistics) as they are.
+            flat[:sum(p.numel() for p in self.params)].mul_(self.round_steps / self.round_updates)
+            self._launch(flat, [float(self.samples), *one_hot(self.seconds / self.round_steps),
+                                *one_hot(self.samples / self.round_steps), *one_hot(self.round_updates),
+                                *one_hot(self.steps)], nominal)
             self.rounds += 1
             self.samples, self.seconds, self.round_steps, self.round_updates = 0, 0.0, 0, 0
             if self.overlap and not wait:

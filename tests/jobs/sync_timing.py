@@ -6,6 +6,7 @@ rank 1 takes 0.3 s a step, rank 0 a few ms.
 - Not overlapped: the round lands at once, so rank 0 waits for rank 1's round.
 - A round's step seconds are the whole time since the previous step ended (work between steps
   counted), except the first step after pause_clock(), which counts its compute only.
+- A rank that merged steps: its change counts per global step of the round.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/sync_timing.py RUN_DIR
 """
@@ -61,5 +62,20 @@ sync.pause_clock()
 time.sleep(0.5)  # an evaluation: not a step's work
 landed, _ = step(sync, model)
 results["clock_times"], results["clock_sizes"] = landed
+
+# A rank that merged steps (--inner-steps by-speed): in a 4-step round rank 0 takes 4 steps of 16
+# samples, each moving the weights by +0.01; rank 1 one merged step of 16 samples (4 x 4) moving
+# them by +0.02. Its change counts per global step (x4): the round moves the weights by
+# 0.8 * 0.04 + 0.2 * 0.08 = 0.048 (sample weights 64:16), where plain sample weighting gives 0.036.
+for kind in ("local", "diloco"):
+    model = torch.nn.Linear(4, 2)
+    torch.nn.init.zeros_(model.weight)
+    sync = ParameterSync(model, kind, 4, 20, outer_lr=1.0)
+    for _ in range(4 if hvd.rank() == 0 else 1):
+        with torch.no_grad():
+            model.weight.add_(0.01 if hvd.rank() == 0 else 0.02)
+        sync.after_step(16, 0.001, steps=1 if hvd.rank() == 0 else 4)
+    results[f"merged_{kind}"] = {"moved": model.weight.mean().item(), "inner_steps": sync.inner_steps,
+                                 "same": len(set(hvd.allgather_object(model.weight.sum().item()))) == 1}
 if hvd.rank() == 0:
     print("SYNC_TIMING " + json.dumps(results), flush=True)
