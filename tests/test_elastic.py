@@ -315,13 +315,15 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
 
 @requires_root
 @pytest.mark.slow
-@pytest.mark.parametrize("cut", ["rank 0", "rank 1"])
+@pytest.mark.parametrize("cut", ["rank 0"])
 def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(cut, provisioned, tmp_path):
     """The link of the host holding `cut` goes down for 60 s (Wi-Fi gone): its rank cannot be
     killed meanwhile. Its ssh session ends (keepalive) and Gloo's timeout fails the survivor's
     collective, so the other host goes on within 60 s; once the link is up, the old rank is killed
     over SSH and the host rejoins. With rank 0 (Horovod's coordinator) on the cut host, stock
-    Horovod's driver waited for the link to come back (our patch 0008)."""
+    Horovod's driver waited for the link to come back (our patch 0008). Only rank 0's host is cut
+    in CI (2.5 min a case): the same test with a worker's host cut (add "rank 1") passes too, and
+    a host dropped and rejoining is what the frozen-rank and killed-rank tests also check."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"
     proc = train_across(inventory, run_dir, "--elastic", *RUN_LONG)
