@@ -135,13 +135,11 @@ def _complete(job: Job) -> None:
         return
     (state, _, check_hosts), COMMITS.pending = COMMITS.pending, None
     state["sync"] = _copied(sync.landed_state())
-    kept = state["sync"]["start"] + state["sync"]["start_buffers"]
-    landed = {id(live): g for live, g in zip(sync.params + sync.buffers, kept)}
-    # every name of a tensor (the snapshot left them all out): tied weights (an embedding and a
-    # head) are one tensor under two names, and loading the commit puts the last of them into it
-    for name, live in job._prepared.model.state_dict(keep_vars=True).items():
-        if id(live) in landed:
-            state["model"][name] = landed[id(live)].view_as(live).to(live.dtype)  # the sync's copy, shared
+    kept, live = state["sync"]["start"] + state["sync"]["start_buffers"], sync.params + sync.buffers
+    # every name the snapshot left out: tied weights (an embedding and a head) are one tensor
+    # under two names, and loading the commit puts the last of them into it
+    for name, i in sync.exchanged_names(job._prepared.model).items():
+        state["model"][name] = kept[i].view_as(live[i]).to(live[i].dtype)  # the sync's copy, shared
     COMMITS.state, COMMITS.reached = state, job.step
     if check_hosts:
         COMMITS.check_host_updates()

@@ -39,9 +39,8 @@ def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
     and sync state put in when it lands (rank/elastic.py)."""
     p, cfg = job._prepared, job.config
     model = p.model.state_dict()
-    if landing:  # by name: state_dict also holds modules' extra states, which are not tensors
-        exchanged = {id(t) for t in job._sync.params + job._sync.buffers}
-        out = {name for name, t in p.model.state_dict(keep_vars=True).items() if id(t) in exchanged}
+    if landing:
+        out = job._sync.exchanged_names(p.model)
         model = {name: t for name, t in model.items() if name not in out}
     return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
             "size": job.size, "hosts": job._host_names, "model": model, "optimizer": optimizer,

@@ -148,6 +148,13 @@ class ParameterSync:
         return (not self.overlap or epoch_left is None or epoch_left >= self.every
                 or self.round_steps >= 2 * self.every)
 
+    def exchanged_names(self, model: torch.nn.Module) -> dict[str, int]:
+        """Each name in `model`'s state dict whose tensor a round's exchange carries, with its place
+        in params + buffers (and in start + start_buffers): a tied weight is one place under
+        several names; a module's extra state (no tensor) and a frozen parameter are never here."""
+        place = {id(t): i for i, t in enumerate(self.params + self.buffers)}
+        return {name: place[id(t)] for name, t in model.state_dict(keep_vars=True).items() if id(t) in place}
+
     def state_dict(self) -> dict:
         """The global model, the outer optimizer and the round counts (after a flush: nothing in
         flight, no partial round)."""
