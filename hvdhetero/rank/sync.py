@@ -9,9 +9,14 @@ one allreduce, each rank weighted by the samples it processed in the round, w_i 
                theta = theta_start after one outer Nesterov SGD step on delta (lr 0.7, momentum 0.9)
 
 local:1 with plain SGD is exactly step sync: sum_i w_i (theta - lr g_i) = theta - lr sum_i w_i g_i.
+With `--inner-steps by-speed` a slower rank merges its shares of several steps into one optimizer
+step: its change counts per global step of the round (x H / its steps) and is added to the
+average of the ranks that took every step (weights summing to 1 among them) instead of being
+averaged in with them, so a host that adds a few steps of its own never shrinks the round of the
+host that took all of them (`_apply_pending`).
 The inner optimizer's state (momentum, Adam moments) stays each rank's own, as in the papers;
 the outer optimizer's state is float32 on the CPU and identical on every rank (same inputs).
-Floating-point buffers (BatchNorm statistics) are averaged with the same weights.
+Floating-point buffers (BatchNorm statistics) are averaged by samples (under by-speed too).
 
 Overlapped (`--overlap-sync`): the allreduce of round r runs in Horovod's background thread while
 round r+1 computes, and is applied one round late. Every rank keeps the global model theta_g
@@ -212,8 +217,8 @@ class ParameterSync:
             flat = torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine else torch.zeros(0)
             # A rank that merged steps (--inner-steps by-speed) took fewer, bigger optimizer steps
             # and moved that much less: its parameters' change counts per global step of the
-            # round (normalized averaging), so that its samples weigh what they are, and the
-            # round moves the model as far as H steps do. Buffers (running statistics) as they are.
+            # round (normalized averaging, as FedNova's), and `_apply_pending` adds it to the
+            # other ranks' instead of averaging it in. Buffers (running statistics) as they are.
             flat[:sum(p.numel() for p in self.params)].mul_(self.round_steps / self.round_updates)
             self._launch(flat, [float(self.samples), *one_hot(self.seconds / self.round_steps),
                                 *one_hot(self.samples / self.round_steps), *one_hot(self.round_updates),
@@ -287,8 +292,20 @@ class ParameterSync:
                                f"{steps}: with --inner-steps by-speed the ranks meet only at a round's or an epoch's "
                                "end; call job.evaluate/job.save (or a collective of your own) at epochs' ends, "
                                "not every N steps")
-        flat = wait(handle).to(torch.float32).mul_(nominal / total)
+        flat = wait(handle).to(torch.float32)
         self.wait_s = time.perf_counter() - waited
+        # Parameters: the ranks that took every step of the round split each global batch between
+        # them, as step sync does, and their changes average (by samples, weights summing to 1);
+        # a rank that merged steps took steps of its own on samples they never saw, and its change
+        # (per global step, see `exchange`) adds to theirs: each of its steps counts by its batch
+        # over theirs, as an asynchronous worker's would. So the round moves the model at least as
+        # far as the ranks that took every step alone would have. Buffers average by samples.
+        round_steps = round(nominal / self.global_batch)
+        full = [updates >= round_steps for updates in self.inner_steps]
+        every_step = total if all(full) else sum(per_step * round_steps for per_step, f in zip(rest[n:2 * n], full) if f)
+        params = sum(t.numel() for t in self.start)
+        flat[:params].mul_(nominal / (every_step or total))
+        flat[params:].mul_(nominal / total)
         chunks = list(flat.split([t.numel() for t in self.start + self.start_buffers]))
         deltas, bdeltas = chunks[:len(self.start)], chunks[len(self.start):]
         if self.kind == "diloco":

@@ -6,7 +6,8 @@ rank 1 takes 0.3 s a step, rank 0 a few ms.
 - Not overlapped: the round lands at once, so rank 0 waits for rank 1's round.
 - A round's step seconds are the whole time since the previous step ended (work between steps
   counted), except the first step after pause_clock(), which counts its compute only.
-- A rank that merged steps: its change counts per global step of the round.
+- A rank that merged steps: its change counts per global step of the round, added to the change of
+  the rank that took every step.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/sync_timing.py RUN_DIR
 """
@@ -65,8 +66,10 @@ results["clock_times"], results["clock_sizes"] = landed
 
 # A rank that merged steps (--inner-steps by-speed): in a 4-step round rank 0 takes 4 steps of 16
 # samples, each moving the weights by +0.01; rank 1 one merged step of 16 samples (4 x 4) moving
-# them by +0.02. Its change counts per global step (x4): the round moves the weights by
-# 0.8 * 0.04 + 0.2 * 0.08 = 0.048 (sample weights 64:16), where plain sample weighting gives 0.036.
+# them by +0.02. Rank 0 took every step, so its change counts whole (0.04); rank 1's, counted per
+# global step (x4) and weighted by its samples over rank 0's (16:64), adds its one step (0.02):
+# the round moves the weights 0.06. Averaged by samples (64:16) it would move them 0.036, or
+# 0.048 counted per global step: less than rank 0 alone.
 for kind in ("local", "diloco"):
     model = torch.nn.Linear(4, 2)
     torch.nn.init.zeros_(model.weight)
