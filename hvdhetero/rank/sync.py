@@ -302,7 +302,8 @@ class ParameterSync:
         # far as the ranks that took every step alone would have. Buffers average by samples.
         round_steps = round(nominal / self.global_batch)
         full = [updates >= round_steps for updates in self.inner_steps]
-        every_step = total if all(full) else sum(per_step * round_steps for per_step, f in zip(rest[n:2 * n], full) if f)
+        every_step = total if all(full) else sum(per_step * round_steps
+                                                 for per_step, f in zip(rest[n:2 * n], full) if f)
         params = sum(t.numel() for t in self.start)
         flat[:params].mul_(nominal / (every_step or total))
         flat[params:].mul_(nominal / total)
