@@ -93,8 +93,8 @@ class ParameterSync:
         self.applied = 0
         """Rounds whose mean change is in the global model (overlapped: one behind `rounds`)."""
         self._pending = None
-        """Overlap: the Horovod handles of the round in flight (counts, changes) and its nominal
-        sample total."""
+        """Overlap: the Horovod handles of the round in flight (counts, changes) and its global
+        steps."""
         self.last_exchange_s = 0.0
         """Seconds the last exchange blocked this rank (waiting for the slower one included)."""
         self.wait_s = 0.0
@@ -222,7 +222,7 @@ class ParameterSync:
             flat[:sum(p.numel() for p in self.params)].mul_(self.round_steps / self.round_updates)
             self._launch(flat, [float(self.samples), *one_hot(self.seconds / self.round_steps),
                                 *one_hot(self.samples / self.round_steps), *one_hot(self.round_updates),
-                                *one_hot(self.steps)], nominal)
+                                *one_hot(self.steps)], self.round_steps)
             self.rounds += 1
             self.samples, self.seconds, self.round_steps, self.round_updates = 0, 0.0, 0, 0
             if self.overlap and not wait:
@@ -267,12 +267,12 @@ class ParameterSync:
         bnow = [b.detach().to("cpu", torch.float32) for b in self.buffers]
         return [s - p for s, p in zip(starts, now)] + [s - b for s, b in zip(bstarts, bnow)]
 
-    def _launch(self, flat: torch.Tensor, counts: list[float], nominal: float) -> None:
+    def _launch(self, flat: torch.Tensor, counts: list[float], round_steps: int) -> None:
         # Horovod's background thread reduces both (overlapped: while the next round computes).
         counts_handle = hvd.allreduce_async_(torch.tensor(counts, dtype=torch.float64), op=hvd.Sum,
                                              name=f"hvdhetero.sync.counts.{self.rounds}")
         handle = hvd.allreduce_async_(flat.to(self.wire), op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
-        self._pending = (counts_handle, handle, nominal)
+        self._pending = (counts_handle, handle, round_steps)
 
     def _apply_pending(self) -> tuple[list[float], list[float]] | None:
         """Wait for the previous round's exchange and step the global model with it; returns
@@ -280,7 +280,7 @@ class ParameterSync:
         nothing was in flight)."""
         if self._pending is None:
             return None
-        (counts_handle, handle, nominal), self._pending = self._pending, None
+        (counts_handle, handle, round_steps), self._pending = self._pending, None
         self.link_late = not hvd.poll(handle)
         waited = time.perf_counter()
         total, *rest = wait(counts_handle).tolist()
@@ -300,7 +300,7 @@ class ParameterSync:
         # (per global step, see `exchange`) adds to theirs: each of its steps counts by its batch
         # over theirs, as an asynchronous worker's would. So the round moves the model at least as
         # far as the ranks that took every step alone would have. Buffers average by samples.
-        round_steps = round(nominal / self.global_batch)
+        nominal = float(round_steps * self.global_batch)  # what `exchange` divided the changes by
         full = [updates >= round_steps for updates in self.inner_steps]
         every_step = total if all(full) else sum(per_step * round_steps
                                                  for per_step, f in zip(rest[n:2 * n], full) if f)
