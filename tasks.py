@@ -17,6 +17,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 from invoke.parser import Argument
+from invoke.parser.parser import ParseMachine
 
 from hvdhetero import checks
 from hvdhetero.bench.options import BenchOptions
@@ -120,6 +121,9 @@ def test(c):
     "min_hosts": "with --elastic: end the job when fewer hosts than this are left (default 1)",
     "commit_every": "with --elastic: steps between in-memory commits (what a failure redoes at most; default 10)",
     "dry_run": "print the horovodrun command and exit",
+    "verbose": "also print the horovodrun command before it runs",
+    "all_ranks_output": "show every rank's output on the console, each line behind [rank N] (default: rank 0's; "
+                        "the others' is in RUN_DIR/rank-N.log)",
 }, auto_shortflags=False)
 @_user_errors
 def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, model=RecipeOptions.model,
@@ -128,7 +132,7 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
           run_dir=None, inventory=None, slowdown=1.0, equal_split=False, compression="none", precision="fp32",
           micro_batch="auto", sync="step", outer_lr=0.7, outer_momentum=0.9, overlap_sync=False, inner_steps="same",
           seed=0, checkpoint_every=0, checkpoint_minutes=5.0, keep_checkpoints=3, resume="", tensorboard=False,
-          elastic=False, min_hosts=1, commit_every=10, dry_run=False):
+          elastic=False, min_hosts=1, commit_every=10, dry_run=False, verbose=False, all_ranks_output=False):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     recipe = recipe_argv(dict(dataset=dataset, model=model, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -153,7 +157,8 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
         script, workdir, recipe, script_args = saved["script"], saved["workdir"], saved["recipe"], saved["script_args"]
         settings = {**saved["settings"], "resume": True}
     run_dir, _ = _job(hosts, inventory, script, workdir, recipe, run_dir, settings, dry_run,
-                      name=Path(script).stem if script else dataset, script_args=script_args)
+                      name=Path(script).stem if script else dataset, script_args=script_args, verbose=verbose,
+                      all_ranks=all_ranks_output)
     if not dry_run:
         print(f"run directory: {run_dir}")
 
@@ -162,7 +167,7 @@ def _run_options() -> dict:
     """train's options that --resume takes from the run, with their defaults."""
     import inspect
 
-    keep = {"c", "hosts", "inventory", "resume", "dry_run", "run_dir"}
+    keep = {"c", "hosts", "inventory", "resume", "dry_run", "run_dir", "verbose", "all_ranks_output"}
     return {name: p.default for name, p in inspect.signature(train.body).parameters.items() if name not in keep}
 
 
@@ -192,10 +197,13 @@ def _resumable(resume: str) -> tuple[str, dict]:
 
 
 def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
-         name: str, script_args: list[str] | None = None) -> tuple[str, list[dict]]:
+         name: str, script_args: list[str] | None = None, verbose: bool = False,
+         all_ranks: bool = False) -> tuple[str, list[dict]]:
     """Launch the user's --script (or the built-in recipe with `recipe` options) on the hosts
     with the JobConfig `settings`; returns the run directory and what rank 0 reported as results.
-    Remote hosts are checked first and get the script's folder."""
+    Remote hosts are checked first and get the script's folder. The horovodrun command is
+    printed only with `dry_run` or `verbose`; the console shows rank 0's output (every rank's
+    with `all_ranks`)."""
     if workdir and not script:
         raise Exit(f"error: --workdir {workdir} goes with --script (the folder your script starts in); the "
                    "built-in recipe needs none", code=2)
@@ -218,7 +226,8 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
         RecipeOptions.parse([*recipe, *script_args]).fits(selected)
         program = launch.recipe([*recipe, *script_args])
     argv, env = launch.command(inventory_, selected, config, program)
-    print(launch.printable(argv, env))
+    if dry_run or verbose:
+        print(launch.printable(argv, env))
     if dry_run:
         return run_dir, []
     if remote:
@@ -242,7 +251,7 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
             inventory_, functools.partial(launch.ssh_argv, connect_s=5)))
     return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
                                rank0_host=None if selected[0].is_local else selected[0].name, watch=watch,
-                               rank_hosts=() if watch else launch.rank_hosts(selected))
+                               rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks)
 
 
 _RUN_OPTIONS = _run_options()
@@ -263,11 +272,13 @@ _RUN_OPTIONS = _run_options()
     "slowdown": "straggler injection, as invoke train (experiments)",
     "out": "also write the plan as JSON here",
     "dry_run": "print the horovodrun command and exit",
+    "verbose": "also print the horovodrun command before it runs",
 }, auto_shortflags=False)
 @_user_errors
 def plan(c, hosts=None, inventory=None, script="", workdir="", dataset=RecipeOptions.dataset,
          model=RecipeOptions.model, batch_size=RecipeOptions.batch_size, data_dir=RecipeOptions.data_dir,
-         compression="none", precision="fp32", micro_batch="auto", slowdown=1.0, out="", dry_run=False):
+         compression="none", precision="fp32", micro_batch="auto", slowdown=1.0, out="", dry_run=False,
+         verbose=False):
     """Measure each host's speed on the model and the link between them, predict samples/s for
     every subset of hosts and sync mode, and say which to use. Arguments after `--` go to the script."""
     checks.writable_file("out", out)
@@ -276,25 +287,49 @@ def plan(c, hosts=None, inventory=None, script="", workdir="", dataset=RecipeOpt
     settings = dict(compression=compression, micro_batch=check_micro_batch(micro_batch), precision=precision,
                     slowdown=float(slowdown), plan_only=True)
     with tempfile.TemporaryDirectory(prefix="hvdhetero-plan-") as scratch:
-        _, results = _job(hosts, inventory, script, workdir, recipe, scratch, settings, dry_run, name="plan")
+        _, results = _job(hosts, inventory, script, workdir, recipe, scratch, settings, dry_run, name="plan",
+                          verbose=verbose)
     if out and results:
         Path(out).write_text(json.dumps(results[-1], indent=1) + "\n")
 
 
 @task(help={"out": "folder for the figures and report.html (default: RUN_DIR/report; with several runs, "
-                      "report-vs-<the others' names> inside the first)"})
+                      "report-vs-<the others' names> inside the first)",
+            "run": "a run directory (or give them as plain words: invoke report RUN_A RUN_B)"},
+      iterable=["run"])
 @_user_errors
-def report(c, out=""):
+def report(c, run=None, out=""):
     """Figures (loss, accuracy, samples/s per rank, batch split, step time) and one self-contained
-    report.html for a run, or several overlaid: invoke report -- RUN_DIR [RUN_DIR ...] (without
+    report.html for a run, or several overlaid: invoke report RUN_DIR [RUN_DIR ...] (without
     run directories: the newest run under runs/)."""
     from hvdhetero.bench import report as rep
     from hvdhetero.bench import runs as rd
 
-    folders = [Path(f) for f in _script_args()] or [rd.find_latest(RUNS)]
+    folders = [Path(f) for f in [*(run or []), *_script_args()]] or [rd.find_latest(RUNS)]
     runs = rd.read_runs(folders)  # every run read (bad input: exit 2) before anything is written
     page, drawn = rep.write(runs, Path(out) if out else rd.default_out(folders))
     print("\n".join(str(f.path) for f in drawn) + f"\nreport: {page}")
+
+
+def _words_after_report(handle):
+    """`invoke report RUN_A RUN_B` as written: Invoke gives a task one word per positional
+    argument it declares and reads any further word as a task's name ("No idea what 'runs/A'
+    is!"). After `report`, a word that names no task and is no option's value is a run
+    directory (`--` RUN_DIR ... works too)."""
+
+    @functools.wraps(handle)
+    def handled(self, token):
+        context = self.context
+        if (context is not None and context.name == "report" and not token.startswith("-")
+                and not self.waiting_for_flag_value and token not in self.contexts):
+            context.args["run"].value = token  # a list argument: each word appended
+            return None
+        return handle(self, token)
+
+    return handled
+
+
+ParseMachine.handle = _words_after_report(ParseMachine.handle)
 
 
 def _script_args() -> list[str]:
@@ -345,13 +380,15 @@ def build_horovod(c, install=False):
     "lr": "with --to-accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)",
     "eval_global": "with --to-accuracy: local/diloco evaluate the global model each epoch, no exchange first "
                    "(job.evaluate(exchange=False)); the last epoch's is exact",
+    "verbose": "also print each horovodrun command before it runs",
 }, auto_shortflags=False)
 @_user_errors
 def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=None,
           cycle_time_ms=BenchOptions.cycle_time_ms, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
           inner_steps="same",
           compression="none", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0,
-          seeds="0,1,2", epochs=30, repeat=8, ways=BenchOptions.ways, lr=BenchOptions.lr, eval_global=False):
+          seeds="0,1,2", epochs=30, repeat=8, ways=BenchOptions.ways, lr=BenchOptions.lr, eval_global=False,
+          verbose=False):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
     given = {k: v for k, v in locals().items() if k not in ("c", "hosts", "inventory")}
     options = BenchOptions(**{**given, "repeats": checks.integer("repeats", repeats)})  # bad values: exit 2 here
@@ -372,7 +409,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
         return
     argv, env = launch.bench_command(inventory_, selected, options.throughput_flags())
     env["HOROVOD_CYCLE_TIME"] = str(options.cycle_time_ms)
-    print(launch.printable(argv, env))
+    if dry_run or options.verbose:
+        print(launch.printable(argv, env))
     if not dry_run:
         launch.run(argv, env, rank_hosts=launch.rank_hosts(selected))
 
@@ -394,7 +432,7 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
         settings = dict(seed=seed, compression=options.compression, keep_checkpoints=0, **way.settings)
         with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
             _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
-                              name="tta")
+                              name="tta", verbose=options.verbose)
             try:  # what the job recorded of its epochs (compute per rank); a run without them is unknown
                 records = read_records(Path(scratch) / "metrics.jsonl")[0]
             except (OSError, HvdHeteroError):

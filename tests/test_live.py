@@ -102,34 +102,54 @@ def test_plain_lines_print_a_block_once_every_rank_ended_the_epoch():
         "  rank 1  mac  cpu  share 30/64      600 samples/s  compute 20.0 ms  comm/wait 10.0 ms per step"]
 
 
-def test_the_relay_feeds_the_table_and_echoes_the_rest():
-    shown = []
+class Shown:
+    """A display that records what the relay did with it."""
 
-    class Display:
-        def update(self, r):
-            shown.append(("update", r["rank"]))
+    def __init__(self):
+        self.calls = []
 
-        def echo(self, text):
-            shown.append(("echo", text))
+    def update(self, r):
+        self.calls.append(("update", r["rank"]))
 
-        def close(self):
-            shown.append(("close",))
+    def echo(self, text):
+        self.calls.append(("echo", text))
 
-    beat = progress.ALIVE_TAG + json.dumps({"rank": 1, "host": "mac"})
-    alive, results = {}, []
-    lines = ["[0]<stdout>:" + progress.TAG + json.dumps(record(0, 1.0, 1)) + "\n",
-             "[1]<stderr>:" + beat + "\n",
-             "[1]<stdout>:half a line" + beat + "\n",
-             "[0]<stdout>:hello\n",
-             "[0]<stderr>:[2026-11-23 19:50:35: E operations.cc:697] [0]: Horovod background loop uncaught exception: "
-             "[pair.cc:223] Connection to rank 1 lost: connection reset by peer\n",  # a peer's failure, seen by 0
-             "[1]<stderr>:a warning of the script's own\n",
-             "[1]<stdout>:" + progress.TAG + "{cut sho\n",
-             "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}\n']
-    failures = console.relay(lines, Display(), results=results, alive=alive)
+    def close(self):
+        self.calls.append(("close",))
+
+
+RELAYED = ["[0]<stdout>:" + progress.TAG + json.dumps(record(0, 1.0, 1)) + "\n",
+           "[1]<stderr>:" + progress.ALIVE_TAG + json.dumps({"rank": 1, "host": "mac"}) + "\n",
+           "[1]<stdout>:half a line" + progress.ALIVE_TAG + json.dumps({"rank": 1, "host": "mac"}) + "\n",
+           "[0]<stdout>:hello\n",
+           "[0]<stderr>:[2026-11-23 19:50:35: E operations.cc:697] [0]: Horovod background loop uncaught exception: "
+           "[pair.cc:223] Connection to rank 1 lost: connection reset by peer\n",  # a peer's failure, seen by 0
+           "[1]<stderr>:a warning of the script's own\n",
+           "[1]<stdout>:hvdhetero: rank 1: fp16 on mps, loss-scaled\n",
+           "[0]<stderr>:rank 0's own warning\n",
+           "[1]<stdout>:" + progress.TAG + "{cut sho\n",
+           "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}\n']
+
+
+def test_the_relay_shows_rank_0s_lines_as_printed_and_holds_the_others_back():
+    """Rank 0's prints as they are (stdout and stderr, no prefix); the other ranks' prints are
+    in their logs, said once; our own messages from any rank; progress to the table, results
+    and heartbeats to the launcher."""
+    shown, alive, results = Shown(), {}, []
+    failures = console.relay(RELAYED, shown, results=results, alive=alive,
+                             hidden_note="hvdhetero: the other ranks' output is in run/rank-N.log")
     assert failures == [] and results == [{"event": "end"}] and set(alive) == {1}
-    assert shown == [("update", 0), ("echo", "[1]<stdout>:half a line\n"), ("echo", "hello\n"),
-                     ("echo", "[1]<stderr>:a warning of the script's own\n"), ("close",)]
+    assert shown.calls == [("update", 0), ("echo", "hvdhetero: the other ranks' output is in run/rank-N.log\n"),
+                           ("echo", "hello\n"), ("echo", "hvdhetero: rank 1: fp16 on mps, loss-scaled\n"),
+                           ("echo", "rank 0's own warning\n"), ("close",)]
+
+
+def test_all_ranks_output_tags_every_other_ranks_line():
+    shown = Shown()
+    console.relay(RELAYED, shown, all_ranks=True, hidden_note="never shown: nothing is held back")
+    assert [c[1] for c in shown.calls if c[0] == "echo"] == [
+        "[rank 1] half a line\n", "hello\n", "[rank 1] a warning of the script's own\n",
+        "hvdhetero: rank 1: fp16 on mps, loss-scaled\n", "rank 0's own warning\n"]
 
 
 def test_rank_logs_keep_each_ranks_output_and_a_failures_traceback(tmp_path):
@@ -210,3 +230,10 @@ def test_a_log_gets_plain_lines_and_every_rank_its_log_file(tmp_path):
                          r"compute [\d.]+ ms  comm/wait [\d.]+ ms per step$", proc.stdout, re.M), out
     assert "test accuracy" in (run_dir / "rank-0.log").read_text()
     assert (run_dir / "rank-1.log").exists()
+
+
+@pytest.mark.parametrize("value, text", [(1725.1594789990272, "1,725.16"), (0.93125, "0.9313"), (12.5, "12.5000"),
+                                         (3.2e-05, "3.2e-05"), (0.0, "0.0000"), (12000, "12,000"),
+                                         (-2500.0, "-2,500.00"), (float("nan"), "nan"), (True, "True")])
+def test_logged_scalars_read_as_a_person_writes_them(value, text):
+    assert live.scalar(value) == text

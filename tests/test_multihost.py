@@ -265,7 +265,7 @@ def test_time_to_accuracy_compares_the_first_host_alone_step_and_a_mode(provisio
     inventory, _ = provisioned
     out = tmp_path / "tta.json"
     proc = invoke("bench", "--to-accuracy", "0.8", "--hosts", "h1,h2", "--sync", "local:4", "--overlap-sync",
-                  "--seeds", "0", "--epochs", "4", "--repeat", "4", "--batch-size", "256", "--out", out,
+                  "--seeds", "0", "--epochs", "4", "--repeat", "4", "--batch-size", "256", "--out", out, "--verbose",
                   inventory=inventory, timeout=900, check=True)
     summary = json.loads(out.read_text())
     rows = {r["way"]: r for r in summary["ways"]}

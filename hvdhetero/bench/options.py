@@ -25,10 +25,11 @@ TRANSPORTS = ("uv", "tcp")  # as hvdhetero/cluster/horovod_build.py builds them
 
 USES = {
     "throughput": ("slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
-                   "sync", "overlap_sync", "inner_steps", "compression", "out", "dry_run"),
+                   "sync", "overlap_sync", "inner_steps", "compression", "out", "dry_run",
+                   "verbose"),
     "allreduce": ("allreduce", "sizes_mb", "transports", "rounds", "repeats", "out"),
     "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "ways", "lr", "eval_global", "batch_size", "sync",
-                    "overlap_sync", "inner_steps", "slowdown", "compression", "out"),
+                    "overlap_sync", "inner_steps", "slowdown", "compression", "out", "verbose"),
 }
 """The options each measurement reads; any other given a value of its own is a mistake."""
 
@@ -63,6 +64,8 @@ class BenchOptions:
     """Also write the results as JSON here."""
     dry_run: bool = False
     """Print the horovodrun command and exit (throughput: the one job; the others run several)."""
+    verbose: bool = False
+    """Also print each horovodrun command before it runs."""
     allreduce: bool = False
     """Measure Gloo allreduce throughput of the uv build against the tcp build instead."""
     sizes_mb: str = "1,16,64"

@@ -1,12 +1,14 @@
 """What the launcher makes of its ranks' output: the console and the rank logs.
 
-horovodrun forwards every rank's lines with a `[rank]<stream>:` prefix. The relay passes a
-script's own lines through (rank 0's without the prefix, as a print reads on one machine),
-hands the ranks' progress lines to the live table (live.py), collects results and failures,
-and keeps the heartbeats' times for the watchdog. Once a rank has failed, horovodrun's walls
-about stopping the others stay off the console: the user gets one summary naming the host,
-the rank, the exception and its last frames, and every rank's whole output is in
-RUN_DIR/rank-N.log (RankLogs). The rank side of these lines is hvdhetero/progress.py.
+horovodrun forwards every rank's lines with a `[rank]<stream>:` prefix. The relay shows rank 0's
+lines as they are, as a print reads on one machine; the other ranks' prints are their own
+business and stay in RUN_DIR/rank-N.log (the same print on every rank would otherwise come once
+per rank, interleaved), except our own `hvdhetero:` messages; `--all-ranks-output` shows them
+too, each line behind `[rank N] `. It hands the ranks' progress lines to the live table
+(live.py), collects results and failures, and keeps the heartbeats' times for the watchdog.
+Once a rank has failed, horovodrun's walls about stopping the others stay off the console: the
+user gets one summary naming the host, the rank, the exception and its last frames, and every
+rank's whole output is in RUN_DIR/rank-N.log (RankLogs). The rank side of these lines is hvdhetero/progress.py.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ follows from)."""
 
 
 def relay(lines: Iterable[str], display, results: list[dict] | None = None,
-          alive: dict[int, tuple[float, str]] | None = None) -> list[dict]:
+          alive: dict[int, tuple[float, str]] | None = None, all_ranks: bool = False,
+          hidden_note: str = "") -> list[dict]:
     """Show horovodrun's `lines` through `display` (live.display_for): progress lines update its
-    table, every other line is echoed. Returns the failures ranks reported, in order; once one is
-    in, horovodrun's own lines about stopping the other ranks are not echoed. Result lines go to
-    `results`, not the console; a rank's every line (heartbeats above all) renews its `alive`."""
+    table, rank 0's other lines are echoed as they are, the other ranks' only with `all_ranks`
+    (tagged `[rank N] `) or when they are our own messages; the first line held back echoes
+    `hidden_note` (where those lines are) once. Returns the failures ranks reported, in order;
+    once one is in, horovodrun's own lines about stopping the other ranks are not echoed. Result
+    lines go to `results`, not the console; a rank's every line (heartbeats above all) renews
+    its `alive`."""
     failures: list[dict] = []
+    noted = not hidden_note
     try:
         for line in lines:
             match = PREFIX.match(line)
@@ -68,11 +75,20 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                 continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
             if HOROVOD_LOOP_ERROR in body:
                 continue
-            own = rank == 0 and match.group(2) == "stdout"
-            display.echo(body if own else line)
+            if rank is None or rank == 0 or body.startswith(OUR_LINES):
+                display.echo(body)
+            elif all_ranks:
+                display.echo(f"[rank {rank}] {body}")
+            elif not noted:
+                display.echo(hidden_note + "\n")
+                noted = True
     finally:  # a live table left running would draw itself over the message that ends the job
         display.close()
     return failures
+
+
+OUR_LINES = "hvdhetero: "
+"""What our own messages start with, on any rank (the console shows them whoever prints them)."""
 
 
 def without_heartbeat(body: str) -> tuple[str, dict | None]:

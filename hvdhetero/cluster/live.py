@@ -13,6 +13,7 @@ reported its last step).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -187,7 +188,16 @@ def number(value: float | None, digits: int = 0) -> str:
 
 
 def scalar(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) and abs(value) < 1000 else f"{value:,}"
+    """A logged scalar as a person reads it: 0.9312, 12.5000, 1,725.16, 3.2e-05, 12,000."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1000:
+        return f"{value:,.2f}"
+    return f"{value:.4f}" if value == 0 or abs(value) >= 0.001 else f"{value:.2g}"
 
 
 def status_line(status: Status | None) -> str:

@@ -36,13 +36,14 @@ def forwarded_env(env: dict[str, str]) -> dict[str, str]:
 
 def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         run_dir: str | Path | None = None, rank0_host: str | None = None,
-        watch: elastic.Watch | None = None, rank_hosts: Sequence[str] = ()) -> list[dict]:
+        watch: elastic.Watch | None = None, rank_hosts: Sequence[str] = (), all_ranks: bool = False) -> list[dict]:
     """Run the job in the foreground, its ranks' output relayed to the console; returns the
     results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
     progress.SILENT_S ends the job with one message naming it (and, for a training run with a
     `run_dir`, its newest checkpoint and the command that resumes); nothing of the job is left
     running on this machine. The ranks' progress is a live table on the console (cluster/live.py);
-    with a `run_dir`, every rank's whole output is kept there as rank-N.log. Under elastic (a
+    with a `run_dir`, every rank's whole output is kept there as rank-N.log, and the console shows
+    rank 0's (every rank's with `all_ranks`, console.relay). Under elastic (a
     `watch`) a rank that dies or goes silent is dropped instead (a silent one killed) while at
     least --min-hosts hosts are left."""
     if not Path(argv[0]).exists():
@@ -51,7 +52,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     logs = console.RankLogs(run_dir) if run_dir is not None else None
     try:
         with _stop_on_terminate():
-            return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts)
+            return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts, all_ranks)
     except _Terminated as terminated:  # the job was stopped on the way out (_run's BaseException)
         print(f"hvdhetero: {terminated.name}: the job was stopped" + resume_hint(run_dir, rank0_host),
               file=sys.stderr, flush=True)
@@ -97,15 +98,18 @@ def _stop_on_terminate():
 
 
 def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silent_s: float,
-         logs: console.RankLogs | None, rank_hosts: Sequence[str]) -> list[dict]:
+         logs: console.RankLogs | None, rank_hosts: Sequence[str], all_ranks: bool = False) -> list[dict]:
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
+            hidden = (f"hvdhetero: the other ranks' output is in {logs.path(1).parent}/rank-N.log "
+                      "(--all-ranks-output shows it here)") if logs is not None else ""
             failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch),
-                                     live.display_for(sys.stdout), results=results, alive=alive)
+                                     live.display_for(sys.stdout), results=results, alive=alive,
+                                     all_ranks=all_ranks, hidden_note=hidden)
         except _Silent as silent:
             _stop(proc)
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "

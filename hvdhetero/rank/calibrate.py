@@ -4,11 +4,19 @@ Each rank times its forward/backward at two batch sizes, which separates its per
 a from its per-sample cost p; every rank's (a, p) reach every rank and set the first split;
 then one more probe at exactly that split refines each p (at K=10 the slow rank's share is far
 below the small probe, where the straight line through two probes missed by 10-20%, measured).
+
+The probes run the user's model on the user's batches before the first step, so they must not
+end the job for our sake: a script that passes no `loss_fn` gets a `ProbeLoss`, which calls the
+model as training loops do for the common batch and output shapes, and a probe that raises
+anyway (on any rank) leaves every rank on the equal split, balanced from the first steps'
+timings (rank/job.py says so once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
 
 import horovod.torch as hvd
 import torch
@@ -20,18 +28,39 @@ from hvdhetero.rank.reducer import allreduce_sum
 from hvdhetero.rank.step import Rank, cross_entropy_loss, forward_backward
 
 
+def timings(model, dataset, me: Rank, small: int, big: int, loss_fn: Callable,
+            collate_fn: Callable | None = None) -> tuple[float, float]:
+    """This rank's per-step overhead a and per-sample seconds p, from probes at two batch sizes.
+    Runs the user's model alone (no collective): it may raise whatever the model raises."""
+    t_small = probe_seconds(model, dataset, me, small, loss_fn, collate_fn)
+    t_big = probe_seconds(model, dataset, me, big, loss_fn, collate_fn)
+    p = (t_big - t_small) / (big - small) if big > small else t_big / big
+    p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
+    return max(0.0, t_big - p * big), p
+
+
 def calibrate(balancer: Balancer, model, dataset, me: Rank, small: int, big: int,
               loss_fn: Callable = cross_entropy_loss, collate_fn: Callable | None = None) -> None:
     """Set `balancer`'s split from this rank's timings and every other rank's (a collective)."""
-    probe = lambda n: probe_seconds(model, dataset, me, n, loss_fn, collate_fn)  # noqa: E731
-    t_small, t_big = probe(small), probe(big)
-    p = (t_big - t_small) / (big - small) if big > small else t_big / big
-    p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
-    a = max(0.0, t_big - p * big)
+    split_from(balancer, model, dataset, me, *timings(model, dataset, me, small, big, loss_fn, collate_fn),
+               loss_fn=loss_fn, collate_fn=collate_fn)
+
+
+def split_from(balancer: Balancer, model, dataset, me: Rank, a: float, p: float, loss_fn: Callable,
+               collate_fn: Callable | None = None) -> None:
+    """Set `balancer`'s split from this rank's (a, p) and every other rank's (a collective), then
+    refine it with one probe at exactly that split. A rank whose refining probe fails sends -1:
+    then every rank keeps the two-probe split (the first steps' timings correct it)."""
     both = allreduce_sum(one_hot(a) + one_hot(p), "hvdhetero.calibrate")
     balancer.calibrate(both[: hvd.size()], both[hvd.size():])
     sizes = list(balancer.split)
-    balancer.refine(allreduce_sum(one_hot(probe(sizes[hvd.rank()])), "hvdhetero.refine"), sizes)
+    try:
+        mine = probe_seconds(model, dataset, me, sizes[hvd.rank()], loss_fn, collate_fn)
+    except Exception:  # noqa: BLE001 - the user's model at another batch size (out of memory, say)
+        mine = -1.0
+    measured = allreduce_sum(one_hot(mine), "hvdhetero.refine")
+    if min(measured) >= 0:
+        balancer.refine(measured, sizes)
 
 
 def probe_seconds(model, dataset, me: Rank, n: int, loss_fn: Callable = cross_entropy_loss,
@@ -44,13 +73,116 @@ def probe_seconds(model, dataset, me: Rank, n: int, loss_fn: Callable = cross_en
     return sorted(times)[len(times) // 2]
 
 
-def probe_loss(model, batch) -> torch.Tensor:
-    """Calibration's stand-in for a loss: the model's output on the batch's inputs, averaged."""
-    out = model(batch[0] if isinstance(batch, (tuple, list)) else batch)
-    tensor = batches.first_tensor(out)
-    if tensor is None or not tensor.is_floating_point():
-        raise TypeError(f"the model's output holds no floating-point tensor ({type(out).__name__})")
-    return tensor.float().mean()
+class ProbeLoss:
+    """Calibration's stand-in for the script's loss when `prepare` got no `loss_fn`: the model
+    called the way a training loop calls it on such a batch, and a scalar to backpropagate from
+    what it returns (`output_loss`). The ways to call it (`ways`) are tried in order on the first
+    probe; the first that runs is kept for the rest. If none runs, the first one's error is
+    raised (prepare then starts from an equal split)."""
+
+    def __init__(self):
+        self.way: Callable | None = None
+
+    def __call__(self, model, batch) -> torch.Tensor:
+        if self.way is not None:
+            return output_loss(self.way(model, batch))
+        first: Exception | None = None
+        for way in ways(model, batch):
+            try:
+                loss = output_loss(way(model, batch))
+            except Exception as err:  # noqa: BLE001 - the next way may be the loop's
+                first = first or err
+                continue
+            self.way = way
+            return loss
+        raise first
+
+
+def ways(model, batch) -> list[Callable]:
+    """How a training loop may call `model` on `batch`, likeliest first:
+    - a dict, or a namedtuple, whose keys `forward` takes as keywords (Hugging Face style:
+      input_ids, attention_mask, labels): `model(**batch)`;
+    - a dict: `model(batch)`, then `model(batch[key])` for each tensor in it, floating-point first
+      ({"pixels": ..., "label": ...} -> `model(batch["pixels"])`);
+    - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then all but the last
+      (`model(x, lengths)`), then all of it;
+    - a tensor: `model(batch)`."""
+    found: list[Callable] = []
+    if isinstance(batch, Mapping):
+        if _takes(model, batch.keys()):
+            found.append(lambda m, b: m(**b))
+        found.append(lambda m, b: m(b))
+        tensors = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
+        tensors.sort(key=lambda k: not batch[k].is_floating_point())
+        found += [lambda m, b, k=k: m(b[k]) for k in tensors]
+        return found
+    if isinstance(batch, tuple) and hasattr(batch, "_fields") and _takes(model, batch._fields):
+        found.append(lambda m, b: m(**b._asdict()))
+    if isinstance(batch, (tuple, list)) and batch:
+        found.append(lambda m, b: m(b[0]))
+        if len(batch) > 2:
+            found.append(lambda m, b: m(*b[:-1]))
+        if len(batch) > 1:
+            found.append(lambda m, b: m(*b))
+        return found
+    return [lambda m, b: m(b)]
+
+
+def _takes(model, names) -> bool:
+    """Whether `model.forward` can be called with exactly these names as keywords."""
+    try:
+        inspect.signature(model.forward).bind(**dict.fromkeys(names))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def output_loss(out) -> torch.Tensor:
+    """A scalar from a model's output to backpropagate: its own loss where it computed one (a
+    `loss` attribute or key holding a tensor, as Hugging Face models return when given labels),
+    else the sum of the means of every floating-point tensor in it that needs a gradient (a
+    tensor, the items of a tuple, list or dict, a dataclass's fields, `.logits`)."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.requires_grad:
+        return loss.float().mean()
+    found = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+    if not found:
+        raise TypeError(f"the model's output ({type(out).__name__}) holds no floating-point tensor that needs a "
+                        "gradient")
+    return sum(t.float().mean() for t in found)
+
+
+def _tensors(out, depth: int = 0) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if depth > 4:
+        return []
+    if isinstance(out, Mapping):
+        values = list(out.values())
+    elif isinstance(out, (tuple, list)):
+        values = list(out)
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        values = [getattr(out, f.name) for f in dataclasses.fields(out)]
+    else:
+        values = [getattr(out, "logits", None)]
+    return [t for v in values for t in _tensors(v, depth + 1)]
+
+
+def probe_error(err: BaseException) -> str:
+    """An exception of the user's model in a probe, in one short line."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = text if len(text) <= 160 else text[:157] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def fallback_message(failed: list[str], own_loss_fn: bool) -> str:
+    """The one line rank 0 prints when a probe failed: on which rank, why, what follows, and
+    how the script can help."""
+    rank = next(i for i, error in enumerate(failed) if error)
+    help_ = ("check the loss_fn given to job.prepare" if own_loss_fn else
+             "to time your real step, pass job.prepare(..., loss_fn=lambda model, batch: <your loss>)")
+    return (f"hvdhetero: could not time the model before training (rank {rank}: {failed[rank]}); starting from "
+            f"an equal split, balanced from the first steps' timings; {help_}")
 
 
 class unchanged:

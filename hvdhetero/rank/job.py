@@ -39,7 +39,7 @@ from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, rounds, validate
 from hvdhetero.rank.balancer import Balancer
-from hvdhetero.rank.calibrate import calibrate, probe_loss, unchanged
+from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
@@ -135,26 +135,27 @@ class Job:
         broadcast_state(model, optimizer)
         cfg = self.config
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
-        probe = loss_fn or probe_loss
+        probe = loss_fn or ProbeLoss()
         with unchanged(model):
             largest = min(global_batch, self.me.max_batch or global_batch)
-            try:
+            big = min(global_batch, len(dataset))
+            measured, error = None, ""
+            # the chunk size if tuning it fails: the setting's, else whole shares
+            self.me.micro_batch = (int(cfg.micro_batch) or None) if cfg.micro_batch.isdigit() else None
+            try:  # the user's model on the user's batches: whatever it raises, the job goes on
                 self.me.micro_batch = micro_batch_for(cfg.micro_batch, model, dataset, self.me, largest,
                                                       probe, collate_fn)
-                probe_failed = ""
+                if not cfg.equal_split:
+                    measured = timings(model, dataset, self.me, max(1, big // 4), big, probe, collate_fn)
             except Exception as err:  # noqa: BLE001 - any error of the user's model in a probe
-                self.me.micro_batch = (int(cfg.micro_batch) or None) if cfg.micro_batch.isdigit() else None
-                probe_failed = f"{type(err).__name__}: {err}"
-            failed = hvd.allgather_object(probe_failed, name="hvdhetero.probe")
+                measured, error = None, probe_error(err)
+            failed = hvd.allgather_object(error, name="hvdhetero.probe")
             caps = hvd.allgather_object(self.me.max_batch, name="hvdhetero.caps")
             balancer = Balancer(global_batch, self.size, caps=caps, merges=cfg.inner_steps == "by-speed")
-            if not cfg.equal_split and not any(failed):
-                big = min(global_batch, len(dataset))
-                calibrate(balancer, model, dataset, self.me, small=max(1, big // 4), big=big,
-                          loss_fn=probe, collate_fn=collate_fn)
+            if measured is not None and not any(failed):
+                split_from(balancer, model, dataset, self.me, *measured, loss_fn=probe, collate_fn=collate_fn)
         if any(failed) and self.is_main:
-            print(f"hvdhetero: calibration probe failed ({next(f for f in failed if f)}); starting from an "
-                  "equal split and balancing from the first steps (pass loss_fn=... to prepare)", flush=True)
+            print(fallback_message(failed, loss_fn is not None), flush=True)
         kind, every = check_sync(cfg.sync)
         overlap_sync, inner = cfg.overlap_sync, cfg.inner_steps
         if cfg.plan_only or kind == "auto":
@@ -534,7 +535,7 @@ class Job:
         digests = hvd.allgather_object(digest, name="hvdhetero.digests")
         seconds = round(time.perf_counter() - self._started, 3)
         self._write("end", seconds=seconds, param_digests=digests, **self._last_scalars)
-        if self.is_main:  # to the launcher too, wherever rank 0 runs (invoke bench --to-accuracy reads it)
+        if self.is_main and self.report_progress:  # to the launcher, wherever rank 0 runs (bench --to-accuracy)
             print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "logs": self._logged}),
                   flush=True)
 
