@@ -216,6 +216,7 @@ def test_a_terminal_shows_the_live_table_with_a_row_per_rank(tmp_path):
     assert "epoch 1/1 done: loss " in text
     assert "\x1b[1A" in out, "drawn in place (the cursor goes back up), not printed again and again"
     assert "test accuracy" in text, "the recipe's own print comes through"
+    assert "horovodrun" not in text and "<stdout>" not in text, "no command line, no horovodrun prefixes"
 
 
 @pytest.mark.slow

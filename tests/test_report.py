@@ -176,8 +176,9 @@ def test_epochs_carry_each_ranks_samples_and_its_compute_and_communication(two_r
 
 @pytest.mark.slow
 def test_report_on_one_run_writes_the_figures_and_a_self_contained_page(two_runs):
+    """`invoke report RUN_DIR`, the run directory given as written (not behind `--`)."""
     step_run, _ = two_runs
-    proc = report_cmd("--", step_run)
+    proc = report_cmd(step_run)
     assert proc.returncode == 0, proc.stderr
     out = step_run / "report"
     assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES + ["report.html"])
@@ -215,13 +216,18 @@ def test_two_runs_are_overlaid_in_every_figure(two_runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_command_on_two_runs_writes_into_the_first(two_runs):
+@pytest.mark.parametrize("words", [["{a}", "{b}"], ["--", "{a}", "{b}"], ["{a}", "--out", "{out}", "{b}"]])
+def test_the_command_on_two_runs_writes_into_the_first(two_runs, words, tmp_path):
+    """As plain words, behind `--`, and with an option between them."""
     step_run, local_run = two_runs
-    proc = report_cmd("--", step_run, local_run)
+    named = {"a": step_run, "b": local_run, "out": tmp_path / "out"}
+    proc = report_cmd(*[w.format(**named) for w in words])
     assert proc.returncode == 0, proc.stderr
-    out = step_run / "report-vs-localrun"
+    out = tmp_path / "out" if "--out" in words else step_run / "report-vs-localrun"
     assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES + ["report.html"])
     assert min((out / n).stat().st_size for n in FIGURES) > 15_000
+    assert "localrun (local:4)" in (out / "report.html").read_text(), "both runs are in it"
+    shutil.rmtree(out)
 
 
 @pytest.mark.slow

@@ -1,0 +1,175 @@
+"""Scripts as users write them: five single-device training scripts in the styles people copy
+(tests/scripts/ported/*_single.py), each beside its hvdhetero port. A port changes at most 12
+lines, trains through `invoke train --script` on two real ranks to the target its original
+reaches on one device, and the console shows what the user's own script printed, once.
+
+The ports also stand for the shapes calibration's default probe must time without a `loss_fn`:
+dict batches and a Hugging Face style output object (hf_style), a namedtuple batch from a
+collate_fn (char_lm), a summed output tuple (vae); tests/scripts/probe_raises.py a probe that
+raises on one rank only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.rank import checkpoint
+from test_live import ANSI, under_a_terminal
+
+PORTED = ROOT / "tests" / "scripts" / "ported"
+MOST_CHANGED = 12
+
+
+def last(pattern: str, text: str) -> float:
+    """The number the last line matching `pattern` printed (its one group)."""
+    found = re.findall(pattern, text, re.M)
+    assert found, f"no line matches {pattern!r} in:\n{text[-3000:]}"
+    return float(found[-1])
+
+
+# name: (its arguments, the line its own epoch report prints, the metric in that line, is it met)
+PORTS = {
+    "classifier": ([], r"^Test set: .*Accuracy: \d+/297", r"^Test set: .*Accuracy: (\d+)/297",
+                   lambda v: v >= 0.9 * 297),
+    "hf_style": ([], r"^epoch \d: eval accuracy", r"^epoch \d: eval accuracy ([\d.]+)", lambda v: v >= 0.85),
+    "char_lm": ([], r"^epoch \d: train loss", r"val ppl ([\d.]+)$", lambda v: v <= 1.5),
+    "regression": ([], r"^epoch +\d+ +train loss", r"test mse ([\d.]+)$", lambda v: v <= 0.05),
+    "vae": ([], r"^====> Test set loss", r"^====> Test set loss: ([\d.]+)", lambda v: v <= 28.0),
+}
+EPOCHS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10}
+
+
+def code_lines(path: Path) -> list[str]:
+    """A script's lines as code: its module docstring, comments and blank lines left out (the
+    ports explain themselves in comments; those are not changes a user must make)."""
+    source = path.read_text()
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    docstring = next((t for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)), None)
+    skip = (set(range(docstring.start[0], docstring.end[0] + 1))
+            if docstring is not None and docstring.type == tokenize.STRING else set())
+    comments = {t.start[0]: t.start[1] for t in tokens if t.type == tokenize.COMMENT}
+    lines = []
+    for number, line in enumerate(source.splitlines(), start=1):
+        code = line[:comments[number]] if number in comments else line
+        if number not in skip and code.strip():
+            lines.append(code.rstrip())
+    return lines
+
+
+def changed_lines(before: list[str], after: list[str]) -> int:
+    """Lines a user changes to turn `before` into `after`, as a person counts them: a line
+    rewritten counts once, an added or a removed one once."""
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in matcher.get_opcodes() if op != "equal")
+
+
+def test_changed_lines_counts_as_a_person_does():
+    before = ["import torch", "x = 1", "loss.backward()", "save()"]
+    after = ["import torch", "import hvdhetero as hh", "x = 1", "job.backward(loss)", "job.save()"]
+    assert changed_lines(before, after) == 3
+    assert changed_lines(before, before[:2]) == 2
+
+
+@pytest.mark.parametrize("name", PORTS)
+def test_a_port_changes_at_most_12_lines_of_its_original(name):
+    before, after = code_lines(PORTED / f"{name}_single.py"), code_lines(PORTED / f"{name}.py")
+    changed = changed_lines(before, after)
+    assert 4 <= changed <= MOST_CHANGED, f"{name}: {changed} lines changed"
+    marked = [line for line in (PORTED / f"{name}.py").read_text().splitlines() if "# hh:" in line]
+    assert len(marked) >= changed - 1, f"{name}: every changed line is marked # hh: (a removed one cannot be)"
+    assert "hvdhetero" not in (PORTED / f"{name}_single.py").read_text()
+
+
+_RUNS: dict = {}
+
+
+def trained(name: str, tmp_path_factory) -> tuple:
+    """The port trained once for the module: `invoke train --script` on two local ranks, its
+    output piped (as in a log)."""
+    if name not in _RUNS:
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        proc = run_cmd([VENV_BIN / "invoke", "train", "--script", PORTED / f"{name}.py", "--run-dir", run_dir,
+                        "--keep-checkpoints", "0", "--", *PORTS[name][0]], timeout=600)
+        _RUNS[name] = proc, run_dir
+    return _RUNS[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PORTS)
+def test_the_original_reaches_its_target_on_one_device(name):
+    args, _, metric, met = PORTS[name]
+    proc = run_cmd([VENV_BIN / "python", PORTED / f"{name}_single.py", *args], timeout=300)
+    assert met(last(metric, proc.stdout)), proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PORTS)
+def test_the_port_trains_to_the_same_target_on_two_ranks(name, tmp_path_factory):
+    """Timed by calibration's default probe (no loss_fn in any port), trained to the target,
+    rank 0's prints on the console once each and as printed, rank 1's in its log."""
+    proc, run_dir = trained(name, tmp_path_factory)
+    args, report, metric, met = PORTS[name]
+    assert met(last(metric, proc.stdout)), proc.stdout[-3000:]
+    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    start, first_split, end = records[0], records[1], records[-1]
+    assert start["ranks"] == 2 and end["event"] == "end" and len(set(end["param_digests"])) == 1
+    assert first_split["reason"].startswith(("calibrated", "refined")), first_split  # the probe timed it
+    output = proc.stdout + proc.stderr
+    assert "could not time" not in output and "Traceback" not in output, output[-3000:]
+    assert "horovodrun" not in output and "@@hvdhetero" not in output and "<stdout>" not in output
+    assert len(re.findall(report, proc.stdout, re.M)) == EPOCHS[name], "rank 0's report, once an epoch"
+    assert f"the other ranks' output is in {run_dir}/rank-N.log" in proc.stdout
+    assert len(re.findall(report, (run_dir / "rank-1.log").read_text(), re.M)) == EPOCHS[name]
+
+
+@pytest.mark.slow
+def test_a_logged_scalar_reaches_the_live_lines_formatted(tmp_path_factory):
+    proc, _ = trained("char_lm", tmp_path_factory)
+    shown = re.findall(r"  val_ppl (\S+) \(epoch \d\)", proc.stdout)
+    assert shown and all(re.fullmatch(r"\d\.\d{4}", v) for v in shown), shown
+
+
+@pytest.mark.slow
+def test_a_probe_that_raises_on_one_rank_starts_from_an_equal_split_and_balances(tmp_path):
+    """Rank 1's model raises at the probe's batch (the whole global batch), as a small device
+    out of memory would: one line says so, the job trains, and the first steps' timings move
+    the split toward the faster rank (rank 1 is 3x slower)."""
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "probe_raises.py",
+                    "--slowdown", "3", "--run-dir", run_dir, "--keep-checkpoints", "0"], timeout=300)
+    output = proc.stdout + proc.stderr
+    assert output.count("hvdhetero: could not time the model before training") == 1, output
+    assert ("(rank 1: RuntimeError: out of memory (on purpose): 64 samples, this device holds 40); starting from an "
+            "equal split, balanced from the first steps' timings; to time your real step, pass "
+            "job.prepare(..., loss_fn=") in proc.stdout
+    assert "Traceback" not in output and output.count("epoch 2: loss") == 1
+    splits = [r for r in checkpoint.read_metrics(run_dir / "metrics.jsonl") if r["event"] == "split"]
+    assert splits[0]["split"] == [32, 32] and splits[0]["reason"] == "equal split"
+    assert splits[-1]["split"][0] > 40, splits  # balanced: the slow rank 1 takes less
+
+
+@pytest.mark.slow
+def test_a_terminal_shows_rank_0_as_printed_and_others_tagged_with_all_ranks_output(tmp_path):
+    code, out = under_a_terminal([VENV_BIN / "invoke", "train", "--script", PORTED / "hf_style.py",
+                                  "--all-ranks-output", "--keep-checkpoints", "0", "--run-dir", tmp_path / "run"])
+    text = ANSI.sub("", out).replace("\r", "\n")  # a line printed above the table begins after a \r
+    assert code == 0, text[-3000:]
+    assert len(re.findall(r"^epoch \d: eval accuracy", text, re.M)) == 4, text[-3000:]  # rank 0's, as printed
+    assert len(re.findall(r"^\[rank 1\] epoch \d: eval accuracy", text, re.M)) == 4, text[-3000:]
+    assert "<stdout>" not in text and "horovodrun" not in text and "@@hvdhetero" not in text
+    assert "other ranks' output is in" not in text, "nothing is held back"
+
+
+@pytest.mark.slow
+def test_a_port_run_with_plain_python_is_a_one_rank_job_with_no_protocol_on_stdout():
+    proc = run_cmd([VENV_BIN / "python", PORTED / "regression.py"], timeout=300)
+    assert "@@hvdhetero" not in proc.stdout + proc.stderr
+    assert PORTS["regression"][3](last(PORTS["regression"][2], proc.stdout)), proc.stdout[-2000:]
+    assert len(re.findall(r"^epoch +\d+ +train loss", proc.stdout, re.M)) == 30

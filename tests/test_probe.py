@@ -1,0 +1,173 @@
+"""Calibration's default probe (rank/calibrate.py ProbeLoss): it calls a user's model the way
+that user's training loop would, on the batch shapes people use, and finds something to
+backpropagate in what the model returns; what it cannot call raises the loop's likeliest error,
+and the job falls back (tests/test_ported.py trains the shapes on real ranks)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, output_loss, probe_error
+
+
+class Counting(nn.Module):
+    """A linear layer that records how it was called."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append(("x", tuple(x.shape)))
+        return self.linear(x)
+
+
+def grads(model, loss) -> bool:
+    loss.backward()
+    return all(p.grad is not None for p in model.parameters())
+
+
+def test_a_tensor_batch_is_the_input():
+    model = Counting()
+    assert grads(model, ProbeLoss()(model, torch.randn(5, 4)))
+    assert model.calls == [("x", (5, 4))]
+
+
+def test_a_tuple_calls_the_model_on_its_first_item():
+    model = Counting()
+    assert grads(model, ProbeLoss()(model, (torch.randn(5, 4), torch.randint(0, 3, (5,)))))
+    assert model.calls == [("x", (5, 4))]
+
+
+def test_a_namedtuple_whose_fields_forward_does_not_take_is_a_tuple():
+    Batch = namedtuple("Batch", ["inputs", "targets"])
+    model = Counting()
+    assert grads(model, ProbeLoss()(model, Batch(torch.randn(5, 4), torch.zeros(5, dtype=torch.long))))
+    assert model.calls == [("x", (5, 4))]
+
+
+@dataclass
+class Output:
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+class HuggingFaceStyle(nn.Module):
+    """forward(input_ids, attention_mask=None, labels=None) -> an object with .loss and .logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.head(self.embed(input_ids).mean(1))
+        return Output(F.cross_entropy(logits, labels) if labels is not None else None, logits)
+
+
+def hf_batch(n=4):
+    return {"input_ids": torch.randint(0, 10, (n, 7)), "attention_mask": torch.ones(n, 7, dtype=torch.long),
+            "labels": torch.randint(0, 2, (n,))}
+
+
+def test_a_dict_whose_keys_forward_takes_is_passed_as_keywords_and_its_loss_used():
+    model, batch = HuggingFaceStyle(), hf_batch()
+    loss = ProbeLoss()(model, batch)
+    assert torch.equal(loss, model(**batch).loss), "the model's own loss, not a stand-in"
+
+
+def test_a_namedtuple_whose_fields_forward_takes_is_passed_as_keywords():
+    Batch = namedtuple("Batch", ["input_ids", "labels"])
+    model, batch = HuggingFaceStyle(), hf_batch()
+    loss = ProbeLoss()(model, Batch(batch["input_ids"], batch["labels"]))
+    assert torch.equal(loss, model(batch["input_ids"], labels=batch["labels"]).loss)
+
+
+def test_a_dict_the_model_does_not_take_gives_it_the_tensor_a_loop_would():
+    """{"pixels": ..., "label": ...} and forward(pixels): model(batch["pixels"]), found once and
+    kept (the other ways are not tried again on every probe)."""
+    model, probe = Counting(), ProbeLoss()
+    batch = {"label": torch.zeros(5, dtype=torch.long), "pixels": torch.randn(5, 4)}
+    assert grads(model, probe(model, batch))
+    assert model.calls == [("x", (5, 4))]
+    probe(model, {"label": torch.zeros(3, dtype=torch.long), "pixels": torch.randn(3, 4)})
+    assert model.calls == [("x", (5, 4)), ("x", (3, 4))]
+
+
+def test_a_model_that_takes_the_dict_gets_the_dict():
+    class TakesDict(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+
+        def forward(self, batch):
+            return self.linear(batch["x"])
+
+    model = TakesDict()
+    assert grads(model, ProbeLoss()(model, {"x": torch.randn(5, 4), "y": torch.randn(5)}))
+
+
+def test_a_model_of_two_inputs_gets_all_but_the_targets():
+    class Lengths(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, x, lengths):
+            return self.linear(x) * lengths.unsqueeze(1)
+
+    model = Lengths()
+    batch = (torch.randn(5, 4), torch.ones(5), torch.zeros(5, dtype=torch.long))
+    assert grads(model, ProbeLoss()(model, batch))
+
+
+@pytest.mark.parametrize("out, expected", [
+    (torch.tensor([1.0, 3.0], requires_grad=True), 2.0),  # a tensor: its mean
+    ((torch.tensor([1.0, 3.0], requires_grad=True), torch.tensor([4.0], requires_grad=True)), 6.0),  # a VAE's
+    ({"logits": torch.tensor([2.0, 4.0], requires_grad=True), "ids": torch.tensor([7])}, 3.0),  # ints left out
+    (OrderedDict(loss=None, logits=torch.tensor([5.0], requires_grad=True)), 5.0),  # ModelOutput without labels
+    ({"loss": torch.tensor(0.25, requires_grad=True), "logits": torch.tensor([9.0], requires_grad=True)}, 0.25),
+])
+def test_what_the_model_returns_becomes_one_scalar(out, expected):
+    loss = output_loss(out)
+    assert loss.dim() == 0 and loss.requires_grad and loss.item() == pytest.approx(expected)
+
+
+def test_an_object_with_logits_is_read_by_its_attribute():
+    class Returned:
+        def __init__(self, logits):
+            self.logits = logits
+
+    assert output_loss(Returned(torch.tensor([1.0, 2.0], requires_grad=True))).item() == pytest.approx(1.5)
+
+
+def test_an_output_with_nothing_to_backpropagate_is_a_clear_error():
+    with pytest.raises(TypeError, match=r"the model's output \(tuple\) holds no floating-point tensor that needs a "
+                                        "gradient"):
+        output_loss((torch.tensor([1, 2]), torch.tensor([1.0])))
+
+
+def test_when_no_way_runs_the_loops_likeliest_error_is_raised():
+    """A dict of tensors the model cannot take any way: the error of model(batch), the way a
+    loop over dicts would call it first."""
+    model = nn.Linear(4, 3)
+    with pytest.raises(TypeError, match="must be Tensor, not dict"):
+        ProbeLoss()(model, {"a": torch.randn(5, 2), "b": torch.randn(5, 3)})
+
+
+def test_the_fallback_is_said_in_one_line_naming_the_rank_and_what_helps():
+    err = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail on a second line " + "x" * 300)
+    line = probe_error(err)
+    assert line == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    message = fallback_message(["", line], own_loss_fn=False)
+    assert "\n" not in message and "(rank 1: RuntimeError: CUDA out of memory" in message
+    assert message.endswith("pass job.prepare(..., loss_fn=lambda model, batch: <your loss>)")
+    assert fallback_message([line, ""], own_loss_fn=True).endswith("check the loss_fn given to job.prepare")
+    assert len(probe_error(ValueError("y" * 500))) <= len("ValueError: ") + 160
