@@ -144,7 +144,7 @@ SYNC_KINDS = ("step", "local", "diloco", "auto")
 
 def check_sync(value: str) -> tuple[str, int]:
     """A --sync setting as (kind, every H steps): step, local:H, diloco:H or auto (chosen at
-    job.prepare from measured speeds and link: rank/plan.py); else ConfigError."""
+    job.prepare from measured speeds and link: policy/plan.py); else ConfigError."""
     kind, _, every = str(value).partition(":")
     if kind in ("step", "auto") and not every:
         return kind, 1

@@ -9,7 +9,7 @@ from statistics import fmean
 
 import pytest
 
-from hvdhetero.rank.balancer import Balancer
+from hvdhetero.policy.balancer import Balancer
 
 
 def simulate(balancer, per_sample, overhead, steps, noise=0.0, seed=0, change_at=None, new_per_sample=None):

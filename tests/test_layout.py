@@ -16,6 +16,9 @@ from conftest import ROOT
 PACKAGE = ROOT / "hvdhetero"
 FORBIDDEN = {
     "cluster": {"torch", "torchvision", "horovod", "hvdhetero.rank", "hvdhetero.recipes", "hvdhetero.bench"},
+    # pure arithmetic both sides import: nothing heavy, nothing of either side
+    "policy": {"torch", "torchvision", "horovod", "numpy", "fabric", "paramiko", "invoke", "hvdhetero.cluster",
+               "hvdhetero.rank", "hvdhetero.recipes", "hvdhetero.bench"},
     "rank": {"fabric", "paramiko", "invoke", "hvdhetero.cluster", "hvdhetero.recipes", "hvdhetero.bench"},
 }
 
@@ -60,8 +63,8 @@ def test_the_rule_check_sees_a_violation(tmp_path, monkeypatch):
 
 
 def test_launcher_modules_load_without_torch_or_horovod():
-    modules = sorted(f"hvdhetero.cluster.{p.stem}" for p in (PACKAGE / "cluster").glob("*.py")
-                     if p.stem != "__init__")
+    modules = sorted(f"hvdhetero.{side}.{p.stem}" for side in ("cluster", "policy")
+                     for p in (PACKAGE / side).glob("*.py") if p.stem != "__init__")
     code = (f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; import hvdhetero, tasks; "
             "print(sorted({'torch', 'horovod', 'torchvision'} & {m.split('.')[0] for m in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -74,6 +77,7 @@ def test_every_concept_sits_in_its_side_folder():
     where = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
     for module in ("cluster/inventory.py", "cluster/launch.py", "cluster/ssh.py", "cluster/provision.py",
                    "cluster/preflight.py", "cluster/horovod_build.py", "rank/devices.py", "rank/reducer.py",
-                   "rank/balancer.py", "rank/sampler.py", "rank/step.py", "rank/checkpoint.py",
+                   "policy/balancer.py", "policy/plan.py", "policy/split.py", "policy/round_clock.py",
+                   "rank/sampler.py", "rank/step.py", "rank/checkpoint.py",
                    "recipes/data.py", "recipes/models.py", "bench/throughput.py", "bench/allreduce.py"):
         assert module in where, module

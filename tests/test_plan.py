@@ -9,7 +9,7 @@ import pytest
 
 from conftest import VENV_BIN, run_cmd
 from hvdhetero.rank import checkpoint
-from hvdhetero.rank.plan import Measured, advise, predict
+from hvdhetero.policy.plan import Measured, advise, predict
 
 
 def pc_and_mac(exchange_s: float, global_batch: int = 512) -> Measured:

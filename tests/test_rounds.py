@@ -1,46 +1,41 @@
 """Where overlapped local/DiLoCo rounds end, as every rank decides it alone: a rank that merges
-steps (--inner-steps by-speed, rounds.merged) must end each round at the same global step as one
-that does not (ParameterSync.round_due and the epoch's end in rounds.end_epoch), or the ranks
-meet at different steps and the job stops. Replayed in one process, step by step, as the loader
-numbers steps (epoch * steps_per_epoch + s)."""
+steps (--inner-steps by-speed, RoundClock.merge) must end each round at the same global step as
+one that does not (RoundClock.due, and RoundClock.ends_with_epoch at an epoch's end), or the
+ranks meet at different steps and the job stops. Replayed on integers, step by step, as the
+loader numbers steps (epoch * steps_per_epoch + s) and the job counts them."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
-import torch
 
-from hvdhetero.rank import rounds
-from hvdhetero.rank.sync import ParameterSync
+from hvdhetero.policy.round_clock import RoundClock
 
 SPLIT = [490, 22]
 """A rank 22x slower: it merges about 22 global steps into one optimizer step."""
 
 
-def round_ends(rank: int, every: int, steps_per_epoch: int, epochs: int, in_epochs: bool = True) -> list[int]:
+def round_ends(rank: int, every: int, steps_per_epoch: int, epochs: int, in_epochs: bool = True,
+               cap: int | None = None) -> list[int]:
     """The global steps after which `rank` ends a round, over `epochs` epochs (the run's end,
     which flushes whatever is left, not included)."""
-    sync = ParameterSync(torch.nn.Linear(2, 2), "diloco", every, sum(SPLIT), overlap=True)
-    job = SimpleNamespace(_sync=sync, _round_origin=0, rank=rank, _in_epochs=in_epochs, _stopping=False,
-                          epoch=0, _epochs=epochs, me=SimpleNamespace(max_batch=None),
-                          _prepared=SimpleNamespace(sampler=SimpleNamespace(batch_sizes=SPLIT)))
+    clock = RoundClock(every, overlap=True)
     ends, done = [], 0
     for epoch in range(epochs):
-        job.epoch, s = epoch, 0
+        s = 0
         while s < steps_per_epoch:
-            merged = rounds.merged(job, epoch * steps_per_epoch + s, steps_per_epoch - s)
+            merged = clock.merge(epoch * steps_per_epoch + s, steps_per_epoch - s, SPLIT[rank], max(SPLIT),
+                                 in_epochs, cap)
             s += merged
             done += merged
-            sync.round_steps += merged
+            clock.took(merged)
             item_step = epoch * steps_per_epoch + s - 1
             epoch_left = (epoch + 1) * steps_per_epoch - 1 - item_step if in_epochs else None
-            if sync.round_due(epoch_left):
+            if clock.due(epoch_left):
                 ends.append(done)
-                sync.round_steps, job._round_origin = 0, done
-        if in_epochs and rounds.ends_with_epoch(job):  # rounds.end_epoch, after the epoch's collectives
+                clock.restart(done)
+        if in_epochs and clock.ends_with_epoch(more_epochs=epoch + 1 < epochs):  # after the epoch's collectives
             ends.append(done)
-            sync.round_steps, job._round_origin = 0, done
+            clock.restart(done)
     return ends
 
 
@@ -67,3 +62,26 @@ def test_outside_job_epochs_rounds_are_every_h_steps():
     for every, steps_per_epoch in [(32, 96), (32, 100), (4, 23)]:
         fast, slow = (round_ends(rank, every, steps_per_epoch, epochs=4, in_epochs=False) for rank in (0, 1))
         assert fast == slow == list(range(every, 4 * steps_per_epoch + 1, every))[:len(fast)], (fast, slow)
+
+
+def test_a_merged_step_stays_within_its_hosts_memory_cap():
+    """A cap of 44 samples on the slow rank (22 a step): it merges 2 steps, not 22, and still
+    ends every round where the fast rank does."""
+    capped, fast = round_ends(1, 32, 96, epochs=3, cap=44), round_ends(0, 32, 96, epochs=3)
+    assert capped == fast
+    clock = RoundClock(32, overlap=True)
+    assert clock.merge(0, 96, 22, 490, in_epochs=True, cap=44) == 2
+    assert clock.merge(0, 96, 22, 490, in_epochs=True) == 22
+
+
+def test_a_round_is_due_at_h_steps_and_not_before():
+    clock = RoundClock(4)
+    for _ in range(3):
+        clock.took()
+        assert not clock.due(epoch_left=None)
+    clock.took()
+    assert clock.due(epoch_left=0), "without overlap a round ends at H steps, at an epoch's end too"
+    overlapped = RoundClock(4, overlap=True, steps=4)
+    assert not overlapped.due(epoch_left=3) and overlapped.due(epoch_left=4) and overlapped.due(epoch_left=None)
+    assert RoundClock(4, overlap=True, steps=8).due(epoch_left=0), "never past 2H"
+    assert (clock.updates, clock.steps) == (4, 4)

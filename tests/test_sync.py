@@ -62,7 +62,7 @@ def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path, overla
     exchanges = [r for r in records if r["event"] == "exchange"]
     # 23 steps an epoch: 5 rounds of 4 and the epoch's last 3, which the evaluation exchanges at
     # once; overlapped, a round that would leave fewer than 4 steps of the epoch takes them
-    # (ParameterSync.round_due): 4 rounds of 4 and one of 7.
+    # (RoundClock.due): 4 rounds of 4 and one of 7.
     per_epoch = [4, 8, 12, 16, 23] if overlap else [4, 8, 12, 16, 20, 23]
     assert [e["step"] for e in exchanges] == [23 * epoch + s for epoch in range(4) for s in per_epoch]
     assert all(sum(e["split"]) == 64 and e["seconds"] > 0 for e in exchanges)

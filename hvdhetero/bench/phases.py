@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.rank import checkpoint, resume, rounds
-from hvdhetero.rank.balancer import Balancer
+from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.job import Job

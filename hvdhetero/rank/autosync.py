@@ -1,5 +1,5 @@
 """`invoke plan` and `--sync auto` inside a job: time the link and the exchange's CPU work, then
-print the plan (rank/plan.py predicts and advises) or pick the mode to train in.
+print the plan (policy/plan.py predicts and advises) or pick the mode to train in.
 
 Everything here runs inside `job.prepare`, after calibration, on every rank together: the
 timings are collectives, and every rank ends with the same numbers and the same choice.
@@ -17,8 +17,8 @@ import torch
 
 from hvdhetero import progress
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import plan
-from hvdhetero.rank.balancer import Balancer
+from hvdhetero.policy import plan
+from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
 from hvdhetero.rank.sync import exchanged_tensors

@@ -22,7 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.rank import batches
-from hvdhetero.rank.balancer import Balancer
+from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import allreduce_sum
 from hvdhetero.rank.step import Rank, cross_entropy_loss, forward_backward

@@ -112,7 +112,7 @@ def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None
     sync = job._sync
     landing = sync is not None and sync.unsettled  # overlapped: the round just ended is in flight
     if sync is not None:
-        assert sync.round_steps == 0, "an elastic commit in the middle of a local/diloco round"
+        assert sync.clock.steps == 0, "an elastic commit in the middle of a local/diloco round"
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
                             epoch_done=epoch_done, landing=landing)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is

@@ -38,7 +38,7 @@ from hvdhetero import progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, rounds, validate
-from hvdhetero.rank.balancer import Balancer
+from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
@@ -101,9 +101,6 @@ class Job:
         self._last_checkpoint = 0
         self._last_commit = 0
         """--elastic: the step of this rank's last in-memory commit (rank/elastic.py)."""
-        self._round_origin = 0
-        """local/diloco: the global step the current round began at (rounds end every H steps
-        from it; a flush starts a new one)."""
         self._updates_since_schedule = 0
         """Optimizer steps since the prepared scheduler last stepped (1: it steps every step)."""
         self._stopping = False
@@ -301,7 +298,7 @@ class Job:
         if self._start_epoch >= n and self.is_main and not self._elastic:
             print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
                   flush=True)
-        self._in_epochs = True  # overlapped rounds end with the epochs (ParameterSync.round_due)
+        self._in_epochs = True  # overlapped rounds end with the epochs (RoundClock.due)
         try:
             for epoch in range(self._start_epoch, n):
                 self.epoch = epoch
@@ -515,7 +512,7 @@ class Job:
         """Whether a commit may be taken now: always under step sync; with local/diloco only
         between rounds (every rank at the same step, none of its round unexchanged), so that a
         reset restarts a round from a state every rank agrees on (rank/elastic.py)."""
-        return self._sync is None or self._sync.round_steps == 0
+        return self._sync is None or self._sync.clock.steps == 0
 
     @property
     def _elastic(self) -> bool:

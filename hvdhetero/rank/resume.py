@@ -76,7 +76,9 @@ def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None
         checkpoint.set_rng_state(rng)
     else:
         torch.manual_seed(job.config.seed * 1_000_003 + state["step"] * 101 + job.rank)
-    job.step = job._last_checkpoint = job._round_origin = state["step"]
+    job.step = job._last_checkpoint = state["step"]
+    if job._sync is not None:  # the rounds start again at the checkpoint's step
+        job._sync.clock.restart(job.step)
     job.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
     job._start_epoch = job.epoch
     p.loader.start_step = job.step

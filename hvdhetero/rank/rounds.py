@@ -1,21 +1,13 @@
-"""The Job's side of local:H and diloco:H: where a rank's rounds end, how many global steps a
-merging rank takes as one, the exchange at a round's end (and overlapped, at an epoch's end),
-its record in the metrics and the balancer's hearing of it. ParameterSync (rank/sync.py) does
-the exchange itself.
-
-A round is H global steps from `job._round_origin`. Overlapped and inside `job.epochs`, a round
-also ends with the epoch when fewer than H of the epoch's steps would be left after it (rounds
-of H..2H-1 steps; `ParameterSync.round_due`), and its exchange starts after the epoch's
-collectives (Horovod runs collectives in order: launched before them, it held up the epoch's
-end by its time on the link). A rank merging steps (--inner-steps by-speed) must end each
-round at the same global step as the others: `merged` never takes it past a round's end.
+"""The Job's side of local:H and diloco:H: how many global steps a merging rank takes as one,
+the exchange at a round's end (and overlapped, at an epoch's end), its record in the metrics and
+the balancer's hearing of it. Where rounds end is the round clock's (policy/round_clock.py);
+ParameterSync (rank/sync.py) does the exchange itself.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hvdhetero.rank.sampler import steps_merged
 
 if TYPE_CHECKING:
     from hvdhetero.rank.job import Job
@@ -23,18 +15,10 @@ if TYPE_CHECKING:
 
 def merged(job: Job, step: int, left: int) -> int:
     """--inner-steps by-speed: how many global steps from `step` on this rank takes as one
-    optimizer step: about the largest share's batch (`steps_merged`), never past the round's
-    end, so that every rank's merged step ends where the round does."""
-    sizes, every = job._prepared.sampler.batch_sizes, job._sync.every if job._sync else 1
-    since = step - job._round_origin
-    round_left = every - since % every
-    if job._sync is not None and job._sync.overlap and job._in_epochs and (
-            since >= every or left - round_left < every):
-        round_left = min(left, 2 * every - since)  # on to the epoch's end (ParameterSync.round_due)
-    n = steps_merged(sizes[job.rank], max(sizes))
-    if job.me.max_batch:  # a merged step stays within the host's memory cap
-        n = min(n, max(1, job.me.max_batch // max(1, sizes[job.rank])))
-    return min(n, round_left, left)
+    optimizer step (`RoundClock.merge`: about the largest share's batch, never past the round's
+    end, so that every rank's merged step ends where the round does)."""
+    sizes = job._prepared.sampler.batch_sizes
+    return job._sync.clock.merge(step, left, sizes[job.rank], max(sizes), job._in_epochs, job.me.max_batch)
 
 
 def after_step(job: Job) -> bool:
@@ -83,8 +67,7 @@ def ends_with_epoch(job: Job) -> bool:
     """Whether the round in progress ends with this epoch: overlapped, H steps or more, and
     another epoch follows (the run's end, or a stop, flushes it instead)."""
     sync = job._sync
-    return sync is not None and sync.overlap and sync.round_steps >= sync.every and not job._stopping \
-        and job.epoch + 1 < job._epochs
+    return sync is not None and not job._stopping and sync.clock.ends_with_epoch(job.epoch + 1 < job._epochs)
 
 
 def exchanged(job: Job, landed: tuple[list[float], list[float]] | None, after_step: int,
@@ -93,7 +76,7 @@ def exchanged(job: Job, landed: tuple[list[float], list[float]] | None, after_st
     (every rank's mean step seconds and samples per step in it) to the balancer. `count`: its
     seconds go to this epoch's communication time."""
     item, p, sync = job._item, job._prepared, job._sync
-    job._round_origin = job.step  # a round ended or was flushed: the next one starts here
+    sync.clock.restart(job.step)  # a round ended or was flushed: the next one starts here
     if item is None:
         return
     if count:

@@ -53,6 +53,7 @@ from collections.abc import Callable
 import horovod.torch as hvd
 import torch
 
+from hvdhetero.policy.round_clock import RoundClock
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import WIRE_DTYPES, wait
 
@@ -85,7 +86,9 @@ class ParameterSync:
         self.outer = None
         if kind == "diloco":
             self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=True)
-        self.steps = self.samples = self.round_steps = self.round_updates = 0
+        self.clock = RoundClock(every, overlap)
+        """Where this rank's rounds end (policy/round_clock.py): the round's global and optimizer steps."""
+        self.steps = self.samples = 0
         self.seconds = 0.0
         self._mark: float | None = None
         """When this rank's previous step ended (None after a pause)."""
@@ -115,7 +118,7 @@ class ParameterSync:
         global steps (more than 1 when it merged them: --inner-steps by-speed); at the round's
         end exchange, and return what `exchange` returns, else None. Overlapped, given the
         steps left in the epoch (`epoch_left`), a round that would leave fewer than H of them
-        runs on to the epoch's end instead (`round_due`). Rounds and the timings
+        runs on to the epoch's end instead (`RoundClock.due`). Rounds and the timings
         the balancer hears count global steps, whatever each rank merged.
 
         A step's seconds here are the whole time since the previous step ended: what makes a
@@ -127,31 +130,17 @@ class ParameterSync:
         (an evaluation, an epoch's end) counts its compute only."""
         now = time.perf_counter()
         self.steps += steps
-        self.round_steps += steps
-        self.round_updates += 1
+        self.clock.took(steps)
         self.samples += samples
         self.seconds += max(seconds, now - self._mark) if self._mark is not None else seconds
-        times = self.exchange() if self.round_due(epoch_left) else None
+        times = self.exchange() if self.clock.due(epoch_left) else None
         self._mark = time.perf_counter()
         return times
 
-    def round_due(self, epoch_left: int | None) -> bool:
-        """Whether the round ends now. Overlapped, not where fewer than H steps of the epoch would
-        be left (none included): those join this round, which the job ends at the epoch's end
-        after the epoch's collectives (its statistics, the script's evaluation). So a round has
-        H to 2H-1 steps, and never fewer than H (an epoch shorter than H: a round ends at the
-        first epoch's end H steps after it began), which is what the plan's H hides an exchange
-        behind: the exchange launched at an epoch's end has H steps or more to land. Horovod runs
-        collectives in order, so one that comes while an exchange is on the link waits for it:
-        with rounds running across epochs' ends, the end of each epoch waited 0.04-1.4 s for
-        the exchange in flight (digits at 8 Mbit, 23-step epochs, H=32), ~20% of the elapsed
-        time. Launched after them, an exchange has the next epoch's first H steps or more to
-        land. Without overlap an exchange blocks anyway, and rounds run across epochs' ends. A
-        round never runs past 2H steps (a script that does not loop over job.epochs)."""
-        if self.round_steps < self.every:
-            return False
-        return (not self.overlap or epoch_left is None or epoch_left >= self.every
-                or self.round_steps >= 2 * self.every)
+    @property
+    def round_steps(self) -> int:
+        """Global steps taken in the round in progress (0: between rounds)."""
+        return self.clock.steps
 
     def exchanged_names(self, model: torch.nn.Module) -> dict[str, int]:
         """Each name in `model`'s state dict whose tensor a round's exchange carries, with its place
@@ -188,7 +177,7 @@ class ParameterSync:
     @property
     def unsettled(self) -> bool:
         """Whether the ranks' models may differ: a partial round, or a round still in flight."""
-        return bool(self.round_steps) or self._pending is not None
+        return bool(self.clock.steps) or self._pending is not None
 
     def flush(self) -> tuple[list[float], list[float]] | None:
         """One model on every rank now: the round in flight applied, the partial round exchanged."""
@@ -208,23 +197,26 @@ class ParameterSync:
         vary by more than the balancer can split for)."""
         started = time.perf_counter()
         times, self.wait_s, self.link_late = None, 0.0, False
-        if self.round_steps:
+        steps, updates = self.clock.steps, self.clock.updates
+        if steps:
             times = self._apply_pending()  # the round in flight first (none without overlap)
             mine = self._progress()
             # Scaled by samples over the round's nominal total (fp16 on the wire keeps its range);
             # the true total arrives with it and corrects the scale (a short last step).
-            nominal = float(self.round_steps * self.global_batch)
+            nominal = float(steps * self.global_batch)
             flat = torch.cat([t.reshape(-1) for t in mine]).mul_(self.samples / nominal) if mine else torch.zeros(0)
             # A rank that merged steps (--inner-steps by-speed) took fewer, bigger optimizer steps
             # and moved that much less: its parameters' change counts per global step of the
             # round (normalized averaging, as FedNova's), and `_apply_pending` adds it to the
             # other ranks' instead of averaging it in. Buffers (running statistics) as they are.
-            flat[:sum(p.numel() for p in self.params)].mul_(self.round_steps / self.round_updates)
-            self._launch(flat, [float(self.samples), *one_hot(self.seconds / self.round_steps),
-                                *one_hot(self.samples / self.round_steps), *one_hot(self.round_updates),
-                                *one_hot(self.steps)], self.round_steps)
+            flat[:sum(p.numel() for p in self.params)].mul_(steps / updates)
+            self._launch(flat, [float(self.samples), *one_hot(self.seconds / steps), *one_hot(self.samples / steps),
+                                *one_hot(updates), *one_hot(self.steps)], steps)
             self.rounds += 1
-            self.samples, self.seconds, self.round_steps, self.round_updates = 0, 0.0, 0, 0
+            self.samples, self.seconds = 0, 0.0
+            # the next round's counts start at 0; its origin is set by the job, which knows the
+            # global step (rounds.exchanged)
+            self.clock.steps = self.clock.updates = 0
             if self.overlap and not wait:
                 self._continue_from_global(mine)
                 self.last_exchange_s = time.perf_counter() - started

@@ -96,7 +96,7 @@ job, model, optimizer, loader = prepared(seed=1 + hvd.rank())  # other weights t
 result = {"committed_step": committed["step"], "rounds": live["sync"]["rounds"], "applied": live["sync"]["applied"],
           # per step of the first run: (the step of the commit held, a round in flight, rounds applied)
           "seen": {step: seen[step] for step in sorted(seen)},
-          "outer_momentum": outer_momentum, "step": job.step, "round_origin": job._round_origin,
+          "outer_momentum": outer_momentum, "step": job.step, "round_origin": job._sync.clock.origin,
           "unsettled": job._sync.unsettled,
           "model": differences(model.state_dict(), live["model"]),
           "sync": differences(job._sync.state_dict(), live["sync"]),

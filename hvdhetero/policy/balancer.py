@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
 
-from hvdhetero.rank.sampler import proportional_split, steps_merged
+from hvdhetero.policy.split import proportional_split, steps_merged
 
 
 @dataclass

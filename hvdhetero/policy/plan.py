@@ -15,7 +15,7 @@ subset of hosts and every mode, the step time of a global batch B:
 
 and samples/s = B / t. With --inner-steps by-speed a slower rank merges its shares into steps
 about the largest share's size, so its a_i counts once a merge (a_i / m_i a step): T is the
-split balanced for that (rank/balancer.py, `merges`). Step sync is predicted without the part of C that hides behind
+split balanced for that (policy/balancer.py, `merges`). Step sync is predicted without the part of C that hides behind
 backward, so it errs on the slow side; it is never what a slow link recommends.
 
 An overlapped mode is advised only when its exchange fits in half a round (HEADROOM): under
@@ -35,7 +35,7 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
-from hvdhetero.rank.balancer import Balancer
+from hvdhetero.policy.balancer import Balancer
 
 EVERY = (4, 8, 16, 32, 64, 128)
 """The H a plan considers for local/diloco."""
@@ -189,7 +189,7 @@ def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
         for h in EVERY:
             out += _rounds(labels, ranks, h, t, "same", m)
             # --inner-steps by-speed: a slower rank merges its shares into steps about the largest
-            # share's size, paying its fixed cost once a merge (rank/balancer.py `merges`)
+            # share's size, paying its fixed cost once a merge (policy/balancer.py `merges`)
             merging = Balancer(m.global_batch, len(ranks), caps=caps, merges=True, merge_limit=h)
             quicker = merging.step_time(merging.calibrate(a, p))
             if quicker < t:  # listed where merging gains (no fixed cost a step: nothing to gain)
