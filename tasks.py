@@ -17,7 +17,6 @@ from pathlib import Path
 
 from invoke import Exit, task
 from invoke.parser import Argument
-from invoke.parser.parser import ParseMachine
 
 from hvdhetero import checks
 from hvdhetero.bench.options import BenchOptions
@@ -26,6 +25,11 @@ from hvdhetero.cluster import launch
 from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
 from hvdhetero.recipes.options import RecipeOptions, recipe_argv
+
+try:  # Invoke's parser state machine (see _words_after_report)
+    from invoke.parser.parser import ParseMachine
+except ImportError:  # another Invoke: `invoke report -- RUN_A RUN_B` still works
+    ParseMachine = None
 
 ROOT = Path(__file__).resolve().parent
 RUNS = Path(os.environ.get("HVDHETERO_RUNS") or ROOT / "runs")
@@ -329,7 +333,8 @@ def _words_after_report(handle):
     return handled
 
 
-ParseMachine.handle = _words_after_report(ParseMachine.handle)
+if ParseMachine is not None:
+    ParseMachine.handle = _words_after_report(ParseMachine.handle)
 
 
 def _script_args() -> list[str]:

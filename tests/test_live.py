@@ -152,6 +152,18 @@ def test_all_ranks_output_tags_every_other_ranks_line():
         "hvdhetero: rank 1: fp16 on mps, loss-scaled\n", "rank 0's own warning\n"]
 
 
+def test_after_an_elastic_reset_rank_0s_lines_are_those_of_the_new_rank_0():
+    """--elastic renumbers the ranks when rank 0's host is dropped, but horovodrun keeps
+    prefixing each process's lines with its launch-time rank: the new rank 0 prints as [1], and
+    its progress records say which prefix is rank 0 now."""
+    shown = Shown()
+    console.relay(["[0]<stdout>:epoch 1 on the first rank 0\n",
+                   "[1]<stdout>:" + progress.TAG + json.dumps(record(0, 1.0, 1)) + "\n",  # [1] is rank 0 now
+                   "[1]<stdout>:epoch 2 on the new rank 0\n"], shown, hidden_note="hvdhetero: held back")
+    assert [c[1] for c in shown.calls if c[0] == "echo"] == ["epoch 1 on the first rank 0\n",
+                                                            "epoch 2 on the new rank 0\n"]
+
+
 def test_rank_logs_keep_each_ranks_output_and_a_failures_traceback(tmp_path):
     logs = console.RankLogs(tmp_path / "run")
     failure = {"rank": 1, "host": "mac", "error": "ValueError: x", "frames": [],

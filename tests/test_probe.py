@@ -171,3 +171,22 @@ def test_the_fallback_is_said_in_one_line_naming_the_rank_and_what_helps():
     assert message.endswith("pass job.prepare(..., loss_fn=lambda model, batch: <your loss>)")
     assert fallback_message([line, ""], own_loss_fn=True).endswith("check the loss_fn given to job.prepare")
     assert len(probe_error(ValueError("y" * 500))) <= len("ValueError: ") + 160
+
+
+def test_an_error_that_is_no_wrong_call_ends_the_probe_at_once():
+    """Out of memory (or a CUDA error, which may poison the device) is not a reason to call the
+    model another way: the first way's error is raised and no other way runs."""
+    class OutOfMemory(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+            self.calls = 0
+
+        def forward(self, x, lengths=None):
+            self.calls += 1
+            raise RuntimeError("CUDA out of memory")
+
+    model = OutOfMemory()
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        ProbeLoss()(model, (torch.randn(5, 4), torch.ones(5), torch.zeros(5)))
+    assert model.calls == 1

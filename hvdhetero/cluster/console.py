@@ -40,6 +40,9 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     its `alive`."""
     failures: list[dict] = []
     noted = not hidden_note
+    main = 0
+    """The prefix rank 0's lines come with: horovodrun's launch-time rank, which --elastic
+    renumbers (rank 0's host dropped, the new rank 0 prints as [1]); its progress records say."""
     try:
         for line in lines:
             match = PREFIX.match(line)
@@ -67,15 +70,18 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                 continue
             if body.startswith(TAG):
                 try:
-                    display.update(json.loads(body[len(TAG):]))
+                    record = json.loads(body[len(TAG):])
                 except ValueError:  # a line cut short (the rank killed mid-write)
-                    pass
+                    continue
+                if record.get("rank") == 0 and rank is not None:
+                    main = rank
+                display.update(record)
                 continue
             if failures and (not match or body.strip() == "Terminated"):
                 continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
             if HOROVOD_LOOP_ERROR in body:
                 continue
-            if rank is None or rank == 0 or body.startswith(OUR_LINES):
+            if rank is None or rank == main or body.startswith(OUR_LINES):
                 display.echo(body)
             elif all_ranks:
                 display.echo(f"[rank {rank}] {body}")

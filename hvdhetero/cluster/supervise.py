@@ -105,11 +105,12 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silen
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
+            # Without a run directory (bench, plan) nothing keeps the other ranks' lines: all shown.
             hidden = (f"hvdhetero: the other ranks' output is in {logs.path(1).parent}/rank-N.log "
                       "(--all-ranks-output shows it here)") if logs is not None else ""
             failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch),
                                      live.display_for(sys.stdout), results=results, alive=alive,
-                                     all_ranks=all_ranks, hidden_note=hidden)
+                                     all_ranks=all_ranks or logs is None, hidden_note=hidden)
         except _Silent as silent:
             _stop(proc)
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "

@@ -56,8 +56,11 @@ def split_from(balancer: Balancer, model, dataset, me: Rank, a: float, p: float,
     sizes = list(balancer.split)
     try:
         mine = probe_seconds(model, dataset, me, sizes[hvd.rank()], loss_fn, collate_fn)
-    except Exception:  # noqa: BLE001 - the user's model at another batch size (out of memory, say)
+    except Exception as err:  # noqa: BLE001 - the user's model at another batch size (out of memory, say)
         mine = -1.0
+        print(f"hvdhetero: rank {hvd.rank()}: the probe at its share ({sizes[hvd.rank()]} samples) failed "
+              f"({probe_error(err)}); every rank keeps the calibrated split, and its first steps may fail alike",
+              flush=True)
     measured = allreduce_sum(one_hot(mine), "hvdhetero.refine")
     if min(measured) >= 0:
         balancer.refine(measured, sizes)
@@ -73,12 +76,23 @@ def probe_seconds(model, dataset, me: Rank, n: int, loss_fn: Callable = cross_en
     return sorted(times)[len(times) // 2]
 
 
+def wrong_call(err: Exception) -> bool:
+    """Whether `err` is what a model raises when called the wrong way (an argument missing, a
+    dict where a tensor goes, shapes that do not multiply): the probe tries the next way. Out of
+    memory or a device error ends the probe at once (no other way would fare better)."""
+    text = str(err)
+    if "out of memory" in text or "CUDA error" in text:  # CUDA and MPS say so in their messages
+        return False
+    return isinstance(err, (TypeError, AttributeError, KeyError, IndexError, ValueError, RuntimeError))
+
+
 class ProbeLoss:
     """Calibration's stand-in for the script's loss when `prepare` got no `loss_fn`: the model
     called the way a training loop calls it on such a batch, and a scalar to backpropagate from
     what it returns (`output_loss`). The ways to call it (`ways`) are tried in order on the first
-    probe; the first that runs is kept for the rest. If none runs, the first one's error is
-    raised (prepare then starts from an equal split)."""
+    probe while they fail as a wrong call does (`wrong_call`); the first that runs is kept for
+    the rest. Any other error (out of memory, a device error) is raised at once, as is the first
+    way's error if none runs: prepare then starts from an equal split."""
 
     def __init__(self):
         self.way: Callable | None = None
@@ -90,20 +104,27 @@ class ProbeLoss:
         for way in ways(model, batch):
             try:
                 loss = output_loss(way(model, batch))
-            except Exception as err:  # noqa: BLE001 - the next way may be the loop's
-                first = first or err
+            except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
+                if not wrong_call(err):
+                    raise
+                first = first or err.with_traceback(None)  # keeps no activations of the failed call
                 continue
             self.way = way
             return loss
         raise first
 
 
+TARGETS = {"label", "labels", "target", "targets", "y"}
+"""Keys a dict batch's targets go by: tried last as the model's input (labels of -100 would index
+an embedding out of range)."""
+
+
 def ways(model, batch) -> list[Callable]:
     """How a training loop may call `model` on `batch`, likeliest first:
     - a dict, or a namedtuple, whose keys `forward` takes as keywords (Hugging Face style:
       input_ids, attention_mask, labels): `model(**batch)`;
-    - a dict: `model(batch)`, then `model(batch[key])` for each tensor in it, floating-point first
-      ({"pixels": ..., "label": ...} -> `model(batch["pixels"])`);
+    - a dict: `model(batch)`, then `model(batch[key])` for each tensor in it, floating-point
+      first and targets last ({"pixels": ..., "label": ...} -> `model(batch["pixels"])`);
     - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then all but the last
       (`model(x, lengths)`), then all of it;
     - a tensor: `model(batch)`."""
@@ -113,7 +134,7 @@ def ways(model, batch) -> list[Callable]:
             found.append(lambda m, b: m(**b))
         found.append(lambda m, b: m(b))
         tensors = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
-        tensors.sort(key=lambda k: not batch[k].is_floating_point())
+        tensors.sort(key=lambda k: (not batch[k].is_floating_point(), str(k).lower() in TARGETS))
         found += [lambda m, b, k=k: m(b[k]) for k in tensors]
         return found
     if isinstance(batch, tuple) and hasattr(batch, "_fields") and _takes(model, batch._fields):

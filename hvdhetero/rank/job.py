@@ -119,9 +119,10 @@ class Job:
         of `global_batch` by its measured speed, and return (model, optimizer, loader).
 
         `loss_fn(model, batch) -> loss` is how calibration times your real step before training;
-        without it, a probe calls `model(batch[0])` (or `model(batch)` for a tensor or dict batch)
-        and backpropagates the output's mean; if that fails, the ranks start from an equal split
-        and balance from the first steps' timings instead.
+        without it, a probe calls the model as training loops do (`model(batch[0])` for a tuple,
+        `model(**batch)` for a dict whose keys forward takes, ...: calibrate.ProbeLoss) and
+        backpropagates its loss or outputs; if any rank's probe fails, the ranks start from an
+        equal split and balance from the first steps' timings instead.
 
         With micro-batches the loader yields a step's share in chunks and the optimizer steps on
         the last; an LR scheduler you step every batch must be passed as `scheduler=` so that it
