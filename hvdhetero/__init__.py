@@ -28,16 +28,15 @@ __all__ = ["init", "Job"]
 if TYPE_CHECKING:
     from hvdhetero.rank.job import Job
 
-_job = None
-
 
 def init(**overrides) -> "Job":
     """Join the job (rendezvous with the other ranks), set up this rank's device and settings,
     and return the Job. The settings come from `invoke train` (the job's --seed, --precision,
     --compression, ...); `overrides` (e.g. `seed=1`) change them for this script. Run without the
     launcher, the script is a job of one rank. Calling it again returns the same Job."""
-    global _job
-    if _job is None:
+    from hvdhetero.rank import current
+
+    if current.job is None:
         from dataclasses import replace
 
         from hvdhetero.config import ENV_VAR, JobConfig
@@ -45,8 +44,8 @@ def init(**overrides) -> "Job":
 
         text = os.environ.get(ENV_VAR)
         config = JobConfig.from_json(text) if text else JobConfig()
-        _job = Job(replace(config, **overrides) if overrides else config)
-    return _job
+        current.job = Job(replace(config, **overrides) if overrides else config)
+    return current.job
 
 
 def __getattr__(name: str):

@@ -81,3 +81,77 @@ def test_every_concept_sits_in_its_side_folder():
                    "rank/sampler.py", "rank/step.py", "rank/checkpoint.py",
                    "recipes/data.py", "recipes/models.py", "bench/throughput.py", "bench/allreduce.py"):
         assert module in where, module
+
+
+def module_graph(package=None) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, lazy imports inside functions included and
+    `if TYPE_CHECKING:` blocks left out (they never run); `from hvdhetero import progress` is an
+    edge to hvdhetero.progress, not to the package."""
+    package = package or PACKAGE
+    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+        edges = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+                edges |= subs | ({node.module} if len(subs) < len(node.names) else set())
+        graph[name] = (edges & set(modules)) - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles in `graph`: each strongly connected set of two modules or more."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_of_the_package_imports_itself_in_a_circle():
+    """Each module's dependencies point one way (a lazy import inside a function counts: it
+    runs, and the circle it closes is what the next refactor trips over)."""
+    assert circles(module_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path):
+    pkg = tmp_path / "hvdhetero"
+    (pkg / "rank").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("def init():\n    from hvdhetero.rank.job import Job\n")
+    (pkg / "rank" / "__init__.py").write_text("")
+    (pkg / "rank" / "job.py").write_text("from hvdhetero.rank import elastic\n")
+    (pkg / "rank" / "elastic.py").write_text("import hvdhetero\nfrom typing import TYPE_CHECKING\n"
+                                           "if TYPE_CHECKING:\n    from hvdhetero.rank.job import Job\n")
+    assert circles(module_graph(pkg)) == [["hvdhetero", "hvdhetero.rank.elastic", "hvdhetero.rank.job"]]

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from conftest import ROOT, VENV_BIN, run_cmd
-from hvdhetero.bench import figures, report, runs
+from hvdhetero.bench import figures, report, runs, series
 from hvdhetero.errors import ConfigError
 
 FIGURES = ["loss.png", "accuracy.png", "samples_per_s.png", "split.png", "step_time.png"]
@@ -61,34 +61,34 @@ def old_format(records):
 
 def test_samples_per_s_of_each_rank_add_up_to_the_job(tmp_path):
     run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
-    total, per_rank = report.throughput(run)
+    total, per_rank = series.throughput(run)
     assert total.values == [320.0, 320.0] and total.seconds == [2.0, 4.0] and total.epochs == [1.0, 2.0]
     assert [s.label for s in per_rank] == ["rank 0: mac, mps", "rank 1: pc, cuda"]
     assert [s.values for s in per_rank] == [[80.0, 90.0], [240.0, 230.0]]
     # metrics of older runs: each rank's samples from the epoch's split
     old = runs.read_run(write_run(tmp_path / "old", old_format(TWO_EPOCHS)))
-    assert [s.values for s in report.throughput(old)[1]] == [[80.0, 100.0], [240.0, 220.0]]
+    assert [s.values for s in series.throughput(old)[1]] == [[80.0, 100.0], [240.0, 220.0]]
     assert old.ranks == ["rank 0: m1, mps", "rank 1: p1, cuda"]  # socket host names before host_names
 
 
 def test_step_time_splits_compute_communication_and_the_rest_per_rank(tmp_path):
     run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
     # 20 steps in 4.0 s of epochs; mac: 2.2 s compute, 0.3 s communication, the rest 1.5 s
-    (mac, *mac_ms), (pc, *pc_ms) = report.step_times(run)
+    (mac, *mac_ms), (pc, *pc_ms) = series.step_times(run)
     assert mac == "rank 0: mac, mps" and mac_ms == pytest.approx([110.0, 15.0, 75.0])
     assert pc_ms == pytest.approx([45.0, 75.0, 80.0])
-    assert report.step_times(runs.read_run(write_run(tmp_path / "old", old_format(TWO_EPOCHS)))) is None
+    assert series.step_times(runs.read_run(write_run(tmp_path / "old", old_format(TWO_EPOCHS)))) is None
 
 
 def test_split_and_logged_scalars_over_time_and_epochs(tmp_path):
     run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
-    mac, pc = report.split_series(run)
+    mac, pc = series.split_series(run)
     assert (mac.seconds, mac.values, pc.values) == ([0.0, 3.0, 4.0], [16, 20, 20], [48, 44, 44])
-    acc, = report.scalar_series(run, report.is_accuracy)
+    acc, = series.scalar_series(run, series.is_accuracy)
     # the first log halfway through epoch 1 (step 15 of 10..20): 1.5 epochs completed
     assert (acc.label, acc.epochs, acc.values) == ("test accuracy", [1.5, 2.0], [0.5, 0.8])
     assert acc.seconds == pytest.approx([3.0, 4.1])
-    assert [s.label for s in report.scalar_series(run, report.is_loss)] == ["train loss (epoch mean)", "test loss"]
+    assert [s.label for s in series.scalar_series(run, series.is_loss)] == ["train loss (epoch mean)", "test loss"]
 
 
 def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdhetero.bench.report import is_accuracy, is_loss, scalar_series, split_series, step_times, throughput
 from hvdhetero.bench.runs import Run
+from hvdhetero.bench.series import is_accuracy, is_loss, scalar_series, split_series, step_times, throughput
 
 STYLES = ["-", "--", ":", "-."]
 DPI = 110

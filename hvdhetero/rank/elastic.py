@@ -46,8 +46,7 @@ import horovod.torch as hvd
 import torch
 from horovod.common.elastic import State
 
-import hvdhetero
-from hvdhetero.rank import checkpoint, resume
+from hvdhetero.rank import checkpoint, current, resume
 
 if TYPE_CHECKING:
     from hvdhetero.rank.job import Job
@@ -83,10 +82,10 @@ class Commits(State):
         self.resets += 1
         self.reset_at = time.time()
         self.pending = None  # its round died with the old Job
-        job, hvdhetero._job = hvdhetero._job, None
+        job = current.drop()
         if job is not None:
             self.reached = max(self.reached, job.step)
-            job._close()
+            job.close()
 
 
 COMMITS: Commits | None = None

@@ -520,7 +520,7 @@ class Job:
         """Under --elastic, launched by the runner (which keeps the commits across resets)."""
         return self.config.elastic and elastic.active() is not None
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """An elastic reset drops this Job: its files close (the next Job opens them again)."""
         for log in (self._metrics, self._tensorboard):
             if log is not None and hasattr(log, "close"):
