@@ -422,7 +422,7 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
 
 def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
     from hvdhetero.bench import accuracy
-    from hvdhetero.bench.runs import read_records
+    from hvdhetero import metrics
 
     recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
                          repeat=options.repeat, target_accuracy=options.to_accuracy, lr=options.lr,
@@ -439,7 +439,7 @@ def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
             _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
                               name="tta", verbose=options.verbose)
             try:  # what the job recorded of its epochs (compute per rank); a run without them is unknown
-                records = read_records(Path(scratch) / "metrics.jsonl")[0]
+                records = metrics.records(Path(scratch) / metrics.FILE)
             except (OSError, HvdHeteroError):
                 records = []
         return (next((r["logs"] for r in results if r.get("event") == "end"), []),

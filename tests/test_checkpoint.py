@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero import metrics
 from hvdhetero.rank import checkpoint
 
 # equal split and whole-share micro-batches: nothing timing-dependent decides what a step computes
@@ -45,7 +46,7 @@ def killed_after_step(args: list[str], run_dir: Path, step: int) -> None:
 
 
 def end_record(run_dir: Path) -> dict:
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     assert records[-1]["event"] == "end", records[-1]
     return records[-1]
 
@@ -63,7 +64,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path, mode):
     a, b = end_record(whole), end_record(cut)
     assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
     # the metrics continue where the checkpoint was taken: every epoch once, one start per launch
-    records = checkpoint.read_metrics(cut / "metrics.jsonl")
+    records = metrics.records(cut / "metrics.jsonl")
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
     starts = [r for r in records if r["event"] == "start"]
     assert len(starts) == 2 and starts[1]["resumed_from"] == str(newest[0])
@@ -163,7 +164,7 @@ def test_a_run_resumes_on_fewer_ranks_and_the_split_is_made_for_them(tmp_path):
                          .replace("env: .venv", f"env: {ROOT / '.venv'}"))
     proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir, "--inventory", inventory], timeout=600)
     assert f"resuming from {newest[0]}" in proc.stdout, proc.stdout[-3000:]
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     starts = [r for r in records if r["event"] == "start"]
     assert [s["ranks"] for s in starts] == [2, 1], starts
     after = [r for r in records if r["event"] == "epoch" and r["time"] > starts[1]["time"]]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def train_example(name, run_dir, *args, job=()):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "examples" / name, "--run-dir", run_dir,
                     *job, "--", *args], timeout=600)
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     end = records[-1]
     assert end["event"] == "end" and len(set(end["param_digests"])) == 1, "ranks in sync"
     return proc, records

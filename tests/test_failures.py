@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
+from hvdhetero import metrics
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
 
@@ -69,7 +70,7 @@ def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_whic
     run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=600)
     whole = tmp_path / "whole"
     run_cmd([VENV_BIN / "invoke", "train", *EXACT, "--run-dir", whole, "--", "--repeat", "4"], timeout=600)
-    a, b = (checkpoint.read_metrics(d / "metrics.jsonl")[-1] for d in (whole, run_dir))
+    a, b = (metrics.records(d / "metrics.jsonl")[-1] for d in (whole, run_dir))
     assert a["event"] == b["event"] == "end", (a, b)
     assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
 

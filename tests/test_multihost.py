@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, STATE, VENV_BIN, invoke, launcher, requires_root
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 
 pytestmark = [requires_root, pytest.mark.slow]
 def variant(inventory: Path, tmp_path: Path, edit) -> Path:
@@ -61,7 +61,7 @@ def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
     proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, inventory=inventory,
                   timeout=900, check=True)
     assert "--network-interfaces hvdtbr0 " in proc.stdout  # the launcher's NIC; ranks set their own
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
     assert start["ranks"] == 2 and start["hostnames"] == ["h1", "h2"]
     assert end["test_accuracy"] >= 0.95, end
@@ -84,7 +84,7 @@ def test_a_users_script_trains_across_hosts_with_its_folder_shipped(provisioned,
     shipped = re.findall(r"^(h[12]): workdir (copied|unchanged)$", proc.stdout, re.M)
     # (the test hosts share one home: whichever finishes second may find the copy already there)
     assert sorted(h for h, _ in shipped) == ["h1", "h2"] and "copied" in dict(shipped).values(), proc.stdout
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     assert records[0]["hostnames"] == ["h1", "h2"]
     assert records[-1]["test_accuracy"] >= 0.9 and len(set(records[-1]["param_digests"])) == 1, records[-1]
     workdirs = [d for d in Path("/root/.hvdhetero/workdirs").iterdir() if (d / "user_train.py").exists()
@@ -222,7 +222,7 @@ def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str) -> tupl
     proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--equal-split", "--run-dir", run_dir,
                   inventory=inventory, timeout=900, check=True)
     assert f"transport {transport}" in proc.stdout  # the pre-flight's report of both hosts
-    end = checkpoint.read_metrics(run_dir / "metrics.jsonl")[-1]
+    end = metrics.records(run_dir / "metrics.jsonl")[-1]
     out = run_dir.parent / f"allreduce-{transport}.json"
     invoke("bench", "--allreduce", "--hosts", "h1,h2", "--transports", transport, "--rounds", "1",
            "--repeats", "2", "--sizes-mb", "1,16", "--out", out, inventory=inventory, timeout=600, check=True)

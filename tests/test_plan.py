@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import VENV_BIN, run_cmd
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 from hvdhetero.policy.plan import Measured, advise, predict
 
 
@@ -168,7 +168,7 @@ def test_train_sync_auto_uses_the_plan_for_these_hosts(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--sync", "auto", "--epochs", "2", "--run-dir", tmp_path], timeout=300)
     chosen = re.search(r"^hvdhetero: --sync auto chose (\S+?)( overlapped)?: predicted", proc.stdout, re.M)
     assert chosen, proc.stdout[-3000:]
-    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    records = metrics.records(tmp_path / "metrics.jsonl")
     plan = next(r for r in records if r["event"] == "plan")
     together = {(p["sync"], p["overlap"]) for p in plan["predictions"] if len(p["ranks"]) == 2}
     assert (chosen[1], bool(chosen[2])) in together, (chosen[0], together)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, VENV_BIN, run_cmd
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 from test_live import ANSI, under_a_terminal
 
 PORTED = ROOT / "tests" / "scripts" / "ported"
@@ -117,7 +117,7 @@ def test_the_port_trains_to_the_same_target_on_two_ranks(name, tmp_path_factory)
     proc, run_dir = trained(name, tmp_path_factory)
     args, report, metric, met = PORTS[name]
     assert met(last(metric, proc.stdout)), proc.stdout[-3000:]
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     start, first_split, end = records[0], records[1], records[-1]
     assert start["ranks"] == 2 and end["event"] == "end" and len(set(end["param_digests"])) == 1
     assert first_split["reason"].startswith(("calibrated", "refined")), first_split  # the probe timed it
@@ -150,7 +150,7 @@ def test_a_probe_that_raises_on_one_rank_starts_from_an_equal_split_and_balances
             "equal split, balanced from the first steps' timings; to time your real step, pass "
             "job.prepare(..., loss_fn=") in proc.stdout
     assert "Traceback" not in output and output.count("epoch 2: loss") == 1
-    splits = [r for r in checkpoint.read_metrics(run_dir / "metrics.jsonl") if r["event"] == "split"]
+    splits = [r for r in metrics.records(run_dir / "metrics.jsonl") if r["event"] == "split"]
     assert splits[0]["split"] == [32, 32] and splits[0]["reason"] == "equal split"
     assert splits[-1]["split"][0] > 40, splits  # balanced: the slow rank 1 takes less
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -21,7 +21,7 @@ def test_a_users_own_script_trains_to_its_target_on_two_ranks(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--run-dir", run_dir,
                     "--", "--epochs", "12"], timeout=600)
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
     assert start["event"] == "start" and start["ranks"] == 2
     logs = [r for r in records if r["event"] == "log"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import VENV_BIN, run_cmd
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 from test_api import two_ranks
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_overlapped_exchange_lands_one_round_late(results, mode):
 def test_diloco_trains_digits_and_every_round_is_in_the_metrics(tmp_path, overlap):
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "4", "--sync", "diloco:4", "--run-dir", tmp_path,
              *(["--overlap-sync"] if overlap else [])], timeout=600)
-    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    records = metrics.records(tmp_path / "metrics.jsonl")
     exchanges = [r for r in records if r["event"] == "exchange"]
     # 23 steps an epoch: 5 rounds of 4 and the epoch's last 3, which the evaluation exchanges at
     # once; overlapped, a round that would leave fewer than 4 steps of the epoch takes them
@@ -81,7 +81,7 @@ def test_eval_global_scores_the_global_model_and_exchanges_nothing_at_an_epochs_
     epochs score the global model, the last one the exact model it saves."""
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "3", "--sync", "diloco:30", "--overlap-sync",
              "--run-dir", tmp_path, "--", "--eval-global"], timeout=600)
-    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    records = metrics.records(tmp_path / "metrics.jsonl")
     exchanges = [r for r in records if r["event"] == "exchange"]
     assert [r["step"] for r in exchanges] == [46, 69], exchanges
     assert [e["round"] - e["applied"] for e in exchanges] == [1, 0], "launched, then landed by the final flush"
@@ -100,7 +100,7 @@ def test_eval_global_scores_the_global_model_and_exchanges_nothing_at_an_epochs_
     # a target the global model reaches stops the run, and the model saved (exchanged) is scored too
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "5", "--sync", "diloco:4", "--overlap-sync",
              "--run-dir", tmp_path / "target", "--", "--eval-global", "--target-accuracy", "0.5"], timeout=600)
-    records = checkpoint.read_metrics(tmp_path / "target" / "metrics.jsonl")
+    records = metrics.records(tmp_path / "target" / "metrics.jsonl")
     hit = next(r for r in records if r["event"] == "log" and r.get("reached_target"))
     assert hit["evaluated"] == "global" and hit["epoch"] < 4 and hit["final_test_accuracy"] >= 0.5, hit
     assert records[-1]["final_test_accuracy"] == hit["final_test_accuracy"], records[-1]
@@ -158,7 +158,7 @@ def test_by_speed_a_slower_rank_takes_fewer_bigger_inner_steps(tmp_path):
     model that learned."""
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "2", "--sync", "local:8", "--inner-steps", "by-speed",
              "--slowdown", "4", "--run-dir", tmp_path], timeout=600)
-    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    records = metrics.records(tmp_path / "metrics.jsonl")
     exchanges = [r for r in records if r["event"] == "exchange"]
     assert [e["step"] for e in exchanges] == [8, 16, 23, 31, 39, 46], exchanges
     for e, steps in zip(exchanges, [8, 8, 7, 8, 8, 7]):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
-from hvdhetero.rank import checkpoint
+from hvdhetero import metrics
 from hvdhetero.recipes import data
 from hvdhetero.recipes import models
 
@@ -24,7 +24,7 @@ def digits_run(tmp_path_factory):
 
 def test_two_ranks_train_digits_to_95_percent(digits_run):
     run_dir, proc = digits_run
-    records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+    records = metrics.records(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
     assert start["event"] == "start" and start["ranks"] == 2
     assert [r["epoch"] for r in records if r["event"] == "log" and "test_accuracy" in r] == list(range(10))
@@ -39,7 +39,7 @@ def test_two_ranks_train_digits_to_95_percent(digits_run):
 
 def test_ranks_end_with_identical_parameters(digits_run):
     run_dir, _ = digits_run
-    digests = checkpoint.read_metrics(run_dir / "metrics.jsonl")[-1]["param_digests"]
+    digests = metrics.records(run_dir / "metrics.jsonl")[-1]["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
 
 
@@ -55,7 +55,7 @@ def test_saved_model_is_the_trained_one_and_loads_without_unpickling(digits_run)
     with torch.no_grad():
         correct = int((model(x).argmax(1) == y).sum())
     # Recomputed here in one process, the saved model scores what the ranks reported.
-    end = checkpoint.read_metrics(run_dir / "metrics.jsonl")[-1]
+    end = metrics.records(run_dir / "metrics.jsonl")[-1]
     assert correct == round(end["test_accuracy"] * len(y))
 
 
@@ -112,7 +112,7 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
             run_dir = tmp_path / f"{name}-{seed}"
             run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--run-dir", run_dir, *args],
                     timeout=600)
-            records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+            records = metrics.records(run_dir / "metrics.jsonl")
             tested = [r["test_accuracy"] for r in records if r["event"] == "log"]
             assert len(tested) == 15, tested
             accuracy[name].append(statistics.fmean(tested[-5:]))  # epochs 10-14
@@ -136,7 +136,7 @@ def test_same_seed_repeats_a_run_and_another_seed_does_not(tmp_path):
         run_dir = tmp_path / f"r{i}"
         run_cmd([VENV_BIN / "invoke", "train", "--epochs", "1", "--micro-batch", "0", "--seed", seed,
                  "--inventory", single, "--run-dir", run_dir], timeout=300)
-        records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+        records = metrics.records(run_dir / "metrics.jsonl")
         assert records[0]["config"]["seed"] == seed
         digests.append(records[-1]["param_digests"][0])
     assert digests[0] == digests[1] != digests[2]
@@ -151,7 +151,7 @@ def test_bf16_on_cpu_reaches_the_fp32_accuracy(tmp_path):
             run_dir = tmp_path / f"{precision}-{seed}"
             run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--precision", precision,
                      "--run-dir", run_dir], timeout=600)
-            records = checkpoint.read_metrics(run_dir / "metrics.jsonl")
+            records = metrics.records(run_dir / "metrics.jsonl")
             assert records[0]["config"]["precision"] == precision
             accuracy[precision].append(records[-1]["test_accuracy"])
     mean = {name: statistics.fmean(values) for name, values in accuracy.items()}
@@ -165,7 +165,7 @@ def test_the_recipe_stops_at_a_target_accuracy_and_logs_the_time_to_it(tmp_path)
     --eval-global changes nothing (the ranks' models are one)."""
     run_cmd([VENV_BIN / "invoke", "train", "--epochs", "40", "--run-dir", tmp_path, "--", "--repeat", "2",
              "--target-accuracy", "0.95", "--eval-global"], timeout=600)
-    records = checkpoint.read_metrics(tmp_path / "metrics.jsonl")
+    records = metrics.records(tmp_path / "metrics.jsonl")
     reached = [r for r in records if r["event"] == "log" and r.get("reached_target")]
     epochs = [r for r in records if r["event"] == "epoch"]
     assert len(reached) == 1 and len(epochs) < 40 and records[-1]["event"] == "end", records[-3:]

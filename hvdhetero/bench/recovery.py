@@ -21,7 +21,6 @@ undisturbed seeds' spread and whether every disturbed run lies within it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hvdhetero import metrics
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 INVOKE = Path(sys.executable).parent / "invoke"
@@ -58,17 +59,8 @@ def job_pids(run_dir: Path, by: str = "HOROVOD_RANK") -> dict:
 
 
 def records(run_dir: Path, event: str) -> list[dict]:
-    """The run's metrics records of one kind (a line being written is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == event:
-            out.append(record)
-    return out
+    """The run's metrics records of one kind (none yet: [], a line being written: left out)."""
+    return metrics.records(run_dir / metrics.FILE, event, missing_ok=True)
 
 
 def start(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:

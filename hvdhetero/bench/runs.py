@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdhetero import metrics as metrics_file
 from hvdhetero.errors import ConfigError
 
 @dataclass
@@ -74,32 +75,6 @@ def find_latest(runs: Path) -> Path:
     return found[-1]
 
 
-def read_records(path: Path) -> tuple[list[dict], bool]:
-    """metrics.jsonl's records, and whether a torn last line (no newline: a write the run was
-    killed in) was left out. Anything else unreadable is an error naming the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read it ({err})") from None
-    lines = text.split("\n")
-    records, torn = [], False
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or "event" not in record or "time" not in record:
-                raise ValueError("not a metrics record (an object with event and time)")
-        except ValueError as err:
-            if number == len(lines):  # the last line, without its newline
-                torn = True
-                continue
-            raise ConfigError(f"{path}:{number}: not a metrics record ({err}): {line[:80]!r}; is this an "
-                              "hvdhetero run's metrics.jsonl?") from None
-        records.append(record)
-    return records, torn
-
-
 NEEDED = {"start": ("ranks",), "epoch": ("epoch", "loss", "samples", "seconds", "split"), "split": ("split",),
           "exchange": ("seconds",)}
 """What the report reads from each kind of record."""
@@ -119,7 +94,7 @@ def read_run(folder: str | Path) -> Run:
         raise ConfigError(f"{metrics} not found: " + (
             f"rank 0 ran on {launch['hosts'][0]}, which wrote it there; copy it into {folder}" if elsewhere
             else "not a run directory of invoke train, or the run stopped before training began"))
-    records, torn = read_records(metrics)
+    records, torn = metrics_file.read(metrics)
     by = {kind: [r for r in records if r["event"] == kind]
           for kind in ("start", "epoch", "log", "split", "exchange", "end", "plan")}
     if not by["start"]:

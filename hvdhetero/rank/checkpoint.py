@@ -1,17 +1,15 @@
-"""Checkpoints and metrics that a crash never leaves half-written.
+"""Checkpoints that a crash never leaves half-written.
 
 A checkpoint is written to a temporary file in the same directory, flushed to disk, then
-renamed over the target: readers see the old file or the new one, never a torn one.
-Metrics are JSON lines, one flushed record per event, so a run killed mid-way keeps every
-line it finished.
+renamed over the target: readers see the old file or the new one, never a torn one. (The
+metrics are hvdhetero/metrics.py's: JSON lines, one flushed record per event, so a run killed
+mid-way keeps every line it finished.)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -120,40 +118,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     version, internal, gauss_next = state["random"]
     random.setstate((version, tuple(internal), gauss_next))
-
-
-class MetricsLog:
-    """Appends one JSON object per line to `path`, each stamped with the wall time."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
-
-    def write(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "time": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def offset(self) -> int:
-        """Bytes written so far: a checkpoint holds it, a resume cuts the file back to it."""
-        return self._file.tell()
-
-    def truncate(self, offset: int) -> None:
-        """Drop what was written after `offset` (a resumed run redoes it)."""
-        self._file.flush()
-        self._file.truncate(min(offset, self.path.stat().st_size))
-        self._file.seek(0, os.SEEK_END)
-
-    def complete_lines(self) -> int:
-        """Bytes up to the end of the last whole line (a writer killed mid-line leaves a part)."""
-        self._file.flush()
-        data = self.path.read_bytes()
-        return data.rfind(b"\n") + 1
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -34,7 +34,7 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-from hvdhetero import progress
+from hvdhetero import metrics, progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, rounds, validate
@@ -68,7 +68,7 @@ class Job:
         self.step = 0
         """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
         only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
-        self._metrics = checkpoint.MetricsLog(self.run_dir / "metrics.jsonl") if self.is_main else None
+        self._metrics = metrics.MetricsLog(self.run_dir / metrics.FILE) if self.is_main else None
         self._tensorboard = (TensorBoardLog(self.run_dir / "tensorboard") if config.tensorboard and self.is_main
                              else None)
         self._prepared = None
