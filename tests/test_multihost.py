@@ -58,8 +58,8 @@ def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
     """h1's NIC is en0 and its hostname resolves to 127.0.1.1; h2's NIC is enp3s0."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"  # rank 0 runs on h1; /tmp is shared with the test hosts
-    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, inventory=inventory,
-                  timeout=900, check=True)
+    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, "--verbose",
+                  inventory=inventory, timeout=900, check=True)
     assert "--network-interfaces hvdtbr0 " in proc.stdout  # the launcher's NIC; ranks set their own
     records = metrics.records(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
