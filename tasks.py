@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from invoke import Exit, task
@@ -22,6 +21,7 @@ from hvdhetero import checks
 from hvdhetero.bench.options import BenchOptions
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
+from hvdhetero.cluster import run_dir as run_dirs
 from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
 from hvdhetero.recipes.options import RecipeOptions, recipe_argv
@@ -156,7 +156,7 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
                               + (["arguments after --"] if _script_args() else []))
             raise Exit(f"error: --resume continues the run with its own options; only --hosts and --inventory may "
                        f"change, got {named} (start a new run to change them)", code=2)
-        run_dir, saved = _resumable(resume)
+        run_dir, saved = run_dirs.resumable(resume, RUNS)
         hosts = hosts or saved["hosts"]
         script, workdir, recipe, script_args = saved["script"], saved["workdir"], saved["recipe"], saved["script_args"]
         settings = {**saved["settings"], "resume": True}
@@ -175,31 +175,6 @@ def _run_options() -> dict:
     return {name: p.default for name, p in inspect.signature(train.body).parameters.items() if name not in keep}
 
 
-def _resumable(resume: str) -> tuple[str, dict]:
-    """The run directory `--resume` names (latest: the newest under runs/ with a checkpoint) and
-    the options it was launched with (its launch.json)."""
-    if resume == "latest":
-        runs = sorted((p for p in RUNS.glob("*") if (p / "launch.json").is_file()
-                       and any((p / "checkpoints").glob("step-*.pt"))), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            raise Exit(f"error: --resume latest: no run under {RUNS} has a checkpoint", code=2)
-        folder = runs[-1]
-    else:
-        folder = Path(resume).resolve()
-    launched = folder / "launch.json"
-    if not launched.is_file():
-        raise Exit(f"error: --resume {resume}: {launched} not found (not a run directory invoke train wrote)", code=2)
-    try:
-        saved = json.loads(launched.read_text())
-    except ValueError as err:
-        raise Exit(f"error: --resume {resume}: {launched} is not the JSON invoke train writes ({err}); start "
-                   "the run again", code=2) from None
-    if saved.get("rank0_local", True) and not any((folder / "checkpoints").glob("step-*.pt")):
-        raise Exit(f"error: --resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
-                   "before its first; start it again)", code=2)
-    return str(folder), saved  # rank 0 elsewhere: its host has the checkpoints (the job says if none loads)
-
-
 def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
          name: str, script_args: list[str] | None = None, verbose: bool = False,
          all_ranks: bool = False) -> tuple[str, list[dict]]:
@@ -213,7 +188,7 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
                    "built-in recipe needs none", code=2)
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
-    run_dir = str(Path(run_dir).resolve()) if run_dir else str(RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+    run_dir = run_dirs.new(name, run_dir, RUNS)
     config = JobConfig(run_dir=run_dir, **settings)
     if config.tensorboard and selected[0].is_local and importlib.util.find_spec("tensorboard") is None:
         raise Exit("error: --tensorboard needs the tensorboard package here (rank 0's host): pip install tensorboard "
@@ -240,11 +215,8 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
             for host, what in wd.ship(inventory_, list(selected), folder, expect=digest).items():
                 print(f"{host}: workdir {what}")
     if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "launch.json").write_text(json.dumps(
-            {"hosts": [h.name for h in selected], "rank0_local": selected[0].is_local, "script": script,
-             "workdir": workdir, "recipe": recipe,
-             "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
+        run_dirs.write_launch(run_dir, [h.name for h in selected], selected[0].is_local, script, workdir, recipe,
+                              script_args, settings)
     watch = None
     if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
         from hvdhetero.cluster import elastic

@@ -1,0 +1,60 @@
+"""A training run's folder, from the launcher's side: where a new one goes, its `launch.json`
+(what `invoke train` was given: hosts, script or recipe, the script's arguments, the job's
+settings) and the run `--resume` continues from it. The ranks write the rest (metrics.jsonl,
+checkpoints/, what job.save writes: hvdhetero/metrics.py, rank/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hvdhetero.errors import ConfigError
+
+LAUNCH = "launch.json"
+
+
+def new(name: str, run_dir: str | Path | None, runs: Path) -> str:
+    """The run's folder: `run_dir` as given (absolute), else runs/<time>-<name>."""
+    return str(Path(run_dir).resolve()) if run_dir else str(runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+
+
+def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, script: str, workdir: str,
+                 recipe: list[str], script_args: list[str], settings: dict[str, Any]) -> None:
+    """What --resume relaunches with (written once the hosts passed their checks)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / LAUNCH).write_text(json.dumps(
+        {"hosts": hosts, "rank0_local": rank0_local, "script": script, "workdir": workdir, "recipe": recipe,
+         "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"}}, indent=1))
+
+
+def has_checkpoint(folder: Path) -> bool:
+    return any((folder / "checkpoints").glob("step-*.pt"))
+
+
+def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
+    """The run directory `--resume` names (latest: the newest under `runs` with a checkpoint) and
+    the options it was launched with (its launch.json); ConfigError (exit 2) naming what is
+    wrong otherwise."""
+    if resume == "latest":
+        found = sorted((p for p in runs.glob("*") if (p / LAUNCH).is_file() and has_checkpoint(p)),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise ConfigError(f"--resume latest: no run under {runs} has a checkpoint")
+        folder = found[-1]
+    else:
+        folder = Path(resume).resolve()
+    launched = folder / LAUNCH
+    if not launched.is_file():
+        raise ConfigError(f"--resume {resume}: {launched} not found (not a run directory invoke train wrote)")
+    try:
+        saved = json.loads(launched.read_text())
+    except ValueError as err:
+        raise ConfigError(f"--resume {resume}: {launched} is not the JSON invoke train writes ({err}); start the "
+                          "run again") from None
+    if saved.get("rank0_local", True) and not has_checkpoint(folder):
+        raise ConfigError(f"--resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
+                          "before its first; start it again)")
+    return str(folder), saved  # rank 0 elsewhere: its host has the checkpoints (the job says if none loads)

@@ -1,0 +1,66 @@
+"""A run's folder from the launcher's side (cluster/run_dir.py): launch.json written and read
+back, and the run --resume continues, refused with the reason when it cannot be."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from hvdhetero.cluster import run_dir
+from hvdhetero.errors import ConfigError
+
+
+def a_run(folder, checkpoint=True, rank0_local=True):
+    run_dir.write_launch(folder, ["local"], rank0_local, "", "", ["--dataset", "digits"], ["--repeat", "2"],
+                         {"seed": 3, "resume": True})
+    if checkpoint:
+        (folder / "checkpoints").mkdir()
+        (folder / "checkpoints" / "step-00000010.pt").write_bytes(b"")
+    return folder
+
+
+def test_launch_json_holds_what_resume_relaunches_with(tmp_path):
+    folder, saved = run_dir.resumable(str(a_run(tmp_path / "r")), tmp_path)
+    assert folder == str(tmp_path / "r")
+    assert saved == {"hosts": ["local"], "rank0_local": True, "script": "", "workdir": "",
+                     "recipe": ["--dataset", "digits"], "script_args": ["--repeat", "2"], "settings": {"seed": 3}}
+
+
+def test_latest_is_the_newest_run_with_a_checkpoint(tmp_path):
+    old, new, empty = a_run(tmp_path / "old"), a_run(tmp_path / "new"), a_run(tmp_path / "empty", checkpoint=False)
+    os.utime(old, (1, 1))
+    assert run_dir.resumable("latest", tmp_path)[0] == str(new)
+    os.utime(new, (0, 0))
+    assert run_dir.resumable("latest", tmp_path)[0] == str(old), "by time, not by name"
+    assert empty.exists()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: d.mkdir(), "launch.json not found (not a run directory invoke train wrote)"),
+    (lambda d: (d.mkdir(), (d / "launch.json").write_text('{"hosts": ["loc')), "is not the JSON invoke train writes"),
+    (lambda d: a_run(d, checkpoint=False), "the run has no checkpoint in"),
+])
+def test_a_run_that_cannot_be_resumed_is_refused_with_the_reason(tmp_path, make, says):
+    make(tmp_path / "r")
+    with pytest.raises(ConfigError, match=re.escape(says)) as refused:
+        run_dir.resumable(str(tmp_path / "r"), tmp_path)
+    assert refused.value.exit_code == 2 and str(tmp_path / "r") in str(refused.value)
+
+
+def test_rank_0_on_another_host_keeps_the_checkpoints_there(tmp_path):
+    folder = a_run(tmp_path / "r", checkpoint=False, rank0_local=False)
+    assert run_dir.resumable(str(folder), tmp_path)[1]["rank0_local"] is False
+
+
+def test_no_run_to_resume_under_runs(tmp_path):
+    with pytest.raises(ConfigError, match=f"--resume latest: no run under {tmp_path} has a checkpoint"):
+        run_dir.resumable("latest", tmp_path)
+
+
+def test_a_new_run_goes_under_runs_unless_given(tmp_path):
+    assert run_dir.new("digits", None, tmp_path).startswith(str(tmp_path / "20"))
+    assert run_dir.new("digits", "rel", tmp_path) == str((tmp_path.cwd() / "rel").resolve())
+    assert json.dumps(run_dir.LAUNCH) == '"launch.json"'
