@@ -393,8 +393,8 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
 
 
 def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
-    from hvdhetero.bench import accuracy
     from hvdhetero import metrics
+    from hvdhetero.bench import accuracy
 
     recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
                          repeat=options.repeat, target_accuracy=options.to_accuracy, lr=options.lr,

@@ -78,7 +78,7 @@ seen = {}
 run_steps(job, model, optimizer, loader, until=9, at=lambda step: seen.setdefault(step, (
     (elastic.COMMITS.state or {}).get("step"), job._sync.unsettled, job._sync.applied)))
 committed = elastic.COMMITS.state
-job._close()
+job.close()
 
 # the same run without commits, flushed at step 6: what the commit must hold
 job, model, optimizer, loader = prepared(seed=0, commits=False)
@@ -88,7 +88,7 @@ live = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(o
         "sync": copy.deepcopy(job._sync.state_dict())}
 outer_momentum = sum(float(s["momentum_buffer"].norm()) for s in live["sync"]["outer"]["state"].values())
 rank0_optimizer = hvd.broadcast_object(live["optimizer"], root_rank=0, name="commit.rank0_optimizer")
-job._close()
+job.close()
 
 if hvd.rank() == 1:
     elastic.COMMITS.state = None  # a newcomer: no commit of its own
