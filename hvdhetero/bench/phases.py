@@ -10,7 +10,6 @@ report needs (its split, its steps' times, its exchanges).
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 import tempfile
@@ -23,13 +22,14 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from hvdhetero.config import JobConfig, check_sync
-from hvdhetero.rank import checkpoint, resume, rounds
+from hvdhetero.rank import checkpoint, resume
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.job import Job
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, broadcast_state
 from hvdhetero.rank.step import Rank, forward_backward
+from hvdhetero.rank.strategy import Rounds
 from hvdhetero.recipes import models
 
 
@@ -136,17 +136,17 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
             optimizer.zero_grad(set_to_none=True)
         step.split = job._prepared.balancer.split
         step.timings.append((*job.last_step_seconds, time.perf_counter() - started))
-        if job._sync is not None and job._sync.round_steps == 0:  # this step ended a round
-            step.exchanges.append([round(job._sync.last_exchange_s, 4), round(job._sync.wait_s, 4),
-                                   job._sync.link_late])
+        if isinstance(job.strategy, Rounds) and job.strategy.between_rounds:  # this step ended a round
+            sync = job.strategy.sync
+            step.exchanges.append([round(sync.last_exchange_s, 4), round(sync.wait_s, 4), sync.link_late])
 
     step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
     step.job, step.epoch_steps = job, len(loader)
     step.exchanges, step.target = [], 0
     """Per round's end in the timed steps: [seconds blocked, of which waiting for the round applied
     (its slowest rank, then the link), whether that round was still on the link]."""
-    if job._sync is not None:
-        step.round, step.drain = every, functools.partial(rounds.one_model, job)
+    if isinstance(job.strategy, Rounds):
+        step.round, step.drain = every, lambda: job.strategy.one_model(job.step)
     return step
 
 
@@ -196,7 +196,7 @@ def checkpoint_cost(step, step_s: float, saves: int = 3) -> dict:
         resume.save_checkpoint(job, epoch_done=False)
         took.append(max(allreduce_sum(one_hot(time.perf_counter() - t0), f"bench.checkpoint.{i}")))
     save_s = statistics.median(took)
-    epoch_s = step.epoch_steps * step_s if job._sync is None else math.inf
+    epoch_s = step.epoch_steps * step_s if job.strategy.always_one_model else math.inf
     interval_s = min(epoch_s, job.config.checkpoint_minutes * 60 or math.inf)
     return {"save_s": save_s, "interval_s": interval_s, "cost": save_s / (save_s + interval_s),
             "interval_by": "epoch" if interval_s == epoch_s else "minutes",

@@ -108,17 +108,16 @@ def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None
     calls it there), so that the commit holds one model and the outer state every rank agrees
     on; overlapped, with the round just ended in flight, it is completed (and the hosts checked)
     when that round lands (`_complete`), so that nothing is in flight at a reset here."""
-    sync = job._sync
-    landing = sync is not None and sync.unsettled  # overlapped: the round just ended is in flight
-    if sync is not None:
-        assert sync.clock.steps == 0, "an elastic commit in the middle of a local/diloco round"
+    strategy = job.strategy
+    landing = strategy.unsettled  # overlapped: the round just ended is in flight
+    assert strategy.between_rounds, "an elastic commit in the middle of a local/diloco round"
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
                             epoch_done=epoch_done, landing=landing)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
     job._last_commit = job.step
     if landing:
-        COMMITS.pending = (_copied(state), sync.rounds, check_hosts)
-        sync.on_landed = lambda: _complete(job)
+        COMMITS.pending = (_copied(state), strategy.rounds, check_hosts)
+        strategy.sync.on_landed = lambda: _complete(job)
         return
     COMMITS.state, COMMITS.reached = _copied(state), job.step
     if check_hosts:
@@ -129,7 +128,7 @@ def _complete(job: Job) -> None:
     """ParameterSync.on_landed: the round a pending commit waits for has landed (every rank at
     the same round's end, nothing in flight): the global model and outer state are now what a
     flush at the commit's step would have left; the commit holds them, then the hosts check."""
-    sync = job._sync
+    sync = job.strategy.sync
     if COMMITS.pending is None or sync.applied < COMMITS.pending[1]:
         return
     (state, _, check_hosts), COMMITS.pending = COMMITS.pending, None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import horovod.torch as hvd
 import torch
 
-from hvdhetero.rank import batches, rounds
+from hvdhetero.rank import batches
 from hvdhetero.rank.reducer import allreduce_sum, average_buffers
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 
@@ -24,12 +24,10 @@ def evaluate(job: Job, fn: Callable, dataset, batch_size: int, collate_fn: Calla
              exchange: bool) -> dict:
     """Job.evaluate's work (its docstring says what a script gets)."""
     model = job._prepared.model if job._prepared else None
-    lend = job._sync is not None and model is not None and not exchange
-    if lend:
-        job._sync.pause_clock()  # an evaluation is not a step's work
-        borrowed = job._sync.global_model()
+    if model is not None and not exchange and not job.strategy.always_one_model:
+        borrowed = job.strategy.global_model()
     else:
-        rounds.one_model(job)
+        job.strategy.one_model(job.step)
         if model is not None:
             average_buffers(model)
         borrowed = contextlib.nullcontext()

@@ -22,7 +22,6 @@ with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimize
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
@@ -37,7 +36,7 @@ import torch
 from hvdhetero import metrics, progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, rounds, validate
+from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, validate
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.loader import Item, Loader
@@ -45,6 +44,8 @@ from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.step import micro_batch_for
+from hvdhetero.rank.step_state import OncePerStep, StepState
+from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.sync import ParameterSync
 from hvdhetero.rank.tensorboard import TensorBoardLog
 
@@ -72,15 +73,16 @@ class Job:
         self._tensorboard = (TensorBoardLog(self.run_dir / "tensorboard") if config.tensorboard and self.is_main
                              else None)
         self._prepared = None
-        self._item: Item | None = None
+        self.step_state = StepState()
+        """Where this rank is inside a step (rank/step_state.py): shared with the prepared optimizer and scheduler."""
         self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
-        self._accumulating = self._skip = self._reduced = False
         self._loss_sum = self._samples = 0.0
         self._busy = [0.0, 0.0]
         """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
         self._carried = 0.0
         """Overlapped: seconds the last epoch's end exchange blocked, counted in the next epoch."""
-        self._sync: ParameterSync | None = None
+        self.strategy: EveryStep | Rounds = EveryStep(None, overlap=False)
+        """How the ranks' models stay one (rank/strategy.py): step sync until prepare says otherwise."""
         self._last_scalars: dict = {}
         self._logged: list[dict] = []
         """Every job.log record, for the end report."""
@@ -101,8 +103,6 @@ class Job:
         self._last_checkpoint = 0
         self._last_commit = 0
         """--elastic: the step of this rank's last in-memory commit (rank/elastic.py)."""
-        self._updates_since_schedule = 0
-        """Optimizer steps since the prepared scheduler last stepped (1: it steps every step)."""
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self._reporter: progress.Reporter | None = None
@@ -164,10 +164,10 @@ class Job:
         sampler = WeightedBatchSampler(len(dataset), balancer.split, self.rank, seed=cfg.seed, min_share=1)
         loader = Loader(dataset, sampler, self.device, self.me.micro_batch, collate_fn, num_workers,
                         on_item=self._on_item, epoch=lambda: self.epoch, before_step=self._before_step,
-                        group=functools.partial(rounds.merged, self) if inner == "by-speed" else None)
-        wrapped = JobOptimizer(optimizer, self)
-        if scheduler is not None:
-            scheduler.step = self._once_per_step(scheduler.step)
+                        group=self._merged if inner == "by-speed" else None)
+        wrapped = JobOptimizer(optimizer, self.step_state, before_step=self._stepped, after_step=self._after_step)
+        if scheduler is not None:  # the user steps their own object: its step goes through the state
+            scheduler.step = OncePerStep(scheduler.step, self.step_state)
         if kind != "step":
             # The balancer hears once a round, a mean of H steps: it may decide at every hearing
             # (at its default of every 5th, a K=12 job at H=4 spent 60 steps unbalanced).
@@ -176,9 +176,10 @@ class Job:
             # small, sustained imbalance is corrected count as rounds (20 rounds of 32 steps held a
             # 12x-slower rank 9% behind for the whole benchmark).
             balancer.settle = max(3, -(-balancer.settle // every))
-        self._sync = None if kind == "step" else ParameterSync(model, kind, every, global_batch, cfg.compression,
-                                                                  cfg.outer_lr, cfg.outer_momentum, overlap_sync)
-        if self._sync is not None and inner == "by-speed":
+        self.strategy = EveryStep(reducer, cfg.overlap) if kind == "step" else Rounds(
+            ParameterSync(model, kind, every, global_batch, cfg.compression, cfg.outer_lr, cfg.outer_momentum,
+                          overlap_sync), on_exchange=self._exchanged)
+        if kind != "step" and inner == "by-speed":
             balancer.merge_limit = every
             if num_workers:  # workers draw 2 chunks each ahead, and a chunk may hold H steps
                 loader.lag = 2 * num_workers * every
@@ -201,7 +202,7 @@ class Job:
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the
         step's last chunk, the weighted exact reduction of every gradient across ranks."""
-        item, p = self._item, self._prepared
+        item, p = self.step_state.item, self._prepared
         if p is None or item is None:
             raise RuntimeError("job.backward() needs a batch from the loader that job.prepare() returned")
         self._loss_sum += float(loss.detach()) * item.n
@@ -210,35 +211,25 @@ class Job:
             scale *= self.loss_scale.scale
         weight = item.share / sum(item.sizes)
         unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
-        if item.last and self.config.overlap and self._sync is None:
-            p.reducer.prepare(weight * unscale)
+        if item.last:
+            self.strategy.before_last_backward(weight * unscale)
         (loss * scale if scale != 1.0 else loss).backward()
         if not item.last:
-            self._accumulating = True
+            self.step_state.backward_done(last=False)
             return
         self.me.device.synchronize()
         began, busy0, slept = self._began
         self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
         seconds = time.perf_counter() - began
-        if self._sync is None:
-            # Each rank's step time rides along with the gradients: every rank gets all of them.
-            reduce_started = time.perf_counter()
-            times = p.reducer.reduce(weight * unscale, extras=host.one_hot(seconds))
-            self.last_step_seconds = (seconds, time.perf_counter() - reduce_started)
-            overflowed = self.loss_scale is not None and p.reducer.overflowed()  # a pass over every gradient
-        else:  # local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone
-            grads = [q.grad for q in self._sync.params if q.grad is not None]
-            if unscale != 1.0:
-                for g in grads:
-                    g.mul_(unscale)
-            times, self.last_step_seconds = None, (seconds, 0.0)
-            overflowed = self.loss_scale is not None and not all(bool(torch.isfinite(g).all()) for g in grads)
-        self._accumulating, self._reduced = False, True
+        # Step sync: each rank's step time rides along with the gradients, and every rank gets all
+        # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
+        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, self.loss_scale is not None)
+        self.last_step_seconds = (seconds, reduce_s)
         self._busy[0] += self.last_step_seconds[0]
         self._busy[1] += self.last_step_seconds[1]
-        self._skip = overflowed
+        self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None:
-            self.loss_scale.update(self._skip)
+            self.loss_scale.update(overflowed)
         self._samples += item.share
         if times is not None:
             self._rebalance(times, list(item.sizes), item)
@@ -255,8 +246,8 @@ class Job:
             self._reporter = progress.Reporter(self.rank, self._host.get("name") or socket.gethostname(),
                                                self.me.device.describe(), size=self.size)
         compute_s, wait_s = self.last_step_seconds
-        if self._sync is not None:  # local/diloco: what the last exchange blocked this rank, once a round
-            wait_s += self._reporter.exchanged(self._sync.rounds, self._sync.last_exchange_s)
+        # local/diloco: what the last exchange blocked this rank, once a round
+        wait_s += self._reporter.exchanged(self.strategy.rounds, self.strategy.last_exchange_s)
         step, steps = item.step % len(p.loader) + 1, len(p.loader)
         job = {"epoch": self.epoch, "epochs": self._epochs, "step": step, "steps": steps}
         if self.is_main:
@@ -272,17 +263,9 @@ class Job:
         the reduced CPU buffers, the same bytes everywhere). Returns the norm before clipping;
         None between the micro-batches of a step (nothing is reduced yet)."""
         p = self._prepared
-        if p is None or self._accumulating or not self._reduced:
+        if p is None or self.step_state.accumulating or not self.step_state.reduced:
             return None
-        if self._sync is not None:  # each rank's own gradient, clipped on its own
-            return torch.nn.utils.clip_grad_norm_(self._sync.params, max_norm, norm_type)
-        total = p.reducer.grad_norm(norm_type)
-        coef = max_norm / (total + 1e-6)
-        if coef < 1.0:
-            for param in p.reducer.params:
-                if param.grad is not None:
-                    param.grad.mul_(coef)
-        return torch.tensor(total)
+        return self.strategy.clip(max_norm, norm_type)
 
     def autocast(self):
         """The device's mixed precision when the job's --precision asks for it; else nothing."""
@@ -344,7 +327,7 @@ class Job:
     def sync(self) -> str:
         """The sync mode in use: step, local:H or diloco:H (--sync auto as the plan chose; step
         before prepare)."""
-        return "step" if self._sync is None else f"{self._sync.kind}:{self._sync.every}"
+        return self.strategy.name
 
     def evaluate(self, fn: Callable, dataset, *, batch_size: int = 256, collate_fn: Callable | None = None,
                  exchange: bool = True) -> dict:
@@ -367,7 +350,7 @@ class Job:
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
         atomically; every rank gets the path."""
-        rounds.one_model(self)
+        self.strategy.one_model(self.step)
         if self._prepared is not None:
             average_buffers(self._prepared.model)
         path = self.run_dir / name
@@ -387,9 +370,8 @@ class Job:
 
     def _on_item(self, item: Item) -> None:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
-        self._item = item
+        self.step_state.chunk_given(item)
         if item.chunk == 0:
-            self._reduced = False
             slept = self.me.straggle(item.share)
             self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
 
@@ -397,25 +379,28 @@ class Job:
         """The prepared optimizer asks whether to step: not when the step's reduced gradients
         overflowed (every rank skips alike). Called only once a step's last micro-batch is in
         (the prepared optimizer does nothing between them)."""
-        if self._prepared is not None and self._item is not None and not self._reduced:
+        state = self.step_state
+        if self._prepared is not None and state.item is not None and not state.reduced:
             raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
-        self._reduced = False
-        self._updates_since_schedule += 1
-        self.step += self._item.steps if self._item is not None else 1
-        return not self._skip
+        state.reduced = False
+        state.updates += 1
+        self.step += state.item.steps if state.item is not None else 1
+        return not state.skip
 
     def _after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
-        and, at a round's end, exchange parameters (rank/rounds.py); a checkpoint may be due."""
-        round_ended = rounds.after_step(self)
+        and, at a round's end, exchange parameters (rank/strategy.py); a checkpoint may be due."""
+        item = self.step_state.item
+        round_ended = self.strategy.always_one_model if item is None else self.strategy.after_step(
+            item.share, self.last_step_seconds[0], item.steps, self.step, item.step, self._epoch_left(item))
         # Taken when the next step begins: after this step's scheduler.step(), the script's
         # job.log and whatever else it does between steps (the loader's before-hook). With
         # local/diloco only once a round has ended: mid-round its flush would expose an exchange,
         # shift the rounds, and a rank merging steps (--inner-steps by-speed) is not at a step
         # boundary the others share.
-        if self._checkpoint_is_due() and (self._sync is None or round_ended):
+        if self._checkpoint_is_due() and round_ended:
             self._checkpoint_due = True
 
     def _checkpoint_is_due(self) -> bool:
@@ -433,19 +418,31 @@ class Job:
             self._write("split", step=p.loader.resplit(new, at), split=new, reason=p.balancer.reason,
                         fallback=p.balancer.fallback)
 
-    def _once_per_step(self, step: Callable) -> Callable:
-        def between_micro_batches_nothing(*args, **kwargs):
-            if self._accumulating:
-                return None
-            # Once per global step: a merged step (--inner-steps by-speed) stands for several,
-            # when the scheduler is stepped after every optimizer step (a per-step schedule);
-            # one stepped once an epoch is stepped once.
-            merged = self._item.steps if self._item is not None and self._updates_since_schedule == 1 else 1
-            self._updates_since_schedule = 0
-            for _ in range(merged - 1):
-                step(*args, **kwargs)
-            return step(*args, **kwargs)
-        return between_micro_batches_nothing
+    def _epoch_left(self, item: Item) -> int | None:
+        """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""
+        steps = len(self._prepared.loader) if self._prepared and self._in_epochs else 0
+        return (self.epoch + 1) * steps - 1 - item.step if steps else None
+
+    def _merged(self, step: int, left: int) -> int:
+        """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
+        sizes = self._prepared.sampler.batch_sizes
+        return self.strategy.merge(step, left, sizes[self.rank], max(sizes), self._in_epochs, self.me.max_batch)
+
+    def _exchanged(self, sync: ParameterSync, landed: tuple[list[float], list[float]] | None, after_step: int,
+                   count: bool = True) -> None:
+        """Rounds.on_exchange, after a round's end or a flush: its record in the metrics, and the
+        round that landed (every rank's mean step seconds and samples per step in it) to the
+        balancer. `count`: its seconds go to this epoch's communication time."""
+        item, p = self.step_state.item, self._prepared
+        if item is None:
+            return
+        if count:
+            self._busy[1] += sync.last_exchange_s
+        self._write("exchange", step=self.step, round=sync.rounds, applied=sync.applied,
+                    split=list(p.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
+                    wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
+        if landed is not None:
+            self._rebalance(*landed, item, after_step)
 
     # -- metrics ---------------------------------------------------------------------------------
 
@@ -468,8 +465,7 @@ class Job:
             print(f"hvdhetero: rank {self.rank}: {self.precision.note}", flush=True)
 
     def _end_epoch(self) -> None:
-        if self._sync is not None:
-            self._sync.pause_clock()
+        self.strategy.pause()
         seconds = time.perf_counter() - self._epoch_started
         steps = max(1, len(self._prepared.loader)) if self._prepared else 1
         # rank 0's step time rides along: the time-based checkpoint interval, the same on every rank;
@@ -490,13 +486,14 @@ class Job:
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
-            if self._sync is None or self._checkpoint_due or self._checkpoint_is_due():
+            if self.strategy.always_one_model or self._checkpoint_due or self._checkpoint_is_due():
                 resume.save_checkpoint(self, epoch_done=True)
             if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)
             # Overlapped, a round of H steps or more ends with the epoch, its exchange launched
-            # after the epoch's collectives (rank/rounds.py); what that blocked counts in the next epoch
-            self._carried = rounds.end_epoch(self)
+            # after the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the
+            # next epoch
+            self._carried = self.strategy.end_epoch(self.step, not self._stopping and self.epoch + 1 < self._epochs)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 
@@ -513,7 +510,7 @@ class Job:
         """Whether a commit may be taken now: always under step sync; with local/diloco only
         between rounds (every rank at the same step, none of its round unexchanged), so that a
         reset restarts a round from a state every rank agrees on (rank/elastic.py)."""
-        return self._sync is None or self._sync.clock.steps == 0
+        return self.strategy.between_rounds
 
     @property
     def _elastic(self) -> bool:
@@ -527,7 +524,7 @@ class Job:
                 log.close()
 
     def _end(self) -> None:
-        rounds.one_model(self)
+        self.strategy.one_model(self.step)
         model = self._prepared.model if self._prepared else None
         digest = evaluation.param_digest(model) if model is not None else ""
         digests = hvd.allgather_object(digest, name="hvdhetero.digests")

@@ -8,14 +8,22 @@ reduced gradients overflowed under fp16 loss scaling is skipped on every rank al
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from hvdhetero.rank.step_state import StepState
 
 
 class JobOptimizer(torch.optim.Optimizer):
-    """Wraps `optimizer` for `job`; everything else is the wrapped optimizer's."""
+    """Wraps `optimizer`: `step` asks `before_step` whether to update and calls `after_step`
+    after; everything else is the wrapped optimizer's."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, job):  # noqa: D107 - no super().__init__: shares state
-        self.optimizer, self.job = optimizer, job
+    def __init__(self, optimizer: torch.optim.Optimizer, state: StepState, before_step: Callable[[], bool],
+                 after_step: Callable[[], None]):  # noqa: D107 - no super().__init__: shares state
+        self.optimizer, self.step_state = optimizer, state
+        self.before_step, self.after_step = before_step, after_step
+        """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
 
@@ -36,16 +44,16 @@ class JobOptimizer(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     def step(self, closure=None):
-        if self.job._accumulating:
+        if self.step_state.accumulating:
             return None
         out = None
-        if self.job._stepped():
+        if self.before_step():
             out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        self.job._after_step()
+        self.after_step()
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if not self.job._accumulating:
+        if not self.step_state.accumulating:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):

@@ -22,7 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import checkpoint, precision, rounds
+from hvdhetero.rank import checkpoint, precision
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
@@ -40,13 +40,13 @@ def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
     p, cfg = job._prepared, job.config
     model = p.model.state_dict()
     if landing:
-        out = job._sync.exchanged_names(p.model)
+        out = job.strategy.exchanged_names(p.model)
         model = {name: t for name, t in model.items() if name not in out}
     return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
             "size": job.size, "hosts": job._host_names, "model": model, "optimizer": optimizer,
             "scheduler": _scheduler_state(job._scheduler) if job._scheduler is not None else None,
             "loss_scale": asdict(job.loss_scale) if job.loss_scale is not None else None,
-            "sync": job._sync.state_dict() if job._sync is not None and not landing else None,
+            "sync": job.strategy.state_dict() if not landing else None,
             "split": list(p.sampler.batch_sizes), "rng": rng, "config": asdict(cfg),
             "metrics_offset": job._metrics.offset() if job._metrics is not None else 0,
             "tracked": {name: obj.state_dict() for name, obj in job._tracked.items()}}
@@ -65,8 +65,7 @@ def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None
         job._scheduler.load_state_dict(state["scheduler"])
     if job.loss_scale is not None and state["loss_scale"]:
         job.loss_scale = precision.LossScale(**state["loss_scale"])
-    if job._sync is not None and state["sync"] is not None:
-        job._sync.load_state_dict(state["sync"])
+    job.strategy.load_state_dict(state["sync"])
     for name, obj in job._tracked.items():
         if name in state["tracked"]:
             obj.load_state_dict(state["tracked"][name])
@@ -77,8 +76,7 @@ def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None
     else:
         torch.manual_seed(job.config.seed * 1_000_003 + state["step"] * 101 + job.rank)
     job.step = job._last_checkpoint = state["step"]
-    if job._sync is not None:  # the rounds start again at the checkpoint's step
-        job._sync.clock.restart(job.step)
+    job.strategy.restart(job.step)  # local/diloco: the rounds start again at the checkpoint's step
     job.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
     job._start_epoch = job.epoch
     p.loader.start_step = job.step
@@ -91,11 +89,11 @@ def save_checkpoint(job: Job, epoch_done: bool) -> None:
     if p is None or not cfg.keep_checkpoints:
         return
     started = time.perf_counter()
-    rounds.one_model(job)
+    job.strategy.one_model(job.step)
     rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
     # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
     optimizer = (hvd.allgather_object(to_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
-                 if job._sync is not None else p.optimizer.state_dict())
+                 if job.strategy.own_optimizers else p.optimizer.state_dict())
     path = checkpoint.path_for(job.run_dir, job.step)
     if job.is_main:
         checkpoint.save_object(snapshot(job, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)

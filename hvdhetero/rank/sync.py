@@ -215,7 +215,7 @@ class ParameterSync:
             self.rounds += 1
             self.samples, self.seconds = 0, 0.0
             # the next round's counts start at 0; its origin is set by the job, which knows the
-            # global step (rounds.exchanged)
+            # global step (Rounds._exchanged, rank/strategy.py)
             self.clock.steps = self.clock.updates = 0
             if self.overlap and not wait:
                 self._continue_from_global(mine)

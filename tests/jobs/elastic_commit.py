@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import hvdhetero as hh
 from hvdhetero.config import JobConfig
-from hvdhetero.rank import elastic, rounds
+from hvdhetero.rank import elastic
 from hvdhetero.recipes import data, models
 
 run_dir = sys.argv[1]
@@ -76,16 +76,16 @@ def run_steps(job, model, optimizer, loader, until, at=None):
 job, model, optimizer, loader = prepared(seed=0)
 seen = {}
 run_steps(job, model, optimizer, loader, until=9, at=lambda step: seen.setdefault(step, (
-    (elastic.COMMITS.state or {}).get("step"), job._sync.unsettled, job._sync.applied)))
+    (elastic.COMMITS.state or {}).get("step"), job.strategy.sync.unsettled, job.strategy.sync.applied)))
 committed = elastic.COMMITS.state
 job.close()
 
 # the same run without commits, flushed at step 6: what the commit must hold
 job, model, optimizer, loader = prepared(seed=0, commits=False)
 run_steps(job, model, optimizer, loader, until=6)
-rounds.one_model(job)
+job.strategy.one_model(job.step)
 live = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
-        "sync": copy.deepcopy(job._sync.state_dict())}
+        "sync": copy.deepcopy(job.strategy.sync.state_dict())}
 outer_momentum = sum(float(s["momentum_buffer"].norm()) for s in live["sync"]["outer"]["state"].values())
 rank0_optimizer = hvd.broadcast_object(live["optimizer"], root_rank=0, name="commit.rank0_optimizer")
 job.close()
@@ -96,10 +96,10 @@ job, model, optimizer, loader = prepared(seed=1 + hvd.rank())  # other weights t
 result = {"committed_step": committed["step"], "rounds": live["sync"]["rounds"], "applied": live["sync"]["applied"],
           # per step of the first run: (the step of the commit held, a round in flight, rounds applied)
           "seen": {step: seen[step] for step in sorted(seen)},
-          "outer_momentum": outer_momentum, "step": job.step, "round_origin": job._sync.clock.origin,
-          "unsettled": job._sync.unsettled,
+          "outer_momentum": outer_momentum, "step": job.step, "round_origin": job.strategy.sync.clock.origin,
+          "unsettled": job.strategy.sync.unsettled,
           "model": differences(model.state_dict(), live["model"]),
-          "sync": differences(job._sync.state_dict(), live["sync"]),
+          "sync": differences(job.strategy.sync.state_dict(), live["sync"]),
           # a survivor keeps its own inner optimizer state; a newcomer starts from rank 0's
           "optimizer": differences(optimizer.state_dict(), live["optimizer"] if hvd.rank() == 0 else rank0_optimizer),
           "own_optimizer": differences(optimizer.state_dict(), live["optimizer"])}

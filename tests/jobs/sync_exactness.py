@@ -141,10 +141,11 @@ for i, (sync, name, steps, reference, overlap) in enumerate(CASES):
             samples = [0] * job.size
         if job.step == steps:
             break
-    applied = job._sync.applied if job._sync else None
+    exchange = getattr(job.strategy, "sync", None)  # local/diloco's ParameterSync
+    applied = exchange.applied if exchange else None
     results.append({"sync": sync + (" overlapped" if overlap else ""), "optimizer": name, "steps": steps,
                     "shares": shares, "param_rel_err": rel(model.parameters(), refs[0].parameters()),
-                    "rounds": job._sync.rounds if job._sync else None, "applied": applied,
+                    "rounds": exchange.rounds if exchange else None, "applied": applied,
                     "at_once_rel_err": rel(model.parameters(), at_once.refs[0].parameters()) if at_once else None,
                     "moved": rel(initial, model.parameters())})
     if overlap:
@@ -161,11 +162,11 @@ for i, (sync, name, steps, reference, overlap) in enumerate(CASES):
         results[-1]["global_eval"] = {"sum": sums["out"], "replay": wanted.sum().item(),
                                       "scale": wanted.abs().sum().item(), "own": own.sum().item(),
                                       "own_vs_replay": ((own - wanted).norm() / wanted.norm()).item(),
-                                      "applied": job._sync.applied,
+                                      "applied": job.strategy.sync.applied,
                                       "own_kept": bool(torch.equal(before, flat(model.parameters())))}
         # the round in flight lands at a flush with no step since: one model, that round's step times
-        results[-1]["flush_times"] = job._sync.flush()
-        results[-1]["applied_after_flush"] = job._sync.applied
+        results[-1]["flush_times"] = job.strategy.sync.flush()
+        results[-1]["applied_after_flush"] = job.strategy.sync.applied
         results[-1]["same_model"] = len(set(hvd.allgather_object(
             flat(model.parameters()).sum().item(), name=f"sync.same.{i}"))) == 1
 if hvd.rank() == 0:

@@ -1,0 +1,64 @@
+"""Where this rank is inside a global step: one small object that the loader's hooks, the
+prepared optimizer, the prepared scheduler and job.backward share (as accelerate's
+GradientState), instead of each reading the Job's private fields.
+
+    loader hands out a chunk     -> state.item (a step's first chunk: reduced = False)
+    job.backward, not the last   -> accumulating = True (optimizer, zero_grad, scheduler wait)
+    job.backward, the last       -> accumulating = False, reduced = True, skip = overflowed
+    optimizer.step()             -> steps unless skip; updates += 1
+    scheduler.step()             -> steps once per global step (a merged step: once per step it spans)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class StepState:
+    """One rank's position inside its current global step."""
+
+    item: Any = None
+    """The chunk the loader handed out last (loader.Item: which step, which chunk, how many)."""
+    accumulating: bool = False
+    """Between a step's micro-batches: the optimizer, zero_grad and the scheduler do nothing."""
+    reduced: bool = False
+    """job.backward has reduced this step's gradients (the optimizer may step)."""
+    skip: bool = False
+    """The step's gradients overflowed (fp16 loss scaling): every rank skips the update alike."""
+    updates: int = 0
+    """Optimizer steps since the prepared scheduler last stepped (1: it steps every step)."""
+
+    def chunk_given(self, item) -> None:
+        """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
+        self.item = item
+        if item.chunk == 0:
+            self.reduced = False
+
+    def backward_done(self, last: bool, overflowed: bool = False) -> None:
+        """job.backward of a chunk: the step's last one was reduced (`overflowed`: skip it)."""
+        self.accumulating = not last
+        if last:
+            self.reduced, self.skip = True, overflowed
+
+
+class OncePerStep:
+    """A scheduler's `step` that steps once per global step, whatever the micro-batches: nothing
+    between a step's chunks, and for a merged step (--inner-steps by-speed) once per global step
+    it stands for when the scheduler is stepped after every optimizer step (a per-step
+    schedule); one stepped once an epoch is stepped once."""
+
+    def __init__(self, step: Callable, state: StepState):
+        self.wrapped, self.state = step, state
+
+    def __call__(self, *args, **kwargs):
+        state = self.state
+        if state.accumulating:
+            return None
+        merged = state.item.steps if state.item is not None and state.updates == 1 else 1
+        state.updates = 0
+        for _ in range(merged - 1):
+            self.wrapped(*args, **kwargs)
+        return self.wrapped(*args, **kwargs)
