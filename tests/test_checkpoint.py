@@ -170,3 +170,24 @@ def test_a_run_resumes_on_fewer_ranks_and_the_split_is_made_for_them(tmp_path):
     after = [r for r in records if r["event"] == "epoch" and r["time"] > starts[1]["time"]]
     assert after and all(len(r["split"]) == 1 for r in after), after
     assert records[-1]["event"] == "end" and records[-1]["test_accuracy"] > 0.9, records[-1]
+
+
+def format_run(run_dir: Path, sync: str, resume: bool = False) -> dict:
+    proc = run_cmd([VENV_BIN / "python", ROOT / "tests/jobs/checkpoint_format.py", run_dir, sync,
+                    *(["--resume"] if resume else [])], timeout=120)
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("FORMAT_END "))[11:])
+
+
+@pytest.mark.parametrize("sync", ["step", "diloco:2"])
+def test_a_checkpoint_written_before_the_registry_resumes_to_the_same_end(tmp_path, sync):
+    """tests/data/checkpoints/ holds mid-epoch checkpoints that main wrote at 12ac92f (before
+    checkpoints were taken over rank/registry.py's parts) with tests/jobs/checkpoint_format.py:
+    resumed by today's code, the run ends with the parameters, schedule and tracked state of an
+    uninterrupted run of today's code (which equals that commit's, bit for bit)."""
+    kept = ROOT / "tests/data/checkpoints" / sync.split(":")[0]
+    whole = format_run(tmp_path / "whole", sync)
+    (tmp_path / "cut" / "checkpoints").mkdir(parents=True)
+    for saved in kept.glob("step-*.pt"):
+        (tmp_path / "cut" / "checkpoints" / saved.name).write_bytes(saved.read_bytes())
+    resumed = format_run(tmp_path / "cut", sync, resume=True)
+    assert resumed == whole and whole["step"] == 12 and whole["seen"] == 12, (resumed, whole)

@@ -114,7 +114,7 @@ def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None
     state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
                             epoch_done=epoch_done, landing=landing)
     state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
-    job._last_commit = job.step
+    job.train.last_commit = job.step
     if landing:
         COMMITS.pending = (_copied(state), strategy.rounds, check_hosts)
         strategy.sync.on_landed = lambda: _complete(job)

@@ -41,6 +41,7 @@ from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
+from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.step import micro_batch_for
@@ -65,10 +66,10 @@ class Job:
         self.precision = precision.resolve(config.precision, self.me.device.name)
         self.loss_scale = precision.LossScale() if self.precision.scaled else None
         self.run_dir = Path(config.run_dir)
-        self.epoch = 0
-        self.step = 0
-        """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
-        only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
+        self.train = TrainState()
+        """Where the job is (step, epoch, the checkpoints' and commits' steps: rank/registry.py)."""
+        self.parts = Registry()
+        """What a checkpoint or a commit holds, by name (filled by prepare; rank/registry.py)."""
         self._metrics = metrics.MetricsLog(self.run_dir / metrics.FILE) if self.is_main else None
         self._tensorboard = (TensorBoardLog(self.run_dir / "tensorboard") if config.tensorboard and self.is_main
                              else None)
@@ -92,17 +93,10 @@ class Job:
         self._epochs = 1
         self._in_epochs = False
         """Whether job.epochs is iterating: only there do overlapped rounds end with the epochs."""
-        self._start_epoch = 0
-        """Resumed: the first epoch job.epochs yields."""
-        self._scheduler = None
-        self._tracked: dict = {}
+        self._tracked = Registry()
         """job.track(name, obj): the script's own state in every checkpoint."""
         self._checkpoint_every = 0
         """Steps between periodic checkpoints (0: only at epochs' ends)."""
-        self._checkpoint_due = False
-        self._last_checkpoint = 0
-        self._last_commit = 0
-        """--elastic: the step of this rank's last in-memory commit (rank/elastic.py)."""
         self._stopping = False
         self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
         self._reporter: progress.Reporter | None = None
@@ -184,7 +178,9 @@ class Job:
             if num_workers:  # workers draw 2 chunks each ahead, and a chunk may hold H steps
                 loader.lag = 2 * num_workers * every
         self._prepared = _Prepared(model, wrapped, loader, reducer, balancer, sampler)
-        self._scheduler = scheduler
+        self.parts = Registry(model=model, optimizer=PerRank(optimizer, self.rank),
+                              scheduler=Scheduler(scheduler) if scheduler is not None else None,
+                              loss_scale=self.loss_scale, sync=self.strategy, tracked=self._tracked)
         self._host_names = hvd.allgather_object(self._host.get("name") or socket.gethostname(),
                                                 name="hvdhetero.host_names")
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
@@ -279,12 +275,12 @@ class Job:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._epochs = n
         self._stopping = False
-        if self._start_epoch >= n and self.is_main and not self._elastic:
+        if self.train.start_epoch >= n and self.is_main and not self._elastic:
             print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
                   flush=True)
         self._in_epochs = True  # overlapped rounds end with the epochs (RoundClock.due)
         try:
-            for epoch in range(self._start_epoch, n):
+            for epoch in range(self.train.start_epoch, n):
                 self.epoch = epoch
                 self._loss_sum = self._samples = 0.0
                 carried, self._carried = self._carried, 0.0
@@ -313,7 +309,7 @@ class Job:
         if self._prepared is not None:
             raise ConfigError(f"job.track({name!r}, ...) after job.prepare: call it before, which restores it on "
                               "--resume")
-        self._tracked[name] = obj
+        self._tracked.add(name, obj)
 
     def log(self, **scalars) -> None:
         """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
@@ -322,6 +318,25 @@ class Job:
         self._last_scalars.update(values)
         self._logged.append({"epoch": self.epoch, "step": self.step, **values})
         self._write("log", **self._logged[-1])  # the script's own win
+
+    @property
+    def step(self) -> int:
+        """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
+        only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
+        return self.train.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.train.step = value
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress (job.epochs sets it)."""
+        return self.train.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.train.epoch = value
 
     @property
     def sync(self) -> str:
@@ -363,9 +378,9 @@ class Job:
     def _before_step(self, item: Item) -> None:
         """The loader is about to hand out a step's first batch: a periodic checkpoint due is taken
         now (every rank at the same step)."""
-        if self._checkpoint_due:
+        if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
-        if self._elastic and self.step - self._last_commit >= self.config.commit_every and self._round_start:
+        if self._elastic and self.step - self.train.last_commit >= self.config.commit_every and self._round_start:
             elastic.commit(self)
 
     def _on_item(self, item: Item) -> None:
@@ -401,10 +416,10 @@ class Job:
         # shift the rounds, and a rank merging steps (--inner-steps by-speed) is not at a step
         # boundary the others share.
         if self._checkpoint_is_due() and round_ended:
-            self._checkpoint_due = True
+            self.train.checkpoint_due = True
 
     def _checkpoint_is_due(self) -> bool:
-        return bool(self._checkpoint_every) and self.step - self._last_checkpoint >= self._checkpoint_every
+        return bool(self._checkpoint_every) and self.step - self.train.last_checkpoint >= self._checkpoint_every
 
     def _rebalance(self, times: list[float], sizes: list[float], item: Item, after_step: int | None = None) -> None:
         """Every rank's step seconds (and the samples they took) to the balancer; a new split
@@ -486,7 +501,7 @@ class Job:
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
-            if self.strategy.always_one_model or self._checkpoint_due or self._checkpoint_is_due():
+            if self.strategy.always_one_model or self.train.checkpoint_due or self._checkpoint_is_due():
                 resume.save_checkpoint(self, epoch_done=True)
             if self._elastic and self._round_start:
                 elastic.commit(self, epoch_done=True)

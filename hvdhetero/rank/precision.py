@@ -78,6 +78,13 @@ class LossScale:
     clean: int = 0
     skipped: int = 0
 
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "interval": self.interval, "clean": self.clean, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.interval, self.clean, self.skipped = (state["scale"], state["interval"], state["clean"],
+                                                               state["skipped"])
+
     def update(self, overflowed: bool) -> None:
         if overflowed:
             self.scale = max(self.scale / 2.0, 1.0)

@@ -22,7 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import checkpoint, precision
+from hvdhetero.rank import checkpoint
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
@@ -31,55 +31,39 @@ if TYPE_CHECKING:
 
 def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
              landing: bool = False) -> dict[str, Any]:
-    """The job's state now: `rng` is every rank's random states (a checkpoint) or this rank's (an
-    elastic commit); `optimizer` the optimizer state to keep (under local/diloco every rank's in a
+    """The job's state now: its position (TrainState), every registered part (model, scheduler,
+    loss scale, sync strategy, job.track'ed objects: rank/registry.py) and what a resume compares
+    or redoes. `rng` is every rank's random states (a checkpoint) or this rank's (an elastic
+    commit); `optimizer` the optimizer state to keep (under local/diloco every rank's in a
     checkpoint, this rank's own in a commit). Under local/diloco only between rounds, nothing in
     flight (ParameterSync.state_dict says so otherwise), unless `landing`: an overlapped elastic
     commit whose round is in flight, its global model (what the exchange carries, left out here)
     and sync state put in when it lands (rank/elastic.py)."""
-    p, cfg = job._prepared, job.config
-    model = p.model.state_dict()
+    p = job._prepared
+    parts = job.parts.state_dict(leave_out=("optimizer", "sync") if landing else ("optimizer",))
     if landing:
         out = job.strategy.exchanged_names(p.model)
-        model = {name: t for name, t in model.items() if name not in out}
-    return {"format": checkpoint.FORMAT, "step": job.step, "epoch": job.epoch, "epoch_done": epoch_done,
-            "size": job.size, "hosts": job._host_names, "model": model, "optimizer": optimizer,
-            "scheduler": _scheduler_state(job._scheduler) if job._scheduler is not None else None,
-            "loss_scale": asdict(job.loss_scale) if job.loss_scale is not None else None,
-            "sync": job.strategy.state_dict() if not landing else None,
-            "split": list(p.sampler.batch_sizes), "rng": rng, "config": asdict(cfg),
-            "metrics_offset": job._metrics.offset() if job._metrics is not None else 0,
-            "tracked": {name: obj.state_dict() for name, obj in job._tracked.items()}}
+        parts["model"] = {name: t for name, t in parts["model"].items() if name not in out}
+        parts["sync"] = None
+    return {"format": checkpoint.FORMAT, **job.train.state_dict(epoch_done), "size": job.size,
+            "hosts": job._host_names, **parts, "optimizer": optimizer, "split": list(p.sampler.batch_sizes),
+            "rng": rng, "config": asdict(job.config),
+            "metrics_offset": job._metrics.offset() if job._metrics is not None else 0}
 
 
 def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
-    """Put `state` back into the job's prepared objects, in place, and continue from its position;
+    """Put `state` back into the job's registered parts, in place, and continue from its position;
     `rng` is this rank's random states to restore (None: draw new ones from the seed and step)."""
-    p = job._prepared
-    p.model.load_state_dict(state["model"])
-    optimizer = state["optimizer"]
-    if isinstance(optimizer, list):  # local/diloco: each rank's own; a rank more starts from rank 0's
-        optimizer = optimizer[job.rank] if job.rank < len(optimizer) else optimizer[0]
-    p.optimizer.load_state_dict(optimizer)
-    if job._scheduler is not None and state["scheduler"] is not None:
-        job._scheduler.load_state_dict(state["scheduler"])
-    if job.loss_scale is not None and state["loss_scale"]:
-        job.loss_scale = precision.LossScale(**state["loss_scale"])
-    job.strategy.load_state_dict(state["sync"])
-    for name, obj in job._tracked.items():
-        if name in state["tracked"]:
-            obj.load_state_dict(state["tracked"][name])
+    job.parts.load_state_dict(state)
     # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
     # is the run's). The same hosts get their random states back; others draw from the seed.
     if rng is not None:
         checkpoint.set_rng_state(rng)
     else:
         torch.manual_seed(job.config.seed * 1_000_003 + state["step"] * 101 + job.rank)
-    job.step = job._last_checkpoint = state["step"]
-    job.strategy.restart(job.step)  # local/diloco: the rounds start again at the checkpoint's step
-    job.epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
-    job._start_epoch = job.epoch
-    p.loader.start_step = job.step
+    job.train.load_state_dict(state)
+    job.strategy.restart(job.train.step)  # local/diloco: the rounds start again at the checkpoint's step
+    job._prepared.loader.start_step = job.train.step
 
 
 def save_checkpoint(job: Job, epoch_done: bool) -> None:
@@ -98,7 +82,7 @@ def save_checkpoint(job: Job, epoch_done: bool) -> None:
     if job.is_main:
         checkpoint.save_object(snapshot(job, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
         checkpoint.keep_newest(job.run_dir, cfg.keep_checkpoints)
-    job._last_checkpoint, job._checkpoint_due = job.step, False
+    job.train.last_checkpoint, job.train.checkpoint_due = job.step, False
     job._write("checkpoint", epoch=job.epoch, step=job.step, path=str(path),
                seconds=round(time.perf_counter() - started, 4))
 
@@ -121,7 +105,3 @@ def resume_from_disk(job: Job) -> str:
         print(f"hvdhetero: resuming from {path} (epoch {job.epoch + 1}, step {job.step}{change})", flush=True)
     return path
 
-
-def _scheduler_state(scheduler) -> dict:
-    """An LR scheduler's state without the once-per-step `step` that prepare put on it."""
-    return {k: v for k, v in scheduler.state_dict().items() if k != "step"}

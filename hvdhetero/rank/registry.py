@@ -1,0 +1,105 @@
+"""What a checkpoint or an elastic commit holds, as named parts that each save and load
+themselves (torchtitan's `{name: Stateful}`), and the job's position as a small TrainState.
+
+    parts = Registry(model=model, optimizer=PerRank(optimizer, rank), scheduler=..., loss_scale=...,
+                     sync=strategy, tracked=Registry(**job.track'ed objects))
+    state = {**train.state_dict(), **parts.state_dict()}     # rank/resume.py adds the rest
+    parts.load_state_dict(state); train.load_state_dict(state)
+
+A part is anything with `state_dict()` and `load_state_dict(state)` holding tensors and plain
+values (so a state round-trips through torch.load(weights_only=True)). A name whose part is None
+(no scheduler, no loss scaling, step sync's strategy) is saved as None and loads nothing: a
+checkpoint keeps the same keys whatever the run used, and today's readers find every key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class Registry:
+    """Named parts, saved and loaded in the order they were added."""
+
+    def __init__(self, **parts: Stateful | None):
+        self.parts: dict[str, Stateful | None] = dict(parts)
+
+    def add(self, name: str, part: Stateful | None) -> None:
+        self.parts[name] = part
+
+    def state_dict(self, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Every part's state (None for a part that is None); `leave_out`: names the caller fills."""
+        return {name: part.state_dict() if part is not None else None
+                for name, part in self.parts.items() if name not in leave_out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Each part from its name's state; a name missing or None in `state` leaves its part as it is
+        (a checkpoint of a run without a scheduler, a job.track'ed object added since)."""
+        for name, part in self.parts.items():
+            if part is not None and state.get(name) is not None:
+                part.load_state_dict(state[name])
+
+
+class PerRank:
+    """The optimizer as a part: under local/diloco a checkpoint holds every rank's own inner state
+    (a list), and each rank loads its own (a rank more than the run had starts from rank 0's)."""
+
+    def __init__(self, optimizer, rank: int):
+        self.optimizer, self.rank = optimizer, rank
+
+    def state_dict(self) -> Any:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        if isinstance(state, list):
+            state = state[self.rank] if self.rank < len(state) else state[0]
+        self.optimizer.load_state_dict(state)
+
+
+class Scheduler:
+    """An LR scheduler as a part, without the once-per-step `step` that job.prepare put on it
+    (rank/step_state.py's OncePerStep: not state, and no plain value)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.scheduler.state_dict().items() if k != "step"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+@dataclass
+class TrainState:
+    """Where the job is: what job.epochs, the loader and the periodic checkpoints go on from."""
+
+    step: int = 0
+    """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
+    only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
+    epoch: int = 0
+    start_epoch: int = 0
+    """Resumed: the first epoch job.epochs yields."""
+    last_checkpoint: int = 0
+    """The step of the last periodic checkpoint (or the one resumed from)."""
+    checkpoint_due: bool = False
+    """A periodic checkpoint is taken as the next step begins."""
+    last_commit: int = 0
+    """--elastic: the step of this rank's last in-memory commit (rank/elastic.py)."""
+
+    def state_dict(self, epoch_done: bool = False) -> dict[str, Any]:
+        """The position a checkpoint keeps (`epoch_done`: taken at the epoch's end, so the next
+        epoch follows)."""
+        return {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's or commit's position."""
+        self.step = self.last_checkpoint = state["step"]
+        self.epoch = self.start_epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
+        self.checkpoint_due = False
