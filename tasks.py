@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 from invoke import Exit, task
@@ -24,6 +25,7 @@ from hvdhetero.cluster import launch
 from hvdhetero.cluster import run_dir as run_dirs
 from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
+from hvdhetero.options import Option, Options, from_fields
 from hvdhetero.recipes.options import RecipeOptions, recipe_argv
 
 try:  # Invoke's parser state machine (see _words_after_report)
@@ -85,74 +87,47 @@ def test(c):
     c.run(str(ROOT / "ci" / "test"), pty=False)
 
 
-@task(help={
-    "hosts": "comma-separated inventory hosts (default: the inventory's default_hosts, i.e. local)",
-    "inventory": _REMOTE_HELP["inventory"],
-    "script": "your training script (written on `import hvdhetero as hh`); its own arguments go after `--`",
-    "workdir": "with --script: the folder each rank starts in, shipped to remote hosts (default: the script's)",
-    "dataset": "built-in recipe: digits (offline, default), mnist or cifar10",
-    "model": "built-in recipe: cnn or resnet18 (default: the dataset's own)",
-    "epochs": "built-in recipe: passes over the training set",
-    "batch_size": "built-in recipe: global batch, the sum of every rank's batch",
-    "lr": "built-in recipe: learning rate",
-    "optimizer": "built-in recipe: adam or sgd (momentum 0.9)",
-    "data_dir": "built-in recipe: where mnist/cifar10 files live (downloaded there with --download)",
-    "download": "built-in recipe: let each host's first rank download the dataset",
-    "run_dir": "metrics.jsonl and saved files go here (default runs/<time>-<dataset or script>)",
-    "slowdown": "straggler injection: the last rank acts this many times slower (experiments)",
-    "equal_split": "equal batches on every rank (plain data parallelism) instead of balancing",
-    "compression": "gradients on the wire: none (float32) or fp16",
-    "precision": "mixed precision in job.autocast(): fp32, bf16 or fp16 (mapped per device: fp16 with loss "
-                 "scaling on cuda/mps, bf16 on cpu)",
-    "micro_batch": "most samples per forward/backward, gradients accumulating: auto (timed per rank), 0 (all) or N",
-    "sync": "step (gradients every step), local:H (parameters averaged every H steps) or diloco:H (outer "
-            "Nesterov step on the averaged change every H steps)",
-    "overlap_sync": "local/diloco: each round's exchange runs behind the next round's compute, applied one round "
-                    "late",
-    "outer_lr": "diloco: the outer learning rate",
-    "outer_momentum": "diloco: the outer Nesterov momentum",
-    "inner_steps": "local/diloco: same (every rank H steps a round, on its share) or by-speed (a slower rank "
-                   "merges steps into ones about the fastest rank's size: fewer, bigger inner steps)",
-    "seed": "seeds the model's initial weights, the shuffling and dropout",
-    "checkpoint_every": "also checkpoint every N steps (default: by time and at every epoch's end)",
-    "checkpoint_minutes": "checkpoint at least this often (0: only at epochs' ends and --checkpoint-every)",
-    "keep_checkpoints": "keep the newest N checkpoints in RUN_DIR/checkpoints (0: write none)",
-    "resume": "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options (--hosts and "
-              "--inventory may differ: a host fewer re-balances)",
-    "tensorboard": "also write the metrics as TensorBoard scalars in RUN_DIR/tensorboard (tensorboard --logdir runs)",
-    "elastic": "Horovod elastic: a host that dies or goes silent is dropped and the others go on from their last "
-               "commit; one that comes back rejoins (step sync only)",
-    "min_hosts": "with --elastic: end the job when fewer hosts than this are left (default 1)",
-    "commit_every": "with --elastic: steps between in-memory commits (what a failure redoes at most; default 10)",
-    "dry_run": "print the horovodrun command and exit",
-    "verbose": "also print the horovodrun command before it runs",
-    "all_ranks_output": "show every rank's output on the console, each line behind [rank N] (default: rank 0's; "
-                        "the others' is in RUN_DIR/rank-N.log)",
-}, auto_shortflags=False)
+_SCRIPT = Option("script", "", "your training script (written on `import hvdhetero as hh`); its own arguments go "
+                 "after `--`")
+_WORKDIR = Option("workdir", "", "with --script: the folder each rank starts in, shipped to remote hosts (default: "
+                  "the script's)")
+_LAUNCH = (Option("dry_run", False, "print the horovodrun command and exit"),
+           Option("verbose", False, "also print the horovodrun command before it runs"))
+_ENGINE_FIXED = ("run_dir", "overlap", "resume", "plan_only", "hosts")
+"""JobConfig fields that are not train's options: the run directory is train's own, the others are
+the launcher's (--resume, invoke plan) or the API's (overlap)."""
+_RECIPE_TRAIN = ("dataset", "model", "epochs", "batch_size", "lr", "optimizer", "data_dir", "download")
+TRAIN = Options(
+    Option("hosts", None, _REMOTE_HELP["hosts"]), Option("inventory", None, _REMOTE_HELP["inventory"]),
+    _SCRIPT, _WORKDIR, from_fields(RecipeOptions, only=_RECIPE_TRAIN, prefix="built-in recipe: "),
+    Option("run_dir", None, "metrics.jsonl and saved files go here (default runs/<time>-<dataset or script>)"),
+    from_fields(JobConfig, exclude=_ENGINE_FIXED),
+    Option("resume", "", "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options "
+           "(--hosts and --inventory may differ: a host fewer re-balances)"),
+    *_LAUNCH,
+    Option("all_ranks_output", False, "show every rank's output on the console, each line behind [rank N] "
+           "(default: rank 0's; the others' is in RUN_DIR/rank-N.log)"))
+"""invoke train's options: the engine's are JobConfig's fields (declared there, once, with their
+docstrings as --help), the recipe's RecipeOptions', the rest the launch's own."""
+_RUN_OPTIONS = TRAIN.defaults(set(TRAIN.options) - {"hosts", "inventory", "resume", "dry_run", "run_dir", "verbose",
+                                                    "all_ranks_output"})
+"""train's options that --resume takes from the run, with their defaults."""
+
+
+@task(help=TRAIN.help, auto_shortflags=False)
 @_user_errors
-def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, model=RecipeOptions.model,
-          epochs=RecipeOptions.epochs, batch_size=RecipeOptions.batch_size, lr=RecipeOptions.lr,
-          optimizer=RecipeOptions.optimizer, data_dir=RecipeOptions.data_dir, download=RecipeOptions.download,
-          run_dir=None, inventory=None, slowdown=1.0, equal_split=False, compression="none", precision="fp32",
-          micro_batch="auto", sync="step", outer_lr=0.7, outer_momentum=0.9, overlap_sync=False, inner_steps="same",
-          seed=0, checkpoint_every=0, checkpoint_minutes=5.0, keep_checkpoints=3, resume="", tensorboard=False,
-          elastic=False, min_hosts=1, commit_every=10, dry_run=False, verbose=False, all_ranks_output=False):
+@TRAIN.body
+def train(c, **given):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
-    recipe = recipe_argv(dict(dataset=dataset, model=model, epochs=epochs, batch_size=batch_size, lr=lr,
-                              optimizer=optimizer, data_dir=data_dir, download=download), script)
-    settings = dict(seed=int(seed), compression=compression, equal_split=equal_split, slowdown=float(slowdown),
-                    micro_batch=check_micro_batch(micro_batch), precision=precision, sync=sync,
-                    overlap_sync=bool(overlap_sync), outer_lr=float(outer_lr), outer_momentum=float(outer_momentum),
-                    inner_steps=inner_steps, checkpoint_every=int(checkpoint_every),
-                    checkpoint_minutes=float(checkpoint_minutes),
-                    keep_checkpoints=int(keep_checkpoints), tensorboard=bool(tensorboard), elastic=bool(elastic),
-                    min_hosts=int(min_hosts), commit_every=int(commit_every))
+    hosts, script, workdir, run_dir, resume = (given[k] for k in ("hosts", "script", "workdir", "run_dir", "resume"))
+    recipe = recipe_argv({k: given[k] for k in _RECIPE_TRAIN}, script)
+    settings = {f.name: given[f.name] for f in fields(JobConfig) if f.name not in _ENGINE_FIXED}
     script_args = None
     if resume:
-        given = {k: v for k, v in locals().items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]}
-        if given or run_dir or _script_args():
-            named = ", ".join([f"--{k.replace('_', '-')}" for k in given] + (["--run-dir"] if run_dir else [])
+        changed = [k for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
+        if changed or run_dir or _script_args():
+            named = ", ".join([checks.flag(k) for k in changed] + (["--run-dir"] if run_dir else [])
                               + (["arguments after --"] if _script_args() else []))
             raise Exit(f"error: --resume continues the run with its own options; only --hosts and --inventory may "
                        f"change, got {named} (start a new run to change them)", code=2)
@@ -160,19 +135,11 @@ def train(c, hosts=None, script="", workdir="", dataset=RecipeOptions.dataset, m
         hosts = hosts or saved["hosts"]
         script, workdir, recipe, script_args = saved["script"], saved["workdir"], saved["recipe"], saved["script_args"]
         settings = {**saved["settings"], "resume": True}
-    run_dir, _ = _job(hosts, inventory, script, workdir, recipe, run_dir, settings, dry_run,
-                      name=Path(script).stem if script else dataset, script_args=script_args, verbose=verbose,
-                      all_ranks=all_ranks_output)
-    if not dry_run:
+    run_dir, _ = _job(hosts, given["inventory"], script, workdir, recipe, run_dir, settings, given["dry_run"],
+                      name=Path(script).stem if script else given["dataset"], script_args=script_args,
+                      verbose=given["verbose"], all_ranks=given["all_ranks_output"])
+    if not given["dry_run"]:
         print(f"run directory: {run_dir}")
-
-
-def _run_options() -> dict:
-    """train's options that --resume takes from the run, with their defaults."""
-    import inspect
-
-    keep = {"c", "hosts", "inventory", "resume", "dry_run", "run_dir", "verbose", "all_ranks_output"}
-    return {name: p.default for name, p in inspect.signature(train.body).parameters.items() if name not in keep}
 
 
 def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
@@ -230,31 +197,21 @@ def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir
                                rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks)
 
 
-_RUN_OPTIONS = _run_options()
+
+PLAN = Options(
+    Option("hosts", None, "comma-separated inventory hosts to weigh (default: the inventory's default_hosts)"),
+    Option("inventory", None, _REMOTE_HELP["inventory"]),
+    Option("script", "", "your training script: the plan runs it up to job.prepare, on every host"), _WORKDIR,
+    from_fields(RecipeOptions, only=("dataset", "model", "batch_size", "data_dir"), prefix="built-in recipe: "),
+    from_fields(JobConfig, only=("compression", "precision", "micro_batch", "slowdown")),
+    Option("out", "", "also write the plan as JSON here"), *_LAUNCH)
 
 
-@task(help={
-    "hosts": "comma-separated inventory hosts to weigh (default: the inventory's default_hosts, i.e. local)",
-    "inventory": _REMOTE_HELP["inventory"],
-    "script": "your training script: the plan runs it up to job.prepare, on every host",
-    "workdir": "with --script: the folder each rank starts in (default: the script's)",
-    "dataset": "built-in recipe: digits, mnist or cifar10",
-    "model": "built-in recipe: cnn or resnet18 (default: the dataset's own)",
-    "batch_size": "built-in recipe: the global batch",
-    "data_dir": "built-in recipe: where mnist/cifar10 files live",
-    "compression": "the exchange on the wire: none (float32) or fp16",
-    "precision": "mixed precision as training would use it: fp32, bf16 or fp16",
-    "micro_batch": "as invoke train: auto, 0 or N",
-    "slowdown": "straggler injection, as invoke train (experiments)",
-    "out": "also write the plan as JSON here",
-    "dry_run": "print the horovodrun command and exit",
-    "verbose": "also print the horovodrun command before it runs",
-}, auto_shortflags=False)
+@task(help=PLAN.help, auto_shortflags=False)
 @_user_errors
-def plan(c, hosts=None, inventory=None, script="", workdir="", dataset=RecipeOptions.dataset,
-         model=RecipeOptions.model, batch_size=RecipeOptions.batch_size, data_dir=RecipeOptions.data_dir,
-         compression="none", precision="fp32", micro_batch="auto", slowdown=1.0, out="", dry_run=False,
-         verbose=False):
+@PLAN.body
+def plan(c, hosts, inventory, script, workdir, dataset, model, batch_size, data_dir, compression, precision,
+         micro_batch, slowdown, out, dry_run, verbose):
     """Measure each host's speed on the model and the link between them, predict samples/s for
     every subset of hosts and sync mode, and say which to use. Arguments after `--` go to the script."""
     checks.writable_file("out", out)
@@ -327,48 +284,16 @@ def build_horovod(c, install=False):
         print(horovod_build.build_wheel())
 
 
-@task(help={
-    "slowdown": "the last rank acts this many times slower (straggler injection)",
-    "out": "also write the results as JSON here",
-    "hosts": "comma-separated inventory hosts (default: local, 2 CPU ranks)",
-    "inventory": _REMOTE_HELP["inventory"],
-    "batch_size": "global batch",
-    "steps": "timed steps per phase and repeat (at least)",
-    "min_seconds": "quick phases take more steps, to be timed over at least this long per repeat",
-    "repeats": "rounds of all phases, medians reported (default 5; with --allreduce: timed allreduces, 10)",
-    "cycle_time_ms": "Horovod's HOROVOD_CYCLE_TIME for all phases alike",
-    "dry_run": "print the horovodrun command and exit",
-    "micro_batch": "chunk size of the solo and hvdhetero phases: auto (timed per rank), 0 (whole batch) or N",
-    "sync": "the hvdhetero phase's sync mode: step, local:H or diloco:H (the engine phase reduces every step)",
-    "overlap_sync": "local/diloco: the hvdhetero phase's exchange runs behind compute, applied one round late",
-    "inner_steps": "local/diloco: same or by-speed (a slower rank takes fewer, bigger inner steps; see train)",
-    "compression": "the hvdhetero phase's gradients (step) or exchange (local/diloco) on the wire: none or fp16",
-    "allreduce": "instead: Gloo allreduce throughput of the uv build against the tcp build",
-    "sizes_mb": "with --allreduce: buffer sizes in MB",
-    "transports": "with --allreduce: builds to compare (the one not installed comes from the wheel cache)",
-    "rounds": "with --allreduce: jobs per transport, taking turns (medians are reported)",
-    "to_accuracy": "instead: seconds to this test accuracy for the first host alone, step sync and --sync on all "
-                   "--hosts (built-in recipe, digits; e.g. 0.97)",
-    "seeds": "with --to-accuracy: comma-separated seeds, each way trained once per seed (medians reported)",
-    "epochs": "with --to-accuracy: at most this many epochs per run",
-    "repeat": "with --to-accuracy: passes over the training set per epoch (one evaluation an epoch)",
-    "ways": "with --to-accuracy: which to train, of alone,step,mode,alone-mode (the first host alone in --sync's "
-            "mode); step sync over a slow link takes long",
-    "lr": "with --to-accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)",
-    "eval_global": "with --to-accuracy: local/diloco evaluate the global model each epoch, no exchange first "
-                   "(job.evaluate(exchange=False)); the last epoch's is exact",
-    "verbose": "also print each horovodrun command before it runs",
-}, auto_shortflags=False)
+BENCH = Options(Option("hosts", None, "comma-separated inventory hosts (default: local, 2 CPU ranks)"),
+                Option("inventory", None, _REMOTE_HELP["inventory"]), from_fields(BenchOptions))
+
+
+@task(help=BENCH.help, auto_shortflags=False)
 @_user_errors
-def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_seconds=6.0, repeats=None,
-          cycle_time_ms=BenchOptions.cycle_time_ms, inventory=None, dry_run=False, micro_batch="auto", sync="step", overlap_sync=False,
-          inner_steps="same",
-          compression="none", allreduce=False, sizes_mb="1,16,64", transports="uv,tcp", rounds=3, to_accuracy=0.0,
-          seeds="0,1,2", epochs=30, repeat=8, ways=BenchOptions.ways, lr=BenchOptions.lr, eval_global=False,
-          verbose=False):
+@BENCH.body
+def bench(c, hosts, inventory, **given):
     """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
-    given = {k: v for k, v in locals().items() if k not in ("c", "hosts", "inventory")}
-    options = BenchOptions(**{**given, "repeats": checks.integer("repeats", repeats)})  # bad values: exit 2 here
+    options = BenchOptions(**{**given, "repeats": checks.integer("repeats", given["repeats"])})  # bad values: exit 2
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
     options.fits(selected)
@@ -386,9 +311,9 @@ def bench(c, slowdown=1.0, out="", hosts=None, batch_size=2048, steps=8, min_sec
         return
     argv, env = launch.bench_command(inventory_, selected, options.throughput_flags())
     env["HOROVOD_CYCLE_TIME"] = str(options.cycle_time_ms)
-    if dry_run or options.verbose:
+    if options.dry_run or options.verbose:
         print(launch.printable(argv, env))
-    if not dry_run:
+    if not options.dry_run:
         launch.run(argv, env, rank_hosts=launch.rank_hosts(selected))
 
 
