@@ -101,7 +101,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
                        inner_steps=args.inner_steps,
                        micro_batch=str(chunk or 0))
     job = Job(replace(config, hosts=args.hosts), pin=args.pin)
-    job.report_progress = False  # the benchmark prints its own table
+    job.records.report_progress = False  # the benchmark prints its own table
     # The API deals each epoch out once: a dataset of whole global batches, so that every step
     # is a whole one (a short last step credited as a whole made hvdhetero look 11% faster than
     # the bare engine, at E 1.07), and of whole rounds (with --sync local/diloco the epoch's end

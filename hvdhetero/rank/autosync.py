@@ -46,7 +46,7 @@ def choose(job, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) 
         raise SystemExit(0)
     together = [p for p in full.predictions if len(p.ranks) == job.size]
     pick, _ = plan.advise(together)
-    job._write("plan", chose=pick.mode, **full.to_json())
+    job.records.write("plan", chose=pick.mode, **full.to_json())
     if job.is_main:
         note = f"hvdhetero: --sync auto chose {pick.mode}: predicted " \
                f"{pick.samples_per_s:,.0f} samples/s ({pick.vs_fastest:.2f}x the fastest rank alone)"

@@ -156,14 +156,12 @@ def rejoin(job: Job) -> str | None:
         state = {**state, "optimizer": COMMITS.state["optimizer"]}
     was = state.get("hosts") or []
     resume.restore(job, _copied(state), COMMITS.state["rng"] if own else None)
-    if job._metrics is not None:
-        if state.get("metrics_host") == socket.gethostname():
-            job._metrics.truncate(state["metrics_offset"])  # what was written after the commit is redone
-        else:  # rank 0 moved (its host was dropped): keep its records, less a line it was killed writing
-            job._metrics.truncate(job._metrics.complete_lines())
+    # what was written after the commit is redone; if rank 0 moved (its host was dropped), its records
+    # are kept, less a line it was killed writing
+    job.records.truncate(state["metrics_offset"] if state.get("metrics_host") == socket.gethostname() else None)
     redone = max(0, COMMITS.reached - job.step)
     COMMITS.reached = job.step
-    job._write("elastic", step=job.step, epoch=job.epoch, ranks=job.size, hosts=job._host_names, was=was,
+    job.records.write("elastic", step=job.step, epoch=job.epoch, ranks=job.size, hosts=job._host_names, was=was,
                redone_steps=redone, resets=COMMITS.resets,
                reset_s=round(time.time() - COMMITS.reset_at, 3) if COMMITS.reset_at else None)
     if job.is_main:

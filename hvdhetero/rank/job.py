@@ -22,7 +22,6 @@ with backward, fp16 on the wire if asked, loss-scaled if fp16), and the optimize
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -33,22 +32,21 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-from hvdhetero import metrics, progress
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, resume, validate
+from hvdhetero.rank import autosync, checkpoint, elastic, evaluation, host, precision, records, resume, validate
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
+from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
-from hvdhetero.rank.reducer import Reducer, allreduce_sum, average_buffers, broadcast_state
+from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.step import micro_batch_for
 from hvdhetero.rank.step_state import OncePerStep, StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.sync import ParameterSync
-from hvdhetero.rank.tensorboard import TensorBoardLog
 
 
 class Job:
@@ -70,26 +68,16 @@ class Job:
         """Where the job is (step, epoch, the checkpoints' and commits' steps: rank/registry.py)."""
         self.parts = Registry()
         """What a checkpoint or a commit holds, by name (filled by prepare; rank/registry.py)."""
-        self._metrics = metrics.MetricsLog(self.run_dir / metrics.FILE) if self.is_main else None
-        self._tensorboard = (TensorBoardLog(self.run_dir / "tensorboard") if config.tensorboard and self.is_main
-                             else None)
+        self.records = RunRecords(self.run_dir, self.is_main, config.tensorboard,
+                                  report_progress="HOROVOD_RANK" in os.environ, step=lambda: self.step,
+                                  started=elastic.active().started if self._elastic else None)
+        """metrics.jsonl, TensorBoard, the live table's lines and the epoch's counters (rank/records.py)."""
         self._prepared = None
         self.step_state = StepState()
         """Where this rank is inside a step (rank/step_state.py): shared with the prepared optimizer and scheduler."""
         self._began = (0.0, 0.0, 0.0)  # wall start, busy start, slept
-        self._loss_sum = self._samples = 0.0
-        self._busy = [0.0, 0.0]
-        """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
-        self._carried = 0.0
-        """Overlapped: seconds the last epoch's end exchange blocked, counted in the next epoch."""
         self.strategy: EveryStep | Rounds = EveryStep(None, overlap=False)
         """How the ranks' models stay one (rank/strategy.py): step sync until prepare says otherwise."""
-        self._last_scalars: dict = {}
-        self._logged: list[dict] = []
-        """Every job.log record, for the end report."""
-        self._started = self._epoch_started = time.perf_counter()
-        if config.elastic and elastic.active() is not None:  # the run's seconds count from its first Job
-            self._started = elastic.active().started
         self._epochs = 1
         self._in_epochs = False
         """Whether job.epochs is iterating: only there do overlapped rounds end with the epochs."""
@@ -98,8 +86,6 @@ class Job:
         self._checkpoint_every = 0
         """Steps between periodic checkpoints (0: only at epochs' ends)."""
         self._stopping = False
-        self.report_progress = "HOROVOD_RANK" in os.environ  # a launcher reads the progress lines
-        self._reporter: progress.Reporter | None = None
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         torch.manual_seed(config.seed)
@@ -181,7 +167,7 @@ class Job:
         self.parts = Registry(model=model, optimizer=PerRank(optimizer, self.rank),
                               scheduler=Scheduler(scheduler) if scheduler is not None else None,
                               loss_scale=self.loss_scale, sync=self.strategy, tracked=self._tracked)
-        self._host_names = hvd.allgather_object(self._host.get("name") or socket.gethostname(),
+        self._host_names = hvd.allgather_object(records.host_name(self._host),
                                                 name="hvdhetero.host_names")
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
@@ -201,7 +187,7 @@ class Job:
         item, p = self.step_state.item, self._prepared
         if p is None or item is None:
             raise RuntimeError("job.backward() needs a batch from the loader that job.prepare() returned")
-        self._loss_sum += float(loss.detach()) * item.n
+        self.records.loss(float(loss.detach()), item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0
         if self.loss_scale is not None:
             scale *= self.loss_scale.scale
@@ -221,38 +207,24 @@ class Job:
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, self.loss_scale is not None)
         self.last_step_seconds = (seconds, reduce_s)
-        self._busy[0] += self.last_step_seconds[0]
-        self._busy[1] += self.last_step_seconds[1]
         self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None:
             self.loss_scale.update(overflowed)
-        self._samples += item.share
+        self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
             self._rebalance(times, list(item.sizes), item)
         self._report(item)
 
     def _report(self, item: Item) -> None:
-        """This rank's step for the launcher's live table (progress.Reporter: its running totals,
-        its own clock and the epoch's position, about once a second); rank 0 adds its loss and
-        the script's last logged scalars."""
-        if not self.report_progress:
-            return
+        """This rank's step for the launcher's live table (RunRecords.progress)."""
         p = self._prepared
-        if self._reporter is None:
-            self._reporter = progress.Reporter(self.rank, self._host.get("name") or socket.gethostname(),
-                                               self.me.device.describe(), size=self.size)
-        compute_s, wait_s = self.last_step_seconds
-        # local/diloco: what the last exchange blocked this rank, once a round
-        wait_s += self._reporter.exchanged(self.strategy.rounds, self.strategy.last_exchange_s)
-        step, steps = item.step % len(p.loader) + 1, len(p.loader)
-        job = {"epoch": self.epoch, "epochs": self._epochs, "step": step, "steps": steps}
-        if self.is_main:
-            job.update(loss=self._loss_sum / max(self._samples, 1),
-                       logged={k: v for k, v in self._last_scalars.items() if isinstance(v, (int, float))},
-                       logged_epoch=self._logged[-1]["epoch"] if self._logged else None)
-        split = p.sampler.batch_sizes  # the split in effect (an epoch's short last step aside)
-        self._reporter.step(samples=item.share, compute_s=compute_s, wait_s=wait_s, share=split[self.rank],
-                            batch=sum(split), epoch_end=step == steps, **job)
+        self.records.progress(self.rank, records.host_name(self._host), self.me.device.describe(), self.size,
+                              samples=item.share, compute_s=self.last_step_seconds[0],
+                              wait_s=self.last_step_seconds[1],
+                              exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
+                              split=p.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
+                              step=item.step % len(p.loader) + 1, steps=len(p.loader), epoch=self.epoch,
+                              epochs=self._epochs)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the reduced gradients to `max_norm`, identically on every rank (the norm comes from
@@ -282,10 +254,7 @@ class Job:
         try:
             for epoch in range(self.train.start_epoch, n):
                 self.epoch = epoch
-                self._loss_sum = self._samples = 0.0
-                carried, self._carried = self._carried, 0.0
-                self._busy = [0.0, carried]
-                self._epoch_started = time.perf_counter() - carried
+                self.records.begin_epoch()
                 yield epoch
                 self._end_epoch()
                 if self._stopping:
@@ -315,9 +284,7 @@ class Job:
         """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
         epoch and step; the last ones also go into the run's end record."""
         values = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scalars.items()}
-        self._last_scalars.update(values)
-        self._logged.append({"epoch": self.epoch, "step": self.step, **values})
-        self._write("log", **self._logged[-1])  # the script's own win
+        self.records.log(self.epoch, self.step, values)
 
     @property
     def step(self) -> int:
@@ -430,7 +397,7 @@ class Job:
         new = p.balancer.observe(times, sizes, step=item.step)
         if new:
             at = item.step if after_step is None else after_step
-            self._write("split", step=p.loader.resplit(new, at), split=new, reason=p.balancer.reason,
+            self.records.write("split", step=p.loader.resplit(new, at), split=new, reason=p.balancer.reason,
                         fallback=p.balancer.fallback)
 
     def _epoch_left(self, item: Item) -> int | None:
@@ -452,8 +419,8 @@ class Job:
         if item is None:
             return
         if count:
-            self._busy[1] += sync.last_exchange_s
-        self._write("exchange", step=self.step, round=sync.rounds, applied=sync.applied,
+            self.records.busy[1] += sync.last_exchange_s
+        self.records.write("exchange", step=self.step, round=sync.rounds, applied=sync.applied,
                     split=list(p.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
                     wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
         if landed is not None:
@@ -461,43 +428,26 @@ class Job:
 
     # -- metrics ---------------------------------------------------------------------------------
 
-    def _write(self, event: str, **fields) -> None:
-        if self._metrics is not None:
-            self._metrics.write(event, **fields)
-        if self._tensorboard is not None:
-            self._tensorboard.write(event, fields, self.step)
-
     def _start_log(self, balancer: Balancer, resumed: str | None = None) -> None:
         gathered = {k: hvd.allgather_object(v, name=f"hvdhetero.start.{k}") for k, v in {
             "hostnames": socket.gethostname(), "devices": self.me.device.describe(),
             "slowdowns": self.me.slowdown, "micro_batches": self.me.micro_batch,
             "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
-        self._write("start", config=asdict(self.config), ranks=self.size, **gathered, host_names=self._host_names,
+        self.records.write("start", config=asdict(self.config), ranks=self.size, **gathered, host_names=self._host_names,
                     **({"resumed_from": resumed, "step": self.step} if resumed else {}),
                     overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
-        self._write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason, fallback=balancer.fallback)
+        self.records.write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason, fallback=balancer.fallback)
         if self.precision.note:
             print(f"hvdhetero: rank {self.rank}: {self.precision.note}", flush=True)
 
     def _end_epoch(self) -> None:
         self.strategy.pause()
-        seconds = time.perf_counter() - self._epoch_started
         steps = max(1, len(self._prepared.loader)) if self._prepared else 1
-        # rank 0's step time rides along: the time-based checkpoint interval, the same on every rank;
-        # so do every rank's samples and seconds in compute and communication, for the report
-        mine = [seconds / steps, self._samples, *self._busy]
-        loss_sum, samples, *per_rank = allreduce_sum([self._loss_sum, self._samples,
-                                                      *(x for v in mine for x in host.one_hot(v))],
-                                                     "hvdhetero.train_stats")
-        step_s, rank_samples, compute_s, comm_s = (per_rank[i * self.size:(i + 1) * self.size] for i in range(4))
+        stats, step_s = self.records.epoch_stats(self.size, steps)
         if self._prepared is not None:
             average_buffers(self._prepared.model)
-        self._write("epoch", epoch=self.epoch, loss=loss_sum / max(samples, 1), samples=int(samples),
-                    seconds=round(seconds, 3), samples_per_s=samples / seconds,
-                    split=self._prepared.sampler.batch_sizes if self._prepared else None,
-                    skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.step,
-                    rank_samples=[int(n) for n in rank_samples], compute_s=[round(t, 4) for t in compute_s],
-                    comm_s=[round(t, 4) for t in comm_s])
+        self.records.write("epoch", epoch=self.epoch, **stats, split=self._prepared.sampler.batch_sizes if self._prepared
+                    else None, skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.step)
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
@@ -508,7 +458,7 @@ class Job:
             # Overlapped, a round of H steps or more ends with the epoch, its exchange launched
             # after the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the
             # next epoch
-            self._carried = self.strategy.end_epoch(self.step, not self._stopping and self.epoch + 1 < self._epochs)
+            self.records.carried = self.strategy.end_epoch(self.step, not self._stopping and self.epoch + 1 < self._epochs)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 
@@ -534,20 +484,14 @@ class Job:
 
     def close(self) -> None:
         """An elastic reset drops this Job: its files close (the next Job opens them again)."""
-        for log in (self._metrics, self._tensorboard):
-            if log is not None and hasattr(log, "close"):
-                log.close()
+        self.records.close()
 
     def _end(self) -> None:
         self.strategy.one_model(self.step)
         model = self._prepared.model if self._prepared else None
         digest = evaluation.param_digest(model) if model is not None else ""
         digests = hvd.allgather_object(digest, name="hvdhetero.digests")
-        seconds = round(time.perf_counter() - self._started, 3)
-        self._write("end", seconds=seconds, param_digests=digests, **self._last_scalars)
-        if self.is_main and self.report_progress:  # to the launcher, wherever rank 0 runs (bench --to-accuracy)
-            print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "logs": self._logged}),
-                  flush=True)
+        self.records.end(digests)
 
 
 class _Prepared:

@@ -48,7 +48,7 @@ def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
     return {"format": checkpoint.FORMAT, **job.train.state_dict(epoch_done), "size": job.size,
             "hosts": job._host_names, **parts, "optimizer": optimizer, "split": list(p.sampler.batch_sizes),
             "rng": rng, "config": asdict(job.config),
-            "metrics_offset": job._metrics.offset() if job._metrics is not None else 0}
+            "metrics_offset": job.records.offset()}
 
 
 def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
@@ -83,7 +83,7 @@ def save_checkpoint(job: Job, epoch_done: bool) -> None:
         checkpoint.save_object(snapshot(job, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
         checkpoint.keep_newest(job.run_dir, cfg.keep_checkpoints)
     job.train.last_checkpoint, job.train.checkpoint_due = job.step, False
-    job._write("checkpoint", epoch=job.epoch, step=job.step, path=str(path),
+    job.records.write("checkpoint", epoch=job.epoch, step=job.step, path=str(path),
                seconds=round(time.perf_counter() - started, 4))
 
 
@@ -98,8 +98,7 @@ def resume_from_disk(job: Job) -> str:
     hosts = job._host_names
     same = state.get("hosts") == hosts
     restore(job, state, state["rng"][job.rank] if same else None)
-    if job._metrics is not None:
-        job._metrics.truncate(state["metrics_offset"])  # what the run wrote after it is redone
+    job.records.truncate(state["metrics_offset"])  # what the run wrote after it is redone
     if job.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
         print(f"hvdhetero: resuming from {path} (epoch {job.epoch + 1}, step {job.step}{change})", flush=True)

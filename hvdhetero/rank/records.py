@@ -1,0 +1,133 @@
+"""What a run leaves for people to read: metrics.jsonl and TensorBoard scalars (rank 0), the
+live table's progress lines to the launcher (every rank, when launched), the epoch's counters
+behind them, and the run's end record.
+
+    records.write("split", step=..., split=[...])   # one metrics record (and its scalars)
+    records.step_done(item, compute_s, reduce_s)     # a step's samples and seconds
+    records.progress(...)                            # the live table's line, about once a second
+    records.log(epoch, step, loss=...)               # job.log
+    records.epoch_stats(...)                         # every rank's epoch, summed: the "epoch" record
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hvdhetero import metrics, progress
+from hvdhetero.rank import host
+from hvdhetero.rank.reducer import allreduce_sum
+from hvdhetero.rank.tensorboard import TensorBoardLog
+
+
+class RunRecords:
+    """One rank's records of the run (the files only on rank 0)."""
+
+    def __init__(self, run_dir: Path, is_main: bool, tensorboard: bool, report_progress: bool,
+                 step: Callable[[], int], started: float | None = None):
+        self.metrics = metrics.MetricsLog(run_dir / metrics.FILE) if is_main else None
+        self.tensorboard = TensorBoardLog(run_dir / "tensorboard") if tensorboard and is_main else None
+        self.is_main, self.step = is_main, step
+        self.report_progress = report_progress
+        """Whether a launcher reads this rank's progress lines (set when launched)."""
+        self.reporter: progress.Reporter | None = None
+        self.loss_sum = self.samples = 0.0
+        self.busy = [0.0, 0.0]
+        """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
+        self.carried = 0.0
+        """Overlapped: seconds the last epoch's end exchange blocked, counted in the next epoch."""
+        self.last_scalars: dict[str, Any] = {}
+        self.logged: list[dict] = []
+        """Every job.log record, for the end report."""
+        self.started = self.epoch_started = time.perf_counter()
+        if started is not None:  # --elastic: the run's seconds count from its first Job
+            self.started = started
+
+    def write(self, event: str, **fields) -> None:
+        if self.metrics is not None:
+            self.metrics.write(event, **fields)
+        if self.tensorboard is not None:
+            self.tensorboard.write(event, fields, self.step())
+
+    def log(self, epoch: int, step: int, values: dict[str, Any]) -> None:
+        self.last_scalars.update(values)
+        self.logged.append({"epoch": epoch, "step": step, **values})
+        self.write("log", **self.logged[-1])  # the script's own win
+
+    def begin_epoch(self) -> None:
+        """An epoch starts: its counters from zero, what the last epoch's end exchange blocked counted in it."""
+        self.loss_sum = self.samples = 0.0
+        carried, self.carried = self.carried, 0.0
+        self.busy = [0.0, carried]
+        self.epoch_started = time.perf_counter() - carried
+
+    def loss(self, value: float, n: int) -> None:
+        self.loss_sum += value * n
+
+    def step_done(self, samples: int, compute_s: float, reduce_s: float) -> None:
+        self.busy[0] += compute_s
+        self.busy[1] += reduce_s
+        self.samples += samples
+
+    def progress(self, rank: int, host_name: str, device: str, size: int, *, samples: int,
+                 compute_s: float, wait_s: float, exchanged: tuple[int, float], split: list[int], step: int,
+                 steps: int, epoch: int, epochs: int) -> None:
+        """This rank's step for the launcher's live table (progress.Reporter: its running totals,
+        its own clock and the epoch's position, about once a second); rank 0 adds its loss and
+        the script's last logged scalars. `exchanged`: local/diloco's rounds and the seconds the
+        last exchange blocked this rank (counted once a round)."""
+        if not self.report_progress:
+            return
+        if self.reporter is None:
+            self.reporter = progress.Reporter(rank, host_name, device, size=size)
+        wait_s += self.reporter.exchanged(*exchanged)
+        job = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps}
+        if self.is_main:
+            job.update(loss=self.loss_sum / max(self.samples, 1),
+                       logged={k: v for k, v in self.last_scalars.items() if isinstance(v, (int, float))},
+                       logged_epoch=self.logged[-1]["epoch"] if self.logged else None)
+        self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
+                           batch=sum(split), epoch_end=step == steps, **job)
+
+    def epoch_stats(self, size: int, steps: int) -> tuple[dict[str, Any], list[float]]:
+        """Every rank's epoch summed (a collective): the epoch record's fields, and every rank's
+        mean step seconds (rank 0's sets the time-based checkpoint interval, the same on every rank)."""
+        seconds = time.perf_counter() - self.epoch_started
+        mine = [seconds / steps, self.samples, *self.busy]
+        loss_sum, samples, *per_rank = allreduce_sum([self.loss_sum, self.samples,
+                                                      *(x for v in mine for x in host.one_hot(v))],
+                                                     "hvdhetero.train_stats")
+        step_s, rank_samples, compute_s, comm_s = (per_rank[i * size:(i + 1) * size] for i in range(4))
+        return ({"loss": loss_sum / max(samples, 1), "samples": int(samples), "seconds": round(seconds, 3),
+                 "samples_per_s": samples / seconds, "rank_samples": [int(n) for n in rank_samples],
+                 "compute_s": [round(t, 4) for t in compute_s], "comm_s": [round(t, 4) for t in comm_s]}, step_s)
+
+    def end(self, digests: list[str]) -> None:
+        """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy)."""
+        seconds = round(time.perf_counter() - self.started, 3)
+        self.write("end", seconds=seconds, param_digests=digests, **self.last_scalars)
+        if self.is_main and self.report_progress:
+            print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "logs": self.logged}),
+                  flush=True)
+
+    def offset(self) -> int:
+        """Where metrics.jsonl ends now (a checkpoint keeps it: a resume truncates there)."""
+        return self.metrics.offset() if self.metrics is not None else 0
+
+    def truncate(self, offset: int | None = None) -> None:
+        """Drop what was written after `offset` (None: a line cut short at the end)."""
+        if self.metrics is not None:
+            self.metrics.truncate(self.metrics.complete_lines() if offset is None else offset)
+
+    def close(self) -> None:
+        for log in (self.metrics, self.tensorboard):
+            if log is not None and hasattr(log, "close"):
+                log.close()
+
+
+def host_name(settings: dict) -> str:
+    return settings.get("name") or socket.gethostname()
