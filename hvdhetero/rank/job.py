@@ -70,6 +70,8 @@ class Job:
         """What a checkpoint or a commit holds, by name (filled by prepare; rank/registry.py)."""
         self.records = RunRecords(self.run_dir, self.is_main, config.tensorboard,
                                   report_progress="HOROVOD_RANK" in os.environ, step=lambda: self.step,
+                                  who=(self.rank, records.host_name(self._host), self.me.device.describe(),
+                                       self.size),
                                   started=elastic.active().started if self._elastic else None)
         """metrics.jsonl, TensorBoard, the live table's lines and the epoch's counters (rank/records.py)."""
         self._prepared = None
@@ -218,8 +220,7 @@ class Job:
     def _report(self, item: Item) -> None:
         """This rank's step for the launcher's live table (RunRecords.progress)."""
         p = self._prepared
-        self.records.progress(self.rank, records.host_name(self._host), self.me.device.describe(), self.size,
-                              samples=item.share, compute_s=self.last_step_seconds[0],
+        self.records.progress(samples=item.share, compute_s=self.last_step_seconds[0],
                               wait_s=self.last_step_seconds[1],
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=p.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
@@ -398,7 +399,7 @@ class Job:
         if new:
             at = item.step if after_step is None else after_step
             self.records.write("split", step=p.loader.resplit(new, at), split=new, reason=p.balancer.reason,
-                        fallback=p.balancer.fallback)
+                               fallback=p.balancer.fallback)
 
     def _epoch_left(self, item: Item) -> int | None:
         """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""
@@ -419,10 +420,10 @@ class Job:
         if item is None:
             return
         if count:
-            self.records.busy[1] += sync.last_exchange_s
+            self.records.communicated(sync.last_exchange_s)
         self.records.write("exchange", step=self.step, round=sync.rounds, applied=sync.applied,
-                    split=list(p.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
-                    wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
+                           split=list(p.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
+                           wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
         if landed is not None:
             self._rebalance(*landed, item, after_step)
 
@@ -433,10 +434,12 @@ class Job:
             "hostnames": socket.gethostname(), "devices": self.me.device.describe(),
             "slowdowns": self.me.slowdown, "micro_batches": self.me.micro_batch,
             "precision": self.precision.note or str(self.precision.dtype or "float32")}.items()}
-        self.records.write("start", config=asdict(self.config), ranks=self.size, **gathered, host_names=self._host_names,
-                    **({"resumed_from": resumed, "step": self.step} if resumed else {}),
-                    overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
-        self.records.write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason, fallback=balancer.fallback)
+        self.records.write("start", config=asdict(self.config), ranks=self.size, **gathered,
+                           host_names=self._host_names,
+                           **({"resumed_from": resumed, "step": self.step} if resumed else {}),
+                           overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
+        self.records.write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason,
+                           fallback=balancer.fallback)
         if self.precision.note:
             print(f"hvdhetero: rank {self.rank}: {self.precision.note}", flush=True)
 
@@ -446,8 +449,9 @@ class Job:
         stats, step_s = self.records.epoch_stats(self.size, steps)
         if self._prepared is not None:
             average_buffers(self._prepared.model)
-        self.records.write("epoch", epoch=self.epoch, **stats, split=self._prepared.sampler.batch_sizes if self._prepared
-                    else None, skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.step)
+        self.records.write("epoch", epoch=self.epoch, **stats,
+                           split=self._prepared.sampler.batch_sizes if self._prepared else None,
+                           skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.step)
         if self._prepared is not None:
             self._set_checkpoint_interval(step_s[0])
             # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
@@ -458,7 +462,8 @@ class Job:
             # Overlapped, a round of H steps or more ends with the epoch, its exchange launched
             # after the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the
             # next epoch
-            self.records.carried = self.strategy.end_epoch(self.step, not self._stopping and self.epoch + 1 < self._epochs)
+            more = not self._stopping and self.epoch + 1 < self._epochs
+            self.records.carried = self.strategy.end_epoch(self.step, more)
 
     # -- checkpoints (rank/resume.py takes and restores them; rank/checkpoint.py has the files' rules)
 

@@ -28,7 +28,9 @@ class RunRecords:
     """One rank's records of the run (the files only on rank 0)."""
 
     def __init__(self, run_dir: Path, is_main: bool, tensorboard: bool, report_progress: bool,
-                 step: Callable[[], int], started: float | None = None):
+                 step: Callable[[], int], who: tuple[int, str, str, int], started: float | None = None):
+        """`who`: this rank's number, host name, device and the job's size (its progress lines say them)."""
+        self.who = who
         self.metrics = metrics.MetricsLog(run_dir / metrics.FILE) if is_main else None
         self.tensorboard = TensorBoardLog(run_dir / "tensorboard") if tensorboard and is_main else None
         self.is_main, self.step = is_main, step
@@ -73,15 +75,19 @@ class RunRecords:
         self.busy[1] += reduce_s
         self.samples += samples
 
-    def progress(self, rank: int, host_name: str, device: str, size: int, *, samples: int,
-                 compute_s: float, wait_s: float, exchanged: tuple[int, float], split: list[int], step: int,
-                 steps: int, epoch: int, epochs: int) -> None:
+    def communicated(self, seconds: float) -> None:
+        """Seconds this rank spent in an exchange outside a step (local/diloco): this epoch's communication."""
+        self.busy[1] += seconds
+
+    def progress(self, *, samples: int, compute_s: float, wait_s: float, exchanged: tuple[int, float],
+                 split: list[int], step: int, steps: int, epoch: int, epochs: int) -> None:
         """This rank's step for the launcher's live table (progress.Reporter: its running totals,
         its own clock and the epoch's position, about once a second); rank 0 adds its loss and
         the script's last logged scalars. `exchanged`: local/diloco's rounds and the seconds the
         last exchange blocked this rank (counted once a round)."""
         if not self.report_progress:
             return
+        rank, host_name, device, size = self.who
         if self.reporter is None:
             self.reporter = progress.Reporter(rank, host_name, device, size=size)
         wait_s += self.reporter.exchanged(*exchanged)

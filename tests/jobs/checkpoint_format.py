@@ -38,12 +38,14 @@ class Counter:
 # the host's name is the inventory's, the same wherever the test runs (a checkpoint's random states
 # are restored only on the hosts that wrote them)
 os.environ["HOROVOD_HOSTNAME"] = "fixture"
-job = hh.Job(JobConfig(run_dir=run_dir, hosts={"fixture": {"name": "fixture"}}, sync=sync, micro_batch="0", equal_split=True, checkpoint_every=3,
-                       checkpoint_minutes=0, keep_checkpoints=10, resume=resume, seed=5))
+job = hh.Job(JobConfig(run_dir=run_dir, hosts={"fixture": {"name": "fixture"}}, sync=sync, micro_batch="0",
+                       equal_split=True, checkpoint_every=3, checkpoint_minutes=0, keep_checkpoints=10, resume=resume,
+                       seed=5))
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g))
 torch.manual_seed(1)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3))
+nn = torch.nn
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.9)
 counter = Counter()
