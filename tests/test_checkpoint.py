@@ -15,11 +15,32 @@ import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
 from hvdhetero import metrics
+from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import checkpoint
 
 # equal split and whole-share micro-batches: nothing timing-dependent decides what a step computes
 EXACT = ["--epochs", "3", "--equal-split", "--micro-batch", "0", "--checkpoint-every", "25", "--checkpoint-minutes",
          "0", "--seed", "3"]
+
+
+@pytest.mark.parametrize("every_steps, minutes, keep, step_s, expected", [
+    (25, 0, 3, 0.5, 25),      # --checkpoint-every alone
+    (0, 1, 3, 0.5, 120),      # one minute at 0.5 s a step
+    (25, 1, 3, 0.5, 25),      # both: the sooner
+    (500, 1, 3, 0.5, 120),
+    (0, 10, 3, 0.0, 0),       # minutes, but no step time yet: nothing periodic until one is measured
+    (0, 1, 3, 600.0, 1),      # a step longer than the interval: every step, never 0
+    (25, 1, 0, 0.5, 0),       # --keep-checkpoints 0: none
+])
+def test_the_checkpoint_interval_is_the_sooner_of_steps_and_minutes(every_steps, minutes, keep, step_s, expected):
+    schedule = CheckpointSchedule(every_steps, minutes, keep)
+    schedule.retime(step_s)
+    assert schedule.every == expected
+    if expected:
+        assert not schedule.due(100 + expected - 1, last_checkpoint=100)
+        assert schedule.due(100 + expected, last_checkpoint=100)
+    else:
+        assert not schedule.due(10_000, last_checkpoint=0)
 
 
 def train(*args, run_dir: Path, timeout=600, check=True):

@@ -155,3 +155,39 @@ def test_the_circle_check_sees_a_circle(tmp_path):
     (pkg / "rank" / "elastic.py").write_text("import hvdhetero\nfrom typing import TYPE_CHECKING\n"
                                            "if TYPE_CHECKING:\n    from hvdhetero.rank.job import Job\n")
     assert circles(module_graph(pkg)) == [["hvdhetero", "hvdhetero.rank.elastic", "hvdhetero.rank.job"]]
+
+
+def job_reaches(package=None) -> list[str]:
+    """Where the rank side reaches into the Job: a module of hvdhetero/rank other than job.py that
+    imports it (an annotation-only import counts: the module was written against the Job), and
+    any `job._private` outside job.py in the package."""
+    package = package or PACKAGE
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package.parent).as_posix()
+        if where == "hvdhetero/rank/job.py":
+            continue
+        if where.startswith("hvdhetero/rank/") and "hvdhetero.rank.job" in imported_modules(path):
+            found.append(f"{where} imports the Job")
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "job._" in line:
+                found.append(f"{where}:{i} reads a private Job attribute")
+    return found
+
+
+def test_the_job_is_a_facade_nothing_on_the_rank_side_reaches_into():
+    """rank/ parts are given what they use (rank/training.py's Training, its TrainState, records):
+    none imports the Job or reads its privates, so a part can change without the Job and the
+    next engine can drive the same parts."""
+    assert job_reaches() == []
+
+
+def test_the_facade_check_sees_a_reach(tmp_path):
+    pkg = tmp_path / "hvdhetero"
+    (pkg / "rank").mkdir(parents=True)
+    (pkg / "rank" / "job.py").write_text("class Job:\n    _x = 1\n")
+    (pkg / "rank" / "resume.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                          "    from hvdhetero.rank.job import Job\n")
+    (pkg / "bench.py").write_text("def f(job):\n    return job._x\n")
+    assert job_reaches(pkg) == ["hvdhetero/bench.py:2 reads a private Job attribute",
+                                "hvdhetero/rank/resume.py imports the Job"]

@@ -134,13 +134,13 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
             job.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        step.split = job._prepared.balancer.split
+        step.split = job.balancer.split
         step.timings.append((*job.last_step_seconds, time.perf_counter() - started))
         if isinstance(job.strategy, Rounds) and job.strategy.between_rounds:  # this step ended a round
             sync = job.strategy.sync
             step.exchanges.append([round(sync.last_exchange_s, 4), round(sync.wait_s, 4), sync.link_late])
 
-    step.balancer, step.split, step.timings = job._prepared.balancer, job._prepared.balancer.split, []
+    step.balancer, step.split, step.timings = job.balancer, job.balancer.split, []
     step.job, step.epoch_steps = job, len(loader)
     step.exchanges, step.target = [], 0
     """Per round's end in the timed steps: [seconds blocked, of which waiting for the round applied
@@ -193,7 +193,7 @@ def checkpoint_cost(step, step_s: float, saves: int = 3) -> dict:
     for i in range(saves):
         hvd.barrier()
         t0 = time.perf_counter()
-        resume.save_checkpoint(job, epoch_done=False)
+        resume.save_checkpoint(job.training, epoch_done=False)
         took.append(max(allreduce_sum(one_hot(time.perf_counter() - t0), f"bench.checkpoint.{i}")))
     save_s = statistics.median(took)
     epoch_s = step.epoch_steps * step_s if job.strategy.always_one_model else math.inf

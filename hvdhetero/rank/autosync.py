@@ -8,7 +8,6 @@ timings are collectives, and every rank ends with the same numbers and the same 
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import time
 
@@ -16,38 +15,41 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero import progress
+from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy import plan
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
+from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
 from hvdhetero.rank.sync import exchanged_tensors
 
 
-def choose(job, balancer: Balancer, model: torch.nn.Module, probe_failed: bool) -> tuple[str, int, bool, str]:
+def choose(config: JobConfig, records: RunRecords, balancer: Balancer, model: torch.nn.Module,
+           probe_failed: bool) -> tuple[str, int, bool, str]:
     """`invoke plan`: print the plan and end the job here. --sync auto: the advised mode for
     these hosts (step when the ranks could not be timed): (kind, H, overlapped, inner steps)."""
-    if probe_failed or job.config.equal_split:
+    if probe_failed or config.equal_split:
         why = "the calibration probe failed (pass loss_fn=... to prepare)" if probe_failed else "--equal-split"
-        if job.config.plan_only:
+        if config.plan_only:
             raise ConfigError(f"invoke plan needs every rank timed on the model, but {why}")
-        if job.is_main:
+        if records.is_main:
             print(f"hvdhetero: --sync auto: cannot time the ranks ({why}); using step sync", flush=True)
         return "step", 1, False, "same"
     params, buffers = exchanged_tensors(model)
-    measured = measure(balancer, params + buffers, WIRE_DTYPES[job.config.compression],
-                       job._host.get("name") or socket.gethostname(), job.me.device.describe())
+    _, host, device, size = records.who
+    measured = measure(balancer, params + buffers, WIRE_DTYPES[config.compression], host, device)
     full = plan.make(measured)
-    if job.config.plan_only:
-        if job.is_main:
+    if config.plan_only:
+        if records.is_main:
             print(plan.render(full), flush=True)
             print(progress.RESULT_TAG + json.dumps(full.to_json()), flush=True)
         hvd.barrier()
         raise SystemExit(0)
-    together = [p for p in full.predictions if len(p.ranks) == job.size]
+    together = [p for p in full.predictions if len(p.ranks) == size]
     pick, _ = plan.advise(together)
-    job.records.write("plan", chose=pick.mode, **full.to_json())
-    if job.is_main:
+    records.write("plan", chose=pick.mode, **full.to_json())
+    if records.is_main:
         note = f"hvdhetero: --sync auto chose {pick.mode}: predicted " \
                f"{pick.samples_per_s:,.0f} samples/s ({pick.vs_fastest:.2f}x the fastest rank alone)"
         if full.advice.ranks != pick.ranks:

@@ -1,19 +1,25 @@
 """This process's Job: `hh.init()` makes it once and returns it on every later call; an
 elastic reset drops it, and the script's next `hh.init()` makes one for the new membership.
 Kept on the rank side (not in the package's `__init__`), so that rank/elastic.py reaches it
-without importing the package that imports the Job."""
+without importing the package that imports the Job (nor the Job: what a reset needs of it is
+`Droppable`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hvdhetero.rank.job import Job
-
-job: Job | None = None
+from typing import Any, Protocol
 
 
-def drop() -> Job | None:
+class Droppable(Protocol):
+    step: int
+
+    def close(self) -> None: ...
+
+
+job: Any = None
+"""The Job (rank/job.py), once hh.init() made it."""
+
+
+def drop() -> Droppable | None:
     """Forget this process's Job (an elastic reset) and return it."""
     global job
     dropped, job = job, None

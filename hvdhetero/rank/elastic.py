@@ -49,7 +49,7 @@ from horovod.common.elastic import State
 from hvdhetero.rank import checkpoint, current, resume
 
 if TYPE_CHECKING:
-    from hvdhetero.rank.job import Job
+    from hvdhetero.rank.training import Training
 
 
 class Commits(State):
@@ -102,33 +102,33 @@ def active() -> Commits | None:
     return COMMITS
 
 
-def commit(job: Job, epoch_done: bool = False, check_hosts: bool = True) -> None:
+def commit(t: Training, epoch_done: bool = False, check_hosts: bool = True) -> None:
     """Keep everything a resume needs in memory; then (check_hosts) raise HostsUpdatedInterrupt
     on every rank alike if hosts came or went. With local/diloco only between rounds (the Job
     calls it there), so that the commit holds one model and the outer state every rank agrees
     on; overlapped, with the round just ended in flight, it is completed (and the hosts checked)
     when that round lands (`_complete`), so that nothing is in flight at a reset here."""
-    strategy = job.strategy
+    strategy = t.strategy
     landing = strategy.unsettled  # overlapped: the round just ended is in flight
     assert strategy.between_rounds, "an elastic commit in the middle of a local/diloco round"
-    state = resume.snapshot(job, rng=checkpoint.rng_state(), optimizer=job._prepared.optimizer.state_dict(),
+    state = resume.snapshot(t, rng=checkpoint.rng_state(), optimizer=t.optimizer.state_dict(),
                             epoch_done=epoch_done, landing=landing)
-    state["metrics_host"] = socket.gethostname() if job.is_main else None  # whose metrics_offset it is
-    job.train.last_commit = job.step
+    state["metrics_host"] = socket.gethostname() if t.is_main else None  # whose metrics_offset it is
+    t.train.last_commit = t.train.step
     if landing:
         COMMITS.pending = (_copied(state), strategy.rounds, check_hosts)
-        strategy.sync.on_landed = lambda: _complete(job)
+        strategy.sync.on_landed = lambda: _complete(t)
         return
-    COMMITS.state, COMMITS.reached = _copied(state), job.step
+    COMMITS.state, COMMITS.reached = _copied(state), t.train.step
     if check_hosts:
         COMMITS.check_host_updates()
 
 
-def _complete(job: Job) -> None:
+def _complete(t: Training) -> None:
     """ParameterSync.on_landed: the round a pending commit waits for has landed (every rank at
     the same round's end, nothing in flight): the global model and outer state are now what a
     flush at the commit's step would have left; the commit holds them, then the hosts check."""
-    sync = job.strategy.sync
+    sync = t.strategy.sync
     if COMMITS.pending is None or sync.applied < COMMITS.pending[1]:
         return
     (state, _, check_hosts), COMMITS.pending = COMMITS.pending, None
@@ -136,43 +136,42 @@ def _complete(job: Job) -> None:
     kept, live = state["sync"]["start"] + state["sync"]["start_buffers"], sync.params + sync.buffers
     # every name the snapshot left out: tied weights (an embedding and a head) are one tensor
     # under two names, and loading the commit puts the last of them into it
-    for name, i in sync.exchanged_names(job._prepared.model).items():
+    for name, i in sync.exchanged_names(t.model).items():
         state["model"][name] = kept[i].view_as(live[i]).to(live[i].dtype)  # the sync's copy, shared
-    COMMITS.state, COMMITS.reached = state, job.step
+    COMMITS.state, COMMITS.reached = state, t.train.step
     if check_hosts:
         COMMITS.check_host_updates()
 
 
-def rejoin(job: Job) -> str | None:
+def rejoin(t: Training) -> str | None:
     """In job.prepare: every rank continues from the last commit (rank 0's, which a newcomer
     gets through one broadcast); None before the first commit."""
     mine = COMMITS.state["step"] if COMMITS.state is not None else -1
     steps = hvd.allgather_object(mine, name="hvdhetero.elastic.steps")
     if steps[0] < 0:
         return None
-    state = COMMITS.state if len(set(steps)) == 1 else _broadcast(COMMITS.state if job.is_main else None)
+    state = COMMITS.state if len(set(steps)) == 1 else _broadcast(COMMITS.state if t.is_main else None)
     own = COMMITS.state is not None and mine == state["step"]
     if own:  # a survivor keeps its own optimizer state (local/diloco: each rank's inner one differs)
         state = {**state, "optimizer": COMMITS.state["optimizer"]}
     was = state.get("hosts") or []
-    resume.restore(job, _copied(state), COMMITS.state["rng"] if own else None)
+    resume.restore(t, _copied(state), COMMITS.state["rng"] if own else None)
     # what was written after the commit is redone; if rank 0 moved (its host was dropped), its records
     # are kept, less a line it was killed writing
-    job.records.truncate(state["metrics_offset"] if state.get("metrics_host") == socket.gethostname() else None)
-    redone = max(0, COMMITS.reached - job.step)
-    COMMITS.reached = job.step
-    job.records.write("elastic", step=job.step, epoch=job.epoch, ranks=job.size, hosts=job._host_names, was=was,
-               redone_steps=redone, resets=COMMITS.resets,
-               reset_s=round(time.time() - COMMITS.reset_at, 3) if COMMITS.reset_at else None)
-    if job.is_main:
-        gone = sorted(set(was) - set(job._host_names))
-        came = sorted(set(job._host_names) - set(was))
+    t.records.truncate(state["metrics_offset"] if state.get("metrics_host") == socket.gethostname() else None)
+    step, hosts = t.train.step, t.host_names
+    redone = max(0, COMMITS.reached - step)
+    COMMITS.reached = step
+    t.records.write("elastic", step=step, epoch=t.train.epoch, ranks=t.size, hosts=hosts, was=was,
+                    redone_steps=redone, resets=COMMITS.resets,
+                    reset_s=round(time.time() - COMMITS.reset_at, 3) if COMMITS.reset_at else None)
+    if t.is_main:
+        gone, came = sorted(set(was) - set(hosts)), sorted(set(hosts) - set(was))
         change = "; ".join(([f"dropped {', '.join(gone)}"] if gone else []) + ([f"joined {', '.join(came)}"]
                                                                                   if came else []))
-        print(f"hvdhetero: elastic: {change or 'same hosts'}; continuing on {job.size} rank(s) "
-              f"({', '.join(job._host_names)}) from the commit at step {job.step} ({redone} steps redone)",
-              flush=True)
-    return f"elastic commit at step {job.step}"
+        print(f"hvdhetero: elastic: {change or 'same hosts'}; continuing on {t.size} rank(s) "
+              f"({', '.join(hosts)}) from the commit at step {step} ({redone} steps redone)", flush=True)
+    return f"elastic commit at step {step}"
 
 
 def _copied(obj):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import horovod.torch as hvd
 import torch
@@ -15,31 +14,29 @@ from hvdhetero.rank import batches
 from hvdhetero.rank.reducer import allreduce_sum, average_buffers
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 
-if TYPE_CHECKING:
-    from hvdhetero.rank.job import Job
-
 
 @torch.no_grad()
-def evaluate(job: Job, fn: Callable, dataset, batch_size: int, collate_fn: Callable | None,
-             exchange: bool) -> dict:
-    """Job.evaluate's work (its docstring says what a script gets)."""
-    model = job._prepared.model if job._prepared else None
-    if model is not None and not exchange and not job.strategy.always_one_model:
-        borrowed = job.strategy.global_model()
+def evaluate(fn: Callable, dataset, batch_size: int, collate_fn: Callable | None, exchange: bool, *, strategy,
+             model: torch.nn.Module | None, split: list[int], step: int, device: torch.device,
+             autocast: Callable) -> dict:
+    """Job.evaluate's work (its docstring says what a script gets): `model` the prepared one (None
+    before prepare), each rank's part of `dataset` in proportion to `split`, `strategy` makes or
+    lends the one model evaluated."""
+    if model is not None and not exchange and not strategy.always_one_model:
+        borrowed = strategy.global_model()
     else:
-        job.strategy.one_model(job.step)
+        strategy.one_model(step)
         if model is not None:
             average_buffers(model)
         borrowed = contextlib.nullcontext()
-    split = job._prepared.balancer.split if job._prepared else [1] * job.size
-    shares = proportional_split(batch_size * job.size, split)
-    sampler = WeightedBatchSampler(len(dataset), shares, job.rank, shuffle=False)
+    shares = proportional_split(batch_size * len(split), split)
+    sampler = WeightedBatchSampler(len(dataset), shares, hvd.rank(), shuffle=False)
     sums: dict[str, float] = {}
     with borrowed, eval_mode(model):
         for indices in sampler:
             if indices:
-                batch = batches.to_device(batches.collate(dataset, indices, collate_fn), job.device)
-                with job.autocast():
+                batch = batches.to_device(batches.collate(dataset, indices, collate_fn), device)
+                with autocast():
                     for k, v in fn(batch).items():
                         sums[k] = sums.get(k, 0.0) + float(v)
     names = sorted(set().union(*hvd.allgather_object(sorted(sums), name="hvdhetero.eval_names")))

@@ -1,11 +1,11 @@
-"""Everything a resume needs, taken from a Job and put back into one: the state of a checkpoint
-on disk (`save_checkpoint`, `resume_from_disk`) and of an elastic commit in memory
-(rank/elastic.py) alike.
+"""Everything a resume needs, taken from a prepared job (rank/training.py) and put back into
+one: the state of a checkpoint on disk (`save_checkpoint`, `resume_from_disk`) and of an
+elastic commit in memory (rank/elastic.py) alike.
 
-    state = snapshot(job, rng=..., optimizer=...)   # model, optimizer, scheduler, loss scale,
-                                                    # sync state, split, position, RNG, config,
-                                                    # metrics offset, job.track'ed objects
-    restore(job, state, rng=...)                    # into the prepared objects, in place
+    state = snapshot(t, rng=..., optimizer=...)   # model, optimizer, scheduler, loss scale,
+                                                  # sync state, split, position, RNG, config,
+                                                  # metrics offset, job.track'ed objects
+    restore(t, state, rng=...)                    # into the prepared objects, in place
 
 A state holds tensors and plain values only, so it round-trips through torch.save and
 torch.load(weights_only=True): nothing is ever unpickled. The files' own rules (atomic writes,
@@ -26,10 +26,10 @@ from hvdhetero.rank import checkpoint
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
-    from hvdhetero.rank.job import Job
+    from hvdhetero.rank.training import Training
 
 
-def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
+def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
              landing: bool = False) -> dict[str, Any]:
     """The job's state now: its position (TrainState), every registered part (model, scheduler,
     loss scale, sync strategy, job.track'ed objects: rank/registry.py) and what a resume compares
@@ -39,68 +39,66 @@ def snapshot(job: Job, *, rng: Any, optimizer: Any, epoch_done: bool = False,
     flight (ParameterSync.state_dict says so otherwise), unless `landing`: an overlapped elastic
     commit whose round is in flight, its global model (what the exchange carries, left out here)
     and sync state put in when it lands (rank/elastic.py)."""
-    p = job._prepared
-    parts = job.parts.state_dict(leave_out=("optimizer", "sync") if landing else ("optimizer",))
+    parts = t.parts.state_dict(leave_out=("optimizer", "sync") if landing else ("optimizer",))
     if landing:
-        out = job.strategy.exchanged_names(p.model)
-        parts["model"] = {name: t for name, t in parts["model"].items() if name not in out}
+        out = t.strategy.exchanged_names(t.model)
+        parts["model"] = {name: x for name, x in parts["model"].items() if name not in out}
         parts["sync"] = None
-    return {"format": checkpoint.FORMAT, **job.train.state_dict(epoch_done), "size": job.size,
-            "hosts": job._host_names, **parts, "optimizer": optimizer, "split": list(p.sampler.batch_sizes),
-            "rng": rng, "config": asdict(job.config),
-            "metrics_offset": job.records.offset()}
+    return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "size": t.size,
+            "hosts": t.host_names, **parts, "optimizer": optimizer, "split": list(t.sampler.batch_sizes),
+            "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset()}
 
 
-def restore(job: Job, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
+def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
     """Put `state` back into the job's registered parts, in place, and continue from its position;
     `rng` is this rank's random states to restore (None: draw new ones from the seed and step)."""
-    job.parts.load_state_dict(state)
+    t.parts.load_state_dict(state)
     # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
     # is the run's). The same hosts get their random states back; others draw from the seed.
     if rng is not None:
         checkpoint.set_rng_state(rng)
     else:
-        torch.manual_seed(job.config.seed * 1_000_003 + state["step"] * 101 + job.rank)
-    job.train.load_state_dict(state)
-    job.strategy.restart(job.train.step)  # local/diloco: the rounds start again at the checkpoint's step
-    job._prepared.loader.start_step = job.train.step
+        torch.manual_seed(t.config.seed * 1_000_003 + state["step"] * 101 + t.rank)
+    t.train.load_state_dict(state)
+    t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
+    t.loader.start_step = t.train.step
 
 
-def save_checkpoint(job: Job, epoch_done: bool) -> None:
+def save_checkpoint(t: Training, epoch_done: bool) -> None:
     """Everything a resume needs, written by rank 0 (every rank's part gathered), atomically; the
     newest --keep-checkpoints kept. With local/diloco the ranks first agree on one model."""
-    p, cfg = job._prepared, job.config
-    if p is None or not cfg.keep_checkpoints:
+    if not t.config.keep_checkpoints:
         return
-    started = time.perf_counter()
-    job.strategy.one_model(job.step)
+    started, step = time.perf_counter(), t.train.step
+    t.strategy.one_model(step)
     rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
     # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
-    optimizer = (hvd.allgather_object(to_cpu(p.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
-                 if job.strategy.own_optimizers else p.optimizer.state_dict())
-    path = checkpoint.path_for(job.run_dir, job.step)
-    if job.is_main:
-        checkpoint.save_object(snapshot(job, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
-        checkpoint.keep_newest(job.run_dir, cfg.keep_checkpoints)
-    job.train.last_checkpoint, job.train.checkpoint_due = job.step, False
-    job.records.write("checkpoint", epoch=job.epoch, step=job.step, path=str(path),
-               seconds=round(time.perf_counter() - started, 4))
+    optimizer = (hvd.allgather_object(to_cpu(t.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
+                 if t.strategy.own_optimizers else t.optimizer.state_dict())
+    path = checkpoint.path_for(t.run_dir, step)
+    if t.is_main:
+        checkpoint.save_object(snapshot(t, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
+        checkpoint.keep_newest(t.run_dir, t.config.keep_checkpoints)
+    t.train.last_checkpoint, t.train.checkpoint_due = step, False
+    t.records.write("checkpoint", epoch=t.train.epoch, step=step, path=str(path),
+                    seconds=round(time.perf_counter() - started, 4))
 
 
-def resume_from_disk(job: Job) -> str:
+def resume_from_disk(t: Training) -> str:
     """--resume: every rank continues from rank 0's newest checkpoint that loads."""
-    found = checkpoint.newest(job.run_dir) if job.is_main else None
+    found = checkpoint.newest(t.run_dir) if t.is_main else None
     path, state = hvd.broadcast_object((str(found[0]), found[1]) if found else (None, None), root_rank=0,
                                        name="hvdhetero.resume")
     if state is None:
-        raise ConfigError(f"--resume: no checkpoint in {job.run_dir / checkpoint.FOLDER} loads (the run wrote "
+        raise ConfigError(f"--resume: no checkpoint in {t.run_dir / checkpoint.FOLDER} loads (the run wrote "
                           "none yet, or they were removed)")
-    hosts = job._host_names
+    hosts = t.host_names
     same = state.get("hosts") == hosts
-    restore(job, state, state["rng"][job.rank] if same else None)
-    job.records.truncate(state["metrics_offset"])  # what the run wrote after it is redone
-    if job.is_main:
+    restore(t, state, state["rng"][t.rank] if same else None)
+    t.records.truncate(state["metrics_offset"])  # what the run wrote after it is redone
+    if t.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
-        print(f"hvdhetero: resuming from {path} (epoch {job.epoch + 1}, step {job.step}{change})", flush=True)
+        print(f"hvdhetero: resuming from {path} (epoch {t.train.epoch + 1}, step {t.train.step}{change})",
+              flush=True)
     return path
 

@@ -1,0 +1,232 @@
+"""A prepared job: the parts `job.prepare` made, and what one training step does with them.
+
+    training = Training(config, me, records, ..., model=model, begun=begun, mode=(kind, H, ...))
+    loader yields an Item   -> on_item (the step's clock), before_step (a checkpoint or commit due)
+    job.backward(loss)      -> backward: accumulate; on the last chunk the strategy reduces
+    optimizer.step()        -> stepped (skip after an overflow), after_step (the round's end,
+                               a checkpoint due)
+    job.epochs' epoch ends  -> end_epoch (the epoch's record, checkpoint, commit, the end exchange)
+
+The Job (rank/job.py) is the façade a script talks to; rank/resume.py, rank/elastic.py and
+rank/evaluation.py are given this object (its parts, not the Job). What the ranks share in a
+step is in `step_state` (rank/step_state.py); how their models stay one is `strategy`
+(rank/strategy.py); where the job is, `train` (rank/registry.py's TrainState).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero.config import JobConfig
+from hvdhetero.policy.checkpoints import CheckpointSchedule
+from hvdhetero.rank import elastic, resume
+from hvdhetero.rank.loader import Item, Loader
+from hvdhetero.rank.optimizer import JobOptimizer
+from hvdhetero.rank.records import RunRecords
+from hvdhetero.rank.reducer import Reducer, average_buffers
+from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
+from hvdhetero.rank.sampler import WeightedBatchSampler
+from hvdhetero.rank.start import Begun
+from hvdhetero.rank.step import Rank
+from hvdhetero.rank.step_state import OncePerStep, StepState
+from hvdhetero.rank.strategy import EveryStep, Rounds
+from hvdhetero.rank.sync import ParameterSync
+
+
+class Training:
+    """One rank's prepared job: model, optimizer, loader, balancer, strategy and records, and the
+    hooks the loader and the optimizer call."""
+
+    def __init__(self, config: JobConfig, me: Rank, records: RunRecords, train: TrainState, step_state: StepState,
+                 loss_scale, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reducer: Reducer, dataset,
+                 global_batch: int, begun: Begun, mode: tuple[str, int, bool, str], collate_fn: Callable | None,
+                 num_workers: int, scheduler, tracked: Registry, device: torch.device):
+        self.config, self.me, self.records, self.train, self.step_state = config, me, records, train, step_state
+        self.loss_scale = loss_scale
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.is_main, self.run_dir = self.rank == 0, Path(config.run_dir)
+        kind, every, overlap_sync, inner = mode
+        self.model, self.balancer = model, begun.balancer
+        self.reducer = reducer
+        self.sampler = WeightedBatchSampler(len(dataset), self.balancer.split, self.rank, seed=config.seed,
+                                            min_share=1)
+        self.loader = Loader(dataset, self.sampler, device, me.micro_batch, collate_fn, num_workers,
+                             on_item=self.on_item, epoch=lambda: self.train.epoch, before_step=self.before_step,
+                             group=self.merged if inner == "by-speed" else None)
+        self.optimizer = JobOptimizer(optimizer, step_state, before_step=self.stepped, after_step=self.after_step)
+        if scheduler is not None:  # the user steps their own object: its step goes through the state
+            scheduler.step = OncePerStep(scheduler.step, step_state)
+        self.strategy: EveryStep | Rounds = EveryStep(self.reducer, config.overlap) if kind == "step" else Rounds(
+            ParameterSync(model, kind, every, global_batch, config.compression, config.outer_lr,
+                          config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
+        if kind != "step" and inner == "by-speed" and num_workers:
+            self.loader.lag = 2 * num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
+        self.parts = Registry(model=model, optimizer=PerRank(optimizer, self.rank),
+                              scheduler=Scheduler(scheduler) if scheduler is not None else None,
+                              loss_scale=loss_scale, sync=self.strategy, tracked=tracked)
+        """What a checkpoint or a commit holds, by name (rank/registry.py)."""
+        self.host_names: list[str] = hvd.allgather_object(records.who[1], name="hvdhetero.host_names")
+        """Per rank: its inventory host (checkpoints record them; a resume compares)."""
+        self.schedule = CheckpointSchedule(config.checkpoint_every, config.checkpoint_minutes,
+                                           config.keep_checkpoints)
+        self.epochs, self.in_epochs = 1, False
+        """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs."""
+        self.last_step_seconds = (0.0, 0.0)
+        """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
+        self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
+
+    @property
+    def elastic(self) -> bool:
+        """Under --elastic, launched by the runner (which keeps the commits across resets)."""
+        return self.config.elastic and elastic.active() is not None
+
+    # -- the loader's hooks ------------------------------------------------------------------------
+
+    def on_item(self, item: Item) -> None:
+        """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
+        self.step_state.chunk_given(item)
+        if item.chunk == 0:
+            slept = self.me.straggle(item.share)
+            self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
+
+    def before_step(self, item: Item) -> None:
+        """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
+        (every rank at the same step), and under --elastic a commit."""
+        if self.train.checkpoint_due:
+            resume.save_checkpoint(self, epoch_done=False)
+        if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
+                and self.strategy.between_rounds):
+            elastic.commit(self)
+
+    def merged(self, step: int, left: int) -> int:
+        """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
+        sizes = self.sampler.batch_sizes
+        return self.strategy.merge(step, left, sizes[self.rank], max(sizes), self.in_epochs, self.me.max_batch)
+
+    # -- job.backward ------------------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, item: Item) -> None:
+        """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
+        checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
+        self.records.loss(float(loss.detach()), item.n)
+        scale = item.n / item.share if item.chunks > 1 else 1.0
+        if self.loss_scale is not None:
+            scale *= self.loss_scale.scale
+        weight = item.share / sum(item.sizes)
+        unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
+        if item.last:
+            self.strategy.before_last_backward(weight * unscale)
+        (loss * scale if scale != 1.0 else loss).backward()
+        if not item.last:
+            self.step_state.backward_done(last=False)
+            return
+        self.me.device.synchronize()
+        began, busy0, slept = self._began
+        self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
+        seconds = time.perf_counter() - began
+        # Step sync: each rank's step time rides along with the gradients, and every rank gets all
+        # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
+        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, self.loss_scale is not None)
+        self.last_step_seconds = (seconds, reduce_s)
+        self.step_state.backward_done(last=True, overflowed=overflowed)
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflowed)
+        self.records.step_done(item.share, *self.last_step_seconds)
+        if times is not None:
+            self.rebalance(times, list(item.sizes), item)
+        self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
+                              exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
+                              split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
+                              step=item.step % len(self.loader) + 1, steps=len(self.loader), epoch=self.train.epoch,
+                              epochs=self.epochs)
+
+    # -- the optimizer's hooks ---------------------------------------------------------------------
+
+    def stepped(self) -> bool:
+        """The prepared optimizer asks whether to step: not when the step's reduced gradients
+        overflowed (every rank skips alike). Called only once a step's last micro-batch is in
+        (the prepared optimizer does nothing between them)."""
+        state = self.step_state
+        if state.item is not None and not state.reduced:
+            raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
+                               "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
+                               "never reduced and their models drift apart")
+        state.reduced = False
+        state.updates += 1
+        self.train.step += state.item.steps if state.item is not None else 1
+        return not state.skip
+
+    def after_step(self) -> None:
+        """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
+        and, at a round's end, exchange parameters (rank/strategy.py); a checkpoint may be due."""
+        item = self.step_state.item
+        round_ended = self.strategy.always_one_model if item is None else self.strategy.after_step(
+            item.share, self.last_step_seconds[0], item.steps, self.train.step, item.step, self._epoch_left(item))
+        # Taken when the next step begins: after this step's scheduler.step(), the script's
+        # job.log and whatever else it does between steps (the loader's before-hook). With
+        # local/diloco only once a round has ended: mid-round its flush would expose an exchange,
+        # shift the rounds, and a rank merging steps (--inner-steps by-speed) is not at a step
+        # boundary the others share.
+        if self.schedule.due(self.train.step, self.train.last_checkpoint) and round_ended:
+            self.train.checkpoint_due = True
+
+    def _epoch_left(self, item: Item) -> int | None:
+        """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""
+        steps = len(self.loader) if self.in_epochs else 0
+        return (self.train.epoch + 1) * steps - 1 - item.step if steps else None
+
+    # -- the balancer ------------------------------------------------------------------------------
+
+    def rebalance(self, times: list[float], sizes: list[float], item: Item, after_step: int | None = None) -> None:
+        """Every rank's step seconds (and the samples they took) to the balancer; a new split
+        reaches the loader (and the metrics) for the step it takes effect at."""
+        if self.config.equal_split:
+            return
+        new = self.balancer.observe(times, sizes, step=item.step)
+        if new:
+            at = item.step if after_step is None else after_step
+            self.records.write("split", step=self.loader.resplit(new, at), split=new, reason=self.balancer.reason,
+                               fallback=self.balancer.fallback)
+
+    def exchanged(self, sync: ParameterSync, landed: tuple[list[float], list[float]] | None, after_step: int,
+                  count: bool = True) -> None:
+        """Rounds.on_exchange, after a round's end or a flush: its record in the metrics, and the
+        round that landed (every rank's mean step seconds and samples per step in it) to the
+        balancer. `count`: its seconds go to this epoch's communication time."""
+        item = self.step_state.item
+        if item is None:
+            return
+        if count:
+            self.records.communicated(sync.last_exchange_s)
+        self.records.write("exchange", step=self.train.step, round=sync.rounds, applied=sync.applied,
+                           split=list(self.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
+                           wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
+        if landed is not None:
+            self.rebalance(*landed, item, after_step)
+
+    # -- job.epochs --------------------------------------------------------------------------------
+
+    def end_epoch(self, more: bool) -> None:
+        """An epoch of job.epochs ended (`more`: another follows): its record, buffers averaged, a
+        checkpoint and an elastic commit where due, and overlapped, the round ending with it."""
+        self.strategy.pause()
+        stats, step_s = self.records.epoch_stats(self.size, max(1, len(self.loader)))
+        average_buffers(self.model)
+        self.records.write("epoch", epoch=self.train.epoch, **stats, split=self.sampler.batch_sizes,
+                           skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.train.step)
+        self.schedule.retime(step_s[0])
+        # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
+        if (self.strategy.always_one_model or self.train.checkpoint_due
+                or self.schedule.due(self.train.step, self.train.last_checkpoint)):
+            resume.save_checkpoint(self, epoch_done=True)
+        if self.elastic and self.strategy.between_rounds:
+            elastic.commit(self, epoch_done=True)
+        # Overlapped, a round of H steps or more ends with the epoch, its exchange launched after
+        # the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the next epoch
+        self.records.carried = self.strategy.end_epoch(self.train.step, more)
+
