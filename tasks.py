@@ -7,7 +7,6 @@ and an exit code (see errors.py: 1 failed, 2 bad input, 3 unreachable).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import sys
@@ -22,11 +21,11 @@ from hvdhetero import checks
 from hvdhetero.bench.options import BenchOptions
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
-from hvdhetero.cluster import run_dir as run_dirs
+from hvdhetero.cluster import submit
 from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
 from hvdhetero.options import Option, Options, from_fields
-from hvdhetero.recipes.options import RecipeOptions, recipe_argv
+from hvdhetero.recipes.options import RecipeOptions, check_argv, recipe_argv
 
 try:  # Invoke's parser state machine (see _words_after_report)
     from invoke.parser.parser import ParseMachine
@@ -120,82 +119,21 @@ _RUN_OPTIONS = TRAIN.defaults(set(TRAIN.options) - {"hosts", "inventory", "resum
 def train(c, **given):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
-    hosts, script, workdir, run_dir, resume = (given[k] for k in ("hosts", "script", "workdir", "run_dir", "resume"))
-    recipe = recipe_argv({k: given[k] for k in _RECIPE_TRAIN}, script)
-    settings = {f.name: given[f.name] for f in fields(JobConfig) if f.name not in _ENGINE_FIXED}
-    script_args = None
-    if resume:
-        changed = [k for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
-        if changed or run_dir or _script_args():
-            named = ", ".join([checks.flag(k) for k in changed] + (["--run-dir"] if run_dir else [])
-                              + (["arguments after --"] if _script_args() else []))
-            raise Exit(f"error: --resume continues the run with its own options; only --hosts and --inventory may "
-                       f"change, got {named} (start a new run to change them)", code=2)
-        run_dir, saved = run_dirs.resumable(resume, RUNS)
-        hosts = hosts or saved["hosts"]
-        script, workdir, recipe, script_args = saved["script"], saved["workdir"], saved["recipe"], saved["script_args"]
-        settings = {**saved["settings"], "resume": True}
-    run_dir, _ = _job(hosts, given["inventory"], script, workdir, recipe, run_dir, settings, given["dry_run"],
-                      name=Path(script).stem if script else given["dataset"], script_args=script_args,
-                      verbose=given["verbose"], all_ranks=given["all_ranks_output"])
+    run_dir, script = given["run_dir"], given["script"]
+    if given["resume"]:
+        changed = [checks.flag(k) for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
+        changed += (["--run-dir"] if run_dir else []) + (["arguments after --"] if _script_args() else [])
+        request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed)
+    else:
+        request = submit.Request(given["hosts"], given["inventory"],
+                                 {f.name: given[f.name] for f in fields(JobConfig) if f.name not in _ENGINE_FIXED},
+                                 script, given["workdir"], recipe_argv({k: given[k] for k in _RECIPE_TRAIN}, script),
+                                 _script_args())
+    run_dir, _ = submit.submit(request, RUNS, run_dir, name=Path(request.script).stem if request.script
+                               else given["dataset"], recipe_check=check_argv, dry_run=given["dry_run"],
+                               verbose=given["verbose"], all_ranks=given["all_ranks_output"])
     if not given["dry_run"]:
         print(f"run directory: {run_dir}")
-
-
-def _job(hosts, inventory, script: str, workdir: str, recipe: list[str], run_dir, settings: dict, dry_run: bool,
-         name: str, script_args: list[str] | None = None, verbose: bool = False,
-         all_ranks: bool = False) -> tuple[str, list[dict]]:
-    """Launch the user's --script (or the built-in recipe with `recipe` options) on the hosts
-    with the JobConfig `settings`; returns the run directory and what rank 0 reported as results.
-    Remote hosts are checked first and get the script's folder. The horovodrun command is
-    printed only with `dry_run` or `verbose`; the console shows rank 0's output (every rank's
-    with `all_ranks`)."""
-    if workdir and not script:
-        raise Exit(f"error: --workdir {workdir} goes with --script (the folder your script starts in); the "
-                   "built-in recipe needs none", code=2)
-    inventory_ = inv.load(inventory or inv.default_path())
-    selected = inventory_.select(hosts)
-    run_dir = run_dirs.new(name, run_dir, RUNS)
-    config = JobConfig(run_dir=run_dir, **settings)
-    if config.tensorboard and selected[0].is_local and importlib.util.find_spec("tensorboard") is None:
-        raise Exit("error: --tensorboard needs the tensorboard package here (rank 0's host): pip install tensorboard "
-                   "(ci/setup installs it)", code=2)
-    remote = not all(h.is_local for h in selected)
-    script_args = _script_args() if script_args is None else script_args
-    if script:
-        from hvdhetero.cluster import workdir as wd
-
-        folder, rel = wd.locate(script, workdir)
-        digest = wd.digest(folder) if remote else None  # each host starts in its copy, named by content
-        program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), script_args)
-    else:  # the recipe's options, those after -- too, checked here rather than on every rank
-        RecipeOptions.parse([*recipe, *script_args]).fits(selected)
-        program = launch.recipe([*recipe, *script_args])
-    argv, env = launch.command(inventory_, selected, config, program)
-    if dry_run or verbose:
-        print(launch.printable(argv, env))
-    if dry_run:
-        return run_dir, []
-    if remote:
-        _preflight(inventory_, selected, accept_new=False)
-        if script:
-            for host, what in wd.ship(inventory_, list(selected), folder, expect=digest).items():
-                print(f"{host}: workdir {what}")
-    if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
-        run_dirs.write_launch(run_dir, [h.name for h in selected], selected[0].is_local, script, workdir, recipe,
-                              script_args, settings)
-    watch = None
-    if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
-        from hvdhetero.cluster import elastic
-
-        hosts_ = elastic.as_elastic_hosts(selected)
-        elastic.write_discovery(Path(run_dir) / elastic.DISCOVERY, hosts_, sys.executable)
-        watch = elastic.Watch(hosts_, config.min_hosts, elastic.kill_command(
-            inventory_, functools.partial(launch.ssh_argv, connect_s=5)))
-    return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
-                               rank0_host=None if selected[0].is_local else selected[0].name, watch=watch,
-                               rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks)
-
 
 
 PLAN = Options(
@@ -219,9 +157,10 @@ def plan(c, hosts, inventory, script, workdir, dataset, model, batch_size, data_
                          epochs=1)
     settings = dict(compression=compression, micro_batch=check_micro_batch(micro_batch), precision=precision,
                     slowdown=float(slowdown), plan_only=True)
+    request = submit.Request(hosts, inventory, settings, script, workdir, recipe, _script_args())
     with tempfile.TemporaryDirectory(prefix="hvdhetero-plan-") as scratch:
-        _, results = _job(hosts, inventory, script, workdir, recipe, scratch, settings, dry_run, name="plan",
-                          verbose=verbose)
+        _, results = submit.submit(request, RUNS, scratch, name="plan", recipe_check=check_argv,
+                                   dry_run=dry_run, verbose=verbose)
     if out and results:
         Path(out).write_text(json.dumps(results[-1], indent=1) + "\n")
 
@@ -298,7 +237,9 @@ def bench(c, hosts, inventory, **given):
     selected = inventory_.select(hosts)
     options.fits(selected)
     if options.mode == "to_accuracy":
-        _time_to_accuracy(inventory, selected, options)
+        from hvdhetero.bench import accuracy
+
+        accuracy.run(inventory, selected, options, RUNS, _script_args())
         return
     if options.mode == "allreduce":
         from hvdhetero.bench import allreduce as allreduce_bench
@@ -317,54 +258,12 @@ def bench(c, hosts, inventory, **given):
         launch.run(argv, env, rank_hosts=launch.rank_hosts(selected))
 
 
-def _time_to_accuracy(inventory, selected, options: BenchOptions) -> None:
-    from hvdhetero import metrics
-    from hvdhetero.bench import accuracy
-
-    recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
-                         repeat=options.repeat, target_accuracy=options.to_accuracy, lr=options.lr,
-                         eval_global=options.eval_global)
-    try:
-        plan_ = accuracy.ways([h.name for h in selected], options.sync, options.overlap_sync, options.slowdown,
-                              options.inner_steps, keep=tuple(options.way_list))
-    except ValueError as err:
-        raise Exit(f"error: {err}", code=2) from None
-
-    def train(way, seed: int) -> tuple[list[dict], list[dict]]:
-        settings = dict(seed=seed, compression=options.compression, keep_checkpoints=0, **way.settings)
-        with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
-            _, results = _job(",".join(way.hosts), inventory, "", "", recipe, scratch, settings, False,
-                              name="tta", verbose=options.verbose)
-            try:  # what the job recorded of its epochs (compute per rank); a run without them is unknown
-                records = metrics.records(Path(scratch) / metrics.FILE)
-            except (OSError, HvdHeteroError):
-                records = []
-        return (next((r["logs"] for r in results if r.get("event") == "end"), []),
-                [r for r in records if r.get("event") == "epoch"])
-
-    summary = accuracy.summarize(accuracy.measure(train, plan_, options.seed_list), options.to_accuracy,
-                                 evaluated="global" if options.eval_global else "exact")
-    print(accuracy.render(summary))
-    if options.out:
-        Path(options.out).write_text(json.dumps(summary, indent=1) + "\n")
-
-
-def _preflight(inventory_, hosts, accept_new):
-    from hvdhetero.cluster import preflight
-
-    results = preflight.check(inventory_, list(hosts), accept_new=accept_new)
-    print(preflight.report(results))
-    code = preflight.exit_code(results)
-    if code:
-        raise Exit("check: refusing to go on; fix the problems above", code=code)
-
-
 @task(help=_REMOTE_HELP)
 @_user_errors
 def check(c, hosts=None, accept_new_host_keys=False, inventory=None):
     """Pre-flight: SSH keys and host keys, same versions everywhere, interfaces, peers reachable."""
     inventory_ = inv.load(inventory or inv.default_path())
-    _preflight(inventory_, inventory_.select(hosts), accept_new_host_keys)
+    submit.preflight(inventory_, inventory_.select(hosts), accept_new_host_keys)
     print("check: all hosts ready")
 
 
@@ -396,21 +295,11 @@ def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages
     "inventory": _REMOTE_HELP["inventory"],
 })
 @_user_errors
-def sync(c, src="data", dest=None, hosts=None, inventory=None):
+def push_data(c, src="data", dest=None, hosts=None, inventory=None):
     """Push a dataset directory to the hosts with rsync over ssh (host keys checked)."""
-    import subprocess
-
     inventory_ = inv.load(inventory or inv.default_path())
-    if not Path(src).is_dir():
-        raise Exit(f"error: {src} is not a directory", code=2)
-    failed = []
-    for host in inventory_.select(hosts):
-        if host.is_local:
-            continue
-        argv = launch.sync_command(inventory_, host, src, dest or src)
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=3600)
-        print(f"{host.name}: {'ok' if proc.returncode == 0 else 'failed: ' + proc.stderr.strip()[-300:]}")
-        if proc.returncode != 0:
-            failed.append(host.name)
-    if failed:
-        raise Exit(f"sync: failed for {', '.join(failed)}", code=1)
+    errors = launch.push(inventory_, inventory_.select(hosts), src, dest or src)
+    for host, error in errors.items():
+        print(f"{host}: {'failed: ' + error if error else 'ok'}")
+    if any(errors.values()):
+        raise Exit(f"push-data: failed for {', '.join(h for h, e in errors.items() if e)}", code=1)

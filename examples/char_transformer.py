@@ -5,7 +5,7 @@ by default Python's own LICENSE.txt, which every Python install has.
     invoke train --hosts pc,mac --script examples/char_transformer.py -- --text book.txt --epochs 20
 
 A text file you pass with --text is shipped to remote hosts with the script's folder when it
-lies inside that folder (put big corpora on each host with `invoke sync` instead). After
+lies inside that folder (put big corpora on each host with `invoke push-data` instead). After
 training, rank 0 prints a sample from the model.
 """
 

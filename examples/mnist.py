@@ -6,7 +6,7 @@ train across your machines (marked `# hh:`).
     python examples/mnist.py --download                              # one process, no launcher
 
 Every rank reads the data itself: with `--download` each host fetches MNIST into --data-dir
-(or copy it there once with `invoke sync --src data`). `--fake-data N` trains on N random images
+(or copy it there once with `invoke push-data --src data`). `--fake-data N` trains on N random images
 instead (no files needed; for trying the launch, not for accuracy).
 """
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
 from hvdhetero.bench.recovery import job_pids, records, recovered, start, stop, under_way
-from hvdhetero.cluster import elastic, launch
+from hvdhetero.cluster import elastic_hosts, launch
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster.inventory import Host
 from hvdhetero.config import JobConfig
@@ -79,7 +79,7 @@ def test_the_discovery_script_lists_the_hosts_that_answer(tmp_path):
     closed.close()
     hosts = [Host("here", "localhost", slots=2), Host("up", "127.0.0.2", port=listening.getsockname()[1]),
              Host("down", "127.0.0.3", port=closed_port)]
-    script = elastic.write_discovery(tmp_path / elastic.DISCOVERY, hosts, str(VENV_BIN / "python"))
+    script = elastic_hosts.write_discovery(tmp_path / elastic_hosts.DISCOVERY, hosts, str(VENV_BIN / "python"))
     try:
         out = subprocess.run([str(script)], capture_output=True, text=True, timeout=30, check=True).stdout
     finally:
@@ -99,7 +99,7 @@ def test_the_watch_kills_a_silent_rank_even_a_stopped_one_and_retries_a_host_tha
         return ["false"] if len(tries) == 1 else ["kill", "-KILL", str(pid)]
 
     said = []
-    watch = elastic.Watch([Host("pc", "localhost"), Host("mac", "10.0.0.9")], 2, kill_argv, say=said.append)
+    watch = elastic_hosts.Watch([Host("pc", "localhost"), Host("mac", "10.0.0.9")], 2, kill_argv, say=said.append)
     watch.beat({"rank": 0, "host": "pc", "pid": here.pid})
     watch.beat({"rank": 1, "host": "mac", "pid": there.pid})
     watch.silent(0, 16.0)

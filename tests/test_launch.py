@@ -105,7 +105,7 @@ hosts:
   pc: {{address: 192.168.1.20, user: alice, port: 2222, identity: {key}}}
 """)
     inventory = inv.load(path)
-    argv = launch.sync_command(inventory, inventory.host("pc"), "data dir/", "~/data")
+    argv = launch.push_command(inventory, inventory.host("pc"), "data dir/", "~/data")
     assert argv[:4] == ["rsync", "-a", "--protect-args", "--timeout=60"]
     assert argv[-2:] == ["data dir/", "alice@192.168.1.20:~/data"]
     ssh = argv[argv.index("-e") + 1]

@@ -78,7 +78,8 @@ def test_every_concept_sits_in_its_side_folder():
     for module in ("cluster/inventory.py", "cluster/launch.py", "cluster/ssh.py", "cluster/provision.py",
                    "cluster/preflight.py", "cluster/horovod_build.py", "rank/devices.py", "rank/reducer.py",
                    "policy/balancer.py", "policy/plan.py", "policy/split.py", "policy/round_clock.py",
-                   "rank/sampler.py", "rank/step.py", "rank/checkpoint.py",
+                   "rank/sampler.py", "rank/worker.py", "rank/checkpoint.py", "rank/training.py", "rank/start.py",
+                   "rank/strategy.py", "rank/registry.py", "cluster/submit.py", "policy/checkpoints.py",
                    "recipes/data.py", "recipes/models.py", "bench/throughput.py", "bench/allreduce.py"):
         assert module in where, module
 

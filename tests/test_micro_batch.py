@@ -11,7 +11,7 @@ from hvdhetero.recipes import data
 from hvdhetero.rank import devices
 from hvdhetero.recipes import models
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank.step import MICRO_BATCH_CANDIDATES, Rank, forward_backward, micro_batch_for
+from hvdhetero.rank.worker import MICRO_BATCH_CANDIDATES, Worker, forward_backward, micro_batch_for
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def digits():
 
 def grads_after(model, x, y, micro):
     model.zero_grad(set_to_none=True)
-    loss, _ = forward_backward(model, (x, y), Rank(devices.select("cpu"), 1.0, None, micro_batch=micro))
+    loss, _ = forward_backward(model, (x, y), Worker(devices.select("cpu"), 1.0, None, micro_batch=micro))
     return [p.grad.clone() for p in model.parameters()], loss
 
 
@@ -44,7 +44,7 @@ def test_an_empty_share_runs_no_chunk(digits):
     model = models.build("cnn", info)
     called = []
     loss, _ = forward_backward(model, (train.tensors[0][:0], train.tensors[1][:0]),
-                               Rank(devices.select("cpu"), 1.0, None, micro_batch=8), lambda: called.append(1))
+                               Worker(devices.select("cpu"), 1.0, None, micro_batch=8), lambda: called.append(1))
     assert (loss, called) == (0.0, [])
 
 
@@ -55,14 +55,14 @@ def test_the_overlap_hook_is_armed_before_the_last_chunk_only(digits):
     first = next(model.parameters())
     first.register_post_accumulate_grad_hook(lambda p: events.append("grad"))
     forward_backward(model, (train.tensors[0][:20], train.tensors[1][:20]),
-                     Rank(devices.select("cpu"), 1.0, None, micro_batch=8), lambda: events.append("arm"))
+                     Worker(devices.select("cpu"), 1.0, None, micro_batch=8), lambda: events.append("arm"))
     assert events == ["grad", "grad", "arm", "grad"]  # chunks of 8, 8, 4
 
 
 @pytest.mark.parametrize("setting,expected", [("0", None), ("64", 64)])
 def test_fixed_settings(digits, setting, expected):
     train, info = digits
-    me = Rank(devices.select("cpu"), 1.0, None)
+    me = Worker(devices.select("cpu"), 1.0, None)
     assert micro_batch_for(setting, models.build("cnn", info), train, me, 1024) == expected
 
 
@@ -70,7 +70,7 @@ def test_auto_picks_a_candidate_or_the_whole_batch_and_leaves_the_model_alone(di
     train, info = digits
     model = models.build("cnn", info)
     before = [p.detach().clone() for p in model.parameters()]
-    me = Rank(devices.select("cpu"), 3.0, None)  # a straggler: tuning must not sleep
+    me = Worker(devices.select("cpu"), 3.0, None)  # a straggler: tuning must not sleep
     chosen = micro_batch_for("auto", model, train, me, 300)
     assert chosen is None or chosen in [c for c in MICRO_BATCH_CANDIDATES if c < 300]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -81,7 +81,7 @@ def test_auto_picks_a_candidate_or_the_whole_batch_and_leaves_the_model_alone(di
 def test_bad_setting_is_refused(digits):
     train, info = digits
     with pytest.raises(ConfigError, match="--micro-batch must be auto, 0 or a positive integer, got 'big'"):
-        micro_batch_for("big", models.build("cnn", info), train, Rank(devices.select("cpu"), 1.0, None), 64)
+        micro_batch_for("big", models.build("cnn", info), train, Worker(devices.select("cpu"), 1.0, None), 64)
 
 
 @pytest.mark.parametrize("task", ["train", "bench"])
@@ -95,16 +95,16 @@ def test_bad_setting_on_the_command_line_exits_2_before_any_rank_starts(task):
 def test_auto_times_the_candidates_in_turns(digits, monkeypatch):
     """A drift of the machine's speed must touch every candidate alike: a warm-up round, then
     three timed rounds, each visiting every candidate once, not each candidate's runs in a row."""
-    from hvdhetero.rank import step
+    from hvdhetero.rank import worker
 
     train, info = digits
-    order, real = [], step.forward_backward
+    order, real = [], worker.forward_backward
 
     def recording(model, batch, me, *args, **kwargs):
         order.append(me.micro_batch)
         return real(model, batch, me, *args, **kwargs)
 
-    monkeypatch.setattr(step, "forward_backward", recording)
-    step.tune_micro_batch(models.build("cnn", info), train, Rank(devices.select("cpu"), 1.0, None), 300)
+    monkeypatch.setattr(worker, "forward_backward", recording)
+    worker.tune_micro_batch(models.build("cnn", info), train, Worker(devices.select("cpu"), 1.0, None), 300)
     one_round = [c for c in MICRO_BATCH_CANDIDATES if c < 300] + [300]
     assert order == one_round * 4, order

@@ -107,7 +107,7 @@ def test_sync_pushes_a_dataset_directory_to_every_host(provisioned, tmp_path):
     (src / "MNIST" / "raw").mkdir(parents=True)
     (src / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x01labels")
     dest = "/srv/hvdhost/data"  # each host's own disk
-    proc = invoke("sync", "--src", src, "--dest", dest, inventory=inventory, timeout=120)
+    proc = invoke("push-data", "--src", src, "--dest", dest, inventory=inventory, timeout=120)
     assert proc.returncode == 0 and "h1: ok" in proc.stdout and "h2: ok" in proc.stdout, proc.stdout + proc.stderr
     for host in ("h1", "h2"):
         copied = STATE / host / "srv" / "data" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"

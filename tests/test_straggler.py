@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hvdhetero.rank import devices
-from hvdhetero.rank.step import Rank, forward_backward
+from hvdhetero.rank.worker import Worker, forward_backward
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def sleeps(monkeypatch):
 
 
 def test_sleeps_k_minus_1_times_the_median_compute_of_steps_of_the_same_size(sleeps):
-    me = Rank(devices.select("cpu"), 3.0, None)
+    me = Worker(devices.select("cpu"), 3.0, None)
     assert me.straggle(100) == 0.0 and sleeps == []  # nothing measured yet
     me.recent.extend([(200, 0.2), (200, 0.2), (200, 5.0), (100, 0.15), (200, 0.3)])  # one noisy step
     assert me.straggle(200) == pytest.approx(2 * 0.25)  # median of the four 200s: noise not multiplied
@@ -30,7 +30,7 @@ def test_sleeps_k_minus_1_times_the_median_compute_of_steps_of_the_same_size(sle
 
 
 def test_the_first_step_of_a_new_size_sleeps_after_its_own_compute(sleeps):
-    me = Rank(devices.select("cpu"), 10.0, None)
+    me = Worker(devices.select("cpu"), 10.0, None)
     assert me.straggle_after(64, 0.02) == pytest.approx(0.18) and sleeps == [pytest.approx(0.18)]
     assert me.straggle_after(0, 0.02) == 0.0
 
@@ -40,7 +40,7 @@ def test_a_step_takes_k_times_its_compute_from_the_first_step_on():
     first step of each size (nothing measured) as well as the later ones."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    me = Rank(devices.select("cpu"), 4.0, None)
+    me = Worker(devices.select("cpu"), 4.0, None)
     computed = []
     for n in (64, 64, 32):
         x, y = torch.randn(n, 1, 8, 8), torch.randint(10, (n,))
@@ -53,7 +53,7 @@ def test_a_step_takes_k_times_its_compute_from_the_first_step_on():
 
 
 def test_a_fresh_copy_does_not_share_history():
-    me = Rank(devices.select("cpu"), 10.0, None)
+    me = Worker(devices.select("cpu"), 10.0, None)
     me.recent.append((100, 0.01))
     other = me.fresh(micro_batch=64)
     assert (other.slowdown, other.micro_batch, list(other.recent)) == (10.0, 64, [])
@@ -62,7 +62,7 @@ def test_a_fresh_copy_does_not_share_history():
 
 
 def test_no_slowdown_never_sleeps(sleeps):
-    me = Rank(devices.select("cpu"), 1.0, None)
+    me = Worker(devices.select("cpu"), 1.0, None)
     me.recent.append((1000, 0.5))
     assert me.straggle(1000) == 0.0 and me.straggle_after(1000, 0.5) == 0.0 and sleeps == []
 
@@ -72,7 +72,7 @@ def test_a_one_thread_cpu_rank_multiplies_its_compute_not_the_time_its_thread_st
     inside the last backward: communication, which a slower device would not slow. Here a
     50 ms block inside the step stands for it; the straggler multiplies only the compute."""
     threads = torch.get_num_threads()
-    me = Rank(devices.select("cpu"), 10.0, None)
+    me = Worker(devices.select("cpu"), 10.0, None)
     torch.set_num_threads(1)  # as devices.select gives a rank pinned to one core
     try:
         model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))

@@ -108,7 +108,7 @@ def test_a_symlink_out_of_the_folder_is_refused_naming_it_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=(
             f"^{root}: data is a symlink to {re.escape(str((tmp_path / 'datasets').resolve()))}, outside the "
             f"folder, so the hosts would not get it; copy what it points to into the folder, or list data in "
-            rf"{root}/\.hvdheteroignore \(datasets belong on each host: invoke sync --src DIR\)$")) as err:
+            rf"{root}/\.hvdheteroignore \(datasets belong on each host: invoke push-data --src DIR\)$")) as err:
         workdir.digest(folder)
     assert err.value.exit_code == 2
     (folder / ".hvdheteroignore").write_text("data\n")  # the fix the message names
@@ -139,7 +139,7 @@ def test_a_folder_over_the_size_limit_is_refused_naming_the_size_and_the_way_out
             rf"^{root}: too big to ship to every host: 3\.0 MB in \d files so far, over the limit of 2\.0 MB or "
             rf"20000 files \(largest: data 3\.0 MB, .*\)\. List what the ranks do not need in "
             rf"{root}/\.hvdheteroignore \(one glob per line\), or pass --workdir a smaller folder; datasets "
-            r"belong on each host: invoke sync --src DIR$")) as err:
+            r"belong on each host: invoke push-data --src DIR$")) as err:
         workdir.digest(folder)
     assert err.value.exit_code == 2
 
@@ -185,7 +185,7 @@ def test_the_copy_is_sync_commands_rsync_limited_to_the_hashed_files():
     pc = Host(name="pc", address="192.168.1.20", user="me", port=2222, identity="/k/id_ed25519")
     inv = inventory(pc)
     argv = workdir.copy_command(inv, pc, Path("/home/me/proj"), Path("/tmp/list"), ".hvdhetero/workdirs/x.tmp-1")
-    sync = launch.sync_command(inv, pc, "/home/me/proj", ".hvdhetero/workdirs/x.tmp-1/")
+    sync = launch.push_command(inv, pc, "/home/me/proj", ".hvdhetero/workdirs/x.tmp-1/")
     assert argv == ["rsync", "--files-from=/tmp/list", "--from0", "--copy-links", *sync[1:]]
     assert argv[-2:] == ["/home/me/proj/", "me@192.168.1.20:.hvdhetero/workdirs/x.tmp-1/"]
     assert "-o StrictHostKeyChecking=yes" in argv[argv.index("-e") + 1]

@@ -34,9 +34,15 @@ evaluations, the same few milliseconds for every way).
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
+
+from hvdhetero import metrics
+from hvdhetero.errors import ConfigError, HvdHeteroError
 
 
 WAYS = ("alone", "step", "mode", "alone-mode")
@@ -217,3 +223,40 @@ def render(summary: dict) -> str:
                     "no exchange: each epoch scored the global model as of the last exchange (--eval-global), "
                     "so a target is reached when the pair holds one model at it"))
     return "\n".join(lines)
+
+
+def run(inventory: str | None, selected, options, runs: Path, extra: list[str]) -> dict:
+    """`invoke bench --to-accuracy`: every way of `options` for every seed, each a job of the
+    built-in recipe through the launcher (cluster/submit.py) in a scratch run directory; prints
+    the summary table (and writes it as JSON to --out) and returns it."""
+    from hvdhetero.cluster import submit
+    from hvdhetero.recipes.options import check_argv, recipe_argv
+
+    recipe = recipe_argv({}, dataset="digits", epochs=options.epochs, batch_size=options.batch_size,
+                         repeat=options.repeat, target_accuracy=options.to_accuracy, lr=options.lr,
+                         eval_global=options.eval_global)
+    try:
+        chosen = ways([h.name for h in selected], options.sync, options.overlap_sync, options.slowdown,
+                      options.inner_steps, keep=tuple(options.way_list))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+    def train(way: Way, seed: int) -> tuple[list[dict], list[dict]]:
+        settings = dict(seed=seed, compression=options.compression, keep_checkpoints=0, **way.settings)
+        request = submit.Request(",".join(way.hosts), inventory, settings, recipe=recipe, script_args=extra)
+        with tempfile.TemporaryDirectory(prefix="hvdhetero-tta-") as scratch:
+            _, results = submit.submit(request, runs, scratch, name="tta", recipe_check=check_argv,
+                                       verbose=options.verbose)
+            try:  # what the job recorded of its epochs (compute per rank); a run without them is unknown
+                records = metrics.records(Path(scratch) / metrics.FILE)
+            except (OSError, HvdHeteroError):
+                records = []
+        return (next((r["logs"] for r in results if r.get("event") == "end"), []),
+                [r for r in records if r.get("event") == "epoch"])
+
+    summary = summarize(measure(train, chosen, options.seed_list), options.to_accuracy,
+                        evaluated="global" if options.eval_global else "exact")
+    print(render(summary))
+    if options.out:
+        Path(options.out).write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

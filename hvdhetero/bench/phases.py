@@ -28,7 +28,7 @@ from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.job import Job
 from hvdhetero.rank.reducer import Reducer, allreduce_sum, broadcast_state
-from hvdhetero.rank.step import Rank, forward_backward
+from hvdhetero.rank.worker import Worker, forward_backward
 from hvdhetero.rank.strategy import Rounds
 from hvdhetero.recipes import models
 
@@ -45,7 +45,7 @@ def sampler(dataset, seed: int):
     return lambda n: torch.randint(len(dataset), (n,), generator=gen).tolist()
 
 
-def solo_step(args, build, dataset, me: Rank):
+def solo_step(args, build, dataset, me: Worker):
     """This rank alone, no communication, on the whole global batch in its micro-batches: what
     training on this host alone would run. (At global / ranks, as this phase ran before, a
     rank's fixed per-step cost is spread over fewer samples, and "the fastest rank alone"
@@ -65,7 +65,7 @@ def solo_step(args, build, dataset, me: Rank):
     return step
 
 
-def horovod_step(args, build, dataset, me: Rank):
+def horovod_step(args, build, dataset, me: Worker):
     """Plain Horovod: DistributedOptimizer averaging gradients, equal batches."""
     model, optimizer = build()
     # Horovod: the stock recipe. Our Horovod is CPU-only, which suits the CPU ranks a
@@ -84,7 +84,7 @@ def horovod_step(args, build, dataset, me: Rank):
     return step
 
 
-def take(dataset, indices, me: Rank):
+def take(dataset, indices, me: Worker):
     return tuple(t[indices].to(me.device.torch_device) for t in dataset.tensors)
 
 
@@ -150,7 +150,7 @@ def api_step(args, build, dataset, host: dict, chunk: int | None):
     return step
 
 
-def engine_step(args, build, dataset, me: Rank):
+def engine_step(args, build, dataset, me: Worker):
     """The engine alone: calibrated split, online re-balancing, one fused weighted allreduce per
     step, driven directly (what hvdhetero measured before the public API existed)."""
     model, optimizer = build()

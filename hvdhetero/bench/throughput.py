@@ -35,7 +35,7 @@ from hvdhetero.rank import devices
 from hvdhetero.rank import host as rank_host
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import allreduce_sum
-from hvdhetero.rank.step import Rank, micro_batch_for
+from hvdhetero.rank.worker import Worker, micro_batch_for
 from hvdhetero.recipes import data
 
 
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     rank_host.join(host, pin=args.pin)
     try:
         device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
-        me = Rank(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
+        me = Worker(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
         train_set, _, info = data.load(args.dataset, args.data_dir)
         build = lambda: fresh_model(args, info, device)  # noqa: E731 - same start for every phase
         # One chunk size for this rank's solo and hvdhetero phases, timed on a scratch model up
         # to the whole global batch (the share this rank may get).
         chunk = micro_batch_for(args.micro_batch, build()[0], train_set, me, args.batch_size)
-        # Each phase straggles from its own recent steps (a Rank apiece): phases differ in
+        # Each phase straggles from its own recent steps (a Worker apiece): phases differ in
         # chunking and batch, so one phase's per-sample compute is not another's.
         phases = {"solo": solo_step(args, build, train_set, me.fresh(micro_batch=chunk)),
                   "horovod": horovod_step(args, build, train_set, me.fresh()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from hvdhetero import netinfo
-from hvdhetero.cluster import elastic
+from hvdhetero.cluster import elastic_hosts
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.cluster.inventory import Host, Inventory
@@ -90,8 +91,8 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
     check_hosts(inventory, hosts)
     discovery = None
     if config.elastic:  # a local host's slots run as hosts of their own (Horovod drops whole hosts)
-        hosts = elastic.as_elastic_hosts(hosts)
-        discovery = (Path(config.run_dir) / elastic.DISCOVERY, config.min_hosts)
+        hosts = elastic_hosts.as_elastic_hosts(hosts)
+        discovery = (Path(config.run_dir) / elastic_hosts.DISCOVERY, config.min_hosts)
     settings = replace(config, hosts=host_settings(hosts)).to_json()
     return job(inventory, hosts, ["hvdhetero.rank.runner", "--job-json", settings, *program], launcher_python,
                hosts_json=False, elastic_discovery=discovery)
@@ -125,11 +126,11 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     horovodrun = str(Path(launcher_python).parent / "horovodrun")
     argv = [
         horovodrun,
-        *(elastic.flags(hosts, *elastic_discovery) if elastic_discovery else
+        *(elastic_hosts.flags(hosts, *elastic_discovery) if elastic_discovery else
           ["-np", str(sum(h.slots for h in hosts)), "-H", ",".join(f"{h.address}:{h.slots}" for h in hosts)]),
         "--gloo",
         "--start-timeout", str(START_TIMEOUT_S),
-        "--gloo-timeout-seconds", str(elastic.gloo_timeout() if elastic_discovery else GLOO_TIMEOUT_S),
+        "--gloo-timeout-seconds", str(elastic_hosts.gloo_timeout() if elastic_discovery else GLOO_TIMEOUT_S),
     ]
     env = dict(RANK_ENV)
     if local:
@@ -220,7 +221,7 @@ def printable(argv: Sequence[str], env: dict[str, str]) -> str:
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), *map(shlex.quote, argv)])
 
 
-def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:
+def push_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[str]:
     """rsync over ssh pushing directory `src` to `dest` on `host` (relative = its home), with
     the same ssh rules as everything else: keys only, host key checked, no prompt."""
     ssh = ssh_argv(inventory, host, with_target=False)
@@ -230,6 +231,21 @@ def sync_command(inventory: Inventory, host: Host, src: str, dest: str) -> list[
     # --protect-args: the remote path reaches the remote side as data, not through its shell.
     return ["rsync", "-a", "--protect-args", "--timeout=60", "-e", shlex.join(ssh),
             src.rstrip("/") + "/", f"{target}:{dest}"]
+
+
+def push(inventory: Inventory, hosts: Sequence[Host], src: str, dest: str) -> dict[str, str]:
+    """`invoke push-data`: rsync folder `src` to `dest` on every remote host (local ones have it);
+    per host the error ("" when it worked). ConfigError if `src` is no folder."""
+    if not Path(src).is_dir():
+        raise ConfigError(f"{src} is not a directory (push-data --src names the folder to push)")
+    errors = {}
+    for host in hosts:
+        if not host.is_local:
+            proc = subprocess.run(push_command(inventory, host, src, dest), stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=3600)
+            failed = proc.stderr.strip()[-300:] or f"rsync exited {proc.returncode}"
+            errors[host.name] = failed if proc.returncode else ""
+    return errors
 
 
 def ssh_argv(inventory: Inventory, host: Host, with_target: bool = True, connect_s: int | None = None) -> list[str]:

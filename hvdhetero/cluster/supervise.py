@@ -3,7 +3,7 @@ relayed to the console (and, with a run directory, kept as rank-N.log), every ra
 silence, the whole job stopped when one fails, and the failure said once in words -- which rank,
 on which host, what ended it, and the checkpoint and command that resume the run. Under
 --elastic a rank that dies or goes silent is dropped instead while enough hosts are left
-(cluster/elastic.py decides).
+(cluster/elastic_hosts.py decides).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hvdhetero import progress
-from hvdhetero.cluster import console, elastic, live
+from hvdhetero.cluster import console, elastic_hosts, live
 from hvdhetero.errors import LaunchError
 
 # What horovodrun may forward to remote ranks: it copies its own environment into every rank's
@@ -36,7 +36,8 @@ def forwarded_env(env: dict[str, str]) -> dict[str, str]:
 
 def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         run_dir: str | Path | None = None, rank0_host: str | None = None,
-        watch: elastic.Watch | None = None, rank_hosts: Sequence[str] = (), all_ranks: bool = False) -> list[dict]:
+        watch: elastic_hosts.Watch | None = None, rank_hosts: Sequence[str] = (),
+        all_ranks: bool = False) -> list[dict]:
     """Run the job in the foreground, its ranks' output relayed to the console; returns the
     results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
     progress.SILENT_S ends the job with one message naming it (and, for a training run with a
@@ -48,7 +49,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     least --min-hosts hosts are left."""
     if not Path(argv[0]).exists():
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
-    silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic.SILENT_S if watch else progress.SILENT_S))
+    silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic_hosts.SILENT_S if watch else progress.SILENT_S))
     logs = console.RankLogs(run_dir) if run_dir is not None else None
     try:
         with _stop_on_terminate():
@@ -97,7 +98,7 @@ def _stop_on_terminate():
             signal.signal(s, handler)
 
 
-def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silent_s: float,
+def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None, silent_s: float,
          logs: console.RankLogs | None, rank_hosts: Sequence[str], all_ranks: bool = False) -> list[dict]:
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
@@ -116,12 +117,12 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic.Watch | None, silen
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
                               f"(frozen, asleep or cut off); the job was stopped" + _ended(watch)
                               + _output_hint(logs, silent.rank) + resume_hint(run_dir, rank0_host)) from None
-        except elastic.TooFew:
+        except elastic_hosts.TooFew:
             _stop(proc)
             last = watch.dropped[-1]
             raise LaunchError(f"rank {last['rank']} on host {last['host']} {last['what']}; the other ranks were "
                               f"stopped" + _ended(watch) + resume_hint(run_dir, rank0_host)) from None
-        except elastic.ScriptFailed as failed:  # a script's own error is no host failure: the job ends
+        except elastic_hosts.ScriptFailed as failed:  # a script's own error is no host failure: the job ends
             _stop(proc)
             raise LaunchError(console.failure_summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
         except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
@@ -168,7 +169,7 @@ def _signalled(code: int) -> bool:
 EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
 
 
-def _ended(watch: elastic.Watch | None) -> str:
+def _ended(watch: elastic_hosts.Watch | None) -> str:
     return watch.ended() if watch is not None else ""
 
 
@@ -179,7 +180,7 @@ class _Silent(Exception):
 
 
 def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
-             logs: console.RankLogs | None = None, watch: elastic.Watch | None = None):
+             logs: console.RankLogs | None = None, watch: elastic_hosts.Watch | None = None):
     """horovodrun's lines as they come (read by a thread), checking at least once a second that
     no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
     every line goes to the rank logs, if kept. Under elastic (`watch`) a silent rank is killed and
@@ -214,7 +215,7 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
                     watch.exited(rank, _what(int(match.group(2))))
                     alive.pop(rank, None)
                     if watch.too_few(alive):
-                        raise elastic.TooFew()
+                        raise elastic_hosts.TooFew()
             prefix = progress.PREFIX.match(line)
             if watch is not None and not watch.read(line[prefix.end():] if prefix else line, bool(match)):
                 continue  # horovodrun's exit line (the watch said it in words), Horovod's reset noise

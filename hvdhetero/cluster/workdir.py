@@ -7,7 +7,7 @@ unchanged folder is found on the host and not copied again, and two versions nev
     d = digest(folder)                     # what the rank's --workdir names: "~/" + remote_dir(d)
     ship(inventory, hosts, folder)         # {"pc": "copied", "mac": "unchanged"}
 
-A copy goes over the same checked SSH as everything else (rsync as launch.sync_command builds
+A copy goes over the same checked SSH as everything else (rsync as launch.push_command builds
 it) into a temporary sibling, which is renamed into place with its completion marker already
 inside, so a half-copied folder is never used; a leftover temporary folder is harmless.
 
@@ -41,7 +41,7 @@ IGNORE_FILE = ".hvdheteroignore"
 """In the folder: one glob per line of what stays behind; `#` starts a comment."""
 ALWAYS_IGNORED = (".git", "__pycache__", ".venv", "venv", "runs", ".pytest_cache", "*.pyc")
 
-# A workdir holds code and small files; datasets go to each host once with `invoke sync`.
+# A workdir holds code and small files; datasets go to each host once with `invoke push-data`.
 MAX_BYTES = 200 * 1000**2
 MAX_FILES = 20_000
 
@@ -164,11 +164,11 @@ def remote_dir(d: str) -> str:
 
 
 def copy_command(inventory: Inventory, host: Host, folder: Path, file_list: Path, dest: str) -> list[str]:
-    """launch.sync_command's rsync over the checked ssh, copying only the files named in
+    """launch.push_command's rsync over the checked ssh, copying only the files named in
     `file_list` (NUL-separated, relative to `folder`) into the directory `dest`; a symlink is
     copied as what it points to. The trailing slash on `dest`: a lone file would otherwise be
     copied *as* `dest` (seen with a one-file folder)."""
-    argv = launch.sync_command(inventory, host, str(folder), dest.rstrip("/") + "/")
+    argv = launch.push_command(inventory, host, str(folder), dest.rstrip("/") + "/")
     return [argv[0], f"--files-from={file_list}", "--from0", "--copy-links", *argv[1:]]
 
 
@@ -280,7 +280,7 @@ def _followed(root: Path, rel: Path) -> Path:
     if not target.is_relative_to(root):
         raise ConfigError(f"{root}: {rel.as_posix()} is a symlink to {target}, outside the folder, so the hosts "
                           f"would not get it; copy what it points to into the folder, or list {rel.as_posix()} "
-                          f"in {root / IGNORE_FILE} (datasets belong on each host: invoke sync --src DIR)")
+                          f"in {root / IGNORE_FILE} (datasets belong on each host: invoke push-data --src DIR)")
     return target
 
 
@@ -295,7 +295,7 @@ def _too_big(root: Path, size: int, count: int, by_top: Counter) -> ConfigError:
         f"{root}: too big to ship to every host: {_mb(size)} in {count} files so far, over the limit of "
         f"{_mb(MAX_BYTES)} or {MAX_FILES} files (largest: {largest}). List what the ranks do not need in "
         f"{root / IGNORE_FILE} (one glob per line), or pass --workdir a smaller folder; datasets belong on "
-        "each host: invoke sync --src DIR")
+        "each host: invoke push-data --src DIR")
 
 
 def _mb(n: int) -> str:

@@ -25,10 +25,10 @@ from hvdhetero.rank import batches
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import allreduce_sum
-from hvdhetero.rank.step import Rank, cross_entropy_loss, forward_backward
+from hvdhetero.rank.worker import Worker, cross_entropy_loss, forward_backward
 
 
-def timings(model, dataset, me: Rank, small: int, big: int, loss_fn: Callable,
+def timings(model, dataset, me: Worker, small: int, big: int, loss_fn: Callable,
             collate_fn: Callable | None = None) -> tuple[float, float]:
     """This rank's per-step overhead a and per-sample seconds p, from probes at two batch sizes.
     Runs the user's model alone (no collective): it may raise whatever the model raises."""
@@ -39,14 +39,14 @@ def timings(model, dataset, me: Rank, small: int, big: int, loss_fn: Callable,
     return max(0.0, t_big - p * big), p
 
 
-def calibrate(balancer: Balancer, model, dataset, me: Rank, small: int, big: int,
+def calibrate(balancer: Balancer, model, dataset, me: Worker, small: int, big: int,
               loss_fn: Callable = cross_entropy_loss, collate_fn: Callable | None = None) -> None:
     """Set `balancer`'s split from this rank's timings and every other rank's (a collective)."""
     split_from(balancer, model, dataset, me, *timings(model, dataset, me, small, big, loss_fn, collate_fn),
                loss_fn=loss_fn, collate_fn=collate_fn)
 
 
-def split_from(balancer: Balancer, model, dataset, me: Rank, a: float, p: float, loss_fn: Callable,
+def split_from(balancer: Balancer, model, dataset, me: Worker, a: float, p: float, loss_fn: Callable,
                collate_fn: Callable | None = None) -> None:
     """Set `balancer`'s split from this rank's (a, p) and every other rank's (a collective), then
     refine it with one probe at exactly that split. A rank whose refining probe fails sends -1:
@@ -66,7 +66,7 @@ def split_from(balancer: Balancer, model, dataset, me: Rank, a: float, p: float,
         balancer.refine(measured, sizes)
 
 
-def probe_seconds(model, dataset, me: Rank, n: int, loss_fn: Callable = cross_entropy_loss,
+def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_entropy_loss,
                   collate_fn: Callable | None = None, steps: int = 5) -> float:
     """This rank's compute time (forward + backward, straggling included) for n samples of the
     real model: the median of a few probes after one warm-up. The model is left unchanged."""

@@ -10,7 +10,7 @@ import horovod.torch as hvd
 
 from hvdhetero import netinfo
 from hvdhetero.rank import devices
-from hvdhetero.rank.step import Rank
+from hvdhetero.rank.worker import Worker
 
 
 def settings(hosts: dict) -> dict:
@@ -49,14 +49,14 @@ def pin_cpu_rank(host: dict) -> None:
         devices.pin_local_rank(int(index), int(count))
 
 
-def make_rank(host: dict, slowdown: float) -> Rank:
+def make_rank(host: dict, slowdown: float) -> Worker:
     """This rank's device and straggler factor: the host's own, times the job's `slowdown` on
     the last rank (experiments)."""
     device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
     factor = float(host.get("slowdown") or 1.0)
     if hvd.rank() == hvd.size() - 1:
         factor *= slowdown
-    return Rank(device=device, slowdown=factor, max_batch=host.get("max_batch"))
+    return Worker(device=device, slowdown=factor, max_batch=host.get("max_batch"))
 
 
 def one_hot(value: float) -> list[float]:

@@ -26,7 +26,7 @@ from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import autosync
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.step import Rank, micro_batch_for
+from hvdhetero.rank.worker import Worker, micro_batch_for
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Begun:
     """Whether every rank's speed was measured (else the step time is unknown until an epoch ends)."""
 
 
-def calibrate(config: JobConfig, me: Rank, model: torch.nn.Module, dataset, global_batch: int, size: int,
+def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, global_batch: int, size: int,
               loss_fn: Callable | None, collate_fn: Callable | None) -> Begun:
     """Tune this rank's micro-batch, time its steps, and size the first split from every rank's
     timings (`me.micro_batch` set); the model and its RNG are left as they were."""
@@ -94,7 +94,7 @@ def sync_mode(config: JobConfig, records: RunRecords, begun: Begun,
     return kind, every, overlap, inner
 
 
-def record(records: RunRecords, config: JobConfig, me: Rank, precision, balancer: Balancer,
+def record(records: RunRecords, config: JobConfig, me: Worker, precision, balancer: Balancer,
            host_names: list[str], resumed: str | None, step: int) -> None:
     """The run's "start" record (every rank's host, device, speed setting, chunk and precision)
     and the first split's; the precision's note printed by each rank it applies to."""

@@ -32,7 +32,7 @@ from hvdhetero.rank.reducer import Reducer, average_buffers
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.start import Begun
-from hvdhetero.rank.step import Rank
+from hvdhetero.rank.worker import Worker
 from hvdhetero.rank.step_state import OncePerStep, StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.sync import ParameterSync
@@ -42,7 +42,7 @@ class Training:
     """One rank's prepared job: model, optimizer, loader, balancer, strategy and records, and the
     hooks the loader and the optimizer call."""
 
-    def __init__(self, config: JobConfig, me: Rank, records: RunRecords, train: TrainState, step_state: StepState,
+    def __init__(self, config: JobConfig, me: Worker, records: RunRecords, train: TrainState, step_state: StepState,
                  loss_scale, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reducer: Reducer, dataset,
                  global_batch: int, begun: Begun, mode: tuple[str, int, bool, str], collate_fn: Callable | None,
                  num_workers: int, scheduler, tracked: Registry, device: torch.device):

@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_argv(argv: Sequence[str], hosts) -> None:
+    """The recipe's options as the launcher has them (those after `--` too), parsed and checked
+    for `hosts`: ConfigError (exit 2) before anything starts, rather than on every rank."""
+    RecipeOptions.parse(argv).fits(hosts)
+
+
 def recipe_argv(given: dict, script: str = "", **fixed) -> list[str]:
     """The recipe's command line from the options a task was `given` (by field name) and the
     ones the task itself sets (`fixed`), checked. With a `script` the recipe does not run, so

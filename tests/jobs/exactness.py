@@ -17,7 +17,7 @@ from hvdhetero.recipes import data
 from hvdhetero.rank import devices
 from hvdhetero.recipes import models
 from hvdhetero.rank.reducer import Reducer
-from hvdhetero.rank.step import Rank, forward_backward
+from hvdhetero.rank.worker import Worker, forward_backward
 
 SIZES = [37, 11]  # deliberately unequal local batches
 STEPS = 2  # the second step also checks optimizer state (momentum, Adam moments)
@@ -42,7 +42,7 @@ lo, n, total = sum(SIZES[: hvd.rank()]), SIZES[hvd.rank()], sum(SIZES)
 results = []
 for name, overlap, compression, micro in itertools.product(["sgd", "adam"], [False, True], ["none", "fp16"],
                                                           [0, 8]):
-    me = Rank(device=devices.select("cpu"), slowdown=1.0, max_batch=None, micro_batch=micro or None)
+    me = Worker(device=devices.select("cpu"), slowdown=1.0, max_batch=None, micro_batch=micro or None)
     torch.manual_seed(0)
     model = models.build("cnn", info).eval()  # eval: no dropout, the same function everywhere
     ref = copy.deepcopy(model)

@@ -24,8 +24,10 @@ STRAGGLER_WINDOW = 25
 
 
 @dataclass
-class Rank:
-    """This rank's place in the job and the straggler factor that applies to it."""
+class Worker:
+    """This rank's compute: its device, the slowdown an experiment gives it (the straggler), the
+    most samples its memory takes and its micro-batch size. (The rank's number is hvd.rank():
+    "rank" alone means that number everywhere.)"""
 
     device: devices.Device
     slowdown: float
@@ -90,7 +92,7 @@ class Rank:
         time.sleep(pause)
         return pause
 
-    def fresh(self, **changes) -> "Rank":
+    def fresh(self, **changes) -> "Worker":
         """A copy with its own (empty) straggler history."""
         return replace(self, recent=deque(maxlen=STRAGGLER_WINDOW), **changes)
 
@@ -100,7 +102,7 @@ def cross_entropy_loss(model, batch) -> torch.Tensor:
     return F.cross_entropy(model(batch[0]), batch[1])
 
 
-def forward_backward(model, batch, me: Rank, before_last_backward=None,
+def forward_backward(model, batch, me: Worker, before_last_backward=None,
                      loss_fn: Callable = cross_entropy_loss) -> tuple[float, float]:
     """Straggle (if asked), then forward and backward of `loss_fn(model, batch)` on this rank's
     batch, which may be empty, in chunks of at most `me.micro_batch` samples whose gradients
@@ -134,7 +136,7 @@ MICRO_BATCH_CANDIDATES = (64, 128, 256, 512, 1024)
 TUNE_MARGIN = 0.03
 
 
-def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int,
+def micro_batch_for(setting: str, model, dataset, me: Worker, largest: int,
                     loss_fn: Callable = cross_entropy_loss, collate_fn: Callable | None = None) -> int | None:
     """The chunk size this rank runs: from the setting, or timed on its own device (auto)."""
     if check_micro_batch(setting) == "auto":
@@ -142,7 +144,7 @@ def micro_batch_for(setting: str, model, dataset, me: Rank, largest: int,
     return int(setting) or None
 
 
-def tune_micro_batch(model, dataset, me: Rank, largest: int, loss_fn: Callable = cross_entropy_loss,
+def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable = cross_entropy_loss,
                      collate_fn: Callable | None = None) -> int | None:
     """The chunk size (a few powers of two below `largest`, or all of it) with the least
     compute time per sample on this rank's device, preferring larger chunks unless a smaller

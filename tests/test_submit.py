@@ -1,0 +1,52 @@
+"""Starting a job from the launcher (cluster/submit.py), without starting one: a dry run prints
+the command and leaves nothing behind, bad requests are refused before anything starts, and
+--resume's request is the run's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from hvdhetero.cluster import submit
+from hvdhetero.errors import ConfigError
+from hvdhetero.recipes.options import check_argv
+from test_run_dir import a_run
+
+
+@pytest.fixture(autouse=True)
+def _in_checkout(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the default inventory.yaml, as invoke finds it
+    monkeypatch.delenv("HVDHETERO_INVENTORY", raising=False)
+
+
+def test_a_dry_run_prints_the_command_and_leaves_nothing_behind(tmp_path, capsys):
+    request = submit.Request(None, None, {"seed": 5}, recipe=["--dataset", "digits"], script_args=["--repeat", "2"])
+    run_dir, results = submit.submit(request, tmp_path, name="digits", recipe_check=check_argv, dry_run=True)
+    out = capsys.readouterr().out
+    assert results == [] and run_dir.startswith(str(tmp_path)) and run_dir.endswith("-digits")
+    assert "horovodrun" in out and "--repeat 2" in out and '"seed": 5' in out.replace("\\", ""), out
+    assert list(tmp_path.iterdir()) == [], "a dry run writes no run directory"
+
+
+def test_a_workdir_without_a_script_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match="--workdir elsewhere goes with --script"):
+        submit.submit(submit.Request(None, None, {}, workdir="elsewhere"), tmp_path, name="x", dry_run=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_recipe_options_after_the_separator_are_checked_on_the_launcher(tmp_path):
+    with pytest.raises(ConfigError, match="--model"):
+        submit.submit(submit.Request(None, None, {}, script_args=["--model", "nope"]), tmp_path, name="x",
+                      recipe_check=check_argv, dry_run=True)
+
+
+def test_resume_takes_the_runs_own_request_and_only_the_hosts_may_change(tmp_path):
+    folder = a_run(tmp_path / "r")
+    request, run_dir = submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=[])
+    assert run_dir == str(folder)
+    assert (request.hosts, request.recipe, request.script_args) == (["local"], ["--dataset", "digits"],
+                                                                    ["--repeat", "2"])
+    assert request.settings == {"seed": 3, "resume": True}
+    assert submit.resumed(str(folder), tmp_path, hosts="h1", inventory=None, changed=[])[0].hosts == "h1"
+    with pytest.raises(ConfigError, match="only --hosts and --inventory may change, got --epochs, --seed"):
+        submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=["--epochs", "--seed"])
