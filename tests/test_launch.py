@@ -95,7 +95,7 @@ def test_hosts_with_different_env_paths_are_refused(tmp_path):
         launch.command(inventory, inventory.select("a,b"), JobConfig(), launch.recipe([]))
 
 
-def test_sync_command_checks_host_keys_and_quotes_paths(tmp_path):
+def test_push_command_checks_host_keys_and_quotes_paths(tmp_path):
     path, key = tmp_path / "inventory.yaml", tmp_path / "id"
     key.write_text("a key\n")  # the inventory's identity must exist
     path.write_text(f"""pins: {{python: "3.11", torch: "2.14.1", torchvision: "0.29.1", horovod: "0.28.1"}}
@@ -111,6 +111,14 @@ hosts:
     ssh = argv[argv.index("-e") + 1]
     assert ssh.startswith("ssh -p 2222 -o BatchMode=yes") and "-o StrictHostKeyChecking=yes" in ssh
     assert "-o UserKnownHostsFile=/k/known_hosts" in ssh and ssh.endswith(f"-i {key}")
+
+
+def test_push_data_refuses_a_source_that_is_no_folder_before_connecting(tmp_path):
+    inventory = inv.load(ROOT / "inventory.yaml")
+    (tmp_path / "file").write_text("")
+    for src in (tmp_path / "missing", tmp_path / "file"):
+        with pytest.raises(ConfigError, match=f"{src} is not a directory"):
+            launch.push(inventory, inventory.select(None), str(src), "data")
 
 
 @pytest.mark.parametrize("code, says", [

@@ -101,7 +101,7 @@ def test_h1_hostname_resolves_to_loopback_like_ubuntu(hosts):
     assert out.stdout.split()[0] == "127.0.1.1"  # so h1 joining the job needs our patch 0003
 
 
-def test_sync_pushes_a_dataset_directory_to_every_host(provisioned, tmp_path):
+def test_push_data_pushes_a_dataset_directory_to_every_host(provisioned, tmp_path):
     inventory, _ = provisioned
     src = tmp_path / "data with space"
     (src / "MNIST" / "raw").mkdir(parents=True)

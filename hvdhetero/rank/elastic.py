@@ -98,8 +98,10 @@ def run(script: Callable[[], None]) -> None:
     hvd.elastic.run(lambda state: script())(COMMITS)
 
 
-def active() -> Commits | None:
-    return COMMITS
+def running(config) -> Commits | None:
+    """The commits when this job runs under --elastic, launched by the runner (which keeps them
+    across resets); None otherwise (no --elastic, or the script run without the launcher)."""
+    return COMMITS if config.elastic else None
 
 
 def commit(t: Training, epoch_done: bool = False, check_hosts: bool = True) -> None:

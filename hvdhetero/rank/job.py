@@ -65,7 +65,7 @@ class Job:
         self.records = RunRecords(self.run_dir, self.is_main, config.tensorboard,
                                   report_progress="HOROVOD_RANK" in os.environ, step=lambda: self.step,
                                   who=(self.rank, records.host_name(settings), self.me.device.describe(), self.size),
-                                  started=elastic.active().started if config.elastic and elastic.active() else None)
+                                  started=commits.started if (commits := elastic.running(config)) else None)
         """metrics.jsonl, TensorBoard, the live table's lines and the epoch's counters (rank/records.py)."""
         self.step_state = StepState()
         """Where this rank is inside a step (rank/step_state.py): shared with the prepared optimizer and scheduler."""
@@ -146,7 +146,7 @@ class Job:
         if n < 1:
             raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
         self._stopping = False
-        if self.train_state.start_epoch >= n and self.is_main and not (self.config.elastic and elastic.active()):
+        if self.train_state.start_epoch >= n and self.is_main and elastic.running(self.config) is None:
             print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
                   flush=True)
         t = self.training
@@ -259,9 +259,9 @@ class Job:
         if self.training is not None:
             self.training.end_epoch(more)
             return
-        stats, _ = self.records.epoch_stats(self.size, 1)  # a loop without a prepared job: its record only
-        self.records.write("epoch", epoch=self.epoch, **stats, split=None,
-                           skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.step)
+        # a loop without a prepared job: its record only
+        self.records.end_epoch(self.epoch, self.step, self.size, 1, None,
+                               self.loss_scale.skipped if self.loss_scale else 0)
 
     def _end(self) -> None:
         """The run's end record: one model on every rank, every rank's parameter digest."""

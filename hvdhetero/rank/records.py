@@ -6,7 +6,7 @@ behind them, and the run's end record.
     records.step_done(item, compute_s, reduce_s)     # a step's samples and seconds
     records.progress(...)                            # the live table's line, about once a second
     records.log(epoch, step, loss=...)               # job.log
-    records.epoch_stats(...)                         # every rank's epoch, summed: the "epoch" record
+    records.end_epoch(...)                           # every rank's epoch, summed: the "epoch" record
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ class RunRecords:
         self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
                            batch=sum(split), epoch_end=step == steps, **job)
 
-    def epoch_stats(self, size: int, steps: int) -> tuple[dict[str, Any], list[float]]:
-        """Every rank's epoch summed (a collective): the epoch record's fields, and every rank's
+    def end_epoch(self, epoch: int, step: int, size: int, steps: int, split: list[int] | None,
+                  skipped_steps: int) -> list[float]:
+        """Every rank's epoch summed (a collective) into the "epoch" record; returns every rank's
         mean step seconds (rank 0's sets the time-based checkpoint interval, the same on every rank)."""
         seconds = time.perf_counter() - self.epoch_started
         mine = [seconds / steps, self.samples, *self.busy]
@@ -108,9 +109,11 @@ class RunRecords:
                                                       *(x for v in mine for x in host.one_hot(v))],
                                                      "hvdhetero.train_stats")
         step_s, rank_samples, compute_s, comm_s = (per_rank[i * size:(i + 1) * size] for i in range(4))
-        return ({"loss": loss_sum / max(samples, 1), "samples": int(samples), "seconds": round(seconds, 3),
-                 "samples_per_s": samples / seconds, "rank_samples": [int(n) for n in rank_samples],
-                 "compute_s": [round(t, 4) for t in compute_s], "comm_s": [round(t, 4) for t in comm_s]}, step_s)
+        self.write("epoch", epoch=epoch, loss=loss_sum / max(samples, 1), samples=int(samples),
+                   seconds=round(seconds, 3), samples_per_s=samples / seconds,
+                   rank_samples=[int(n) for n in rank_samples], compute_s=[round(t, 4) for t in compute_s],
+                   comm_s=[round(t, 4) for t in comm_s], split=split, skipped_steps=skipped_steps, step=step)
+        return step_s
 
     def end(self, digests: list[str]) -> None:
         """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy)."""

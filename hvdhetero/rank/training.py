@@ -83,7 +83,7 @@ class Training:
     @property
     def elastic(self) -> bool:
         """Under --elastic, launched by the runner (which keeps the commits across resets)."""
-        return self.config.elastic and elastic.active() is not None
+        return elastic.running(self.config) is not None
 
     # -- the loader's hooks ------------------------------------------------------------------------
 
@@ -215,10 +215,9 @@ class Training:
         """An epoch of job.epochs ended (`more`: another follows): its record, buffers averaged, a
         checkpoint and an elastic commit where due, and overlapped, the round ending with it."""
         self.strategy.pause()
-        stats, step_s = self.records.epoch_stats(self.size, max(1, len(self.loader)))
+        step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, len(self.loader)),
+                                        self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
         average_buffers(self.model)
-        self.records.write("epoch", epoch=self.train.epoch, **stats, split=self.sampler.batch_sizes,
-                           skipped_steps=self.loss_scale.skipped if self.loss_scale else 0, step=self.train.step)
         self.schedule.retime(step_s[0])
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due
