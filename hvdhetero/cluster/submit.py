@@ -94,7 +94,12 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
         if recipe_check is not None:
             recipe_check([*request.recipe, *request.script_args], selected)
         program = launch.recipe([*request.recipe, *request.script_args])
-    argv, env = launch.command(inventory, selected, config, program)
+    if inventory.pins.mpi:
+        from hvdhetero.cluster import mpi
+
+        argv, env = mpi.command(inventory, selected, config, program)
+    else:
+        argv, env = launch.command(inventory, selected, config, program)
     if dry_run or verbose:
         print(launch.printable(argv, env))
     if dry_run:

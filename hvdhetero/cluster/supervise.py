@@ -167,6 +167,7 @@ def _signalled(code: int) -> bool:
 
 
 EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
+MPI_EXIT_LINE = re.compile(r"^mpirun noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 
 
 def _ended(watch: elastic_hosts.Watch | None) -> str:
@@ -190,7 +191,8 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
     def read():
         try:
             for line in proc.stdout:
-                lines.put(line)
+                for part in untangled(line):
+                    lines.put(part)
         except (ValueError, OSError):  # the pipe closed under it: the job is being stopped, its end says why
             pass
         finally:
@@ -207,12 +209,13 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
         if line:
             if logs is not None:
                 logs.write(line)
-            match = EXIT_LINE.match(line)
+            match = EXIT_LINE.match(line) or MPI_EXIT_LINE.match(line)
             if match:
-                exits.setdefault(int(match.group(1)), int(match.group(2)))
+                code = int(match.group(2)) * (-1 if match.re is MPI_EXIT_LINE else 1)  # mpirun names the signal
+                exits.setdefault(int(match.group(1)), code)
                 if watch is not None:
                     rank = int(match.group(1))
-                    watch.exited(rank, _what(int(match.group(2))))
+                    watch.exited(rank, _what(code))
                     alive.pop(rank, None)
                     if watch.too_few(alive):
                         raise elastic_hosts.TooFew()
@@ -235,6 +238,23 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
                     raise _Silent(rank, host, now - seen)
         if watch is not None:
             watch.tick()
+
+
+MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
+
+
+def untangled(line: str) -> list[str]:
+    """mpirun --tag-output's line as the lines the ranks wrote. Open MPI 4 tags each chunk a rank
+    writes, not each line, so one console line can hold two ranks' lines ("[1,0]<stdout>:a[1,1]<stdout>:b")
+    or end in a tag of its own (a newline written apart: "[1,1]<stdout>:a[1,1]<stdout>:"). Lines
+    without such a tag (horovodrun's) come back as they are."""
+    starts = [m.start() for m in MPI_TAG.finditer(line)]
+    if len(starts) < 2 and not (starts and starts[0] > 0):
+        return [line]
+    cuts = sorted({0, *starts, len(line)})
+    parts = [line[a:b] for a, b in zip(cuts, cuts[1:])]
+    kept = [p.rstrip("\n") + "\n" for p in parts if MPI_TAG.sub("", p, count=1).strip() or not MPI_TAG.match(p)]
+    return [p for p in kept if p.strip()]
 
 
 _STOPPING = threading.Event()
@@ -264,7 +284,7 @@ def _stop_now(proc: subprocess.Popen, grace_s: float) -> None:
 def died(exits: dict[int, int], hosts: dict[int, str], returncode: int) -> str:
     """What horovodrun reported of the first rank that ended badly, in words."""
     if not exits:
-        return f"training failed: horovodrun exited with {returncode} (see the rank output above)"
+        return f"training failed: the job's launcher exited with {returncode} (see the rank output above)"
     rank, code = next(iter(exits.items()))  # horovodrun prints the first one first
     return f"rank {rank} on host {hosts.get(rank, '?')} {_what(code)}; the other ranks were stopped"
 

@@ -25,7 +25,20 @@ def join(host: dict, pin: bool = True) -> None:
     set_gloo_interface(host)
     if pin:
         pin_cpu_rank(host)
-    hvd.init()  # Horovod: rendezvous with the other ranks
+    comm = mpi_comm()
+    if comm is not None:  # backend mpi: Horovod on mpi4py's COMM_WORLD (MPI_Init with THREAD_MULTIPLE)
+        hvd.init(comm=comm)
+    else:
+        hvd.init()  # Horovod: rendezvous with the other ranks
+
+
+def mpi_comm():
+    """mpi4py's COMM_WORLD when mpirun started this rank (backend mpi), else None."""
+    if os.environ.get("HOROVOD_CONTROLLER") != "mpi":
+        return None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
 
 
 def set_gloo_interface(host: dict) -> None:

@@ -215,6 +215,12 @@ class Job:
         return self.training.balancer if self.training is not None else None
 
     @property
+    def mpi_comm(self):
+        """mpi4py's COMM_WORLD under pins.backend mpi, for a script's own MPI collectives
+        (`job.mpi_comm.allreduce(x)`); None under Gloo."""
+        return host.mpi_comm()
+
+    @property
     def last_step_seconds(self) -> tuple[float, float]:
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         return self.training.last_step_seconds if self.training is not None else (0.0, 0.0)

@@ -1,6 +1,7 @@
 """What horovodrun starts on every slot: the job's settings, then the training script.
 
-    python -m hvdhetero.rank.runner --job-json '{...}' [--workdir DIR] (--module M | --script PATH) [-- ARGS]
+    python -m hvdhetero.rank.runner --job-json '{...}' [--workdir DIR] [--mpi-host ADDRESS]
+                                    (--module M | --script PATH) [-- ARGS]
 
 It puts the job's settings where `hh.init()` finds them, moves into the script's working
 directory (shipped to remote hosts by the launcher), and runs the script as `__main__` with its
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="python -m hvdhetero.rank.runner", description=__doc__.split("\n")[0])
     parser.add_argument("--job-json", default="{}", help="the job's settings (JobConfig as JSON, from the launcher)")
     parser.add_argument("--workdir", default="", help="run the script from here (~ = this host's home)")
+    parser.add_argument("--mpi-host", default="", help="started by mpirun (backend mpi) on this inventory address")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--module", help="a module to run as __main__ (the built-in recipe)")
     what.add_argument("--script", help="a script to run as __main__, relative to --workdir")
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = JobConfig.from_json(args.job_json)
     os.environ[ENV_VAR] = config.to_json()
+    if args.mpi_host:
+        as_horovodrun_would(args.mpi_host, config)
     progress.heartbeat(int(os.environ.get("HOROVOD_RANK", 0)), host_name(config))
     if args.workdir:
         os.chdir(os.path.expanduser(args.workdir))
@@ -68,6 +72,26 @@ def main(argv: list[str] | None = None) -> None:
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
     else:
         print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
+
+
+def as_horovodrun_would(address: str, config: JobConfig) -> None:
+    """Under mpirun: this rank's place and host in the variables horovodrun sets (the rank side
+    reads those), from Open MPI's own; and the NIC Gloo carries the bytes on when it does
+    (pins.mpi_ops gloo): the host's own, else the one towards another host of the job."""
+    for ours, theirs in (("RANK", "RANK"), ("SIZE", "SIZE"), ("LOCAL_RANK", "LOCAL_RANK"),
+                         ("LOCAL_SIZE", "LOCAL_SIZE")):
+        os.environ["HOROVOD_" + ours] = os.environ.get("OMPI_COMM_WORLD_" + theirs, "0" if "RANK" in ours else "1")
+    os.environ["HOROVOD_HOSTNAME"] = address
+    for stream in (sys.stdout, sys.stderr):  # whole lines per write: mpirun tags each write, not each line
+        stream.reconfigure(line_buffering=True, write_through=False)
+    iface = config.hosts.get(address, {}).get("interface")
+    if not iface:
+        from hvdhetero import netinfo
+
+        others = [a for a in config.hosts if a != address] or [address]
+        iface = netinfo.interface_towards(others[0])
+    if iface:
+        os.environ["HOROVOD_GLOO_IFACE"] = iface
 
 
 def run_script(args) -> None:
