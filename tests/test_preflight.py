@@ -167,3 +167,53 @@ def test_invoke_check_refuses_a_missing_identity_as_an_inventory_error(tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"error: {path}:5: key 'hosts.b.identity': {tmp_path / 'nokey'} does not exist" in proc.stderr
     assert proc.stdout == ""  # no host was contacted, none reported
+
+
+MPI_PINS = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1", backend="mpi")
+
+
+def mpi_facts(build_mpi="openmpi-4.1.8", openmpi="4.1.8", mpi4py="4.1.2"):
+    f = facts()
+    f["horovod"]["mpi"] = build_mpi
+    f["mpi"] = {"openmpi": openmpi, "mpi4py": mpi4py}
+    return f
+
+
+def test_backend_mpi_passes_hosts_with_the_mpi_build_and_the_report_names_it():
+    mac, pc = verdicts(mpi_facts(), mpi_facts(), pins=MPI_PINS)
+    assert (mac.problems, pc.problems) == ([], [])
+    assert "transport uv, openmpi-4.1.8)" in preflight.report([mac, pc]).splitlines()[0]
+
+
+def test_a_host_whose_horovod_lacks_mpi_or_whose_mpi_differs_is_named_with_the_fix():
+    mac, pc = verdicts(mpi_facts(), mpi_facts(build_mpi="", openmpi=None, mpi4py=None), pins=MPI_PINS)
+    assert mac.problems == [] and pc.status == "failed"
+    fix = "run: invoke provision --hosts pc"
+    assert pc.problems == [
+        f"pc: openmpi not installed, pins.openmpi is 4.1.8 (backend mpi) (mac has 4.1.8); {fix}",
+        f"pc: mpi4py not installed, pins.mpi4py is 4.1.2 (backend mpi) (mac has 4.1.2); {fix}",
+        f"pc: Horovod built without MPI, pins.backend is mpi with openmpi 4.1.8 (mac has openmpi-4.1.8); "
+        f"re-provision pc: {fix}"]
+    _, other = verdicts(mpi_facts(), mpi_facts(build_mpi="openmpi-4.1.7", openmpi="4.1.7"), pins=MPI_PINS)
+    assert [p.split(";")[0] for p in other.problems] == [
+        "pc: openmpi 4.1.7, pins.openmpi is 4.1.8 (backend mpi) (mac has 4.1.8)",
+        "pc: Horovod built with openmpi-4.1.7, pins.backend is mpi with openmpi 4.1.8 (mac has openmpi-4.1.8)"]
+
+
+def test_an_mpi_build_passes_a_gloo_inventory():
+    """An MPI build runs Gloo jobs too (horovodrun sets HOROVOD_CONTROLLER=gloo)."""
+    mac, pc = verdicts(mpi_facts(), facts())
+    assert (mac.problems, pc.problems) == ([], [])
+
+
+def test_check_under_mpi_accepts_hosts_whose_envs_ports_and_keys_differ(tmp_path, monkeypatch):
+    """horovodrun needs one env path, port and key for all hosts; mpirun (our agent) does not."""
+    hosts = (Host(name="mac", address="10.0.0.2", env="~/a"), Host(name="pc", address="10.0.0.3", env="/b", port=2222))
+    inventory = Inventory(path=tmp_path / "inventory.yaml", pins=MPI_PINS, hosts=hosts, default_hosts=("mac", "pc"))
+    monkeypatch.setattr(preflight, "gather", lambda inv_, h, hs, accept_new: preflight.HostFacts(h, facts=mpi_facts()))
+    monkeypatch.setattr(remote_provision, "source_digest", lambda: "d")
+    results = preflight.check(inventory, list(hosts))
+    assert [r.problems for r in results] == [[], []]
+    gloo = Inventory(path=tmp_path / "inventory.yaml", pins=PINS, hosts=hosts, default_hosts=("mac", "pc"))
+    with pytest.raises(ConfigError, match="hosts' envs differ"):
+        preflight.check(gloo, list(hosts))

