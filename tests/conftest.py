@@ -119,6 +119,7 @@ def mpi_env(tmp_path_factory) -> Path:
     Path(own, "zz-layer-on-venv.pth").write_text(f"import site; site.addsitedir({base!r})\n")
     inventory = mpi_inventory(tmp_path_factory.mktemp("mpi") / "inventory.yaml")
     setup = subprocess.run([python, "-m", "hvdhetero.cluster.provision", "--local", "--inventory", inventory],
-                           capture_output=True, text=True, timeout=1800, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           capture_output=True, text=True, timeout=1800, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert setup.returncode == 0, setup.stdout[-4000:] + setup.stderr[-4000:]
     return inventory

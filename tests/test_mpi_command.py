@@ -185,3 +185,31 @@ def test_the_agent_runs_each_hosts_own_daemon_through_the_inventorys_ssh(tmp_pat
     other = subprocess.run([sys.executable, "-m", "hvdhetero.cluster.mpi", "10.0.0.9", "orted"],
                            capture_output=True, text=True, timeout=60, env={**os.environ, **env})
     assert other.returncode == 2 and "none of the job's hosts (192.168.1.10, 192.168.1.20)" in other.stderr
+
+
+@pytest.mark.parametrize("line, lines", [
+    ("[1,0]<stdout>:epoch 1\n", ["[1,0]<stdout>:epoch 1\n"]),
+    # a newline written apart from its line got a tag of its own
+    ("[1,1]<stdout>:epoch 1[1,1]<stdout>:\n", ["[1,1]<stdout>:epoch 1\n"]),
+    # two ranks' writes ran together on one console line
+    ("[1,0]<stdout>:a[1,1]<stderr>:b\n", ["[1,0]<stdout>:a\n", "[1,1]<stderr>:b\n"]),
+    ("[0]<stdout>:horovodrun's own tag\n", ["[0]<stdout>:horovodrun's own tag\n"]),
+    ("mpirun says[1,0]<stdout>:x\n", ["mpirun says\n", "[1,0]<stdout>:x\n"]),
+])
+def test_the_launcher_splits_what_mpirun_ran_together_into_the_ranks_lines(line, lines):
+    from hvdhetero import progress
+    from hvdhetero.cluster import supervise
+
+    assert supervise.untangled(line) == lines
+    assert [progress.PREFIX.match(part).group(1) for part in lines if part.startswith("[")] == \
+        [part[1:].split("]")[0].split(",")[-1] for part in lines if part.startswith("[")]
+
+
+def test_mpiruns_line_for_a_killed_rank_names_the_rank_and_the_signal():
+    from hvdhetero.cluster import supervise
+
+    line = "mpirun noticed that process rank 1 with PID 4242 on node h2 exited on signal 9 (Killed).\n"
+    match = supervise.MPI_EXIT_LINE.match(line)
+    assert (match.group(1), match.group(2)) == ("1", "9")
+    assert supervise.died({1: -9}, {1: "h2"}, 137) == ("rank 1 on host h2 killed by signal 9 (SIGKILL); the other "
+                                                       "ranks were stopped")

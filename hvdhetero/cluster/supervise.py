@@ -253,8 +253,7 @@ def untangled(line: str) -> list[str]:
         return [line]
     cuts = sorted({0, *starts, len(line)})
     parts = [line[a:b] for a, b in zip(cuts, cuts[1:])]
-    kept = [p.rstrip("\n") + "\n" for p in parts if MPI_TAG.sub("", p, count=1).strip() or not MPI_TAG.match(p)]
-    return [p for p in kept if p.strip()]
+    return [p.rstrip("\n") + "\n" for p in parts if MPI_TAG.sub("", p, count=1).strip()]  # not a tag alone
 
 
 _STOPPING = threading.Event()

@@ -78,9 +78,8 @@ def as_horovodrun_would(address: str, config: JobConfig) -> None:
     """Under mpirun: this rank's place and host in the variables horovodrun sets (the rank side
     reads those), from Open MPI's own; and the NIC Gloo carries the bytes on when it does
     (pins.mpi_ops gloo): the host's own, else the one towards another host of the job."""
-    for ours, theirs in (("RANK", "RANK"), ("SIZE", "SIZE"), ("LOCAL_RANK", "LOCAL_RANK"),
-                         ("LOCAL_SIZE", "LOCAL_SIZE")):
-        os.environ["HOROVOD_" + ours] = os.environ.get("OMPI_COMM_WORLD_" + theirs, "0" if "RANK" in ours else "1")
+    for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE"):  # Open MPI's OMPI_COMM_WORLD_<name>
+        os.environ["HOROVOD_" + name] = os.environ.get("OMPI_COMM_WORLD_" + name, "0" if "RANK" in name else "1")
     os.environ["HOROVOD_HOSTNAME"] = address
     for stream in (sys.stdout, sys.stderr):  # whole lines per write: mpirun tags each write, not each line
         stream.reconfigure(line_buffering=True, write_through=False)

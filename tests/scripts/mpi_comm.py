@@ -10,5 +10,6 @@ comm = job.mpi_comm
 if comm is None:
     print("MPI_COMM none", flush=True)
 else:
-    print("MPI_COMM " + json.dumps({"rank": comm.Get_rank(), "size": comm.Get_size(), "sum": comm.allreduce(comm.Get_rank()),
-                                    "horovod_rank": job.rank}), flush=True)
+    mine = {"rank": comm.Get_rank(), "size": comm.Get_size(), "sum": comm.allreduce(comm.Get_rank()),
+            "horovod_rank": job.rank}
+    print("MPI_COMM " + json.dumps(mine), flush=True)
