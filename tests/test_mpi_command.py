@@ -50,6 +50,12 @@ hosts:
     return inv.load(path)
 
 
+@pytest.fixture(autouse=True)
+def launched_from_the_mac(monkeypatch):
+    """The launcher reaches the hosts through its en0 (the Mac's Wi-Fi)."""
+    monkeypatch.setattr(launch.netinfo, "interface_towards", lambda address: "en0")
+
+
 def test_the_whole_mpirun_command_for_a_mac_and_a_pc(tmp_path):
     inventory = _mac_and_pc(tmp_path)
     config = JobConfig(run_dir="/tmp/run", sync="diloco:8")
@@ -63,7 +69,7 @@ def test_the_whole_mpirun_command_for_a_mac_and_a_pc(tmp_path):
     assert argv == [
         "/l/venv/bin/mpirun", "--tag-output", "--bind-to", "none",
         "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-        "--mca", "btl_tcp_if_include", "en0,enp3s0", "--mca", "oob_tcp_if_include", "en0,enp3s0",
+        "--mca", "oob_tcp_if_include", "en0,enp3s0",  # the ranks' NICs: each sets its own (runner)
         "--noprefix", "--mca", "plm_rsh_agent", "/l/venv/bin/python -m hvdhetero.cluster.mpi",
         "--mca", "plm_rsh_no_tree_spawn", "1",
         "-x", "HOROVOD_CONTROLLER", "-x", "HOROVOD_CPU_OPERATIONS", "-x", "HOROVOD_CYCLE_TIME",
@@ -105,6 +111,29 @@ def test_each_app_context_is_what_the_rank_runner_reads(tmp_path):
         assert (args.mpi_host, args.script, args.workdir, args.args) == (address, "train.py", "~/wd", ["--lr", "0.1"])
 
 
+def test_each_rank_takes_its_own_hosts_nic_for_mpi_and_gloo(tmp_path, monkeypatch):
+    """One btl_tcp_if_include for all hosts cannot be: a name a host lacks disables MPI's TCP on
+    that host (MPI_Init aborted on the test hosts, en0 + enp3s0), so the rank sets its own."""
+    from hvdhetero.rank import runner
+
+    inventory = _mac_and_pc(tmp_path)
+    config = JobConfig(hosts=launch.host_settings(inventory.select(None)))
+    for name in ("OMPI_MCA_btl_tcp_if_include", "HOROVOD_GLOO_IFACE", "HOROVOD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMIX_INSTALL_PREFIX", "/Users/alice/hvdhetero/.venv")  # the launcher's
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OPAL_PREFIX", "/opt/hvd/venv")
+    runner.as_horovodrun_would("192.168.1.20", config)
+    assert (os.environ["OMPI_MCA_btl_tcp_if_include"], os.environ["HOROVOD_GLOO_IFACE"]) == ("enp3s0", "enp3s0")
+    assert (os.environ["HOROVOD_RANK"], os.environ["HOROVOD_HOSTNAME"]) == ("2", "192.168.1.20")
+    # Open MPI and PMIx both from this rank's own env, whatever path mpirun's env had
+    assert os.environ["OPAL_PREFIX"] == os.environ["PMIX_INSTALL_PREFIX"] == sys.prefix
+    bare = _mac_and_pc(tmp_path, mac_nic=None, pc_nic=None)
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_if_include")
+    runner.as_horovodrun_would("192.168.1.10", JobConfig(hosts=launch.host_settings(bare.select(None))))
+    assert "OMPI_MCA_btl_tcp_if_include" not in os.environ  # Open MPI picks; Gloo takes the NIC towards the PC
+
+
 def test_root_adds_allow_run_as_root_and_mpi_moves_the_bytes(tmp_path):
     inventory = _mac_and_pc(tmp_path, pins=PINS + "  mpi_ops: mpi\n")
     argv, env = mpi.command(inventory, inventory.select(None), JobConfig(), launch.recipe([]),
@@ -120,6 +149,19 @@ def test_interfaces_are_named_for_all_hosts_or_none(tmp_path):
     half = _mac_and_pc(tmp_path, mac_nic=None)
     with pytest.raises(ConfigError, match="every host names its `interface` or none does.*mac names none"):
         mpi.command(half, half.select(None), JobConfig(), launch.recipe([]), launcher_python="/p")
+
+
+def test_mpirun_listens_on_the_launchers_own_nic_too(tmp_path, monkeypatch):
+    """mpirun talks to the hosts' daemons from the launcher: with only the hosts' NICs in
+    oob_tcp_if_include it found "none of the TCP networks specified" on a launcher whose NIC
+    towards them is another (the test hosts' bridge) and stopped."""
+    inventory = _mac_and_pc(tmp_path)
+    monkeypatch.setattr(launch.netinfo, "interface_towards", lambda address: "wlp2s0")
+    argv, _ = mpi.command(inventory, inventory.select(None), JobConfig(), launch.recipe([]), launcher_python="/p")
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "en0,enp3s0,wlp2s0"
+    monkeypatch.setattr(launch.netinfo, "interface_towards", lambda address: None)
+    with pytest.raises(ConfigError, match=r"which network interface of this machine reaches mac \(192.168.1.10\)"):
+        mpi.command(inventory, inventory.select(None), JobConfig(), launch.recipe([]), launcher_python="/p")
 
 
 def test_elastic_is_refused_before_launch_with_the_reason(tmp_path):

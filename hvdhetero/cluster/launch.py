@@ -209,11 +209,16 @@ def ssh_flags(inventory: Inventory, hosts: Sequence[Host]) -> list[str]:
     # horovodrun binds its rendezvous server to the address of "the first" NIC given, looked up
     # on the launcher (and it keeps them in a set: any one may come first), so name only the
     # launcher's own NIC towards the hosts; each rank then sets its host's NIC (train.py).
-    nic = netinfo.interface_towards(hosts[0].address)
+    return flags + ["--network-interfaces", launcher_interface(hosts[0])]
+
+
+def launcher_interface(host: Host) -> str:
+    """This machine's NIC towards `host` (what a launcher's own servers must listen on)."""
+    nic = netinfo.interface_towards(host.address)
     if nic is None:
-        raise ConfigError(f"cannot tell which network interface of this machine reaches {hosts[0].name} "
-                          f"({hosts[0].address}); is it on this network?")
-    return flags + ["--network-interfaces", nic]
+        raise ConfigError(f"cannot tell which network interface of this machine reaches {host.name} "
+                          f"({host.address}); is it on this network?")
+    return nic
 
 
 def ssh_options(inventory: Inventory, keepalive: bool = False) -> str:

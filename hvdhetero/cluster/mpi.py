@@ -49,11 +49,14 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
     env = {**launch.RANK_ENV, "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": inventory.pins.mpi_ops,
            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(launch.GLOO_TIMEOUT_S)}
     argv = [mpirun, *(["--allow-run-as-root"] if root else []), "--tag-output", "--bind-to", "none", *TCP_ONLY]
-    interfaces = sorted({h.interface for h in hosts if h.interface})
-    if interfaces and all(h.interface for h in hosts):  # each host matches its own name in the list
-        argv += ["--mca", "btl_tcp_if_include", ",".join(interfaces),
-                 "--mca", "oob_tcp_if_include", ",".join(interfaces)]
     remote = [h for h in hosts if not h.is_local]
+    interfaces = {h.interface for h in hosts if h.interface}
+    if interfaces and all(h.interface for h in hosts):
+        # The daemons' list (mpirun's own NIC towards them included) may name NICs a host lacks;
+        # the ranks' (btl) may not: a name unknown on a host disables TCP there and MPI_Init
+        # fails, so each rank sets its own host's NIC (runner: OMPI_MCA_btl_tcp_if_include).
+        daemons = {*interfaces, launch.launcher_interface(remote[0])} if remote else interfaces
+        argv += ["--mca", "oob_tcp_if_include", ",".join(sorted(daemons))]
     if remote:
         env[AGENT_HOSTS] = json.dumps({h.address: {"ssh": launch.ssh_argv(inventory, h), "env": h.env}
                                        for h in remote}, sort_keys=True)

@@ -76,15 +76,21 @@ def main(argv: list[str] | None = None) -> None:
 
 def as_horovodrun_would(address: str, config: JobConfig) -> None:
     """Under mpirun: this rank's place and host in the variables horovodrun sets (the rank side
-    reads those), from Open MPI's own; and the NIC Gloo carries the bytes on when it does
-    (pins.mpi_ops gloo): the host's own, else the one towards another host of the job."""
+    reads those), from Open MPI's own; and the NIC the bytes go on: the host's own for MPI and
+    Gloo, else (none named) Gloo's is the one towards another host of the job."""
     for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE"):  # Open MPI's OMPI_COMM_WORLD_<name>
         os.environ["HOROVOD_" + name] = os.environ.get("OMPI_COMM_WORLD_" + name, "0" if "RANK" in name else "1")
     os.environ["HOROVOD_HOSTNAME"] = address
+    # This env's Open MPI (the PyPI wheel lives in the env itself): mpirun hands every rank its
+    # own install path as PMIx's, which on another host is another env, or nothing; with the
+    # two prefixes apart, MPI_Init never returned on the test hosts.
+    os.environ["OPAL_PREFIX"] = os.environ["PMIX_INSTALL_PREFIX"] = sys.prefix
     for stream in (sys.stdout, sys.stderr):  # whole lines per write: mpirun tags each write, not each line
         stream.reconfigure(line_buffering=True, write_through=False)
     iface = config.hosts.get(address, {}).get("interface")
-    if not iface:
+    if iface:  # this host's NIC for MPI's own bytes, read at MPI_Init (see cluster/mpi.py)
+        os.environ["OMPI_MCA_btl_tcp_if_include"] = iface
+    else:
         from hvdhetero import netinfo
 
         others = [a for a in config.hosts if a != address] or [address]
