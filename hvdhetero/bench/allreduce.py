@@ -1,6 +1,9 @@
-"""Gloo allreduce throughput of our Horovod builds: the uv transport against tcp.
+"""Allreduce throughput of our Horovod builds: Gloo's uv transport against tcp, and Open MPI.
 
-    invoke bench --allreduce [--sizes-mb 1,16,64] [--out FILE]
+    invoke bench --allreduce [--sizes-mb 1,16,64] [--transports uv,tcp] [--backends gloo,mpi] [--out FILE]
+
+--backends mpi (an inventory with pins.backend: mpi, whose build has MPI beside Gloo) adds a job
+started by our mpirun command with Open MPI moving the bytes, on the same build and inputs.
 
 A cluster with a Mac needs Gloo's uv transport everywhere (macOS has no other); this measures
 what that costs against stock Linux's tcp. On this machine both builds take turns in one run:
@@ -31,7 +34,8 @@ import time
 from pathlib import Path
 
 from hvdhetero.cluster import horovod_build
-from hvdhetero.cluster import launch
+from hvdhetero.cluster import launch, mpi
+from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.cluster.inventory import Host, Inventory
 
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
                           "busbw_gb_per_s": algbw * 2 * (hvd.size() - 1) / hvd.size(),
                           "sha256": sorted(digests)[0], "repeatable": len(digests) == 1})
         if hvd.rank() == 0:
-            result = {"transport": hvdhetero_build.BUILD.get("transport"),
+            result = {"transport": hvdhetero_build.BUILD.get("transport"), "mpi": hvd.mpi_enabled(),
                       "patch_set": hvdhetero_build.BUILD["patch_set"], "ranks": hvd.size(), "sizes": sizes}
             Path(args.out).write_text(json.dumps(result, indent=1))
     finally:
@@ -110,40 +114,54 @@ def overlay(python: str, transport: str, log=print) -> Path:
 
 
 def compare(inventory: Inventory, hosts: list[Host], transports: list[str], sizes_mb: list[float],
-            repeats: int = 10, rounds: int = 3, log=print) -> dict:
-    """Run the allreduce job `rounds` times per transport, the transports taking turns."""
+            repeats: int = 10, rounds: int = 3, log=print, backends: tuple[str, ...] = ("gloo",)) -> dict:
+    """Run the allreduce job `rounds` times per transport (and under mpirun, with "mpi" in
+    `backends`: Open MPI moving the bytes, same build), the engines taking turns."""
+    if "gloo" not in backends:
+        transports = []
     unknown = [t for t in transports if t not in horovod_build.TRANSPORTS]
-    if unknown or not transports:
+    if unknown or not (transports or "mpi" in backends):
         raise ConfigError(f"--transports {','.join(transports)}: choose from {', '.join(horovod_build.TRANSPORTS)}")
     if not hosts:
         raise ConfigError(f"{inventory.path}: no hosts selected; name some with --hosts")
     python = launch.env_python(inventory, hosts[0]) if hosts[0].is_local else None
-    if python is None and transports != [inventory.pins.transport]:
+    if python is None and transports not in ([inventory.pins.transport], []):
         raise ConfigError(f"on remote hosts only the installed build can be measured: use --transports "
                           f"{inventory.pins.transport} (the uv/tcp comparison runs on this machine's local host)")
     installed = horovod_build.installed_build(python) if python else {"transport": inventory.pins.transport}
     if installed is None:
         raise ConfigError(f"{python} has no Horovod built by hvdhetero: run ci/setup")
+    if "mpi" in backends and not installed.get("mpi"):
+        raise ConfigError(f"--backends mpi: {inventory.path} has no Horovod built with MPI where it runs; set "
+                          "pins.backend: mpi and run ci/setup (or invoke provision)")
     paths = {t: None if t == installed.get("transport") else overlay(python, t, log) for t in transports}
     flags = ["--sizes-mb", ",".join(f"{s:g}" for s in sizes_mb), "--repeats", str(repeats)]
-    runs: dict[str, list[dict]] = {t: [] for t in transports}
+    engines = [*transports, *(["mpi"] if "mpi" in backends else [])]
+    runs: dict[str, list[dict]] = {t: [] for t in engines}
     with tempfile.TemporaryDirectory(prefix="hvdhetero-allreduce-") as tmp:
         for r in range(rounds):
-            for t in transports:
+            for t in engines:
                 out = Path(tmp) / f"{t}-{r}.json"
-                argv, env = launch.job(inventory, hosts, ["hvdhetero.bench.allreduce", *flags, "--out", str(out)])
+                job_flags = [*flags, "--out", str(out)]
+                if t == "mpi":  # mpirun's ranks: the runner maps Open MPI's rank variables
+                    argv, env = mpi.command(inventory, hosts, JobConfig(hosts=launch.host_settings(hosts)),
+                                            ["--module", "hvdhetero.bench.allreduce", "--", *job_flags, "--hosts-json",
+                                             json.dumps(launch.host_settings(hosts), sort_keys=True)])
+                else:
+                    argv, env = launch.job(inventory, hosts, ["hvdhetero.bench.allreduce", *job_flags])
                 env["HOROVOD_CYCLE_TIME"] = "1"  # ms: measure the transport, not Horovod's batching wait
-                if paths[t] is not None:
+                if t != "mpi" and paths[t] is not None:
                     env["PYTHONPATH"] = str(paths[t])
-                log(f"allreduce: round {r + 1}/{rounds}, transport {t}")
+                log(f"allreduce: round {r + 1}/{rounds}, {'Open MPI' if t == 'mpi' else 'transport ' + t}")
                 proc = subprocess.run(argv, env=launch.forwarded_env(env), capture_output=True, text=True,
                                       timeout=JOB_TIMEOUT_S)
                 if proc.returncode != 0 or not out.exists():
                     raise LaunchError(f"allreduce job ({t}) failed with exit {proc.returncode}:\n"
                                       f"{(proc.stdout + proc.stderr)[-3000:]}")
                 job = json.loads(out.read_text())
-                if job["transport"] != t:
-                    raise LaunchError(f"asked for the {t} build but the job ran {job['transport']}")
+                ran = "mpi" if job.get("mpi") else job["transport"]
+                if ran != t:
+                    raise LaunchError(f"asked for {t} but the job ran {ran}")
                 runs[t].append(job)
     return summarize(runs)
 
@@ -170,21 +188,24 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
               "bit_identical": repeatable
               and len({json.dumps(d, sort_keys=True) for d in digests.values()}) == 1
               and all(len(h) == 1 for d in digests.values() for h in d.values())}
-    if "uv" in table and "tcp" in table:
-        result["uv_vs_tcp"] = {mb: table["uv"]["sizes"][mb]["algbw_gb_per_s"] / row["algbw_gb_per_s"]
-                               for mb, row in table["tcp"]["sizes"].items()}
+    for a, b in (("uv", "tcp"), ("mpi", "uv")):
+        if a in table and b in table:
+            result[f"{a}_vs_{b}"] = {mb: table[a]["sizes"][mb]["algbw_gb_per_s"] / row["algbw_gb_per_s"]
+                                     for mb, row in table[b]["sizes"].items()}
     return result
 
 
 def render(result: dict) -> str:
-    lines = [f"{'transport':<10}{'MB':>6}{'median ms':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"]
+    lines = [f"{'engine':<10}{'MB':>6}{'median ms':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"]
     for t, v in result["transports"].items():
         for mb, row in v["sizes"].items():
             lines.append(f"{t:<10}{mb:>6}{row['median_s'] * 1e3:>12.2f}{row['algbw_gb_per_s']:>12.3f}"
                          f"{row['busbw_gb_per_s']:>12.3f}")
-    if "uv_vs_tcp" in result:
-        lines.append("uv / tcp throughput: " + ", ".join(f"{mb} MB {r:.3f}x" for mb, r in result["uv_vs_tcp"].items()))
-    lines.append("results bit-identical across transports and rounds: "
+    for a, b in (("uv", "tcp"), ("mpi", "uv")):
+        if f"{a}_vs_{b}" in result:
+            lines.append(f"{a} / {b} throughput: "
+                         + ", ".join(f"{mb} MB {r:.3f}x" for mb, r in result[f"{a}_vs_{b}"].items()))
+    lines.append("results bit-identical across engines and rounds: "
                  + ("yes" if result["bit_identical"] else "NO"))
     return "\n".join(lines)
 

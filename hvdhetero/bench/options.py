@@ -27,7 +27,7 @@ USES = {
     "throughput": ("slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
                    "sync", "overlap_sync", "inner_steps", "compression", "out", "dry_run",
                    "verbose"),
-    "allreduce": ("allreduce", "sizes_mb", "transports", "rounds", "repeats", "out"),
+    "allreduce": ("allreduce", "sizes_mb", "transports", "backends", "rounds", "repeats", "out"),
     "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "ways", "lr", "eval_global", "batch_size", "sync",
                     "overlap_sync", "inner_steps", "slowdown", "compression", "out", "verbose"),
 }
@@ -72,6 +72,9 @@ class BenchOptions:
     """allreduce: buffer sizes in MB, comma-separated."""
     transports: str = "uv,tcp"
     """allreduce: the builds to compare, comma-separated."""
+    backends: str = "gloo"
+    """allreduce: gloo (horovodrun, each of --transports), mpi (our mpirun, Open MPI moving the bytes;
+    needs pins.backend: mpi) or gloo,mpi: both on the same build and inputs."""
     rounds: int = 3
     """allreduce: jobs per transport, taking turns."""
     to_accuracy: float = 0.0
@@ -144,6 +147,9 @@ class BenchOptions:
         transports = [t for t in self.transports.split(",") if t]
         if not transports or any(t not in TRANSPORTS for t in transports):
             raise ConfigError(f"--transports {self.transports}: choose from {', '.join(TRANSPORTS)}")
+        backends = [b for b in self.backends.split(",") if b]
+        if not backends or any(b not in ("gloo", "mpi") for b in backends):
+            raise ConfigError(f"--backends {self.backends}: choose from gloo, mpi (comma-separated)")
         checks.at_least("rounds", self.rounds, 1, "jobs per transport")
 
     def _check_to_accuracy(self) -> None:
@@ -172,6 +178,9 @@ class BenchOptions:
     @property
     def size_list(self) -> list[float]:
         return checks.numbers("sizes_mb", self.sizes_mb, float)
+
+    def backend_list(self) -> tuple[str, ...]:
+        return tuple(b for b in self.backends.split(",") if b)
 
     @property
     def transport_list(self) -> list[str]:
