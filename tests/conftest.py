@@ -96,10 +96,11 @@ def provisioned(hosts):
 MPI_ENV = ROOT / ".venv-mpi"
 
 
-def mpi_inventory(path: Path, env: Path = MPI_ENV) -> Path:
-    """An inventory whose `local` host (two CPU ranks) runs backend mpi from `env`."""
+def mpi_inventory(path: Path, env: Path = MPI_ENV, mpi_ops: str = "mpi") -> Path:
+    """An inventory whose `local` host (two CPU ranks) runs backend mpi from `env`, `mpi_ops`
+    moving the bytes."""
     path.write_text('pins:\n  python: "3.11"\n  torch: "2.14.1"\n  torchvision: "0.29.1"\n  horovod: "0.28.1"\n'
-                    f"  backend: mpi\ndefault_hosts: [local]\nhosts:\n  local:\n    address: localhost\n"
+                    f"  backend: mpi\n  mpi_ops: {mpi_ops}\ndefault_hosts: [local]\nhosts:\n  local:\n    address: localhost\n"
                     f"    device: cpu\n    slots: 2\n    env: {env}\n")
     return path
 

