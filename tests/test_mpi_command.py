@@ -7,11 +7,13 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 
 import pytest
 
 from hvdhetero.cluster import inventory as inv
+from hvdhetero import progress
 from hvdhetero.cluster import launch, mpi
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, InventoryError
@@ -64,6 +66,10 @@ def test_the_whole_mpirun_command_for_a_mac_and_a_pc(tmp_path):
                             launcher_python="/l/venv/bin/python", as_root=False)
     settings = replace(config, hosts=launch.host_settings(inventory.select(None))).to_json()
     known = f"{tmp_path}/known_hosts"
+    forwarded = ["-x", "HOROVOD_CONTROLLER", "-x", "HOROVOD_CPU_OPERATIONS", "-x", "HOROVOD_CYCLE_TIME",
+                 "-x", "HOROVOD_GLOO_TIMEOUT_SECONDS", "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                 "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-x", "PYTHONUNBUFFERED", "-x",
+                 "PYTORCH_ENABLE_MPS_FALLBACK"]
     ssh_opts = ["-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={known}", "-o", "ConnectTimeout=30"]
     assert argv == [
@@ -72,15 +78,12 @@ def test_the_whole_mpirun_command_for_a_mac_and_a_pc(tmp_path):
         "--mca", "oob_tcp_if_include", "en0,enp3s0",  # the ranks' NICs: each sets its own (runner)
         "--noprefix", "--mca", "plm_rsh_agent", "/l/venv/bin/python -m hvdhetero.cluster.mpi",
         "--mca", "plm_rsh_no_tree_spawn", "1",
-        "-x", "HOROVOD_CONTROLLER", "-x", "HOROVOD_CPU_OPERATIONS", "-x", "HOROVOD_CYCLE_TIME",
-        "-x", "HOROVOD_GLOO_TIMEOUT_SECONDS", "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-        "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-x", "PYTHONUNBUFFERED", "-x", "PYTORCH_ENABLE_MPS_FALLBACK",
         # the Mac: its home differs from the PC's, so its own shell finds the env under ~
-        "-np", "1", "-H", "192.168.1.10:1", "sh", "-c", 'exec "$HOME"/hvdhetero/.venv/bin/python "$@"', "sh",
+        *forwarded, "-np", "1", "-H", "192.168.1.10:1", "sh", "-c", 'exec "$HOME"/hvdhetero/.venv/bin/python "$@"', "sh",
         "-m", "hvdhetero.rank.runner", "--mpi-host", "192.168.1.10", "--job-json", settings,
         "--module", "hvdhetero.recipes.train", "--", "--epochs", "3",
-        ":",
-        "-np", "2", "-H", "192.168.1.20:2", "/opt/hvd/venv/bin/python",
+        ":",  # each app context names the variables again: Open MPI 4.1 gave a later one's ranks none
+        *forwarded, "-np", "2", "-H", "192.168.1.20:2", "/opt/hvd/venv/bin/python",
         "-m", "hvdhetero.rank.runner", "--mpi-host", "192.168.1.20", "--job-json", settings,
         "--module", "hvdhetero.recipes.train", "--", "--epochs", "3",
     ]
@@ -257,3 +260,23 @@ def test_mpiruns_line_for_a_killed_rank_names_the_rank_and_the_signal():
     assert (match.group(1), match.group(2)) == ("1", "9")
     assert supervise.died({1: -9}, {1: "h2"}, 137) == ("rank 1 on host h2 killed by signal 9 (SIGKILL); the other "
                                                        "ranks were stopped")
+
+
+def test_a_rank_whose_start_never_finishes_under_mpirun_reports_it_and_exits(capsys, monkeypatch):
+    """MPI_Init and hvd.init have no timeout of their own: the rank's bound says which rank and
+    host did not get going, in the launcher's one tagged line, and exits 1 (which ends mpirun)."""
+    from hvdhetero.rank import host as rank_host
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    exits = []
+    done = threading.Event()
+    rank_host.start_bound({"name": "pc"}, 0.2, exit=lambda code: (exits.append(code), done.set())).join(5)
+    assert done.wait(5) and exits == [1]
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(progress.ERROR_TAG)
+    report = json.loads(line[len(progress.ERROR_TAG):])
+    assert (report["rank"], report["host"]) == (1, "pc") and "did not finish within 0 s" in report["error"]
+    quiet = rank_host.start_bound({"name": "pc"}, 0.2, exit=exits.append)
+    quiet.cancel()
+    quiet.join(5)
+    assert exits == [1] and capsys.readouterr().out == ""

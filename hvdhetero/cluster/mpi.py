@@ -63,14 +63,14 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
         # --noprefix: no daemon at the launcher's own env path; the agent runs each host's own.
         argv += ["--noprefix", "--mca", "plm_rsh_agent", f"{launcher_python} -m hvdhetero.cluster.mpi",
                  "--mca", "plm_rsh_no_tree_spawn", "1"]
-    for name in sorted(env):
-        if name != AGENT_HOSTS:
-            argv += ["-x", name]
+    # -x in every app context: Open MPI 4.1 gave a later context's ranks on another host none of
+    # the variables named before the first (rank 1 ran with Horovod's defaults, not ours).
+    forwarded = [arg for name in sorted(env) if name != AGENT_HOSTS for arg in ("-x", name)]
     settings = replace(config, hosts=launch.host_settings(hosts)).to_json()
     for i, host in enumerate(hosts):
         python = [launch.local_python(inventory, host)] if host.is_local else launch.remote_python(host.env)
-        argv += [*([":"] if i else []), "-np", str(host.slots), "-H", f"{host.address}:{host.slots}", *python,
-                 "-m", "hvdhetero.rank.runner", "--mpi-host", host.address, "--job-json", settings, *program]
+        argv += [*([":"] if i else []), *forwarded, "-np", str(host.slots), "-H", f"{host.address}:{host.slots}",
+                 *python, "-m", "hvdhetero.rank.runner", "--mpi-host", host.address, "--job-json", settings, *program]
     return argv, env
 
 

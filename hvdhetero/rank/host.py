@@ -4,11 +4,14 @@ and straggler settings from the inventory (handed over by the launcher in the jo
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import threading
 
 import horovod.torch as hvd
 
-from hvdhetero import netinfo
+from hvdhetero import netinfo, progress
 from hvdhetero.rank import devices
 from hvdhetero.rank.worker import Worker
 
@@ -25,11 +28,38 @@ def join(host: dict, pin: bool = True) -> None:
     set_gloo_interface(host)
     if pin:
         pin_cpu_rank(host)
-    comm = mpi_comm()
-    if comm is not None:  # backend mpi: Horovod on mpi4py's COMM_WORLD (MPI_Init with THREAD_MULTIPLE)
-        hvd.init(comm=comm)
-    else:
-        hvd.init()  # Horovod: rendezvous with the other ranks
+    if os.environ.get("HOROVOD_CONTROLLER") != "mpi":
+        hvd.init()  # Horovod: rendezvous with the other ranks (bounded by horovodrun and Gloo's timeout)
+        return
+    bound = start_bound(host, START_TIMEOUT_S)
+    try:  # backend mpi: Horovod on mpi4py's COMM_WORLD (MPI_Init with THREAD_MULTIPLE)
+        hvd.init(comm=mpi_comm())
+    finally:
+        bound.cancel()
+
+
+START_TIMEOUT_S = 120.0
+"""Under mpirun nothing else bounds a rank's start: MPI_Init and Horovod's first collectives
+wait for ever on a peer that never comes or that disagrees (one rank's Horovod set up for Gloo's
+bytes, the other's for MPI's, hung both)."""
+
+
+def start_bound(host: dict, seconds: float, exit=os._exit) -> threading.Timer:
+    """A timer (started) that, unless cancelled within `seconds`, reports this rank's failure in
+    the launcher's one tagged line and exits 1, which ends the job."""
+    def expired():
+        what = (f"the job's start (MPI_Init and hvd.init) did not finish within {seconds:.0f} s: another rank "
+                "never joined, or the ranks disagree on how Horovod runs (check every host with: invoke check)")
+        summary = {"rank": int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", 0))),
+                   "host": host.get("name") or os.environ.get("HOROVOD_HOSTNAME", ""),
+                   "hostname": socket.gethostname(), "error": what, "frames": [], "traceback": what + "\n"}
+        print(progress.ERROR_TAG + json.dumps(summary), flush=True)
+        exit(1)
+
+    timer = threading.Timer(seconds, expired)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def mpi_comm():
