@@ -204,11 +204,22 @@ def test_a_checkpoint_written_before_the_registry_resumes_to_the_same_end(tmp_pa
     """tests/data/checkpoints/ holds mid-epoch checkpoints that main wrote at 12ac92f (before
     checkpoints were taken over rank/registry.py's parts) with tests/jobs/checkpoint_format.py:
     resumed by today's code, the run ends with the parameters, schedule and tracked state of an
-    uninterrupted run of today's code (which equals that commit's, bit for bit)."""
+    uninterrupted run of today's code (which equals that commit's, bit for bit).
+
+    Bit for bit on the kind of CPU that wrote them; on another kind (an AMD EPYC with AVX-512
+    here, against the machine of 12ac92f) float32 kernels round the steps before the checkpoint
+    differently in the last bit: the ends then differ by ~1e-7 relative (measured: 4.6e-8 step,
+    1.1e-7 diloco), where a part left unrestored moves them by orders of magnitude more (the
+    random states not restored: 2.5e-2)."""
     kept = ROOT / "tests/data/checkpoints" / sync.split(":")[0]
     whole = format_run(tmp_path / "whole", sync)
     (tmp_path / "cut" / "checkpoints").mkdir(parents=True)
     for saved in kept.glob("step-*.pt"):
         (tmp_path / "cut" / "checkpoints" / saved.name).write_bytes(saved.read_bytes())
     resumed = format_run(tmp_path / "cut", sync, resume=True)
-    assert resumed == whole and whole["step"] == 12 and whole["seen"] == 12, (resumed, whole)
+    assert whole["step"] == 12 and whole["seen"] == 12, whole
+    for key in ("lr", "seen", "step"):
+        assert resumed[key] == whole[key], (key, resumed[key], whole[key])
+    a, b = (torch.tensor(run["params"], dtype=torch.float64) for run in (whole, resumed))
+    relative = float((a - b).norm() / a.norm())
+    assert resumed["digest"] == whole["digest"] or relative <= 1e-6, relative

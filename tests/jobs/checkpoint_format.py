@@ -59,5 +59,6 @@ for epoch in job.epochs(2):  # 6 steps an epoch
         optimizer.zero_grad()
         scheduler.step()
         counter.seen += 1
-print("FORMAT_END " + json.dumps({"digest": param_digest(model), "lr": optimizer.param_groups[0]["lr"],
+params = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+print("FORMAT_END " + json.dumps({"digest": param_digest(model), "params": params, "lr": optimizer.param_groups[0]["lr"],
                                   "seen": counter.seen, "step": job.step}), flush=True)
