@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 
@@ -50,6 +51,15 @@ hosts:
     env: /opt/hvd/venv
 """ + (f"    interface: {pc_nic}\n" if pc_nic else ""))
     return inv.load(path)
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """The runner writes os.environ (HOROVOD_SIZE, HOROVOD_HOSTNAME, ...) as it would in a rank:
+    left in this process, they reached every later horovodrun job of the suite (Gloo aborted:
+    'rank < size. 2 vs 1')."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 @pytest.fixture(autouse=True)
