@@ -26,7 +26,7 @@ def test_uv_and_tcp_allreduce_give_identical_bits_and_both_report_throughput(tmp
     assert {mb: result["transports"]["uv"]["sizes"][mb]["sha256"] for mb in ("1", "16")} == \
         {mb: result["transports"]["tcp"]["sizes"][mb]["sha256"] for mb in ("1", "16")}
     assert set(result["uv_vs_tcp"]) == {"1", "16"}
-    assert "results bit-identical across transports and rounds: yes" in proc.stdout
+    assert "results bit-identical across engines and rounds: yes" in proc.stdout
 
 
 def test_the_allreduce_bench_refuses_an_unknown_transport():
