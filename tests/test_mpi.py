@@ -10,6 +10,7 @@ import pytest
 
 from conftest import MPI_ENV, ROOT, VENV_BIN, mpi_inventory, run_cmd
 from hvdhetero import metrics
+from hvdhetero.cluster import mpi
 
 pytestmark = pytest.mark.slow
 
@@ -85,8 +86,8 @@ def test_every_collective_a_script_can_call_gives_the_right_answer(mpi_env, buil
     job = ROOT / "tests/jobs/collectives.py"
     if build.startswith("mpi"):
         ops = "gloo" if "gloo" in build else "mpi"
-        argv = [MPI_ENV / "bin/mpirun", "--allow-run-as-root", "--bind-to", "none", "--mca", "pml", "ob1",
-                "--mca", "btl", "tcp,self", "-x", "HOROVOD_CONTROLLER=mpi", "-x", f"HOROVOD_CPU_OPERATIONS={ops}",
+        argv = [MPI_ENV / "bin/mpirun", "--allow-run-as-root", "--bind-to", "none", *mpi.TCP_ONLY,
+                "-x", "HOROVOD_CONTROLLER=mpi", "-x", f"HOROVOD_CPU_OPERATIONS={ops}",
                 "-np", "2", MPI_PYTHON, job]
     else:
         argv = [VENV_BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",
