@@ -103,13 +103,17 @@ TRAIN = Options(
     from_fields(JobConfig, exclude=_ENGINE_FIXED),
     Option("resume", "", "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options "
            "(--hosts and --inventory may differ: a host fewer re-balances)"),
+    Option("launcher", "horovodrun", "what starts the ranks: horovodrun (mpirun under pins.backend mpi) or ray "
+           "(a Ray cluster on the hosts: invoke ray up; docs/ray.md)"),
+    Option("ray_address", "", "with --launcher ray: the cluster's IP:PORT (default: the one invoke ray up started "
+           "on the first host)"),
     *_LAUNCH,
     Option("all_ranks_output", False, "show every rank's output on the console, each line behind [rank N] "
            "(default: rank 0's; the others' is in RUN_DIR/rank-N.log)"))
 """invoke train's options: the engine's are JobConfig's fields (declared there, once, with their
 docstrings as --help), the recipe's RecipeOptions', the rest the launch's own."""
 _RUN_OPTIONS = TRAIN.defaults(set(TRAIN.options) - {"hosts", "inventory", "resume", "dry_run", "run_dir", "verbose",
-                                                    "all_ranks_output"})
+                                                    "all_ranks_output", "launcher", "ray_address"})
 """train's options that --resume takes from the run, with their defaults."""
 
 
@@ -120,15 +124,17 @@ def train(c, **given):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     run_dir, script = given["run_dir"], given["script"]
+    checks.one_of("launcher", given["launcher"], ("horovodrun", "ray"))
     if given["resume"]:
         changed = [checks.flag(k) for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
         changed += (["--run-dir"] if run_dir else []) + (["arguments after --"] if _script_args() else [])
-        request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed)
+        request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed,
+                                          given["launcher"], given["ray_address"])
     else:
         request = submit.Request(given["hosts"], given["inventory"],
                                  {f.name: given[f.name] for f in fields(JobConfig) if f.name not in _ENGINE_FIXED},
                                  script, given["workdir"], recipe_argv({k: given[k] for k in _RECIPE_TRAIN}, script),
-                                 _script_args())
+                                 _script_args(), given["launcher"], given["ray_address"])
     run_dir, _ = submit.submit(request, RUNS, run_dir, name=Path(request.script).stem if request.script
                                else given["dataset"], recipe_check=check_argv, dry_run=given["dry_run"],
                                verbose=given["verbose"], all_ranks=given["all_ranks_output"])
@@ -287,6 +293,29 @@ def provision(c, hosts=None, accept_new_host_keys=False, install_system_packages
     code = remote_provision.exit_code(reports)
     if code:
         raise Exit("provision: some hosts are not ready (see the table)", code=code)
+
+
+@task(positional=["action"], help={
+    "action": "up (start the head on the first host, the others join it), down (stop every host's node and "
+              "what runs in it) or status",
+    "hosts": _REMOTE_HELP["hosts"], "inventory": _REMOTE_HELP["inventory"],
+    "port": "the head's port (up)",
+})
+@_user_errors
+def ray(c, action, hosts=None, inventory=None, port=0):
+    """A Ray cluster on the inventory's hosts, for train --launcher ray: invoke ray up|down|status."""
+    from hvdhetero.cluster import ray_cluster, ray_node
+
+    checks.one_of("action", action, ("up", "down", "status"))
+    inventory_ = inv.load(inventory or inv.default_path())
+    selected = list(inventory_.select(hosts))
+    if action == "up":
+        results = ray_cluster.up(inventory_, selected, port or ray_node.PORT)
+    else:
+        results = (ray_cluster.down if action == "down" else ray_cluster.status)(inventory_, selected)
+    print(ray_cluster.table(results))
+    if ray_cluster.failed(results):
+        raise Exit(f"ray {action}: some hosts failed (see above)", code=1)
 
 
 @task(help={

@@ -134,7 +134,7 @@ def test_resume_with_other_options_than_the_hosts_exits_2_naming_them(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path, "--epochs", "5", "--sync", "local:4"],
                    check=False, timeout=60)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and "--epochs, --sync" in out and "only --hosts and --inventory" in out, out
+    assert proc.returncode == 2 and "--epochs, --sync" in out and "only --hosts, --inventory and --launcher" in out, out
 
 
 @pytest.mark.slow

@@ -48,5 +48,5 @@ def test_resume_takes_the_runs_own_request_and_only_the_hosts_may_change(tmp_pat
                                                                     ["--repeat", "2"])
     assert request.settings == {"seed": 3, "resume": True}
     assert submit.resumed(str(folder), tmp_path, hosts="h1", inventory=None, changed=[])[0].hosts == "h1"
-    with pytest.raises(ConfigError, match="only --hosts and --inventory may change, got --epochs, --seed"):
+    with pytest.raises(ConfigError, match="only --hosts, --inventory and --launcher may change, got --epochs, --seed"):
         submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=["--epochs", "--seed"])

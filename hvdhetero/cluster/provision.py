@@ -89,6 +89,9 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
         if mpi:
             changed.append(f"mpi {' '.join(mpi)}")
 
+    if pins.ray and install_ray(python, pins, log):
+        changed.append(f"ray {pins.ray}")
+
     if horovod_build.install(python, log=log, transport=pins.transport, mpi=pins.mpi):
         changed.append(f"horovod {pins.horovod} ({pins.transport}{', mpi' if pins.mpi else ''})")
     verify(python, mpi=pins.mpi)
@@ -109,6 +112,17 @@ def install_mpi(python: str, pins: inv.Pins, log=print) -> list[str]:
     for pin in missing:  # one by one: mpi4py's wheel must find the MPI already in the env
         pip(python, pin)
     return missing
+
+
+def install_ray(python: str, pins: inv.Pins, log=print) -> bool:
+    """pins.ray: Ray at its pin (invoke ray up, train --launcher ray); True when installed now."""
+    have = installed_versions(python, ["ray"])["ray"]
+    if have == pins.ray:
+        log(f"ray: {pins.ray} matches the pin")
+        return False
+    log(f"ray: installing ray=={pins.ray} (have {have})")
+    pip(python, f"ray=={pins.ray}")
+    return True
 
 
 def install_packages(python: str, pins: inv.Pins, log=print) -> list[str]:

@@ -137,10 +137,10 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
     packages_match = f"{SAME_PY}sys.exit(0 if all(same(n, v) for n, v in {wanted!r}.items()) else 1)"
     packages = [Step(f"packages {' '.join(pins.packages)}", check=(py, "-c", packages_match),
                      action=(py, "-m", "pip", "install", "--quiet", *pins.packages), env=penv)] if wanted else []
-    # backend mpi: Open MPI first, then mpi4py (its wheel loads the MPI it finds in the env).
+    # backend mpi: Open MPI first, then mpi4py (its wheel loads the MPI it finds in the env); then Ray if pinned.
     mpi = [Step(f"{name} {version}", check=(py, "-c", f"{SAME_PY}sys.exit(0 if same({name!r}, {version!r}) else 1)"),
                 action=(py, "-m", "pip", "install", "--quiet", f"{name}=={version}"), env=penv)
-           for name, version in pins.mpi_packages().items()]
+           for name, version in {**pins.mpi_packages(), **pins.ray_packages()}.items()]  # pins.ray: Ray last
     build = ("--transport", pins.transport, *(["--mpi"] if pins.mpi else []))
     return [
         Step("venv", check=("test", "-x", py), action=(host.python, "-m", "venv", env)),

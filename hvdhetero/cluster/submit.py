@@ -42,6 +42,10 @@ class Request:
     """The built-in recipe's options (no script)."""
     script_args: list[str] = field(default_factory=list)
     """What followed `--` on the command line: the script's own arguments (or more recipe options)."""
+    launcher: str = "horovodrun"
+    """What starts the ranks: horovodrun (mpirun under pins.backend mpi) or ray (cluster/ray_cluster.py)."""
+    ray_address: str = ""
+    """With launcher ray: the cluster's IP:PORT (default: the one `invoke ray up` started)."""
 
 
 class PreflightFailed(HvdHeteroError):
@@ -53,15 +57,16 @@ class PreflightFailed(HvdHeteroError):
 
 
 def resumed(resume: str, runs: Path, hosts: str | None, inventory: str | None,
-            changed: list[str]) -> tuple[Request, str]:
+            changed: list[str], launcher: str = "horovodrun", ray_address: str = "") -> tuple[Request, str]:
     """--resume RUN_DIR|latest: the run's own request from its launch.json (hosts as given, else
     the run's) and its folder; `changed` names the options given that a resume cannot change."""
     if changed:
-        raise ConfigError(f"--resume continues the run with its own options; only --hosts and --inventory may "
+        raise ConfigError(f"--resume continues the run with its own options; only --hosts, --inventory and "
+                          f"--launcher may "
                           f"change, got {', '.join(changed)} (start a new run to change them)")
     run_dir, saved = run_dirs.resumable(resume, runs)
     return Request(hosts or saved["hosts"], inventory, {**saved["settings"], "resume": True}, saved["script"],
-                   saved["workdir"], saved["recipe"], saved["script_args"]), run_dir
+                   saved["workdir"], saved["recipe"], saved["script_args"], launcher, ray_address), run_dir
 
 
 def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: str,
@@ -94,7 +99,13 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
         if recipe_check is not None:
             recipe_check([*request.recipe, *request.script_args], selected)
         program = launch.recipe([*request.recipe, *request.script_args])
-    if inventory.pins.mpi:
+    if request.launcher == "ray":
+        from hvdhetero.cluster import ray_cluster
+
+        argv, env = ray_cluster.command(inventory, selected, config, program, request.ray_address or None)
+    elif request.ray_address:
+        raise ConfigError("--ray-address goes with --launcher ray")
+    elif inventory.pins.mpi:
         from hvdhetero.cluster import mpi
 
         argv, env = mpi.command(inventory, selected, config, program)
@@ -122,7 +133,8 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
             inventory, functools.partial(launch.ssh_argv, connect_s=5)))
     return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
                                rank0_host=None if selected[0].is_local else selected[0].name, watch=watch,
-                               rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks)
+                               rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks,
+                               stdin_pipe=request.launcher == "ray")
 
 
 def preflight(inventory, hosts, accept_new: bool) -> None:

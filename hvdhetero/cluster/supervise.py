@@ -37,7 +37,7 @@ def forwarded_env(env: dict[str, str]) -> dict[str, str]:
 def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         run_dir: str | Path | None = None, rank0_host: str | None = None,
         watch: elastic_hosts.Watch | None = None, rank_hosts: Sequence[str] = (),
-        all_ranks: bool = False) -> list[dict]:
+        all_ranks: bool = False, stdin_pipe: bool = False) -> list[dict]:
     """Run the job in the foreground, its ranks' output relayed to the console; returns the
     results rank 0 reported (progress.RESULT_TAG). A rank that fails, dies or goes silent for
     progress.SILENT_S ends the job with one message naming it (and, for a training run with a
@@ -53,7 +53,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     logs = console.RankLogs(run_dir) if run_dir is not None else None
     try:
         with _stop_on_terminate():
-            return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts, all_ranks)
+            return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts, all_ranks, stdin_pipe)
     except _Terminated as terminated:  # the job was stopped on the way out (_run's BaseException)
         print(f"hvdhetero: {terminated.name}: the job was stopped" + resume_hint(run_dir, rank0_host),
               file=sys.stderr, flush=True)
@@ -99,10 +99,12 @@ def _stop_on_terminate():
 
 
 def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None, silent_s: float,
-         logs: console.RankLogs | None, rank_hosts: Sequence[str], all_ranks: bool = False) -> list[dict]:
+         logs: console.RankLogs | None, rank_hosts: Sequence[str], all_ranks: bool = False,
+         stdin_pipe: bool = False) -> list[dict]:
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
+                          stdin=subprocess.PIPE if stdin_pipe else None,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
         results: list[dict] = []
         try:
@@ -158,6 +160,8 @@ def _output_hint(logs: console.RankLogs | None, rank: int | None) -> str:
 
 SSH_LOST = 255
 """ssh's own exit code: the connection to the host failed or was cut (a rank on another host)."""
+ACTOR_LOST = -1000
+"""The Ray driver's exit code for a rank whose actor or node died (cluster/ray_driver.py)."""
 
 
 def _signalled(code: int) -> bool:
@@ -290,6 +294,9 @@ def died(exits: dict[int, int], hosts: dict[int, str], returncode: int) -> str:
 
 def _what(code: int) -> str:
     """A rank's exit code in words: killed by signal 9 (SIGKILL), exited with code 1."""
+    if code == ACTOR_LOST:
+        return ("lost its Ray actor (the actor was killed, or its node died or stopped answering: down, asleep "
+                "or off the network)")
     if code == SSH_LOST:
         return "was cut off (exit 255: ssh lost the connection to its host: down, asleep or off the network)"
     if not _signalled(code):

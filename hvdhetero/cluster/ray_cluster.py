@@ -1,0 +1,160 @@
+"""Ray as the cluster, launcher side: `invoke ray up | down | status` on the inventory's hosts,
+and the command `invoke train --launcher ray` runs.
+
+    results = up(inventory, hosts)      # the head on hosts[0], the others join it
+    argv, env = command(inventory, hosts, config, program, address=None)
+
+Each host's node is started, stopped and looked at by cluster/ray_node.py on that host (its own
+env's Python, over the same checked ssh as everything else: keys only, known host keys,
+commands as quoted lists). A training job on Ray runs a driver (cluster/ray_driver.py) on the
+first host, itself a node of the cluster: it holds Horovod's Gloo rendezvous, starts one actor
+per slot pinned to its host's node, each running the same rank command horovodrun would, and
+prints their output as horovodrun does, so the launcher's supervisor (live table, rank logs,
+failure messages, exit codes) is the same. The launcher itself needs no Ray.
+
+Launcher side: imports neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from hvdhetero.cluster import launch, ray_node
+from hvdhetero.cluster.inventory import Host, Inventory
+from hvdhetero.config import JobConfig
+from hvdhetero.errors import ConfigError, LaunchError
+
+NODE_TIMEOUT_S = ray_node.START_TIMEOUT_S + 60
+"""A node's up/down over ssh, ray start's own bound included."""
+
+
+def check(inventory: Inventory, hosts: Sequence[Host], what: str = "a Ray cluster") -> None:
+    """What Ray asks of the inventory, before anything is contacted."""
+    launch.check_machines(inventory, hosts, "Ray")
+    if not inventory.pins.ray:
+        raise ConfigError(f"{inventory.path}: {what} needs Ray on every host: add `ray: \"{RAY_PIN}\"` under pins, "
+                          f"then run invoke provision")
+    if inventory.pins.mpi:
+        raise ConfigError(f"{inventory.path}: the Ray launcher starts Gloo ranks; pins.backend is mpi (mpirun "
+                          "starts those): set backend: gloo, or train without --launcher ray")
+
+
+RAY_PIN = "2.60.0"
+"""The Ray version the docs and tests name (the newest on the registry when this was written)."""
+
+
+def node_argv(inventory: Inventory, host: Host, action: str, *flags: str) -> list[str]:
+    """The command running ray_node ACTION on `host`: directly for this machine, else over ssh
+    with the inventory's key and known hosts, by that host's env's Python."""
+    module = ["-m", "hvdhetero.cluster.ray_node", action, "--name", host.name, *flags]
+    if host.is_local:
+        return [launch.local_python(inventory, host), *module]
+    return [*launch.ssh_argv(inventory, host, connect_s=10), shlex.join([*launch.remote_python(host.env), *module])]
+
+
+def _node(inventory: Inventory, host: Host, action: str, *flags: str) -> dict:
+    """Run ray_node on `host`; its JSON answer ({"error": ...} when it or the ssh failed)."""
+    argv = node_argv(inventory, host, action, *flags)
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NODE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"name": host.name, "error": f"no answer within {NODE_TIMEOUT_S} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        return json.loads(lines[-1])
+    said = (proc.stderr.strip() or proc.stdout.strip())[-600:]
+    if proc.returncode == launch.SSH_LOST:
+        return {"name": host.name, "error": f"ssh to {host.address} failed: {said}"}
+    return {"name": host.name, "error": f"exited with {proc.returncode}: {said} (is hvdhetero provisioned there? "
+                                        f"invoke provision --hosts {host.name})"}
+
+
+def up(inventory: Inventory, hosts: Sequence[Host], port: int = ray_node.PORT) -> list[dict]:
+    """The head on hosts[0], then the other hosts join it (in parallel); each node's answer."""
+    check(inventory, hosts)
+    head = _node(inventory, hosts[0], "up", "--head", "--port", str(port), "--cpus", str(hosts[0].slots))
+    if "error" in head:
+        return [head, *({"name": h.name, "error": "not started: the head did not start"} for h in hosts[1:])]
+    # The head's address as the others reach it: the inventory's (Ray's own pick is the head's
+    # routable address, which may be another NIC than the one the hosts share).
+    address = f"{hosts[0].address}:{port}" if not hosts[0].is_local else head["address"]
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts) - 1)) as pool:
+        joined = list(pool.map(lambda h: _node(inventory, h, "up", "--address", address, "--cpus", str(h.slots)),
+                               hosts[1:]))
+    return [head, *joined]
+
+
+def down(inventory: Inventory, hosts: Sequence[Host]) -> list[dict]:
+    """Every host's node stopped, the joined ones first, the head last."""
+    launch.check_machines(inventory, hosts, "Ray")
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        results = list(pool.map(lambda h: _node(inventory, h, "down"), hosts))
+    return results
+
+
+def status(inventory: Inventory, hosts: Sequence[Host]) -> list[dict]:
+    launch.check_machines(inventory, hosts, "Ray")
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        return list(pool.map(lambda h: _node(inventory, h, "status"), hosts))
+
+
+def table(results: Sequence[dict]) -> str:
+    """One line per host: what its node did or is, and where."""
+    lines = []
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['name']}: error: {r['error']}")
+            continue
+        role = "head" if r.get("head") else "worker"
+        did = r.get("did") or ("up" if r.get("up") else "down")
+        where = f" ({role}, cluster {r['address']}, session {r['sid']})" if r.get("sid") and did != "stopped" else ""
+        extra = f" in {r['seconds']} s" if r.get("seconds") else ""
+        extra += f", {r['processes']} processes" if r.get("processes") else ""
+        lines.append(f"{r['name']}: {did}{extra}{where}")
+    return "\n".join(lines)
+
+
+def failed(results: Sequence[dict]) -> bool:
+    return any("error" in r for r in results)
+
+
+def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, program: Sequence[str],
+            address: str | None = None, launcher_python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of the Ray driver running the job on `hosts` (on hosts[0], which must be a node
+    of the cluster): one rank per slot, each `python -m hvdhetero.rank.runner` from its host's env,
+    as horovodrun would start it. `address` is the cluster's GCS IP:PORT; None takes the one
+    `invoke ray up` recorded on hosts[0]."""
+    check(inventory, hosts, "--launcher ray")
+    if config.elastic:
+        raise ConfigError("--elastic needs horovodrun (Horovod's elastic driver re-forms the job through its "
+                          "rendezvous); the Ray launcher runs a fixed set of actors: drop --elastic or --launcher ray")
+    settings = replace(config, hosts=launch.host_settings(hosts)).to_json()
+    ranks = []
+    for host in hosts:
+        python = [launch.local_python(inventory, host)] if host.is_local else launch.remote_python(host.env)
+        for _ in range(host.slots):
+            ranks.append({"rank": len(ranks), "host": host.name, "address": host.address,
+                          "cwd": os.getcwd() if host.is_local else None,  # horovodrun's local ranks start here
+                          "argv": [*python, "-m", "hvdhetero.rank.runner", "--job-json", settings, *program]})
+    plan = {"address": address, "head_name": hosts[0].name, "ranks": ranks,
+            "hosts": [{"name": h.name, "address": h.address, "slots": h.slots} for h in hosts],
+            "rendezvous": "127.0.0.1" if hosts[0].is_local else hosts[0].address,
+            "env": {**launch.RANK_ENV, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(launch.GLOO_TIMEOUT_S)}}
+    driver = ["-m", "hvdhetero.cluster.ray_driver", "--plan", json.dumps(plan, sort_keys=True)]
+    if hosts[0].is_local:
+        return [launch.local_python(inventory, hosts[0]), *driver], {}
+    # Over ssh the driver ends when the launcher's ssh does (its stdin closes: --watch-stdin).
+    return [*launch.ssh_argv(inventory, hosts[0], connect_s=10),
+            shlex.join([*launch.remote_python(hosts[0].env), *driver, "--watch-stdin"])], {}
+
+
+def raise_if_failed(results: Sequence[dict], what: str) -> None:
+    if failed(results):
+        raise LaunchError(f"ray {what}: " + "; ".join(f"{r['name']}: {r['error']}" for r in results if "error" in r))
