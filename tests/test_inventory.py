@@ -128,6 +128,10 @@ CASES = {  # id: (yaml text, line, dotted key, regex the message must match)
     "slowdown 0.5": (BASE + "    slowdown: 0.5\n", 9, "hosts.local.slowdown", r"number >= 1, got '0.5'"),
     "slowdown fast": (BASE + "    slowdown: fast\n", 9, "hosts.local.slowdown", r"number >= 1, got 'fast'"),
     "device gpu": (BASE + "    device: gpu\n", 9, "hosts.local.device", r"auto, cpu, cuda, mps, got 'gpu'"),
+    "ray with a shell": (BASE.replace("pins:\n", "pins:\n  ray: 2.60.0;ls\n"), 2, "pins.ray",
+                         r"a version such as"),
+    "ray in packages": (BASE.replace("pins:\n", "pins:\n  packages: [\"ray==2.60.0\"]\n"), 2, "pins.packages",
+                        r"pins\.ray"),
     "transport quic": (BASE.replace("pins:\n", "pins:\n  transport: quic\n"), 2, "pins.transport",
                        r"must be uv \(Mac \+ Linux clusters\) or tcp \(Linux-only, stock Horovod\), got 'quic'"),
     "python pin unquoted": (BASE.replace('"3.11"', "3.11"), 2, "pins.python",
@@ -252,6 +256,8 @@ def test_packages_default_to_none(tmp_path, text):
 
 def test_transport_defaults_to_uv_and_takes_tcp(tmp_path):
     assert load(write(tmp_path, BASE)).pins.transport == "uv"
+    assert load(write(tmp_path, BASE)).pins.ray is None  # no Ray unless asked for
+    assert load(write(tmp_path, BASE.replace("pins:\n", 'pins:\n  ray: "2.60.0"\n'))).pins.ray == "2.60.0"
     tcp = load(write(tmp_path, BASE.replace("pins:\n", "pins:\n  transport: tcp\n")))
     assert tcp.pins.transport == "tcp"
 

@@ -217,3 +217,16 @@ def test_check_under_mpi_accepts_hosts_whose_envs_ports_and_keys_differ(tmp_path
     gloo = Inventory(path=tmp_path / "inventory.yaml", pins=PINS, hosts=hosts, default_hosts=("mac", "pc"))
     with pytest.raises(ConfigError, match="hosts' envs differ"):
         preflight.check(gloo, list(hosts))
+
+
+def test_with_pins_ray_a_host_without_that_ray_is_named_with_the_fix_and_without_the_pin_ray_is_not_asked():
+    pins = Pins(python="3.11", torch="2.14.1", torchvision="0.29.1", horovod="0.28.1", ray="2.60.0")
+    with_ray, without = facts(), facts()
+    with_ray["ray"] = "2.60.0"
+    mac, pc = verdicts(with_ray, without, pins=pins)
+    assert mac.problems == [] and pc.problems == [
+        "pc: ray not installed, pins.ray is 2.60.0 (mac has 2.60.0); run: invoke provision --hosts pc"]
+    older = {**facts(), "ray": "2.59.0"}
+    _, pc = verdicts(with_ray, older, pins=pins)
+    assert pc.problems[0].startswith("pc: ray 2.59.0, pins.ray is 2.60.0 (mac has 2.60.0)")
+    assert [v.problems for v in verdicts(with_ray, without)] == [[], []]  # no pins.ray: Ray is nobody's business

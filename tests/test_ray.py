@@ -125,7 +125,7 @@ def test_killing_a_ranks_actor_ends_the_job_in_words_within_30_s_and_leaves_noth
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", "--inventory", str(inventory), "--launcher", "ray",
                              "--run-dir", str(run_dir), "--checkpoint-every", "20", "--script",
-                             str(ROOT / "tests/scripts/paced_digits.py"), "--", "25", "0.05"], cwd=ROOT,
+                             str(ROOT / "tests/scripts/paced_digits.py"), "--", "12", "0.05"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:

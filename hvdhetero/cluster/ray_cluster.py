@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -76,18 +77,29 @@ def _node(inventory: Inventory, host: Host, action: str, *flags: str) -> dict:
                                         f"invoke provision --hosts {host.name})"}
 
 
+def node_ip(host: Host) -> list[str]:
+    """`--node-ip` for a remote host: its inventory address as an IP (as the launcher resolves a
+    name; the hosts share the LAN), so every node advertises the address the others reach it at."""
+    if host.is_local:
+        return []
+    try:
+        ip = socket.getaddrinfo(host.address, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as err:
+        raise ConfigError(f"host {host.name}: cannot resolve its address {host.address} ({err})") from None
+    return ["--node-ip", ip]
+
+
 def up(inventory: Inventory, hosts: Sequence[Host], port: int = ray_node.PORT) -> list[dict]:
     """The head on hosts[0], then the other hosts join it (in parallel); each node's answer."""
     check(inventory, hosts)
-    head = _node(inventory, hosts[0], "up", "--head", "--port", str(port), "--cpus", str(hosts[0].slots))
+    ips = {h.name: node_ip(h) for h in hosts}
+    head = _node(inventory, hosts[0], "up", "--head", "--port", str(port), "--cpus", str(hosts[0].slots),
+                 *ips[hosts[0].name])
     if "error" in head:
         return [head, *({"name": h.name, "error": "not started: the head did not start"} for h in hosts[1:])]
-    # The head's address as the others reach it: the inventory's (Ray's own pick is the head's
-    # routable address, which may be another NIC than the one the hosts share).
-    address = f"{hosts[0].address}:{port}" if not hosts[0].is_local else head["address"]
     with ThreadPoolExecutor(max_workers=max(1, len(hosts) - 1)) as pool:
-        joined = list(pool.map(lambda h: _node(inventory, h, "up", "--address", address, "--cpus", str(h.slots)),
-                               hosts[1:]))
+        joined = list(pool.map(lambda h: _node(inventory, h, "up", "--address", head["address"], "--cpus",
+                                               str(h.slots), *ips[h.name]), hosts[1:]))
     return [head, *joined]
 
 

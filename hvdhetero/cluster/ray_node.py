@@ -49,9 +49,11 @@ def temp_dir(name: str) -> str:
 
 
 def start_command(name: str, cpus: int, ray: str, system: str, head_port: int | None = None,
-                  address: str | None = None) -> tuple[list[str], dict[str, str]]:
+                  address: str | None = None, node_ip: str | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `ray start` for this host's node: the head (`head_port`) or one joining the
-    head at `address`. `system` is platform.system() of the host: a Mac (Darwin) node needs
+    head at `address`; `node_ip` is the address the other hosts reach this one at (the inventory's:
+    Ray's own pick is the NIC of the default route, which may not be the one the hosts share, or
+    none at all, and then 127.0.0.1). `system` is platform.system() of the host: a Mac (Darwin) node needs
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1, Ray's own switch for multi-node clusters on macOS, which
     Ray calls experimental ("at your own risk"); without it `ray start` refuses to join."""
     if (head_port is None) == (address is None):
@@ -59,7 +61,7 @@ def start_command(name: str, cpus: int, ray: str, system: str, head_port: int | 
     argv = [ray, "start", *(["--head", "--port", str(head_port)] if head_port is not None else ["--address", address]),
             "--num-cpus", str(cpus), "--object-store-memory", str(OBJECT_STORE_BYTES),
             "--disable-usage-stats", "--include-log-monitor=false", "--temp-dir", temp_dir(name),
-            "--labels", f"{LABEL}={name}"]
+            "--labels", f"{LABEL}={name}", *(["--node-ip-address", node_ip] if node_ip else [])]
     if head_port is not None:
         argv += ["--include-dashboard=false", "--system-config", json.dumps(HEALTH, sort_keys=True)]
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
@@ -82,7 +84,7 @@ def _state(name: str) -> dict | None:
         return None
 
 
-def up(name: str, cpus: int, head_port: int | None, address: str | None) -> dict:
+def up(name: str, cpus: int, head_port: int | None, address: str | None, node_ip: str | None = None) -> dict:
     state = _state(name)
     if state and session_pids(state["sid"]):
         return {**state, "did": "already up"}
@@ -90,7 +92,7 @@ def up(name: str, cpus: int, head_port: int | None, address: str | None) -> dict
     if not Path(ray).exists():
         raise RuntimeError(f"{ray} not found: this env has no Ray; set pins.ray in the inventory and run "
                            "invoke provision")
-    argv, env = start_command(name, cpus, ray, platform.system(), head_port, address)
+    argv, env = start_command(name, cpus, ray, platform.system(), head_port, address, node_ip)
     Path(temp_dir(name)).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     # A session of its own: every process of this node (and what its workers start) is in it.
@@ -107,7 +109,7 @@ def up(name: str, cpus: int, head_port: int | None, address: str | None) -> dict
         tail = "\n".join(line for line in out.splitlines() if line.strip())[-1500:]
         raise RuntimeError(f"ray start exited with {proc.returncode}:\n{tail}")
     state = {"name": name, "sid": proc.pid, "head": head_port is not None,
-             "address": address or f"{_node_ip(name)}:{head_port}", "system": platform.system()}
+             "address": address or f"{node_ip or _node_ip(name)}:{head_port}", "system": platform.system()}
     (Path(temp_dir(name)) / STATE).write_text(json.dumps(state))
     return {**state, "did": "started", "seconds": round(time.monotonic() - started, 1)}
 
@@ -166,10 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head", action="store_true")
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--address", default=None, help="the head's IP:PORT (a joining node)")
+    parser.add_argument("--node-ip", default=None, help="this host's address as the other hosts reach it")
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
-            result = up(args.name, args.cpus, args.port if args.head else None, None if args.head else args.address)
+            if not args.head and not args.address:
+                raise RuntimeError("a node that is not the head joins one: give --address HEAD_IP:PORT")
+            result = up(args.name, args.cpus, args.port if args.head else None, None if args.head else args.address,
+                        args.node_ip)
         elif args.action == "down":
             result = down(args.name)
         else:

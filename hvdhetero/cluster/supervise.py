@@ -13,6 +13,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,8 +47,9 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     with a `run_dir`, every rank's whole output is kept there as rank-N.log, and the console shows
     rank 0's (every rank's with `all_ranks`, console.relay). Under elastic (a
     `watch`) a rank that dies or goes silent is dropped instead (a silent one killed) while at
-    least --min-hosts hosts are left."""
-    if not Path(argv[0]).exists():
+    least --min-hosts hosts are left. With `stdin_pipe` the command's stdin is a pipe kept open until
+    the job ends (the Ray driver, over ssh, ends when it closes)."""
+    if not (Path(argv[0]).exists() or (os.sep not in argv[0] and shutil.which(argv[0]))):
         raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
     silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic_hosts.SILENT_S if watch else progress.SILENT_S))
     logs = console.RankLogs(run_dir) if run_dir is not None else None
