@@ -43,6 +43,16 @@ the live table refreshes about once a second."""
 PREFIX = re.compile(r"^(?:\S+ )?\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 
 
+def failure_line(host: str, error: str, frames: list[str] = (), traceback: str = "") -> str:
+    """Rank side: the one tagged summary of this rank's failure (rank/runner.py's for a script's
+    error, rank/host.py's for a start that never finished); console.failure_summary says it."""
+    import socket
+
+    return ERROR_TAG + json.dumps({"rank": int(os.environ.get("HOROVOD_RANK", 0)), "host": host,
+                                   "hostname": socket.gethostname(), "error": error, "frames": list(frames),
+                                   "traceback": traceback or error + "\n"})
+
+
 def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thread:
     """Rank side: print this rank's heartbeat every `every` seconds from a daemon thread."""
     line = (ALIVE_TAG + json.dumps({"rank": rank, "host": host, "pid": os.getpid()}) + "\n").encode()

@@ -277,7 +277,7 @@ def test_a_rank_whose_start_never_finishes_under_mpirun_reports_it_and_exits(cap
     host did not get going, in the launcher's one tagged line, and exits 1 (which ends mpirun)."""
     from hvdhetero.rank import host as rank_host
 
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_RANK", "1")  # the runner set it from OMPI_COMM_WORLD_RANK (as_horovodrun_would)
     exits = []
     done = threading.Event()
     rank_host.start_bound({"name": "pc"}, 0.2, exit=lambda code: (exits.append(code), done.set())).join(5)

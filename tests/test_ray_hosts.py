@@ -6,6 +6,7 @@ itself has no Ray: it reaches the driver on h1 over ssh. Needs root (CI runs as 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, invoke, left_in_namespaces, requires_root, train_across
+from conftest import ROOT, VENV_BIN, invoke, launcher, left_in_namespaces, requires_root, train_across
 from hvdhetero import metrics
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.cluster import ray_node
@@ -39,7 +40,7 @@ def ray_hosts(provisioned, tmp_path_factory):
     sessions = [int(s) for s in re.findall(r"session (\d+)\)$", up.stdout, re.M)]
     try:
         assert up.returncode == 0 and len(sessions) == 2, up.stdout + up.stderr
-        yield inventory, first, up
+        yield inventory, first, up, sessions  # a test that starts a node again adds its session
     finally:
         down = invoke("ray", "down", "--hosts", "h1,h2", inventory=inventory, timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
@@ -48,7 +49,7 @@ def ray_hosts(provisioned, tmp_path_factory):
 
 
 def test_provision_installs_ray_and_ray_up_puts_the_head_on_h1_and_h2_in_it(ray_hosts):
-    inventory, first, up = ray_hosts
+    inventory, first, up, _ = ray_hosts
     for host in ("h1", "h2"):  # from bare hosts Ray is installed now; kept hosts (a developer's re-run) have it
         assert re.search(rf"^{host}\s+(changed\s+ray {re.escape(RAY)}|ok\s+nothing changed)$", first.stdout,
                          re.M), first.stdout
@@ -62,7 +63,7 @@ def test_provision_installs_ray_and_ray_up_puts_the_head_on_h1_and_h2_in_it(ray_
 
 
 def test_digits_trains_across_the_hosts_through_ray(ray_hosts, tmp_path):
-    inventory, _, _ = ray_hosts
+    inventory = ray_hosts[0]
     run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes here
     proc = invoke("train", "--hosts", "h1,h2", "--launcher", "ray", "--epochs", "10", "--run-dir", run_dir,
                   inventory=inventory, timeout=900)
@@ -73,10 +74,11 @@ def test_digits_trains_across_the_hosts_through_ray(ray_hosts, tmp_path):
 
 
 def test_a_users_script_trains_across_the_hosts_through_ray(ray_hosts, tmp_path):
-    inventory, _, _ = ray_hosts
+    inventory = ray_hosts[0]
     run_dir = tmp_path / "run"
-    proc = invoke("train", "--hosts", "h1,h2", "--launcher", "ray", "--script", ROOT / "tests/scripts/user_train.py",
-                  "--run-dir", run_dir, "--", "--epochs", "12", inventory=inventory, timeout=900)
+    proc = launcher(VENV_BIN / "invoke", "train", "--inventory", inventory, "--hosts", "h1,h2", "--launcher", "ray",
+                    "--script", ROOT / "tests/scripts/user_train.py", "--run-dir", run_dir, "--", "--epochs", "12",
+                    timeout=900)  # the script's own arguments last
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     end = metrics.records(run_dir / "metrics.jsonl")[-1]
     assert end["test_accuracy"] >= 0.9 and len(set(end["param_digests"])) == 1, end
@@ -84,7 +86,7 @@ def test_a_users_script_trains_across_the_hosts_through_ray(ray_hosts, tmp_path)
 
 
 def test_killing_h2s_actor_ends_the_job_in_words_within_30_s_and_nothing_is_left(ray_hosts, tmp_path):
-    inventory, _, _ = ray_hosts
+    inventory = ray_hosts[0]
     run_dir = tmp_path / "run"
     proc = train_across(inventory, run_dir, "--launcher", "ray", "--checkpoint-every", "20", "--script",
                         ROOT / "tests/scripts/paced_digits.py", "--", "70", "0.05")
@@ -107,6 +109,57 @@ def test_killing_h2s_actor_ends_the_job_in_words_within_30_s_and_nothing_is_left
     assert len(re.findall(r"^error: rank 1 on host h2 lost its Ray actor", out, re.M)) == 1, out[-3000:]
     assert f"resume with: invoke train --resume {run_dir}" in out and "Traceback" not in out, out[-3000:]
     deadline = time.monotonic() + 30
+    while (left := left_in_namespaces(run_dir)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, left
+
+
+def node_session(name: str) -> int:
+    """The session of `name`'s Ray node, from the state `invoke ray up` left in its temp dir
+    (/tmp is shared with the test hosts)."""
+    return json.loads((Path(ray_node.temp_dir(name)) / ray_node.STATE).read_text())["sid"]
+
+
+@pytest.mark.parametrize("how", ["raylet-killed", "node-frozen"])
+def test_h2s_node_dying_or_freezing_ends_the_job_in_words_within_30_s_and_nothing_is_left(ray_hosts, tmp_path, how):
+    """h2's Ray node itself fails: its raylet killed (Ray's process manager on that host gone),
+    or every process of the node stopped (a laptop's lid closed). Ray's health check (5 missed
+    1 s checks, set by invoke ray up) declares the node dead; the job ends with the lost-actor
+    message; once the node wakes, nothing of the job is left on any host."""
+    inventory, _, _, sessions = ray_hosts
+    up = invoke("ray", "up", "--hosts", "h1,h2", inventory=inventory, timeout=600)  # the case before took h2's node
+    assert up.returncode == 0, up.stdout + up.stderr
+    sid = node_session("h2")
+    sessions.append(sid)
+    run_dir = tmp_path / "run"
+    proc = train_across(inventory, run_dir, "--launcher", "ray", "--checkpoint-every", "20", "--script",
+                        ROOT / "tests/scripts/paced_digits.py", "--", "70", "0.05")
+    frozen = []
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.listed(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert checkpoint.listed(run_dir), "the run did not get going"
+        pids = ray_node.session_pids(sid)
+        t0 = time.monotonic()
+        if how == "raylet-killed":
+            raylet = [p for p in pids if "raylet/raylet" in Path(f"/proc/{p}/cmdline").read_text()]
+            assert len(raylet) == 1, pids
+            subprocess.run(["kill", "-KILL", str(raylet[0])], check=True, timeout=10)
+        else:
+            frozen = pids
+            subprocess.run(["kill", "-STOP", *map(str, frozen)], check=True, timeout=10)
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["kill", "-KILL", f"-{proc.pid}"], timeout=10)
+        if frozen:  # the lid opens again
+            subprocess.run(["kill", "-CONT", *map(str, frozen)], timeout=10)
+    assert proc.returncode == 1 and took < 30, (took, out[-3000:])
+    assert len(re.findall(r"^error: rank 1 on host h2 lost its Ray actor", out, re.M)) == 1, out[-3000:]
+    assert f"resume with: invoke train --resume {run_dir}" in out and "Traceback" not in out, out[-3000:]
+    deadline = time.monotonic() + 60
     while (left := left_in_namespaces(run_dir)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, left

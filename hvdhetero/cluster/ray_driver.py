@@ -32,6 +32,9 @@ from hvdhetero.cluster import ray_node
 from hvdhetero.cluster.supervise import ACTOR_LOST  # no process exit code exists then: said in words there
 POLL_S = 0.2
 POLL_BOUND_S = 20.0
+LOSS_GRACE_S = 10.0
+"""Ray's health check declares a node dead after ~5 s (cluster/ray_node.HEALTH); a dead raylet's
+actors failed 3.9 s after it (issue 30's note)."""
 START_BOUND_S = 120.0
 
 
@@ -132,17 +135,28 @@ def run(plan: dict) -> int:
 
 
 def supervise(plan: dict, actors: list, actor_error: type) -> int:
-    """Relay every rank's lines until all ended (0) or one failed (1)."""
+    """Relay every rank's lines until all ended (0) or one failed (1). A rank that fails while
+    another's actor is not answering waits up to LOSS_GRACE_S for Ray to say whether that actor
+    is lost: a node's death reaches the surviving ranks (a broken collective) before Ray's health
+    check reaches us, and the lost rank, not its peer's error, is the one to name."""
     import ray
 
     ended: set[int] = set()
-    pending = {rank: actor.poll.remote() for rank, actor in enumerate(actors)}
-    asked = time.monotonic()
+    lost: dict[int, str] = {}
+    failed: dict[int, int] = {}
+    failing_since = None
+    answered: set[int] = set()  # ranks whose actor answered since the first failure
+    pending, asked = {}, {}
     while True:
-        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=POLL_S)
-        lost, failed = {}, {}
+        for rank, actor in enumerate(actors):
+            if rank not in ended and rank not in pending and rank not in lost:
+                pending[rank], asked[rank] = actor.poll.remote(), time.monotonic()
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=POLL_S) if pending else ([], [])
         for rank in sorted(pending):
             if pending[rank] not in ready:
+                if time.monotonic() - asked[rank] > POLL_BOUND_S:  # a node that stopped answering
+                    lost[rank] = f"its actor did not answer for {POLL_BOUND_S:.0f} s"
+                    del pending[rank]
                 continue
             try:
                 lines, code = ray.get(pending.pop(rank))
@@ -150,16 +164,18 @@ def supervise(plan: dict, actors: list, actor_error: type) -> int:
                 lost[rank] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300].rstrip('.')}"
                 continue
             emit("".join(f"[{rank}]<stdout>:{line if line.endswith(chr(10)) else line + chr(10)}" for line in lines))
+            if failing_since is not None:
+                answered.add(rank)
             if code is None:
                 continue
             if code != 0:
                 failed[rank] = code
             ended.add(rank)
-        if not pending or ready:
-            asked = time.monotonic()
-        elif time.monotonic() - asked > POLL_BOUND_S:  # a node that stopped answering
-            lost.update({rank: f"its actor did not answer for {POLL_BOUND_S:.0f} s" for rank in pending})
-        if lost or failed:
+        if failed and failing_since is None:
+            failing_since = time.monotonic()
+        running = set(range(len(actors))) - ended - set(lost)
+        settled = lost or (failed and (running <= answered or time.monotonic() - failing_since > LOSS_GRACE_S))
+        if settled:
             for rank, why in sorted(lost.items()):  # a lost rank first: the others' errors follow from it
                 host = plan["ranks"][rank]["host"]
                 emit(f"hvdhetero ray: rank {rank}'s actor on {host} is gone ({why}; Ray's own words are in "
@@ -170,9 +186,6 @@ def supervise(plan: dict, actors: list, actor_error: type) -> int:
             return 1
         if len(ended) == len(actors):
             return 0
-        for rank, actor in enumerate(actors):
-            if rank not in ended and rank not in pending:
-                pending[rank] = actor.poll.remote()
 
 
 def stop(actors: list) -> None:
@@ -232,4 +245,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # Not through the interpreter's shutdown: the stdin watcher is blocked in a read, and Python
+    # aborts ("could not acquire lock for <stdin>", exit 255 through ssh) finalizing under it.
+    # The ranks and actors are stopped already (run's finally); Ray ends the job's leftovers.
+    os._exit(code)

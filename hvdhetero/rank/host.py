@@ -4,9 +4,7 @@ and straggler settings from the inventory (handed over by the launcher in the jo
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import threading
 
 import horovod.torch as hvd
@@ -50,10 +48,8 @@ def start_bound(host: dict, seconds: float, exit=os._exit) -> threading.Timer:
     def expired():
         what = (f"the job's start (MPI_Init and hvd.init) did not finish within {seconds:.0f} s: another rank "
                 "never joined, or the ranks disagree on how Horovod runs (check every host with: invoke check)")
-        summary = {"rank": int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", 0))),
-                   "host": host.get("name") or os.environ.get("HOROVOD_HOSTNAME", ""),
-                   "hostname": socket.gethostname(), "error": what, "frames": [], "traceback": what + "\n"}
-        print(progress.ERROR_TAG + json.dumps(summary), flush=True)
+        # the runner set HOROVOD_RANK from Open MPI's variables before the script started
+        print(progress.failure_line(host.get("name") or os.environ.get("HOROVOD_HOSTNAME", ""), what), flush=True)
         exit(1)
 
     timer = threading.Timer(seconds, expired)

@@ -15,7 +15,6 @@ once (horovodrun then stops the other ranks).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import runpy
 import socket
@@ -121,12 +120,9 @@ def host_name(config: JobConfig) -> str:
 def fail(config: JobConfig, what: str, frames, full: str = "") -> None:
     """Report this rank's failure in one tagged line (the launcher keeps the whole traceback in
     the rank's log), exit 1 now."""
-    summary = {"rank": int(os.environ.get("HOROVOD_RANK", 0)), "host": host_name(config),
-               "hostname": socket.gethostname(), "error": what,
-               "frames": [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
-                          for f in frames[-FRAMES:]],
-               "traceback": full or what + "\n"}
-    print(progress.ERROR_TAG + json.dumps(summary), flush=True)
+    print(progress.failure_line(host_name(config), what, [f"{f.filename}:{f.lineno} in {f.name}: "
+                                                         f"{(f.line or '').strip()}" for f in frames[-FRAMES:]],
+                                full), flush=True)
     sys.stderr.flush()
     os._exit(1)  # Horovod's atexit shutdown would wait on peers stuck in a collective with us
 
