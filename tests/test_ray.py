@@ -107,17 +107,13 @@ def test_digits_through_ray_trains_and_ends_where_horovodrun_does(cluster, tmp_p
     assert metrics.records(tmp_path / "ray" / "metrics.jsonl")[0]["ranks"] == 2
 
 
-def test_a_users_script_runs_through_ray_and_its_dry_run_names_the_driver(cluster, tmp_path):
+def test_the_dry_run_prints_the_driver_with_each_ranks_command(cluster, tmp_path):
+    """(A user's script through Ray trains in tests/test_ray_hosts.py, across the two hosts.)"""
     inventory, _ = cluster
     dry = ray_invoke("train", "--launcher", "ray", "--script", ROOT / "tests/scripts/user_train.py", "--dry-run",
                      inventory=inventory)
     assert "-m hvdhetero.cluster.ray_driver --plan" in dry.stdout and "hvdhetero.rank.runner" in dry.stdout
-    run_dir = tmp_path / "run"
-    proc = ray_invoke("train", "--launcher", "ray", "--script", ROOT / "tests/scripts/user_train.py", "--run-dir",
-                      run_dir, "--", "--epochs", "12", inventory=inventory)
-    end = metrics.records(run_dir / "metrics.jsonl")[-1]
-    assert end["test_accuracy"] >= 0.9, end
-    assert f"user script: test accuracy {end['test_accuracy']:.4f}" in proc.stdout
+    assert "user_train.py" in dry.stdout and not (tmp_path / "run").exists()
 
 
 def test_killing_a_ranks_actor_ends_the_job_in_words_within_30_s_and_leaves_nothing(cluster, tmp_path):
@@ -125,7 +121,7 @@ def test_killing_a_ranks_actor_ends_the_job_in_words_within_30_s_and_leaves_noth
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", "--inventory", str(inventory), "--launcher", "ray",
                              "--run-dir", str(run_dir), "--checkpoint-every", "20", "--script",
-                             str(ROOT / "tests/scripts/paced_digits.py"), "--", "12", "0.05"], cwd=ROOT,
+                             str(ROOT / "tests/scripts/paced_digits.py"), "--", "8", "0.05"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -153,7 +149,7 @@ def test_killing_a_ranks_actor_ends_the_job_in_words_within_30_s_and_leaves_noth
     # and the run resumes through Ray from its checkpoint
     resumed = ray_invoke("train", "--resume", run_dir, "--launcher", "ray", inventory=inventory)
     records = metrics.records(run_dir / "metrics.jsonl")
-    assert records[-1]["event"] == "end" and [r["epoch"] for r in records if r["event"] == "epoch"][-1] == 24, \
+    assert records[-1]["event"] == "end" and [r["epoch"] for r in records if r["event"] == "epoch"][-1] == 7, \
         resumed.stdout[-2000:]  # epochs count from 0
 
 

@@ -105,6 +105,7 @@ def test_killing_h2s_actor_ends_the_job_in_words_within_30_s_and_nothing_is_left
     finally:
         if proc.poll() is None:
             subprocess.run(["kill", "-KILL", f"-{proc.pid}"], timeout=10)
+    print(f"h2's actor killed: the job ended {took:.1f} s later")  # pytest -s shows it (the note's figures)
     assert proc.returncode == 1 and took < 30, (took, out[-3000:])
     assert len(re.findall(r"^error: rank 1 on host h2 lost its Ray actor", out, re.M)) == 1, out[-3000:]
     assert f"resume with: invoke train --resume {run_dir}" in out and "Traceback" not in out, out[-3000:]
@@ -156,6 +157,7 @@ def test_h2s_node_dying_or_freezing_ends_the_job_in_words_within_30_s_and_nothin
             subprocess.run(["kill", "-KILL", f"-{proc.pid}"], timeout=10)
         if frozen:  # the lid opens again
             subprocess.run(["kill", "-CONT", *map(str, frozen)], timeout=10)
+    print(f"h2 {how}: the job ended {took:.1f} s later")  # pytest -s shows it (the note's figures)
     assert proc.returncode == 1 and took < 30, (took, out[-3000:])
     assert len(re.findall(r"^error: rank 1 on host h2 lost its Ray actor", out, re.M)) == 1, out[-3000:]
     assert f"resume with: invoke train --resume {run_dir}" in out and "Traceback" not in out, out[-3000:]
