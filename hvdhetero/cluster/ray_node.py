@@ -40,7 +40,7 @@ LABEL = "hvd.host"
 STATE = "hvdhetero-node.json"
 """In the node's temp dir: its session id and address, written by `up`, read by `down` and `status`."""
 START_TIMEOUT_S = 120
-STOP_GRACE_S = 10
+STOP_GRACE_S = 5
 
 
 def temp_dir(name: str) -> str:
