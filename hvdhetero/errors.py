@@ -23,13 +23,21 @@ class ConfigError(HvdHeteroError):
     exit_code = 2
 
 
-class InventoryError(ConfigError):
-    """inventory.yaml is malformed; the message names the file, line, key and what is allowed."""
+class YamlFileError(ConfigError):
+    """A YAML file the user wrote is malformed; the message names the file, line, key and what is allowed."""
 
     def __init__(self, path: str, line: int | None, key: str, problem: str):
         self.path, self.line, self.key, self.problem = str(path), line, key, problem
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: key '{key}': {problem}")
+
+
+class InventoryError(YamlFileError):
+    """inventory.yaml is malformed."""
+
+
+class SpaceError(YamlFileError):
+    """A sweep's space file is malformed."""
 
 
 class BuildError(HvdHeteroError):

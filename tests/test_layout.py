@@ -20,6 +20,8 @@ FORBIDDEN = {
     "policy": {"torch", "torchvision", "horovod", "numpy", "fabric", "paramiko", "invoke", "hvdhetero.cluster",
                "hvdhetero.rank", "hvdhetero.recipes", "hvdhetero.bench"},
     "rank": {"fabric", "paramiko", "invoke", "hvdhetero.cluster", "hvdhetero.recipes", "hvdhetero.bench"},
+    # sweeps are the launcher's, like cluster/: they start one-host jobs through it
+    "sweep": {"torch", "torchvision", "horovod", "ray", "hvdhetero.rank", "hvdhetero.recipes", "hvdhetero.bench"},
 }
 
 

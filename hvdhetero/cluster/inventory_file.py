@@ -7,9 +7,7 @@ looks whether an `identity:` key file exists). Import it from hvdhetero.cluster.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
-import math
 import os
 import re
 from dataclasses import fields
@@ -20,6 +18,7 @@ import yaml
 
 from hvdhetero.cluster.inventory_records import (BACKENDS, DEVICES, MPI_OPS, OPENMPI_SERIES, TRANSPORTS, Host,
                                                  Inventory, Pins)
+from hvdhetero import yaml_file
 from hvdhetero.errors import InventoryError
 
 ENV_VAR = "HVDHETERO_INVENTORY"
@@ -55,7 +54,7 @@ def load(path: str | Path) -> Inventory:
 # PyYAML's plain load() forgets line numbers and silently keeps the last of duplicate keys, so we
 # compose the node tree instead and convert each scalar ourselves, knowing where it came from.
 
-_TOP = "(top level)"
+_TOP = yaml_file.TOP
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # safe in CLI lists and horovodrun -H
@@ -73,8 +72,7 @@ _PINNED_ELSEWHERE = {"torch": "pins.torch", "torchvision": "pins.torchvision", "
                      "hvdhetero": "this checkout", "openmpi": "pins.openmpi", "mpi4py": "pins.mpi4py",
                      "ray": "pins.ray"}
 _VERSION_HELP = 'a version such as "2.14.1" or "2.14.1+cu130" (digits, letters, ".", "+", "_", "-")'
-_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
-          "null": "empty", "timestamp": "a date"}
+_got = yaml_file.got
 
 
 def _is_address(text: str) -> bool:
@@ -84,15 +82,6 @@ def _is_address(text: str) -> bool:
     except ValueError:
         # Digits and dots only is a mistyped IPv4 address (999.1.1.1), not a hostname.
         return bool(_HOSTNAME.fullmatch(text)) and not re.fullmatch(r"[0-9.]+", text)
-
-
-def _got(node: yaml.Node) -> str:
-    """How a message shows a rejected value: the text as written and what YAML made of it."""
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    return f"{node.value!r} ({_KINDS.get(node.tag.rsplit(':', 1)[-1], node.tag)})"
 
 
 def _package_key(name: str) -> str:
@@ -132,98 +121,17 @@ assert set(_HOST_RULES) == set(_HOST_DEFAULTS) - {"name", "line"}, "every Host f
 
 def _compose(path: Path) -> yaml.Node:
     """The YAML node tree of the file; InventoryError if it is missing, unreadable or empty."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError(path, None, _TOP, "file not found; create it from the inventory.yaml at the "
-                             f"root of the hvdhetero repository, or point ${ENV_VAR} at yours") from None
-    except OSError as e:
-        raise InventoryError(path, None, _TOP, f"cannot read the file: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise InventoryError(path, None, _TOP, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        problem = getattr(e, "problem", None) or str(e)
-        line = mark.line + 1 if mark else None
-        raise InventoryError(path, line, _TOP, f"not valid YAML: {problem}; "
-                             "check the indentation and quoting here") from None
-    if root is None:
-        raise InventoryError(path, None, _TOP, "the file is empty; it needs at least pins: and hosts:")
-    return root
+    return yaml_file.compose(path, InventoryError, "create it from the inventory.yaml at the root of the hvdhetero "
+                             f"repository, or point ${ENV_VAR} at yours", "it needs at least pins: and hosts:")
 
 
-class _Reader:
-    """Turns the nodes of one file into values; every error names the file, a line and a key."""
+class _Reader(yaml_file.Reader):
+    """Turns the nodes of one inventory file into values; every error names the file, a line and a key."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    error_type = InventoryError
 
-    def error(self, node: yaml.Node, key: str, problem: str) -> InventoryError:
-        return InventoryError(self.path, node.start_mark.line + 1, key or _TOP, problem)
-
-    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str] | None) -> dict[str, tuple]:
-        """{name: (key node, value node)}, rejecting duplicate keys and (if `allowed`) unknown ones."""
-        if not isinstance(node, yaml.MappingNode):
-            what = "host names to host settings" if key == "hosts" else f"keys ({', '.join(allowed or ())})"
-            raise self.error(node, key, f"must be a mapping of {what}, got {_got(node)}")
-        items: dict[str, tuple] = {}
-        for k, v in node.value:
-            if not isinstance(k, yaml.ScalarNode):
-                raise self.error(k, key, f"keys must be plain names, got {_got(k)}")
-            dotted = f"{key}.{k.value}" if key else k.value
-            if k.value in items:
-                first = items[k.value][0].start_mark.line + 1
-                raise self.error(k, dotted, f"{k.value!r} is set twice (first on line {first}); "
-                                 "YAML would silently keep the last one, so delete one of them")
-            if allowed is not None and k.value not in allowed:
-                close = difflib.get_close_matches(k.value, allowed, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                allowed_keys = ", ".join(allowed)
-                raise self.error(k, dotted, f"unknown key {k.value!r}; {hint}allowed keys: {allowed_keys}")
-            items[k.value] = (k, v)
-        return items
-
-    def require(self, items: dict, names: Sequence[str], owner: yaml.Node, key: str) -> None:
-        """Every one of `names` is in `items`; else an error on the line of `owner` (the parent key)."""
-        for name in names:
-            if name not in items:
-                where = f"under {key}:" if key else "at the top level"
-                dotted = f"{key}.{name}" if key else name
-                raise self.error(owner, dotted, f"required key is missing; add {name}: {where}")
-
-    def construct(self, node: yaml.Node, key: str, tags: Sequence[str], expected: str) -> Any:
-        """The Python value of a scalar node whose YAML type is one of `tags`."""
-        if not isinstance(node, yaml.ScalarNode) or node.tag.rsplit(":", 1)[-1] not in tags:
-            raise self.error(node, key, f"must be {expected}, got {_got(node)}")
-        try:
-            return yaml.constructor.SafeConstructor().construct_object(node)
-        except (yaml.YAMLError, ValueError):  # an explicit tag on bad text, e.g. !!int abc
-            raise self.error(node, key, f"must be {expected}, got {_got(node)}") from None
-
-    def integer(self, node: yaml.Node, key: str, low: int, high: int | None) -> int:
-        expected = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-        value = self.construct(node, key, ("int",), expected)  # the bool tag is not int: true is rejected
-        if value < low or (high is not None and value > high):
-            raise self.error(node, key, f"must be {expected}, got {_got(node)}")
-        return value
-
-    def number(self, node: yaml.Node, key: str, low: float) -> float:
-        expected = f"a number >= {low:g}"
-        value = float(self.construct(node, key, ("int", "float"), expected))
-        if not math.isfinite(value) or value < low:
-            raise self.error(node, key, f"must be {expected}, got {_got(node)}")
-        return value
-
-    def string(self, node: yaml.Node, key: str, rule: Callable[[str], Any], allowed: str) -> str:
-        if isinstance(node, yaml.ScalarNode) and node.tag.endswith((":int", ":float")):
-            # YAML reads 3.10 as the float 3.1: versions must be quoted to survive as written.
-            raise self.error(node, key, f"must be {allowed}, got {_got(node)}; quote it: \"{node.value}\"")
-        value = self.construct(node, key, ("str",), allowed)
-        if not rule(value):
-            raise self.error(node, key, f"must be {allowed}, got {value!r}")
-        return value
+    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str] | None, what: str = "") -> dict[str, tuple]:
+        return super().mapping(node, key, allowed, what or ("host names to host settings" if key == "hosts" else ""))
 
     def key_file(self, node: yaml.Node, key: str) -> str:
         """An ssh private key's path as written (~ kept: ssh expands it), naming a file that

@@ -1,0 +1,184 @@
+"""A sweep's search space, read from the user's YAML file: one entry per parameter the training
+script takes as its own argument (`--lr 0.003`), each with exactly one distribution.
+
+    lr:        {loguniform: [1.0e-4, 1.0e-1]}
+    dropout:   {uniform: [0.0, 0.5]}
+    hidden:    {int: [32, 256], step: 32}        # or log: true (not both)
+    optimizer: {choice: [adam, sgd]}
+
+    space = load("space.yaml")                   # SpaceError (file:line:key, exit 2) if anything is off
+    space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr", "0.003", "--optimizer", "adam"]
+    space.distributions()                        -> Optuna's, for study.ask()
+
+Every check runs when the file is read, before a trial starts: a bad space launches nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hvdhetero import yaml_file
+from hvdhetero.errors import SpaceError
+
+KINDS = ("uniform", "loguniform", "int", "choice")
+"""The distributions: a float in [low, high]; a float whose log is uniform (low > 0); an integer
+in [low, high]; one of a list of values."""
+OPTIONS = {"uniform": ("step",), "loguniform": (), "int": ("step", "log"), "choice": ()}
+"""What each distribution takes besides its own key: a grid step, or (int) a log scale."""
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+"""A parameter's name: it becomes the script's option --NAME."""
+EXAMPLE = "e.g. lr: {loguniform: [1.0e-4, 1.0e-1]}"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the space, as written."""
+
+    name: str
+    kind: str
+    low: float | int | None = None
+    high: float | int | None = None
+    step: float | int | None = None
+    log: bool = False
+    choices: tuple = ()
+    line: int = 0
+
+    def arg(self, value: Any) -> list[str]:
+        """The script's argument for `value`: ["--NAME", text]."""
+        return [f"--{self.name}", format_value(value)]
+
+
+@dataclass(frozen=True)
+class Space:
+    path: Path
+    params: tuple[Param, ...]
+
+    def argv(self, values: dict[str, Any]) -> list[str]:
+        """The script's arguments for one trial's values, in the file's order."""
+        return [a for p in self.params for a in p.arg(values[p.name])]
+
+    def distributions(self) -> dict:
+        """Optuna's distributions of the space (for study.ask(fixed_distributions=...))."""
+        from optuna import distributions as d
+
+        out = {}
+        for p in self.params:
+            if p.kind == "choice":
+                out[p.name] = d.CategoricalDistribution(p.choices)
+            elif p.kind == "int":
+                out[p.name] = d.IntDistribution(p.low, p.high, log=p.log, step=p.step or 1)
+            else:
+                out[p.name] = d.FloatDistribution(p.low, p.high, log=p.kind == "loguniform", step=p.step)
+        return out
+
+
+def format_value(value: Any) -> str:
+    """A value as the script's argparse reads it back: floats exactly (repr), booleans as
+    true/false, the rest as written."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def load(path: str | Path) -> Space:
+    """Read and check a space file; SpaceError names the file, line and key of the first problem."""
+    path = Path(path)
+    root = yaml_file.compose(path, SpaceError, f"write one, {EXAMPLE} (one line per parameter)",
+                             f"it needs at least one parameter, {EXAMPLE}")
+    reader = _Reader(path)
+    entries = reader.mapping(root, "", None, what="parameter names to distributions")
+    if not entries:
+        raise reader.error(root, "", f"names no parameter; {EXAMPLE}")
+    return Space(path, tuple(reader.param(name_node, node) for name_node, node in entries.values()))
+
+
+class _Reader(yaml_file.Reader):
+    error_type = SpaceError
+
+    def param(self, name_node: yaml.Node, node: yaml.Node) -> Param:
+        name = name_node.value
+        if not NAME.fullmatch(name):
+            raise self.error(name_node, name, "a parameter's name becomes the script's option --NAME: a letter, "
+                             "then letters, digits, '_' or '-'")
+        allowed = (*KINDS, "step", "log")
+        items = self.mapping(node, name, allowed, what="one distribution (uniform, loguniform, int or choice) "
+                             "and its options")
+        kinds = [k for k in KINDS if k in items]
+        if len(kinds) != 1:
+            named = f"it names {' and '.join(kinds)}" if kinds else "it names none"
+            raise self.error(node, name, f"needs exactly one distribution of {', '.join(KINDS)}; {named}")
+        kind = kinds[0]
+        for option in ("step", "log"):
+            if option in items and option not in OPTIONS[kind]:
+                takes = ", ".join(OPTIONS[kind]) or "nothing"
+                raise self.error(items[option][0], f"{name}.{option}", f"{kind} takes {takes} besides its range"
+                                 + ("; for a log scale use loguniform" if option == "log" and kind == "uniform"
+                                    else ""))
+        key = f"{name}.{kind}"
+        line = name_node.start_mark.line + 1
+        if kind == "choice":
+            return Param(name, kind, choices=self.choices(items[kind][1], key), line=line)
+        integer = kind == "int"
+        low, high = self.bounds(items[kind][1], key, integer)
+        if kind == "loguniform" and low <= 0:
+            raise self.error(items[kind][1], key, f"a log scale needs low > 0, got {format_value(low)}")
+        log = False
+        if "log" in items:
+            log = self.construct(items["log"][1], f"{name}.log", ("bool",), "true or false")
+            if log and low <= 0:
+                raise self.error(items["log"][1], f"{name}.log", f"a log scale needs low > 0, got {low}")
+        step = None
+        if "step" in items:
+            step_key = f"{name}.step"
+            if log:
+                raise self.error(items["step"][1], step_key, "log and step do not go together (Optuna takes one "
+                                 "or the other); drop one")
+            step = (self.integer(items["step"][1], step_key, 1, None) if integer else
+                    self.positive(items["step"][1], step_key))
+            if step > high - low:
+                raise self.error(items["step"][1], step_key, f"is larger than the range {format_value(low)} .. "
+                                 f"{format_value(high)}")
+        return Param(name, kind, low, high, step, log, line=line)
+
+    def bounds(self, node: yaml.Node, key: str, integer: bool) -> tuple:
+        what = "integers" if integer else "numbers"
+        if not isinstance(node, yaml.SequenceNode) or len(node.value) != 2:
+            raise self.error(node, key, f"must be a list of two {what}, [low, high], got "
+                             f"{yaml_file.got(node) if not isinstance(node, yaml.SequenceNode) else f'{len(node.value)} values'}")
+        tags = ("int",) if integer else ("int", "float")
+        low, high = (self.construct(n, key, tags, f"{what[:-1]} (low and high are {what})") for n in node.value)
+        if not integer:
+            low, high = float(low), float(high)
+            if not (math.isfinite(low) and math.isfinite(high)):
+                raise self.error(node, key, "low and high must be finite numbers")
+        if low >= high:
+            raise self.error(node, key, f"low must be below high, got [{format_value(low)}, {format_value(high)}]")
+        return low, high
+
+    def positive(self, node: yaml.Node, key: str) -> float:
+        value = float(self.construct(node, key, ("int", "float"), "a number > 0"))
+        if not (math.isfinite(value) and value > 0):
+            raise self.error(node, key, f"must be a number > 0, got {yaml_file.got(node)}")
+        return value
+
+    def choices(self, node: yaml.Node, key: str) -> tuple:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise self.error(node, key, "must be a non-empty list of values, e.g. [adam, sgd]")
+        values, seen = [], {}
+        for entry in node.value:
+            value = self.construct(entry, key, ("str", "int", "float", "bool"), "a plain value (text, number or "
+                                   "true/false)")
+            text = format_value(value)
+            if text in seen:
+                raise self.error(entry, key, f"{text!r} is listed twice (first on line {seen[text]})")
+            seen[text] = entry.start_mark.line + 1
+            values.append(value)
+        return tuple(values)

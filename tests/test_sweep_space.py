@@ -1,0 +1,110 @@
+"""A sweep's space file (hvdhetero/sweep/space.py): what a user writes, what the script is given,
+and every way the file can be wrong, each refused with the file, the line and the key before any
+trial starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdhetero.errors import SpaceError
+from hvdhetero.sweep import space
+
+GOOD = """\
+# what my_train.py takes
+lr: {loguniform: [1.0e-4, 1.0e-1]}
+dropout:
+  uniform: [0.0, 0.5]
+  step: 0.1
+hidden: {int: [32, 256], step: 32}
+layers: {int: [1, 64], log: true}
+optimizer: {choice: [adam, sgd, 0.5, true]}
+"""
+
+
+def write(tmp_path, text, name="space.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_space_is_read_in_file_order_and_gives_the_script_its_arguments(tmp_path):
+    loaded = space.load(write(tmp_path, GOOD))
+    assert [(p.name, p.kind, p.line) for p in loaded.params] == [
+        ("lr", "loguniform", 2), ("dropout", "uniform", 3), ("hidden", "int", 6), ("layers", "int", 7),
+        ("optimizer", "choice", 8)]
+    lr, dropout, hidden, layers, optimizer = loaded.params
+    assert (lr.low, lr.high, lr.step, lr.log) == (1e-4, 0.1, None, False)
+    assert (dropout.low, dropout.high, dropout.step) == (0.0, 0.5, 0.1)
+    assert (hidden.low, hidden.high, hidden.step) == (32, 256, 32) and type(hidden.low) is int
+    assert layers.log and optimizer.choices == ("adam", "sgd", 0.5, True)
+    values = {"lr": 0.0031622776601683794, "dropout": 0.2, "hidden": 96, "layers": 8, "optimizer": True}
+    assert loaded.argv(values) == ["--lr", "0.0031622776601683794", "--dropout", "0.2", "--hidden", "96",
+                                   "--layers", "8", "--optimizer", "true"]
+    assert float(loaded.argv(values)[1]) == values["lr"]  # the script reads back exactly the value tried
+
+
+def test_the_space_becomes_optunas_distributions_and_trials_ask_within_it(tmp_path):
+    optuna = pytest.importorskip("optuna", reason="optuna is in the launcher extra (ci/setup installs it)")
+    loaded = space.load(write(tmp_path, GOOD))
+    dists = loaded.distributions()
+    assert dists["lr"] == optuna.distributions.FloatDistribution(1e-4, 0.1, log=True)
+    assert dists["dropout"] == optuna.distributions.FloatDistribution(0.0, 0.5, step=0.1)
+    assert dists["hidden"] == optuna.distributions.IntDistribution(32, 256, step=32)
+    assert dists["layers"] == optuna.distributions.IntDistribution(1, 64, log=True)
+    assert dists["optimizer"] == optuna.distributions.CategoricalDistribution(("adam", "sgd", 0.5, True))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask(dists)
+        p = trial.params
+        assert 1e-4 <= p["lr"] <= 0.1 and p["hidden"] % 32 == 0 and p["optimizer"] in ("adam", "sgd", 0.5, True)
+        assert len(loaded.argv(p)) == 10
+        study.tell(trial, p["lr"])
+
+
+BAD = {  # id: (text, line, key, what the message must say)
+    "a list, not a mapping": ("- lr\n- dropout\n", 1, "(top level)", "must be a mapping of parameter names"),
+    "empty mapping": ("{}\n", 1, "(top level)", "names no parameter"),
+    "not YAML": ("lr: {loguniform: [1, 2]\n", 2, "(top level)", "not valid YAML"),
+    "name with a space": ("'learning rate': {uniform: [0, 1]}\n", 1, "learning rate", "becomes the script's option"),
+    "parameter twice": ("lr: {uniform: [0, 1]}\nlr: {uniform: [0, 2]}\n", 2, "lr", "'lr' is set twice"),
+    "a number, not a distribution": ("lr: 0.1\n", 1, "lr", "must be a mapping of one distribution"),
+    "no distribution": ("lr: {step: 0.1}\n", 1, "lr", "needs exactly one distribution of uniform, loguniform, "
+                                                      "int, choice; it names none"),
+    "two distributions": ("lr: {uniform: [0, 1], loguniform: [0.1, 1]}\n", 1, "lr", "it names uniform and loguniform"),
+    "misspelt distribution": ("lr: {logunifrom: [0.1, 1]}\n", 1, "lr.logunifrom", "did you mean 'loguniform'"),
+    "one bound": ("lr: {uniform: [0.1]}\n", 1, "lr.uniform", "must be a list of two numbers, [low, high], got 1 values"),
+    "bounds reversed": ("lr: {uniform: [1, 0.1]}\n", 1, "lr.uniform", "low must be below high, got [1.0, 0.1]"),
+    "bound not a number": ("lr: {uniform: [0, high]}\n", 1, "lr.uniform", "got 'high' (a string)"),
+    "log scale from 0": ("lr: {loguniform: [0, 1]}\n", 1, "lr.loguniform", "a log scale needs low > 0, got 0.0"),
+    "int with a float bound": ("n: {int: [1, 2.5]}\n", 1, "n.int", "must be integer (low and high are integers), "
+                                                                   "got '2.5' (a number)"),
+    "int step 0": ("n: {int: [1, 9], step: 0}\n", 1, "n.step", "must be an integer >= 1, got '0'"),
+    "step larger than the range": ("x: {uniform: [0, 1], step: 2}\n", 1, "x.step", "is larger than the range"),
+    "log and step": ("n: {int: [1, 64], log: true, step: 2}\n", 1, "n.step", "log and step do not go together"),
+    "log on uniform": ("x: {uniform: [0.1, 1], log: true}\n", 1, "x.log", "for a log scale use loguniform"),
+    "log not a boolean": ("n: {int: [1, 64], log: yes please}\n", 1, "n.log", "must be true or false"),
+    "step on a choice": ("o: {choice: [a, b], step: 1}\n", 1, "o.step", "choice takes nothing besides its range"),
+    "empty choice": ("o: {choice: []}\n", 1, "o.choice", "must be a non-empty list of values"),
+    "choice twice": ("o:\n  choice:\n    - adam\n    - sgd\n    - adam\n", 5, "o.choice",
+                     "'adam' is listed twice (first on line 3)"),
+    "choice of a list": ("o: {choice: [[1, 2], 3]}\n", 1, "o.choice", "must be a plain value"),
+}
+
+
+@pytest.mark.parametrize("text, line, key, said", BAD.values(), ids=BAD.keys())
+def test_a_bad_space_file_is_refused_naming_the_file_line_and_key(tmp_path, text, line, key, said):
+    path = write(tmp_path, text)
+    with pytest.raises(SpaceError) as refused:
+        space.load(path)
+    err = refused.value
+    assert (err.path, err.line, err.key) == (str(path), line, key), str(err)
+    assert said in err.problem, str(err)
+    assert str(err).startswith(f"{path}:{line}: key '{key}': ") and err.exit_code == 2
+
+
+def test_a_missing_or_empty_space_file_says_what_to_write(tmp_path):
+    with pytest.raises(SpaceError, match=r"file not found; write one, e\.g\. lr: \{loguniform"):
+        space.load(tmp_path / "nope.yaml")
+    with pytest.raises(SpaceError, match="the file is empty; it needs at least one parameter"):
+        space.load(write(tmp_path, "# nothing yet\n"))
