@@ -44,10 +44,6 @@ def ray_invoke(*args, inventory, timeout=600, check=True):
                    check=check)
 
 
-def session_alive(sid: int) -> list[int]:
-    return ray_node.session_pids(sid)
-
-
 def test_train_through_ray_with_no_cluster_says_how_to_start_one(tmp_path):
     """No node on the host (the module's cluster is not used here): one message, exit 1."""
     inventory = ray_inventory(tmp_path / "inventory.yaml")
@@ -78,7 +74,7 @@ def cluster(tmp_path_factory):
     finally:
         down = ray_invoke("ray", "down", inventory=inventory, check=False)
         assert down.returncode == 0 and re.search(r"^local: stopped", down.stdout, re.M), down.stdout + down.stderr
-        assert session_alive(sid) == [], "processes of the Ray node are left after invoke ray down"
+        assert ray_node.session_pids(sid) == [], "processes of the Ray node are left after invoke ray down"
 
 
 def test_ray_status_says_what_runs_where(cluster):

@@ -30,7 +30,7 @@ from dataclasses import replace
 from hvdhetero.cluster import launch, ray_node
 from hvdhetero.cluster.inventory import Host, Inventory
 from hvdhetero.config import JobConfig
-from hvdhetero.errors import ConfigError, LaunchError
+from hvdhetero.errors import ConfigError
 
 NODE_TIMEOUT_S = ray_node.START_TIMEOUT_S + 60
 """A node's up/down over ssh, ray start's own bound included."""
@@ -165,8 +165,3 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
     # Over ssh the driver ends when the launcher's ssh does (its stdin closes: --watch-stdin).
     return [*launch.ssh_argv(inventory, hosts[0], connect_s=10),
             shlex.join([*launch.remote_python(hosts[0].env), *driver, "--watch-stdin"])], {}
-
-
-def raise_if_failed(results: Sequence[dict], what: str) -> None:
-    if failed(results):
-        raise LaunchError(f"ray {what}: " + "; ".join(f"{r['name']}: {r['error']}" for r in results if "error" in r))
