@@ -101,15 +101,20 @@ def emit(text: str) -> None:
 
 
 def run(plan: dict) -> int:
-    import ray
+    address = address_of(plan)
+    reachable(address)
+    try:
+        import ray
+    except ImportError:
+        raise Refused(f"the env on {plan['head_name']} (the job's first host) has no Ray, yet a Ray cluster "
+                      f"answers at {address}: set pins.ray in the inventory to that cluster's Ray version and run "
+                      f"invoke provision --hosts {plan['head_name']}") from None
     from horovod.runner.http.http_server import RendezvousServer
     from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from hvdhetero.cluster.ray_rank import RankProcess
 
-    address = address_of(plan)
-    reachable(address)
     ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
     nodes = node_ids(ray.nodes(), plan["hosts"])
     rendezvous = RendezvousServer()
