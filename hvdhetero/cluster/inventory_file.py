@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import yaml
 
@@ -38,7 +38,8 @@ def load(path: str | Path) -> Inventory:
     reader.require(top, ("pins", "hosts"), root, "")
     pins = reader.pins(*top["pins"])
     hosts_node = top["hosts"][1]
-    hosts = tuple(reader.host(k, v) for k, v in reader.mapping(hosts_node, "hosts", None).values())
+    hosts = tuple(reader.host(k, v) for k, v in reader.mapping(hosts_node, "hosts", None,
+                                                                   what="host names to host settings").values())
     if not hosts:
         raise reader.error(hosts_node, "hosts", "is empty; define at least one host, "
                            "e.g. local: {address: localhost}")
@@ -129,9 +130,6 @@ class _Reader(yaml_file.Reader):
     """Turns the nodes of one inventory file into values; every error names the file, a line and a key."""
 
     error_type = InventoryError
-
-    def mapping(self, node: yaml.Node, key: str, allowed: Sequence[str] | None, what: str = "") -> dict[str, tuple]:
-        return super().mapping(node, key, allowed, what or ("host names to host settings" if key == "hosts" else ""))
 
     def key_file(self, node: yaml.Node, key: str) -> str:
         """An ssh private key's path as written (~ kept: ssh expands it), naming a file that

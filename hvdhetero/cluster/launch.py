@@ -154,6 +154,12 @@ def local_python(inventory: Inventory, host: Host) -> str:
     return python
 
 
+def host_python(inventory: Inventory, host: Host) -> list[str]:
+    """`host`'s env interpreter as the start of a command run on that host: the local path (it must
+    exist), or what the remote shell runs (remote_python)."""
+    return [local_python(inventory, host)] if host.is_local else remote_python(host.env)
+
+
 def check_machines(inventory: Inventory, hosts: Sequence[Host], launcher: str) -> None:
     """What any job's `launcher` (horovodrun, mpirun) asks of its hosts: some, each machine once,
     and this machine alone or not at all."""

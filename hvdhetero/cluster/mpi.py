@@ -68,9 +68,8 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
     forwarded = [arg for name in sorted(env) if name != AGENT_HOSTS for arg in ("-x", name)]
     settings = replace(config, hosts=launch.host_settings(hosts)).to_json()
     for i, host in enumerate(hosts):
-        python = [launch.local_python(inventory, host)] if host.is_local else launch.remote_python(host.env)
         argv += [*([":"] if i else []), *forwarded, "-np", str(host.slots), "-H", f"{host.address}:{host.slots}",
-                 *python, "-m", "hvdhetero.rank.runner", "--mpi-host", host.address, "--job-json", settings, *program]
+                 *launch.host_python(inventory, host), "-m", "hvdhetero.rank.runner", "--mpi-host", host.address, "--job-json", settings, *program]
     return argv, env
 
 

@@ -110,18 +110,12 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                 r.problems.append(f"{h.name}: {name} {f[name]}, expected {want}"
                                   f"{' (' + others + ')' if others else ''}; {fix}")
         r.problems += _package_problems(h.name, f, results, pins, fix)
-        for package, want in pins.mpi_packages().items():  # Open MPI's wire protocol, mpi4py's ABI: one everywhere
-            have = (f.get("mpi") or {}).get(package)
-            if have != want:
-                others = ", ".join(f"{o.host.name} has {(o.facts.get('mpi') or {}).get(package) or 'none'}"
-                                   for o in results if o is not r and o.facts)
-                r.problems.append(f"{h.name}: {package} {have or 'not installed'}, pins.{package} is {want} "
-                                  f"(backend mpi){' (' + others + ')' if others else ''}; {fix}")
-        if pins.ray and f.get("ray") != pins.ray:  # Ray refuses a node of another version
-            others = ", ".join(f"{o.host.name} has {o.facts.get('ray') or 'none'}" for o in results
-                               if o is not r and o.facts)
-            r.problems.append(f"{h.name}: ray {f.get('ray') or 'not installed'}, pins.ray is {pins.ray}"
-                              f"{' (' + others + ')' if others else ''}; {fix}")
+        # Open MPI's wire protocol, mpi4py's ABI, Ray's node protocol: one version everywhere
+        for package, want in pins.mpi_packages().items():
+            r.problems += _pin_problem(r, results, package, want, lambda g: (g.get("mpi") or {}).get(package),
+                                       " (backend mpi)", fix)
+        for package, want in pins.ray_packages().items():
+            r.problems += _pin_problem(r, results, package, want, lambda g: g.get("ray"), "", fix)
         if f["digest"] != digest:
             r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
                               f"{digest}); {fix}")
@@ -190,6 +184,18 @@ def check(inventory: Inventory, hosts: list[Host], accept_new: bool = False) -> 
         results = list(pool.map(lambda h: gather(inventory, h, hosts, accept_new), hosts))
     problems(inventory, results, remote_provision.source_digest())
     return results
+
+
+def _pin_problem(r: HostFacts, results: list[HostFacts], package: str, want: str, have_of, why: str,
+                 fix: str) -> list[str]:
+    """[the problem] when host `r` has another `package` than pins.PACKAGE (`have_of(facts)`
+    reads a host's), naming what the other hosts have; else []."""
+    have = have_of(r.facts)
+    if have == want:
+        return []
+    others = ", ".join(f"{o.host.name} has {have_of(o.facts) or 'none'}" for o in results if o is not r and o.facts)
+    return [f"{r.host.name}: {package} {have or 'not installed'}, pins.{package} is {want}{why}"
+            f"{' (' + others + ')' if others else ''}; {fix}"]
 
 
 def report(results: list[HostFacts]) -> str:

@@ -51,13 +51,18 @@ RAY_PIN = "2.60.0"
 """The Ray version the docs and tests name (the newest on the registry when this was written)."""
 
 
-def node_argv(inventory: Inventory, host: Host, action: str, *flags: str) -> list[str]:
-    """The command running ray_node ACTION on `host`: directly for this machine, else over ssh
-    with the inventory's key and known hosts, by that host's env's Python."""
-    module = ["-m", "hvdhetero.cluster.ray_node", action, "--name", host.name, *flags]
+def on_host(inventory: Inventory, host: Host, args: Sequence[str]) -> list[str]:
+    """The command running `python ARGS` with `host`'s env: directly for this machine, else over
+    ssh with the inventory's key and known hosts (one quoted command line for the remote shell)."""
+    command = [*launch.host_python(inventory, host), *args]
     if host.is_local:
-        return [launch.local_python(inventory, host), *module]
-    return [*launch.ssh_argv(inventory, host, connect_s=10), shlex.join([*launch.remote_python(host.env), *module])]
+        return command
+    return [*launch.ssh_argv(inventory, host, connect_s=10), shlex.join(command)]
+
+
+def node_argv(inventory: Inventory, host: Host, action: str, *flags: str) -> list[str]:
+    """The command running ray_node ACTION on `host` (on_host)."""
+    return on_host(inventory, host, ["-m", "hvdhetero.cluster.ray_node", action, "--name", host.name, *flags])
 
 
 def _node(inventory: Inventory, host: Host, action: str, *flags: str) -> dict:
@@ -104,17 +109,18 @@ def up(inventory: Inventory, hosts: Sequence[Host], port: int = ray_node.PORT) -
 
 
 def down(inventory: Inventory, hosts: Sequence[Host]) -> list[dict]:
-    """Every host's node stopped, the joined ones first, the head last."""
-    launch.check_machines(inventory, hosts, "Ray")
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        results = list(pool.map(lambda h: _node(inventory, h, "down"), hosts))
-    return results
+    """Every host's node stopped (all at once: each ends its own session, head or not)."""
+    return _on_each(inventory, hosts, "down")
 
 
 def status(inventory: Inventory, hosts: Sequence[Host]) -> list[dict]:
+    return _on_each(inventory, hosts, "status")
+
+
+def _on_each(inventory: Inventory, hosts: Sequence[Host], action: str) -> list[dict]:
     launch.check_machines(inventory, hosts, "Ray")
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        return list(pool.map(lambda h: _node(inventory, h, "status"), hosts))
+        return list(pool.map(lambda h: _node(inventory, h, action), hosts))
 
 
 def table(results: Sequence[dict]) -> str:
@@ -150,18 +156,16 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
     settings = replace(config, hosts=launch.host_settings(hosts)).to_json()
     ranks = []
     for host in hosts:
-        python = [launch.local_python(inventory, host)] if host.is_local else launch.remote_python(host.env)
+        python = launch.host_python(inventory, host)
         for _ in range(host.slots):
-            ranks.append({"rank": len(ranks), "host": host.name, "address": host.address,
+            ranks.append({"rank": len(ranks), "host": host.name,
                           "cwd": os.getcwd() if host.is_local else None,  # horovodrun's local ranks start here
                           "argv": [*python, "-m", "hvdhetero.rank.runner", "--job-json", settings, *program]})
     plan = {"address": address, "head_name": hosts[0].name, "ranks": ranks,
             "hosts": [{"name": h.name, "address": h.address, "slots": h.slots} for h in hosts],
             "rendezvous": "127.0.0.1" if hosts[0].is_local else hosts[0].address,
             "env": {**launch.RANK_ENV, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(launch.GLOO_TIMEOUT_S)}}
-    driver = ["-m", "hvdhetero.cluster.ray_driver", "--plan", json.dumps(plan, sort_keys=True)]
-    if hosts[0].is_local:
-        return [launch.local_python(inventory, hosts[0]), *driver], {}
     # Over ssh the driver ends when the launcher's ssh does (its stdin closes: --watch-stdin).
-    return [*launch.ssh_argv(inventory, hosts[0], connect_s=10),
-            shlex.join([*launch.remote_python(hosts[0].env), *driver, "--watch-stdin"])], {}
+    watch = [] if hosts[0].is_local else ["--watch-stdin"]
+    return on_host(inventory, hosts[0], ["-m", "hvdhetero.cluster.ray_driver", "--plan",
+                                         json.dumps(plan, sort_keys=True), *watch]), {}

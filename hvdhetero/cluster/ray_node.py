@@ -101,7 +101,6 @@ def up(name: str, cpus: int, head_port: int | None, address: str | None, node_ip
     try:
         out, _ = proc.communicate(timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
         _stop_session(proc.pid)
         raise RuntimeError(f"ray start did not finish within {START_TIMEOUT_S} s; stopped it") from None
     if proc.returncode != 0:
@@ -122,11 +121,15 @@ def _node_ip(name: str) -> str:
         return "?"
 
 
-def _stop_session(sid: int) -> list[int]:
-    """SIGTERM to every process of the session, SIGKILL to those left after STOP_GRACE_S;
-    the pids that had to be killed."""
+def _stop_session(sid: int) -> tuple[int, list[int]]:
+    """SIGTERM to every process of the session, SIGKILL to those left after STOP_GRACE_S:
+    (how many needed SIGKILL, the pids still there after it)."""
+    killed = 0
     for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5)):
         pids = session_pids(sid)
+        if not pids:
+            break
+        killed = len(pids) if sig == signal.SIGKILL else 0
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -135,9 +138,7 @@ def _stop_session(sid: int) -> list[int]:
         deadline = time.monotonic() + wait
         while session_pids(sid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if not session_pids(sid):
-            return pids if sig == signal.SIGKILL else []
-    return session_pids(sid)
+    return killed, session_pids(sid)
 
 
 def down(name: str) -> dict:
@@ -145,19 +146,19 @@ def down(name: str) -> dict:
     if not state:
         return {"name": name, "did": "not up"}
     running = len(session_pids(state["sid"]))
-    left = _stop_session(state["sid"]) if running else []
-    if session_pids(state["sid"]):
-        raise RuntimeError(f"processes of the node are still running after SIGKILL: {session_pids(state['sid'])}")
+    killed, left = _stop_session(state["sid"]) if running else (0, [])
+    if left:
+        raise RuntimeError(f"processes of the node are still running after SIGKILL: {left}")
     (Path(temp_dir(name)) / STATE).unlink(missing_ok=True)
-    return {"name": name, "did": "stopped" if running else "not running", "processes": running,
-            "killed": len(left)}
+    return {"name": name, "did": "stopped" if running else "not running", "processes": running, "killed": killed}
 
 
 def status(name: str) -> dict:
     state = _state(name)
     if not state:
         return {"name": name, "up": False}
-    return {**state, "up": bool(session_pids(state["sid"])), "processes": len(session_pids(state["sid"]))}
+    pids = session_pids(state["sid"])
+    return {**state, "up": bool(pids), "processes": len(pids)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,10 @@ import subprocess
 import sys
 import threading
 
-FORWARDED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR")
-"""What a rank takes from its host's own environment (cluster/supervise.FORWARDED, less ssh's agent)."""
+from hvdhetero.cluster import supervise
+
+FORWARDED = tuple(name for name in supervise.FORWARDED if name != "SSH_AUTH_SOCK")
+"""What a rank takes from its host's own environment: what horovodrun forwards, less ssh's agent."""
 
 
 def _die_with_parent() -> None:

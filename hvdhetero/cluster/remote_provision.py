@@ -138,9 +138,10 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
     packages = [Step(f"packages {' '.join(pins.packages)}", check=(py, "-c", packages_match),
                      action=(py, "-m", "pip", "install", "--quiet", *pins.packages), env=penv)] if wanted else []
     # backend mpi: Open MPI first, then mpi4py (its wheel loads the MPI it finds in the env); then Ray if pinned.
-    mpi = [Step(f"{name} {version}", check=(py, "-c", f"{SAME_PY}sys.exit(0 if same({name!r}, {version!r}) else 1)"),
-                action=(py, "-m", "pip", "install", "--quiet", f"{name}=={version}"), env=penv)
-           for name, version in {**pins.mpi_packages(), **pins.ray_packages()}.items()]  # pins.ray: Ray last
+    engines = [Step(f"{name} {version}",
+                    check=(py, "-c", f"{SAME_PY}sys.exit(0 if same({name!r}, {version!r}) else 1)"),
+                    action=(py, "-m", "pip", "install", "--quiet", f"{name}=={version}"), env=penv)
+               for name, version in {**pins.mpi_packages(), **pins.ray_packages()}.items()]  # pins.ray: Ray last
     build = ("--transport", pins.transport, *(["--mpi"] if pins.mpi else []))
     return [
         Step("venv", check=("test", "-x", py), action=(host.python, "-m", "venv", env)),
@@ -151,7 +152,7 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
                      '"$1" -m pip install --quiet "$2"; printf %s "$3" > "$4"', "sh", py, remote_wheel,
                      json.dumps({"digest": digest}), posixpath.join(env, STAMP)), env=penv),
         *packages,
-        *mpi,
+        *engines,
         Step("horovod sdist", check=(py, "-c", sdist_ok), upload=(sdist, remote_sdist), action=("true",)),
         Step(f"horovod {pins.horovod} ({pins.transport}{', mpi' if pins.mpi else ''})",
              check=(py, "-m", "hvdhetero.cluster.horovod_build", "--check", *build),
