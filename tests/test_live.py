@@ -179,6 +179,26 @@ def test_rank_logs_keep_each_ranks_output_and_a_failures_traceback(tmp_path):
     body = lambda rank: logs.path(rank).read_text().split("\n", 1)[1]  # noqa: E731 - after the header line
     assert body(0) == "epoch 1\nTerminated\n"
     assert body(1) == "a warning\nTraceback (most recent call last):\n  ...\nValueError: x\n"
+    kept = [json.loads(line) for line in (tmp_path / "run" / console.PROGRESS_FILE).read_text().splitlines()]
+    assert [k["progress"] for k in kept] == [record(0, 1.0, 1)] and kept[0]["at"] > 0
+
+
+def test_rank_0s_progress_and_results_reach_the_launchers_progress_file_whichever_prefix_it_has(tmp_path):
+    """invoke sweep reads a trial's epochs and logged scalars from RUN_DIR/progress.jsonl on the
+    launcher: rank 0's records only (the record names its rank; --elastic renumbers prefixes),
+    the end result with every job.log, a line cut short skipped."""
+    logs = console.RankLogs(tmp_path)
+    mine = {**record(0, 1.0, 1), "logged": {"test_loss": 0.5}, "logged_epoch": 0}
+    end = {"event": "end", "seconds": 3.0, "logs": [{"epoch": 0, "step": 9, "test_loss": 0.5}]}
+    for line in ["[0]<stdout>:" + progress.TAG + json.dumps(record(1, 1.0, 1)) + "\n",  # rank 1's, prefix 0
+                 "[1]<stdout>:" + progress.TAG + json.dumps(mine) + "\n",
+                 "[1]<stdout>:" + progress.TAG + '{"rank": 0, "t": 1\n',
+                 "[1]<stdout>:" + progress.RESULT_TAG + json.dumps(end) + "\n"]:
+        logs.write(line)
+    logs.close()
+    kept = [json.loads(line) for line in (tmp_path / console.PROGRESS_FILE).read_text().splitlines()]
+    assert [k.get("progress") or k["result"] for k in kept] == [mine, end]
+    assert kept[0]["at"] <= kept[1]["at"] <= time.time() + 0.001  # rounded to ms
 
 
 # -- real runs --------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ too, each line behind `[rank N] `. It hands the ranks' progress lines to the liv
 (live.py), collects results and failures, and keeps the heartbeats' times for the watchdog.
 Once a rank has failed, horovodrun's walls about stopping the others stay off the console: the
 user gets one summary naming the host, the rank, the exception and its last frames, and every
-rank's whole output is in RUN_DIR/rank-N.log (RankLogs). The rank side of these lines is hvdhetero/progress.py.
+rank's whole output is in RUN_DIR/rank-N.log (RankLogs), and rank 0's progress and results in
+RUN_DIR/progress.jsonl (wherever rank 0 runs: its metrics.jsonl is on its own host; invoke sweep
+reads this copy). The rank side of these lines is hvdhetero/progress.py.
 """
 
 from __future__ import annotations
@@ -109,14 +111,22 @@ def without_heartbeat(body: str) -> tuple[str, dict | None]:
     return (text + "\n" if text else ""), parsed
 
 
+PROGRESS_FILE = "progress.jsonl"
+"""Rank 0's progress lines and results as they reached the launcher, one JSON object a line:
+{"at": the launcher's time.time(), "progress": {epoch, epochs, step, steps, loss, logged,
+logged_epoch, ...}} or {"at": ..., "result": {...}} (the end record lists every job.log)."""
+
+
 class RankLogs:
     """Every rank's whole output in `folder`/rank-N.log on this machine, written as it arrives:
     horovodrun's lines for that rank without the prefix, without the protocol's lines, and a
-    failure's full traceback where the rank sent its summary. A resumed run appends."""
+    failure's full traceback where the rank sent its summary; rank 0's progress lines and
+    results in `folder`/progress.jsonl. A resumed run appends."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self._files: dict[int, IO[str]] = {}
+        self._progress: IO[str] | None = None
         self._broken = False
 
     def path(self, rank: int) -> Path:
@@ -139,7 +149,10 @@ class RankLogs:
                 body = failure.get("traceback") or failure["error"] + "\n"
             except (ValueError, KeyError):
                 pass
-        elif not body or body.startswith((TAG, RESULT_TAG)) or DONE_TAG in body:
+        elif body.startswith((TAG, RESULT_TAG)):
+            self._keep_progress(body)
+            return
+        elif not body or DONE_TAG in body:
             return
         if file is not None:
             file.write(body if body.endswith("\n") else body + "\n")
@@ -158,8 +171,28 @@ class RankLogs:
             self._files[rank] = file
         return self._files[rank]
 
+    def _keep_progress(self, body: str) -> None:
+        """Rank 0's progress line (the record says its rank: --elastic renumbers the prefix) or
+        a result, into progress.jsonl."""
+        tag = TAG if body.startswith(TAG) else RESULT_TAG
+        try:
+            record = json.loads(body[len(tag):])
+        except ValueError:  # a line cut short (the rank killed mid-write)
+            return
+        if tag == TAG and record.get("rank") != 0:
+            return
+        if self._progress is None:
+            try:
+                self._progress = (self.folder / PROGRESS_FILE).open("a", encoding="utf-8")
+            except OSError:  # the rank logs' folder: not writable was said at its first line
+                self._broken = True
+                return
+        key = "progress" if tag == TAG else "result"
+        self._progress.write(json.dumps({"at": round(time.time(), 3), key: record}) + "\n")
+        self._progress.flush()
+
     def close(self) -> None:
-        for file in self._files.values():
+        for file in [*self._files.values(), *([self._progress] if self._progress else [])]:
             file.close()
 
 

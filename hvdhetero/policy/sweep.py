@@ -13,6 +13,15 @@ back. Each trial in the plan ends no later than it would on the fastest host's o
 which is one of the choices the plan compares. So a slow host takes a trial only when it
 finishes it before the fast hosts would have got to it, and the sweep ends no later than
 without it. Pure arithmetic: tests/test_sweep_policy.py checks the guarantee over many speeds.
+
+A host's speed is not known before it ran something, so every host starts a trial at first
+(running is the probe: no separate measurement costs the fast hosts time). Once a running
+trial's end can be estimated from its progress, `keep_running` asks the same question again:
+would the sweep end later with this trial left where it is than with it put back among the
+trials not started? If so it is stopped and re-run on a host that ends it sooner, and its host
+is from then on only given trials the plan gives it. The fastest host is then never stopped
+and never idle, so the guarantee holds with speeds learned this way too, for sweeps of at
+least as many trials as hosts (with fewer, nothing is known to pick the fastest to start).
 """
 
 from __future__ import annotations
@@ -50,26 +59,65 @@ def should_start(host: str, now: float, left: int, hosts: Mapping[str, HostClock
     return any(name == host for name, _, _ in plan(now, left, hosts))  # its first one would start now
 
 
+def sweep_end(now: float, left: int, hosts: Mapping[str, HostClock]) -> float:
+    """When the sweep ends: the last running trial's end or the plan's last, whichever is later."""
+    ends = [end for _, _, end in plan(now, left, hosts)]
+    return max([now, *(clock.free_at for clock in hosts.values()), *ends])
+
+
+def keep_running(host: str, now: float, expected_end: float, left: int, hosts: Mapping[str, HostClock]) -> bool:
+    """Whether the trial running on `host`, expected to end at `expected_end`, goes on: the sweep
+    ends no later with it there than with it put back among the `left` trials not started (its
+    host free now). `hosts` holds every host's clock; `host`'s is replaced."""
+    kept = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, max(expected_end, now))})
+    moved = sweep_end(now, left + 1, {**hosts, host: HostClock(hosts[host].per_trial, now)})
+    return kept <= moved
+
+
 def fastest_alone(left: int, hosts: Mapping[str, HostClock], now: float = 0.0) -> float:
     """When the fastest host alone would end `left` trials started at `now` (the baseline)."""
     return now + left * min(clock.per_trial for clock in hosts.values())
 
 
-def simulate(trials: int, per_trial: Mapping[str, float]) -> tuple[float, dict[str, int]]:
-    """The sweep's end and each host's trial count when every host follows should_start from
-    time 0 and trials take exactly per_trial (what the guarantee is about)."""
-    clocks = {name: HostClock(t, 0.0) for name, t in per_trial.items()}
+def simulate(trials: int, per_trial: Mapping[str, float], probe: float | None = None) -> tuple[float, dict[str, int]]:
+    """The sweep's end and each host's trial count (trials stopped by keep_running not counted)
+    when trials take exactly per_trial and every host follows should_start from time 0 (what
+    the guarantee is about). With `probe` (a fraction of a trial), no speed is known at first,
+    as in a real sweep: every host starts a trial at 0 (the first `trials` hosts listed) and its speed becomes known once that
+    much of it is done, when keep_running decides whether it goes on; a host not yet known
+    counts as the fastest known one."""
+    start = {name: 0.0 for name in list(per_trial)[:trials]} if probe is not None else {}
+    """The running trials' starts (speeds unknown: the first hosts as listed)."""
+    known = set() if probe is not None else set(per_trial)
     done = {name: 0 for name in per_trial}
-    now, left, end = 0.0, trials, 0.0
-    while left:
-        for name in sorted(clocks, key=lambda n: clocks[n].per_trial):
-            if left and should_start(name, now, left, clocks):
-                clocks[name] = HostClock(per_trial[name], now + per_trial[name])
-                done[name] += 1
+    now, end = 0.0, 0.0
+    left = trials - len(start)
+
+    def clocks() -> dict[str, HostClock]:
+        fastest = min((per_trial[n] for n in known), default=1.0)
+        out = {}
+        for name in per_trial:
+            t = per_trial[name] if name in known else fastest
+            out[name] = HostClock(t, start[name] + t if name in start else now)
+        return out
+
+    while left or start:
+        for name in sorted(start, key=lambda n: per_trial[n]):  # the estimates due now
+            if name not in known and now >= start[name] + probe * per_trial[name] - 1e-12:
+                known.add(name)
+                if not keep_running(name, now, start[name] + per_trial[name], left, clocks()):
+                    del start[name]
+                    left += 1
+        for name in [n for n, began in list(start.items()) if began + per_trial[n] <= now + 1e-12]:
+            done[name] += 1
+            end = max(end, start.pop(name) + per_trial[name])
+        for name in sorted(per_trial, key=lambda n: per_trial[n]):
+            if left and name not in start and should_start(name, now, left, clocks()):
+                start[name] = now
                 left -= 1
-                end = max(end, now + per_trial[name])
-        busy = [c.free_at for c in clocks.values() if c.free_at > now]
-        if left and not busy:
+        if left and not start:
             raise AssertionError("no host took a trial while trials were left")  # the fastest always does
-        now = min(busy) if busy else now
+        events = [began + per_trial[n] for n, began in start.items()]
+        events += [began + probe * per_trial[n] for n, began in start.items() if n not in known]
+        now = min(events) if events else now
     return end, done
