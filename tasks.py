@@ -142,6 +142,60 @@ def train(c, **given):
         print(f"run directory: {run_dir}")
 
 
+SWEEP = Options(
+    Option("space", "", "the search space: a YAML file, one distribution per script option (docs/sweep.md), e.g. "
+           "lr: {loguniform: [1.0e-4, 1.0e-1]}"),
+    Option("trials", 12, "trials in all (each one host's job)"),
+    Option("hosts", None, "comma-separated inventory hosts; each runs one trial at a time (default: the "
+           "inventory's default_hosts)"),
+    Option("inventory", None, _REMOTE_HELP["inventory"]),
+    _SCRIPT, _WORKDIR,
+    from_fields(RecipeOptions, only=("dataset", "model", "batch_size", "lr", "optimizer", "data_dir"),
+                prefix="built-in recipe: "),
+    Option("metric", "test_loss", "what a trial is judged by: a scalar the script logs each epoch with "
+           "job.log(NAME=...) (the recipe logs test_loss and test_accuracy); a trial's value is its last"),
+    Option("mode", "min", "min or max: whether a lower or a higher --metric is better"),
+    Option("budget", 0, "epochs each trial runs (the recipe's --epochs; a script gets --epochs N); 0: their own"),
+    Option("prune", False, "stop a trial at an epoch's end when the median pruner judges it worse than the "
+           "others at that epoch"),
+    Option("seed", 0, "the sampler's seed (the same seed asks the same parameters)"),
+    Option("run_dir", None, "the sweep's folder (default runs/<time>-sweep-<space>)"),
+    Option("resume", "", "SWEEP_DIR: continue that sweep (its finished trials kept; --hosts and --inventory may "
+           "differ)"))
+
+
+@task(help=SWEEP.help, auto_shortflags=False)
+@_user_errors
+@SWEEP.body
+def sweep(c, **given):
+    """Hyper-parameter sweep: trials of your --script (or the built-in recipe) across the hosts, one
+    trial per host at a time, placed by each host's measured speed so that the sweep ends no later
+    than the fastest host alone. Arguments after `--` go to every trial's script."""
+    from hvdhetero.sweep import run as sweeps
+
+    hosts = [h.name for h in inv.load(given["inventory"] or inv.default_path()).select(given["hosts"])] \
+        if given["hosts"] or not given["resume"] else None
+    inventory = str(Path(given["inventory"] or inv.default_path()).resolve())
+    if given["resume"]:
+        folder = sweeps.resume(given["resume"], ROOT, hosts, inventory if given["inventory"] else "")
+    else:
+        if not given["space"]:
+            raise Exit("error: --space is required: a YAML file of the parameters to try (docs/sweep.md)", code=2)
+        script = str(Path(given["script"]).resolve()) if given["script"] else ""
+        recipe = [] if script else recipe_argv(
+            {k: given[k] for k in ("dataset", "model", "batch_size", "lr", "optimizer", "data_dir")},
+            epochs=given["budget"] or RecipeOptions.epochs)
+        if script:
+            recipe_argv({k: given[k] for k in ("dataset", "model", "batch_size", "lr", "optimizer", "data_dir")},
+                        script)  # a recipe option with --script is named (exit 2)
+        request = sweeps.Request(inventory, hosts, str(Path(given["space"]).resolve()), given["trials"],
+                                 given["metric"], given["mode"], given["budget"], given["prune"], given["seed"],
+                                 script, given["workdir"], recipe, _script_args())
+        folder = sweeps.start(request, sweeps.new_folder(given["run_dir"], RUNS, Path(given["space"]).stem), ROOT,
+                              check_argv, [checks.flag(f.name) for f in fields(RecipeOptions)])
+    print(f"sweep directory: {folder}")
+
+
 PLAN = Options(
     Option("hosts", None, "comma-separated inventory hosts to weigh (default: the inventory's default_hosts)"),
     Option("inventory", None, _REMOTE_HELP["inventory"]),

@@ -1,0 +1,202 @@
+"""`invoke sweep` as a user runs it (hvdhetero/sweep/run.py): bad input refused before anything
+starts, a real sweep of the built-in recipe on two local hosts of very different speeds, a
+metric the script never logs, and a sweep stopped with Ctrl-C and resumed.
+
+The two hosts are this machine twice (localhost and 127.0.0.1, one rank each); the slow one
+carries `slowdown: 100`, far beyond what the fast host alone needs for the whole sweep, so its
+first trial must be stopped and run again on the fast host. The timing guarantee itself (a sweep
+never ends later than the fastest host alone) is the policy's, checked in test_sweep_policy.py
+and measured by `invoke bench --sweep`, not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import ROOT, VENV_BIN, run_cmd
+from test_sweep_space import BAD
+
+from hvdhetero import metrics
+
+SPACE = "lr: {loguniform: [1.0e-4, 3.0e-3]}\n"
+
+
+def inventory(tmp_path: Path, slowdown: float = 100.0) -> Path:
+    """Two one-rank hosts on this machine: `fast` and `slow` (the same cores, slowed down)."""
+    pins = yaml.safe_load((ROOT / "inventory.yaml").read_text())["pins"]
+    env = str(ROOT / ".venv")
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"pins": pins, "default_hosts": ["fast", "slow"], "hosts": {
+        "fast": {"address": "localhost", "device": "cpu", "slots": 1, "env": env},
+        "slow": {"address": "127.0.0.1", "device": "cpu", "slots": 1, "env": env, "slowdown": slowdown}}}))
+    return path
+
+
+def sweep_cmd(inv: Path, space: Path, run_dir: Path, *args) -> list:
+    return [VENV_BIN / "invoke", "sweep", "--inventory", inv, "--space", space, "--run-dir", run_dir, *args]
+
+
+def trials(folder: Path) -> list[dict]:
+    path = folder / "trials.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def study(folder: Path):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name="hvdhetero-sweep", storage=f"sqlite:///{folder / 'study.db'}")
+
+
+def left_running(folder: Path) -> list[str]:
+    """Command lines of processes that name the sweep's folder (its trials, their ranks)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in cmd and proc.name != str(os.getpid()):
+            out.append(cmd)
+    return out
+
+
+# -- bad input: exit 2, the file, line and key, nothing launched ----------------------------------
+
+BAD_INPUT = {  # id: (space text, extra options, what stderr must say)
+    "an option the recipe lacks": ("momentum: {uniform: [0.1, 0.9]}\n", [],
+                                   ":1: key 'momentum': the built-in recipe has no option --momentum; it takes"),
+    "a value the recipe refuses": ("batch-size: {int: [16, 99999]}\n", ["--hosts", "fast"],
+                                   ":1: key 'batch-size': the built-in recipe refuses --batch-size 99999 on host "
+                                   "fast: --batch-size must be an integer from 1 to 1437"),
+    "a metric no script can log": (SPACE, ["--metric", "val loss"], "--metric must be the name a script logs"),
+    "mode": (SPACE, ["--mode", "lowest"], "--mode"),
+    "no trials": (SPACE, ["--trials", "0"], "--trials must be at least 1, got 0"),
+    "a host not in the inventory": (SPACE, ["--hosts", "fast,mac"], "mac"),
+    "a script that is not there": ("width: {int: [1, 8]}\n", ["--script", "nope.py"], "nope.py"),
+}
+
+
+@pytest.mark.parametrize("text, line, key, said", BAD.values(), ids=BAD.keys())
+def test_a_bad_space_file_stops_invoke_sweep_before_anything_starts(tmp_path, text, line, key, said):
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, tmp_path / "sweep"), check=False, timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"error: {space}:{line}: key '{key}': " in proc.stderr and said in proc.stderr, proc.stderr
+    assert not (tmp_path / "sweep").exists(), "nothing written, no trial launched"
+
+
+@pytest.mark.parametrize("text, options, said", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_options_stop_invoke_sweep_before_anything_starts(tmp_path, text, options, said):
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, tmp_path / "sweep", *options), check=False, timeout=60)
+    assert proc.returncode == 2 and said in proc.stderr, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and not (tmp_path / "sweep").exists()
+
+
+def test_a_folder_that_holds_a_sweep_is_not_overwritten(tmp_path):
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, tmp_path / "sweep"), check=False, timeout=60)
+    assert proc.returncode == 2 and f"invoke sweep --resume {tmp_path / 'sweep'}" in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path / "sweep") == ["sweep.json"]
+
+
+# -- a real sweep ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """3 trials of 3 epochs of digits on fast and slow (100x slower): the console, the folder."""
+    tmp = tmp_path_factory.mktemp("swept")
+    space = tmp / "space.yaml"
+    space.write_text(SPACE)
+    proc = run_cmd(sweep_cmd(inventory(tmp), space, tmp / "sweep", "--trials", "3", "--budget", "3"), timeout=400)
+    return proc.stdout + proc.stderr, tmp / "sweep"
+
+
+@pytest.mark.slow
+def test_every_trial_is_recorded_with_the_value_its_run_logged(swept):
+    out, folder = swept
+    records = trials(folder)
+    assert [r["number"] for r in records] == [0, 1, 2] or sorted(r["number"] for r in records) == [0, 1, 2], records
+    assert all(r["state"] == "complete" for r in records), records
+    told = {t.number: t for t in study(folder).trials}
+    for r in records:
+        run = folder / r["run_dir"]
+        logged = [m for m in metrics.records(run / "metrics.jsonl") if m["event"] == "log"]
+        assert len(logged) == 3 and r["value"] == logged[-1]["test_loss"], (r, logged[-1])
+        assert r["values"] == {str(m["epoch"]): m["test_loss"] for m in logged}  # each epoch reported
+        assert told[r["number"]].value == r["value"] and told[r["number"]].state.name == "COMPLETE"
+        # the trial's run got the value the study asked for, exactly
+        launched = json.loads((run / "launch.json").read_text())
+        assert launched["hosts"] == [r["host"]] and launched["script_args"] == ["--lr", repr(r["params"]["lr"])]
+        assert "--epochs" in launched["recipe"] and launched["recipe"][launched["recipe"].index("--epochs") + 1] == "3"
+    best = min(records, key=lambda r: r["value"])
+    assert f"best: trial {best['number']} on fast, test_loss {best['value']:.6g}: --lr {best['params']['lr']!r}" in out
+
+
+@pytest.mark.slow
+def test_a_trial_too_slow_for_its_host_is_run_again_on_the_fast_one_which_finishes_it(swept):
+    """slow's first trial (100x slower: its calibration alone outlasts fast's whole trials) has
+    not even shown its speed when fast has nothing left to start: fast runs it too, finishes it
+    first, and slow's copy is stopped. slow gets no other trial; nothing is left running."""
+    out, folder = swept
+    records = trials(folder)
+    assert [r["host"] for r in records] == ["fast"] * 3, records
+    moved = [r for r in records if r["stopped_on"]]
+    assert len(moved) == 1 and moved[0]["stopped_on"] == ["slow"], records
+    number = moved[0]["number"]
+    assert f"trial {number} on slow is not under way yet; fast would end it in" in out, out
+    assert f"trial {number} on fast (again)" in out and "the first to finish counts" in out, out
+    assert len(list((folder / "trials").glob(f"{number:03d}*"))) == 2  # slow's run and fast's
+    assert not left_running(folder)
+
+
+@pytest.mark.slow
+def test_a_metric_the_script_never_logs_ends_the_sweep_naming_what_it_logged(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, tmp_path / "sweep", "--hosts", "fast", "--trials", "2",
+                             "--budget", "1", "--metric", "val_loss"), check=False, timeout=300)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "ended without logging --metric val_loss (it logged " in proc.stderr and "test_loss" in proc.stderr, \
+        proc.stderr
+    assert not left_running(tmp_path / "sweep")
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    folder = tmp_path / "sweep"
+    proc = subprocess.Popen([str(a) for a in sweep_cmd(inventory(tmp_path), space, folder, "--hosts", "fast",
+                                                        "--trials", "3", "--budget", "3")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not trials(folder) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(2)  # the next trial under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert f"sweep: stopped: 1 of 3 trials done; continue with\n  invoke sweep --resume {folder}" in err, err
+    assert not left_running(folder)
+    first = trials(folder)
+    interrupted = [t for t in study(folder).trials if t.state.name == "RUNNING"]
+    assert len(first) == 1 and len(interrupted) == 1, (first, interrupted)
+
+    proc = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder], timeout=300)
+    records = trials(folder)
+    assert records[0] == first[0] and len(records) == 3 and all(r["state"] == "complete" for r in records), records
+    assert records[1]["params"] == interrupted[0].params  # the trial that was running, asked again
+    assert "sweep: 3 trials of space.yaml on fast; 1 done already" in proc.stdout, proc.stdout
