@@ -91,7 +91,7 @@ def _one_rank_inventory(tmp_path):
     return single
 
 
-CONVERGENCE_SEEDS = range(6)
+CONVERGENCE_SEEDS = range(4)
 
 
 def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
@@ -103,7 +103,8 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
     last epoch's accuracies differed by -1.39 to +0.56 pp a seed (mean -0.10, sd 0.49), so a
     mean over 6 seeds of the last epoch alone missed 0.5 pp about once in a hundred runs (CI
     saw +0.56 once); the mean of the last 5 epochs' accuracies differed with sd 0.24 pp a seed
-    (mean -0.09). The test compares that, averaged over 6 seeds (standard error ~0.1 pp)."""
+    (mean -0.09). The test compares that, averaged over 4 seeds (standard error ~0.12 pp: the
+    0.5 pp bound is 3.4 standard errors from the measured mean)."""
     single = _one_rank_inventory(tmp_path)
     accuracy = {"one": [], "k3": []}
     final = []
@@ -143,19 +144,25 @@ def test_same_seed_repeats_a_run_and_another_seed_does_not(tmp_path):
 
 
 def test_bf16_on_cpu_reaches_the_fp32_accuracy(tmp_path):
-    """--precision bf16 (autocast on the CPU ranks) against fp32, same seeds: the mean test
-    accuracy over 6 seeds within 0.5 pp (one run's 360 test samples move in 0.28 pp steps)."""
+    """--precision bf16 (autocast on the CPU ranks) against fp32, same seeds: the test accuracy
+    within 0.5 pp, as the mean of the last 5 epochs' over 3 seeds (one run's 360 test samples move
+    in 0.28 pp steps). Measured over seeds 0-11 (`invoke train --epochs 15 --seed S --precision
+    P`): bf16 - fp32 was +0.06 pp a seed on that mean (sd 0.17, -0.22 to +0.39), +0.21 on the
+    last epoch alone (sd 0.38); over 3 seeds the bound is 4.4 standard errors away."""
     accuracy = {"fp32": [], "bf16": []}
-    for seed in CONVERGENCE_SEEDS:
+    final = []
+    for seed in range(3):
         for precision in accuracy:
             run_dir = tmp_path / f"{precision}-{seed}"
             run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--precision", precision,
                      "--run-dir", run_dir], timeout=600)
             records = metrics.records(run_dir / "metrics.jsonl")
             assert records[0]["config"]["precision"] == precision
-            accuracy[precision].append(records[-1]["test_accuracy"])
+            tested = [r["test_accuracy"] for r in records if r["event"] == "log"]
+            accuracy[precision].append(statistics.fmean(tested[-5:]))  # epochs 10-14
+            final.append(tested[-1])
     mean = {name: statistics.fmean(values) for name, values in accuracy.items()}
-    assert min(accuracy["bf16"]) >= 0.95, accuracy
+    assert min(final) >= 0.95, (final, accuracy)
     assert abs(mean["fp32"] - mean["bf16"]) <= 0.005, (mean, accuracy)
 
 
