@@ -233,11 +233,20 @@ def plan(c, hosts, inventory, script, workdir, dataset, model, batch_size, data_
 def report(c, run=None, out=""):
     """Figures (loss, accuracy, samples/s per rank, batch split, step time) and one self-contained
     report.html for a run, or several overlaid: invoke report RUN_DIR [RUN_DIR ...] (without
-    run directories: the newest run under runs/)."""
+    run directories: the newest run under runs/). For a sweep: invoke report SWEEP_DIR (the
+    best trial, the metric against trial and time, each parameter's effect, which host ran what)."""
     from hvdhetero.bench import report as rep
     from hvdhetero.bench import runs as rd
 
     folders = [Path(f) for f in [*(run or []), *_script_args()]] or [rd.find_latest(RUNS)]
+    from hvdhetero.bench import sweep_report
+
+    if any(sweep_report.is_sweep(f) for f in folders):
+        if len(folders) > 1:
+            raise Exit("error: a sweep's folder is reported on its own: invoke report SWEEP_DIR", code=2)
+        page, drawn = sweep_report.write(sweep_report.read(folders[0]), Path(out) if out else folders[0] / "report")
+        print("\n".join(str(f.path) for f in drawn) + f"\nreport: {page}")
+        return
     runs = rd.read_runs(folders)  # every run read (bad input: exit 2) before anything is written
     page, drawn = rep.write(runs, Path(out) if out else rd.default_out(folders))
     print("\n".join(str(f.path) for f in drawn) + f"\nreport: {page}")

@@ -24,6 +24,7 @@ from conftest import ROOT, VENV_BIN, run_cmd
 from test_sweep_space import BAD
 
 from hvdhetero import metrics
+from hvdhetero.bench import sweep_report
 
 SPACE = "lr: {loguniform: [1.0e-4, 3.0e-3]}\n"
 
@@ -160,6 +161,40 @@ def test_a_trial_too_slow_for_its_host_is_run_again_on_the_fast_one_which_finish
     assert f"trial {number} on fast (again)" in out and "the first to finish counts" in out, out
     assert len(list((folder / "trials").glob(f"{number:03d}*"))) == 2  # slow's run and fast's
     assert not left_running(folder)
+
+
+@pytest.mark.slow
+def test_the_report_of_a_sweep_draws_every_trial_where_trials_jsonl_has_it(swept, tmp_path):
+    """`invoke report SWEEP_DIR` writes its figures and page; each figure's points, read back from
+    the drawn artists, are the trials' own numbers."""
+    _, folder = swept
+    proc = run_cmd([VENV_BIN / "invoke", "report", folder], timeout=120)
+    names = ["metric.png", "params.png", "hosts.png", "epochs.png"]
+    assert sorted(p.name for p in (folder / "report").iterdir()) == sorted([*names, "report.html"])
+    assert all((folder / "report" / n).read_bytes()[:4] == b"\x89PNG" for n in names)
+    assert f"report: {folder / 'report' / 'report.html'}" in proc.stdout
+    records = sorted(trials(folder), key=lambda r: r["number"])
+    best = min(records, key=lambda r: r["value"])
+    page = (folder / "report" / "report.html").read_text()
+    assert f"trial {best['number']} on fast: test_loss {best['value']:.6g} with --lr {best['params']['lr']!r}" in page
+    assert page.count("data:image/png;base64,") == 4
+
+    _, drawn = sweep_report.write(sweep_report.read(folder), tmp_path)
+    series = {d.path.name: d.series for d in drawn}
+    t0 = min(r["started"] for r in records)
+    assert sorted(series["metric.png"]["test_loss against trial"]["complete"]) == [
+        (r["number"], r["value"]) for r in records]
+    by_end = sorted(records, key=lambda r: r["ended"])
+    drawn_at = sorted(series["metric.png"]["test_loss against time"]["complete"])
+    assert [y for _, y in drawn_at] == [r["value"] for r in by_end]
+    assert [x for x, _ in drawn_at] == pytest.approx([r["ended"] - t0 for r in by_end])
+    best_so_far = [min(r["value"] for r in by_end[:i + 1]) for i in range(len(by_end))]
+    assert [y for _, y in series["metric.png"]["test_loss against time"]["best so far"]] == best_so_far
+    assert sorted(series["params.png"]["lr"]["complete"]) == sorted((r["params"]["lr"], r["value"]) for r in records)
+    assert sorted(series["hosts.png"]["trials on each host"]["complete"]) == [
+        (round(r["started"] - t0, 3), round(r["ended"] - r["started"], 3), 0) for r in by_end]  # fast: row 0
+    assert {k: v for k, v in series["epochs.png"]["test_loss at each epoch"].items()} == {
+        f"trial {r['number']} (complete)": [(float(e), v) for e, v in r["values"].items()] for r in records}
 
 
 @pytest.mark.slow
