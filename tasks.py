@@ -300,11 +300,18 @@ BENCH = Options(Option("hosts", None, "comma-separated inventory hosts (default:
 @_user_errors
 @BENCH.body
 def bench(c, hosts, inventory, **given):
-    """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios."""
+    """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios (or
+    --allreduce, --to-accuracy, --sweep: docs/benchmarks.md)."""
     options = BenchOptions(**{**given, "repeats": checks.integer("repeats", given["repeats"])})  # bad values: exit 2
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)
     options.fits(selected)
+    if options.mode == "sweep":
+        from hvdhetero.bench import sweep_bench
+
+        sweep_bench.run(str(inventory or inv.default_path()), [h.name for h in selected], options, RUNS, ROOT,
+                        check_argv, [checks.flag(f.name) for f in fields(RecipeOptions)])
+        return
     if options.mode == "to_accuracy":
         from hvdhetero.bench import accuracy
 

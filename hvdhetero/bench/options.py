@@ -5,6 +5,7 @@ a measurement that ignores it is named rather than silently dropped:
     throughput   (default)           ranks alone, plain Horovod, hvdhetero (bench/throughput.py)
     allreduce    --allreduce          Gloo allreduce, uv build against tcp (bench/allreduce.py)
     to_accuracy  --to-accuracy A      seconds to a test accuracy (bench/accuracy.py)
+    sweep        --sweep SPACE        a sweep across the hosts against the fastest alone (bench/sweep_bench.py)
 
 Torch-free: the launcher imports it.
 """
@@ -30,6 +31,7 @@ USES = {
     "allreduce": ("allreduce", "sizes_mb", "transports", "backends", "rounds", "repeats", "out"),
     "to_accuracy": ("to_accuracy", "seeds", "epochs", "repeat", "ways", "lr", "eval_global", "batch_size", "sync",
                     "overlap_sync", "inner_steps", "slowdown", "compression", "out", "verbose"),
+    "sweep": ("sweep", "trials", "budget", "out"),
 }
 """The options each measurement reads; any other given a value of its own is a mistake."""
 
@@ -92,11 +94,18 @@ class BenchOptions:
     """to_accuracy: the built-in recipe's learning rate (lower: a longer race, more rounds in it)."""
     eval_global: bool = False
     """to_accuracy: with local/diloco, each epoch evaluates the global model, no exchange first."""
+    sweep: str = ""
+    """A sweep's space file (docs/sweep.md): time --trials trials of the built-in recipe swept across the hosts
+    against the fastest host alone running the same trials, and the sweep with --prune; prints the ratio."""
+    trials: int = 12
+    """sweep: trials in each sweep."""
+    budget: int = 4
+    """sweep: epochs each trial trains."""
 
     def __post_init__(self):
         checks.types(self)
-        if self.allreduce and self.to_accuracy:
-            raise ConfigError("--allreduce and --to-accuracy are two different measurements: give one")
+        if sum(map(bool, (self.allreduce, self.to_accuracy, self.sweep))) > 1:
+            raise ConfigError("--allreduce, --to-accuracy and --sweep are different measurements: give one")
         unused = [checks.flag(f.name) for f in fields(self)
                   if f.name not in USES[self.mode] and getattr(self, f.name) != f.default]
         if unused:
@@ -111,12 +120,13 @@ class BenchOptions:
     @property
     def mode(self) -> str:
         """Which measurement: throughput, allreduce or to_accuracy."""
-        return "allreduce" if self.allreduce else "to_accuracy" if self.to_accuracy else "throughput"
+        return ("allreduce" if self.allreduce else "to_accuracy" if self.to_accuracy else "sweep" if self.sweep
+                else "throughput")
 
     @property
     def _named_mode(self) -> str:
         return {"throughput": "(ranks alone, plain Horovod, hvdhetero)", "allreduce": "--allreduce",
-                "to_accuracy": "--to-accuracy"}[self.mode]
+                "to_accuracy": "--to-accuracy", "sweep": "--sweep"}[self.mode]
 
     def _check_job(self) -> None:
         """What the throughput job and the to-accuracy runs share."""
@@ -167,6 +177,13 @@ class BenchOptions:
             raise ConfigError(f"--ways {self.ways}: give some of {','.join(WAYS)}, comma-separated (e.g. alone,mode: "
                               "step sync over a slow link can take minutes a seed)")
 
+    def _check_sweep(self) -> None:
+        from hvdhetero.sweep import space
+
+        space.load(self.sweep)  # SpaceError: file:line:key, exit 2
+        checks.at_least("trials", self.trials, 2, "a sweep's trials (at least one per host)")
+        checks.at_least("budget", self.budget, 1, "epochs a trial trains")
+
     @property
     def way_list(self) -> list[str]:
         return [w for w in self.ways.split(",") if w]
@@ -197,5 +214,5 @@ class BenchOptions:
 
     def fits(self, hosts) -> None:
         """The global batch can be dealt to the ranks of `hosts` (checks.batch_fits)."""
-        if self.mode != "allreduce":
+        if self.mode not in ("allreduce", "sweep"):
             checks.batch_fits(self.batch_size, hosts)

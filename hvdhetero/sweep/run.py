@@ -74,6 +74,9 @@ class Request:
     workdir: str = ""
     recipe: list[str] = field(default_factory=list)
     script_args: list[str] = field(default_factory=list)
+    enqueued: list[dict] = field(default_factory=list)
+    """Parameters the first trials take, in order, before the sampler asks (invoke bench --sweep:
+    the fastest host alone runs the very trials the sweep ran)."""
 
     def check(self) -> None:
         checks.integer("trials", self.trials)
@@ -247,7 +250,10 @@ class Sweep:
             storage=f"sqlite:///{folder / STUDY_FILE}", study_name=STUDY_NAME, load_if_exists=True,
             direction="minimize" if request.mode == "min" else "maximize", pruner=pruner,
             sampler=optuna.samplers.TPESampler(seed=request.seed))
-        self.records = _read_records(folder / TRIALS_FILE)
+        if not self.study.trials:
+            for params in request.enqueued:
+                self.study.enqueue_trial(params)
+        self.records = read_records(folder / TRIALS_FILE)
         self.running: dict[str, Trial] = {}
         """What each busy host runs (a trial being stopped included: its host is busy until it ends)."""
         self.pending: list[tuple[Any, list[str]]] = []
@@ -386,7 +392,10 @@ class Sweep:
         return [t for t in self.running.values() if t.trial.number == trial.trial.number and t is not trial]
 
     def report(self, trial: Trial) -> None:
-        """Each new epoch's metric to the study; with --prune, a trial judged worse is stopped."""
+        """Each new epoch's metric to the study; with --prune, a trial judged worse is told pruned
+        and recorded now, and stopped (every copy: their hosts are free once they have ended)."""
+        import optuna
+
         reported = self.reported.setdefault(trial.trial.number, set())
         for epoch, value in trial.epoch_values(self.request.metric).items():
             if epoch in trial.values or not math.isfinite(value):
@@ -397,11 +406,23 @@ class Sweep:
             reported.add(epoch)
             trial.trial.report(value, epoch)
             if self.request.prune and trial.trial.should_prune():
-                for copy in [trial, *self.copies(trial)]:
+                copies = self.copies(trial)
+                for copy in [trial, *copies]:
                     self.stop(copy, "pruned")
+                self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
+                self.record({**self.describe(trial, time.time(), trial.values, copies), "state": "pruned",
+                             "value": value})
                 self.say(f"trial {trial.trial.number} on {trial.host}: pruned at epoch {epoch} "
                          f"({self.request.metric} {value:.4g})")
                 return
+
+    def describe(self, trial: Trial, now: float, values: dict[int, float], others: list[Trial]) -> dict:
+        """A trial's record in trials.jsonl, but its state and value."""
+        return {"number": trial.trial.number, "host": trial.host, "params": trial.trial.params,
+                "argv": self.space.argv(trial.trial.params), "values": {str(e): v for e, v in values.items()},
+                "started": round(trial.started, 3), "ended": round(now, 3), "seconds": round(now - trial.started, 3),
+                "run_dir": str(trial.run_dir.relative_to(self.folder)),
+                "stopped_on": list(dict.fromkeys([*trial.stopped_on, *(t.host for t in others)]))}
 
     def judge(self, trial: Trial, now: float) -> None:
         """Once its end can be told: does it go on here (policy.keep_running)?"""
@@ -430,22 +451,13 @@ class Sweep:
         import optuna
 
         del self.running[trial.host]
-        if trial.stopping in ("moved", "superseded", "interrupted") or \
-                (trial.stopping == "pruned" and self.copies(trial)):
+        if trial.stopping:  # moved, superseded, pruned (recorded then) or interrupted
             return
         code, now = trial.proc.returncode, time.time()
         seconds = now - trial.started
         values = trial.epoch_values(self.request.metric)
         others = self.copies(trial)
-        record = {"number": trial.trial.number, "host": trial.host, "params": trial.trial.params,
-                  "argv": self.space.argv(trial.trial.params), "values": {str(e): v for e, v in values.items()},
-                  "started": round(trial.started, 3), "ended": round(now, 3), "seconds": round(seconds, 3),
-                  "run_dir": str(trial.run_dir.relative_to(self.folder)),
-                  "stopped_on": list(dict.fromkeys([*trial.stopped_on, *(t.host for t in others)]))}
-        if trial.stopping == "pruned":
-            self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
-            self.record({**record, "state": "pruned", "value": values[max(values)] if values else None})
-            return
+        record = self.describe(trial, now, values, others)
         if code == 0:
             if not values:
                 self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
@@ -526,7 +538,7 @@ class Sweep:
         return "\n".join(lines)
 
 
-def _read_records(path: Path) -> list[dict]:
+def read_records(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     out = []
