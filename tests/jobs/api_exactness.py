@@ -5,11 +5,14 @@ Cases: SGD with momentum, two param groups and a per-batch StepLR; AdamW; with a
 gradient clipping, overlap and micro-batches of 8.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
+$HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
+different devices (tests/gpu: a CUDA rank and a CPU rank); the replay runs on rank 0's device.
 """
 
 import copy
 import itertools
 import json
+import os
 import sys
 
 import horovod.torch as hvd
@@ -45,7 +48,8 @@ train, _, info = data.load("digits", "unused")
 results = []
 for i, (name, clip, overlap, micro) in enumerate(itertools.product(["sgd", "adamw"], [False, True], [False, True],
                                                                   [0, 8])):
-    job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro)))
+    job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
+                           hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
     torch.manual_seed(i + hvd.rank())  # different initial weights per rank: prepare must broadcast rank 0's
     model = models.build("cnn", info).eval()  # eval: no dropout, the same function on every rank
     optimizer, scheduler = build(name, model)
@@ -70,7 +74,7 @@ for i, (name, clip, overlap, micro) in enumerate(itertools.product(["sgd", "adam
             mine = (torch.cat([a for a, _ in seen]), torch.cat([b for _, b in seen]))
             both = hvd.allgather_object(mine, name=f"api.joined.{i}.{job.step}")
             sizes = [len(b) for _, b in both]
-            xb, yb = torch.cat([a for a, _ in both]), torch.cat([b for _, b in both])
+            xb, yb = torch.cat([a.to(x.device) for a, _ in both]), torch.cat([b.to(x.device) for _, b in both])
             ref_opt.zero_grad(set_to_none=True)
             F.cross_entropy(ref(xb), yb).backward()
             if clip:
@@ -84,6 +88,7 @@ for i, (name, clip, overlap, micro) in enumerate(itertools.product(["sgd", "adam
     results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": sizes,
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
                     "ref_lr": [g["lr"] for g in ref_opt.param_groups],
-                    "param_rel_err": rel(model.parameters(), ref.parameters())})
+                    "param_rel_err": rel(model.parameters(), ref.parameters()),
+                    "devices": hvd.allgather_object(str(job.device), name=f"api.devices.{i}")})
 if hvd.rank() == 0:
     print("API_EXACTNESS " + json.dumps(results), flush=True)

@@ -7,9 +7,12 @@ every rank saw: whether step 3 left the parameters as they were, the scale befor
 the skipped-step count, and the final parameter digests.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_overflow.py RUN_DIR
+$HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts) puts the ranks on different devices and
+$HVDHETERO_TEST_PRECISION picks the precision (tests/gpu: fp16 and bf16 on a CUDA rank).
 """
 
 import json
+import os
 import sys
 
 import horovod.torch as hvd
@@ -21,7 +24,8 @@ from hvdhetero.rank import precision
 from hvdhetero.rank.evaluation import param_digest
 from hvdhetero.recipes import data, models
 
-job = hh.init(run_dir=sys.argv[1], precision="bf16", micro_batch="0")
+job = hh.init(run_dir=sys.argv[1], precision=os.environ.get("HVDHETERO_TEST_PRECISION") or "bf16", micro_batch="0",
+              hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}"))
 job.loss_scale = precision.LossScale(scale=2.0 ** 10)  # what fp16 on cuda/mps turns on
 train, _, info = data.load("digits", "unused")
 model = models.build("cnn", info).to(job.device)
@@ -44,6 +48,6 @@ for epoch in job.epochs(1):
             seen[which] = {"unchanged": all(torch.equal(a, b) for a, b in zip(before, model.parameters())),
                            "scale": [scale_before, job.loss_scale.scale]}
 everything = hvd.allgather_object({"rank": job.rank, "seen": seen, "skipped": job.loss_scale.skipped,
-                                   "digest": param_digest(model)}, name="overflow.report")
+                                   "digest": param_digest(model), "device": str(job.device)}, name="overflow.report")
 if job.is_main:
     print("API_OVERFLOW " + json.dumps(everything), flush=True)
