@@ -235,3 +235,26 @@ def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_pat
     assert records[0] == first[0] and len(records) == 3 and all(r["state"] == "complete" for r in records), records
     assert records[1]["params"] == interrupted[0].params  # the trial that was running, asked again
     assert "sweep: 3 trials of space.yaml on fast; 1 done already" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_outright_leaves_no_trial_running(tmp_path):
+    """SIGKILL gives the sweep no chance to stop its trials (each in a session of its own): the
+    trial's launcher is told by PR_SET_PDEATHSIG and stops its ranks itself."""
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    folder = tmp_path / "sweep"
+    proc = subprocess.Popen([str(a) for a in sweep_cmd(inventory(tmp_path), space, folder, "--hosts", "fast",
+                                                        "--trials", "3", "--budget", "3")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (folder / "trials" / "000" / "progress.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left_running(folder), "the first trial is training"
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while left_running(folder) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left_running(folder)
+    assert "hvdhetero: SIGTERM: the job was stopped" in (folder / "trials" / "000" / "trial.log").read_text()

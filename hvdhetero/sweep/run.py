@@ -382,7 +382,7 @@ class Sweep:
         with (run_dir / "trial.log").open("w") as log:
             proc = subprocess.Popen(train_command(self.tasks_root, self.request, host, run_dir, args),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_stop_with_parent)
         self.running[host] = Trial(trial, host, run_dir, proc, time.time(), stopped_on)
         again = " (again)" if stopped_on else ""
         self.say(f"trial {trial.number} on {host}{again}: {' '.join(self.space.argv(trial.params))}")
@@ -555,6 +555,16 @@ def _last_line(path: Path) -> str:
         return ""
     errors = [l for l in lines if l.startswith("error:") or "hvdhetero:" in l]
     return (errors or lines or [""])[-1].strip()[:500]
+
+
+def _stop_with_parent() -> None:
+    """In a trial's process: SIGTERM (invoke train's clean stop) when the sweep dies, even by
+    SIGKILL: a trial runs in a session of its own, which nothing else would stop. Linux only
+    (PR_SET_PDEATHSIG); a Mac launcher relies on Ctrl-C's and SIGTERM's own stop."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
