@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -235,6 +236,25 @@ def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_pat
     assert records[0] == first[0] and len(records) == 3 and all(r["state"] == "complete" for r in records), records
     assert records[1]["params"] == interrupted[0].params  # the trial that was running, asked again
     assert "sweep: 3 trials of space.yaml on fast; 1 done already" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_on_a_terminal_the_trials_under_way_are_a_live_table(tmp_path):
+    """Each running trial's host, epoch, metric and parameters, redrawn in place below the event
+    lines; the summary after it."""
+    from test_live import ANSI, under_a_terminal
+
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    code, out = under_a_terminal(sweep_cmd(inventory(tmp_path), space, tmp_path / "sweep", "--hosts", "fast",
+                                           "--trials", "1", "--budget", "3"), timeout=200)
+    text = ANSI.sub("", out)
+    assert code == 0, text[-3000:]
+    assert re.search(r"trial\s*\S\s*host\s*\S\s*epoch\s*\S\s*test_loss\s*\S\s*seconds\s*\S\s*state", text), text[-3000:]
+    assert re.search(r"\s0\s*\S\s*fast\s*\S\s*[123]/3\s*\S\s*[\d.]+\s*\S\s*\d+\s*\S\s*running\s*\S\s*--lr ", text), \
+        text[-3000:]
+    assert "0 of 1 trials done; test_loss best: none yet" in text and "sweep: trial 0 on fast: test_loss " in text
+    assert text.rstrip().endswith(f"sweep directory: {tmp_path / 'sweep'}"), text[-500:]
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from hvdhetero import checks
 from hvdhetero.cluster import console
 from hvdhetero.errors import ConfigError, HvdHeteroError, LaunchError, SpaceError
 from hvdhetero.policy import sweep as policy
+from hvdhetero.sweep import board
 from hvdhetero.sweep import space as spaces
 
 SWEEP_FILE = "sweep.json"
@@ -166,6 +167,8 @@ class Trial:
     offset: int = 0
     first: tuple[float, float] | None = None
     """(launcher time, fraction done) of its first progress line."""
+    position: tuple[int, int] | None = None
+    """(epoch, epochs) of its last progress line."""
     last: tuple[float, float] | None = None
     values: dict[int, float] = field(default_factory=dict)
     """The metric at each epoch's end, as reported."""
@@ -205,6 +208,7 @@ class Trial:
 
     def progressed(self, at: float, p: dict) -> None:
         if p.get("epochs") and p.get("steps"):
+            self.position = (int(p["epoch"]), int(p["epochs"]))
             done = (p["epoch"] + p["step"] / p["steps"]) / p["epochs"]
             self.first = self.first or (at, done)
             self.last = (at, done)
@@ -241,7 +245,7 @@ class Sweep:
         import optuna
 
         self.request, self.folder, self.tasks_root = request, folder, tasks_root
-        self.out = out or sys.stdout
+        self.board = board.Board(out or sys.stdout, self.board_rows, self.board_title, request.metric)
         self.space = spaces.load(request.space)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1) if request.prune \
@@ -522,7 +526,22 @@ class Sweep:
         self.running.clear()
 
     def say(self, text: str) -> None:
-        print(f"sweep: {text}", file=self.out, flush=True)
+        self.board.say(f"sweep: {text}")
+
+    def board_rows(self) -> list[dict]:
+        rows = []
+        for t in sorted(self.running.values(), key=lambda t: t.trial.number):
+            values = t.values
+            epoch = f"{t.position[0] + 1}/{t.position[1]}" if t.position else "starting"
+            rows.append({"trial": t.trial.number, "host": t.host, "params": " ".join(self.space.argv(t.trial.params)),
+                         "epoch": epoch, "metric": values[max(values)] if values else None,
+                         "seconds": board.elapsed(t.started), "state": t.stopping or "running"})
+        return rows
+
+    def board_title(self) -> str:
+        best = self.best()
+        return (f"{self.done()} of {self.request.trials} trials done; {self.request.metric} "
+                + (f"best {best['value']:.4g} (trial {best['number']})" if best else "best: none yet"))
 
     def summary(self) -> str:
         rows = sorted(self.records, key=lambda r: r["number"])
@@ -613,7 +632,10 @@ def _run(request: Request, folder: Path, tasks_root: Path) -> Path:
     sweep = Sweep(request, folder, tasks_root)
     try:
         with _terminate_as_interrupt():
-            sweep.run()
+            try:
+                sweep.run()
+            finally:
+                sweep.board.close()  # a live table left running would draw over the messages that follow
     except KeyboardInterrupt:
         sweep.interrupt()
         print(f"sweep: stopped: {sweep.done()} of {request.trials} trials done; continue with\n"
