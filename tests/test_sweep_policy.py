@@ -70,3 +70,20 @@ def test_with_speeds_learned_while_running_never_later_than_the_fastest_host_alo
     end, done = sweep.simulate(trials, hosts, probe=rng.uniform(0.01, 0.3))
     alone = trials * min(hosts.values())
     assert end <= alone + 1e-9 and sum(done.values()) == trials, (hosts, trials, end, alone, done)
+
+
+def test_a_host_with_no_whole_trial_to_do_takes_a_short_one_that_ends_before_the_others():
+    """The Mac (12 s a trial: 2 s start-up, 1 s an epoch of 10) has no whole trial in the plan of
+    11 trials (the PC alone ends them at 11): it gets the epochs that fit before then."""
+    clocks = {"pc": sweep.HostClock(1.0, 0.0), "mac": sweep.HostClock(12.0, 0.0)}
+    assert not sweep.should_start("mac", 0.0, 11, clocks)
+    assert sweep.short_budget("mac", 0.0, 11, clocks, startup_s=2.0, epoch_s=1.0, epochs=10) == 9  # ends at 11
+    assert sweep.short_budget("mac", 0.0, 3, clocks, startup_s=2.0, epoch_s=1.0, epochs=10) == 1  # ends at 3
+    assert sweep.short_budget("mac", 0.0, 2, clocks, startup_s=2.0, epoch_s=1.0, epochs=10) == 0  # none fits
+    # a host the plan gives a whole trial, or a busy one, takes no short trial
+    assert sweep.short_budget("mac", 0.0, 12, clocks, startup_s=2.0, epoch_s=1.0, epochs=10) == 0
+    busy = {**clocks, "mac": sweep.HostClock(12.0, 5.0)}
+    assert sweep.short_budget("mac", 0.0, 11, busy, startup_s=2.0, epoch_s=1.0, epochs=10) == 0
+    # never the whole budget (that would be a whole trial, 30 s here, after the PC's 20)
+    slower = {**clocks, "mac": sweep.HostClock(30.0, 0.0)}
+    assert sweep.short_budget("mac", 0.0, 20, slower, startup_s=2.0, epoch_s=1.0, epochs=10) == 9

@@ -52,7 +52,7 @@ def summarize(ways: dict[str, list[dict]], alone_host: str) -> dict:
         out["ways"][name] = {"wall_s": round(wall(records), 2), "trials_per_host": per_host(records),
                              "best": min((r["value"] for r in complete), default=None),
                              "states": {s: sum(r["state"] == s for r in records) for s in ("complete", "pruned",
-                                                                                           "failed")}}
+                                                                                           "short", "failed")}}
     base = out["ways"]["alone"]["wall_s"]
     out["ratios"] = {name: round(w["wall_s"] / base, 3) for name, w in out["ways"].items() if name != "alone"}
     return out

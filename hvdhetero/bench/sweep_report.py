@@ -25,7 +25,8 @@ from pathlib import Path
 from hvdhetero.errors import ConfigError, SpaceError
 
 DPI = 110
-STATES = {"complete": ("o", 1.0), "pruned": ("x", 0.8), "failed": ("v", 0.8)}
+STATES = {"complete": ("o", 1.0), "pruned": ("x", 0.8), "short": ("s", 0.6), "failed": ("v", 0.8)}
+"""How each state's trials are marked; short: a short trial of a slow host (--prune, docs/sweep.md)."""
 
 
 @dataclass
@@ -164,7 +165,7 @@ def params(sweep: SweepRecords, out: Path) -> Drawn:
 def hosts(sweep: SweepRecords, out: Path) -> Drawn:
     names = list(dict.fromkeys([*sweep.request["hosts"], *(t["host"] for t in sweep.trials)]))
     fig, (ax,) = _new(1, height=1.2 + 0.6 * len(names), width=12.4)
-    for state, color in (("complete", "C0"), ("pruned", "C1"), ("failed", "C3")):
+    for state, color in (("complete", "C0"), ("pruned", "C1"), ("short", "C2"), ("failed", "C3")):
         shown = [t for t in sweep.trials if t["state"] == state]
         if shown:
             ax.barh([names.index(t["host"]) for t in shown], [t["ended"] - t["started"] for t in shown],
@@ -237,10 +238,10 @@ def _plain(v):
 def render_html(sweep: SweepRecords, drawn: list[Drawn]) -> str:
     e = html.escape
     best = sweep.best()
-    states = {s: sum(1 for t in sweep.trials if t["state"] == s) for s in ("complete", "pruned", "failed")}
+    states = {s: sum(1 for t in sweep.trials if t["state"] == s) for s in STATES}
     head = {
         "sweep": str(sweep.path),
-        "trials": f"{len(sweep.trials)} of {sweep.request['trials']} ended (" + ", ".join(
+        "trials": f"{len(sweep.trials) - states['short']} of {sweep.request['trials']} ended (" + ", ".join(
             f"{n} {s}" for s, n in states.items() if n) + ")",
         "hosts": ", ".join(sweep.request["hosts"]),
         "metric": f"{sweep.metric} ({sweep.request['mode']} is best)",

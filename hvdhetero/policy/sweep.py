@@ -74,6 +74,21 @@ def keep_running(host: str, now: float, expected_end: float, left: int, hosts: M
     return kept <= moved
 
 
+def short_budget(host: str, now: float, left: int, hosts: Mapping[str, HostClock], startup_s: float,
+                 epoch_s: float, epochs: int) -> int:
+    """Epochs of a *short* trial the free `host` can end before the sweep's planned end, when the
+    plan gives it no whole trial (0 otherwise, or when not even one epoch fits; at most epochs - 1).
+    A short trial is extra work, not one of the `left`: the plan of the others is unchanged, so
+    it delays nothing as long as it ends by then (`startup_s` and `epoch_s`: the host's measured
+    start-up and seconds an epoch)."""
+    if left <= 0 or hosts[host].free_at > now or any(name == host for name, _, _ in plan(now, left, hosts)):
+        return 0
+    window = sweep_end(now, left, hosts) - now - startup_s
+    if window <= 0 or epoch_s <= 0:
+        return 0
+    return max(0, min(epochs - 1, int(window // epoch_s)))
+
+
 def fastest_alone(left: int, hosts: Mapping[str, HostClock], now: float = 0.0) -> float:
     """When the fastest host alone would end `left` trials started at `now` (the baseline)."""
     return now + left * min(clock.per_trial for clock in hosts.values())

@@ -180,7 +180,9 @@ class Trial:
     judged: bool = False
     """keep_running asked (once, at its first estimate)."""
     stopping: str = ""
-    """Why we stopped it: pruned, moved, interrupted."""
+    """Why we stopped it: pruned, moved, superseded (a copy finished first), interrupted, cut."""
+    short: int = 0
+    """A short trial's epochs (--prune: extra work of a host the plan gives no whole trial; not one of --trials)."""
     stopped_at: float = 0.0
 
     def read(self) -> None:
@@ -216,6 +218,14 @@ class Trial:
         self.logged_names.update(logged)
         if p.get("logged_epoch") is not None:
             self.seen[int(p["logged_epoch"])] = logged
+
+    def speed(self) -> tuple[float, float] | None:
+        """(start-up seconds, seconds an epoch) from its progress, once its end can be told."""
+        if self.expected_end() is None or self.position is None:
+            return None
+        (t0, f0), (t1, f1) = self.first, self.last
+        whole = (t1 - t0) / (f1 - f0)
+        return max(0.0, t0 - self.started - f0 * whole), whole / self.position[1]
 
     def expected_end(self) -> float | None:
         """When it will end, from its progress (None until that can be told)."""
@@ -269,6 +279,10 @@ class Sweep:
             if r["state"] == "complete" and r["host"] in self.durations:
                 self.durations[r["host"]].append(r["seconds"])
         self.estimates: dict[str, float] = {}
+        self.speeds: dict[str, tuple[float, float]] = {}
+        """Each host's measured (start-up seconds, seconds an epoch): what a short trial's epochs are sized by."""
+        self.epochs = request.budget or None
+        """Epochs of a whole trial (--budget, else as the trials' progress says)."""
         self.failures = {h: 0 for h in request.hosts}
         self.dropped: set[str] = set()
 
@@ -298,8 +312,8 @@ class Sweep:
         return sum(1 for r in self.records if r["state"] in ("complete", "pruned", "failed"))
 
     def under_way(self) -> set[int]:
-        """The trials running somewhere (a trial being moved elsewhere is not)."""
-        return {t.trial.number for t in self.running.values() if t.stopping in ("", "pruned")}
+        """The trials running somewhere (a trial being moved elsewhere is not, nor a short one)."""
+        return {t.trial.number for t in self.running.values() if t.stopping in ("", "pruned") and not t.short}
 
     def left(self) -> int:
         """Trials not started yet (those waiting to run again included)."""
@@ -322,7 +336,9 @@ class Sweep:
                     self.ended(trial)
                 elif trial.stopping and now - trial.stopped_at > STOP_GRACE_S:
                     _kill_session(trial.proc)
-            if self.done() < self.request.trials:
+            if self.done() >= self.request.trials:
+                self.cut_short_trials()
+            else:
                 self.start_trials(time.time())
                 if not self.running:
                     raise LaunchError("no host is left to run the sweep's trials (" + ", ".join(
@@ -338,12 +354,37 @@ class Sweep:
                 continue
             measured = self.per_trial(host) is not None
             if measured and not policy.should_start(host, now, self.left(), self.clocks(now)):
+                self.start_short(host, now)
                 continue
             if self.pending:
                 trial, stopped_on = self.pending.pop(0)
             else:
                 trial, stopped_on = self.study.ask(self.space.distributions()), []
             self.launch(trial, host, stopped_on)
+
+    def start_short(self, host: str, now: float) -> None:
+        """--prune: a host the plan gives no whole trial runs a short one (policy.short_budget), a
+        new trial of the epochs it ends before the sweep's planned end, judged at its last one
+        (told pruned: the sampler learns from it; not one of --trials)."""
+        if not (self.request.prune and self.epochs and host in self.speeds and
+                (self.request.budget or not self.request.script)):
+            return
+        startup_s, epoch_s = self.speeds[host]
+        epochs = policy.short_budget(host, now, self.left(), self.clocks(now), startup_s, epoch_s, self.epochs)
+        if epochs >= 1:
+            self.launch(self.study.ask(self.space.distributions()), host, [], short=epochs)
+
+    def cut_short_trials(self) -> None:
+        """The sweep's trials are done: short trials still running end here, judged as they stand."""
+        import optuna
+
+        for trial in list(self.running.values()):
+            if trial.short and not trial.stopping:
+                self.stop(trial, "cut")
+                self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
+                values = trial.values
+                self.record({**self.describe(trial, time.time(), values, []), "state": "short",
+                             "value": values[max(values)] if values else None, "epochs": trial.short})
 
     def back_up(self, host: str, now: float) -> None:
         """Nothing left to start: a free host runs a copy of the trial running elsewhere that it
@@ -357,7 +398,7 @@ class Sweep:
             copies.setdefault(trial.trial.number, []).append(trial)
         late = []
         for number, running in copies.items():
-            if len(running) > 1 or running[0].stopping:
+            if len(running) > 1 or running[0].stopping or running[0].short:
                 continue
             trial = running[0]
             end = trial.expected_end()
@@ -376,19 +417,19 @@ class Sweep:
         hosts = self.request.hosts
         return sorted(hosts, key=lambda h: (self.per_trial(h) is None, self.per_trial(h) or 0.0, hosts.index(h)))
 
-    def launch(self, trial, host: str, stopped_on: list[str]) -> None:
+    def launch(self, trial, host: str, stopped_on: list[str], short: int = 0) -> None:
         base = self.folder / "trials" / f"{trial.number:03d}"
         run_dir, n = base, 1
         while run_dir.exists():
             run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
         run_dir.mkdir(parents=True)
-        args = self.request.trial_args(self.space, trial.params)
+        args = self.request.trial_args(self.space, trial.params) + (["--epochs", str(short)] if short else [])
         with (run_dir / "trial.log").open("w") as log:
             proc = subprocess.Popen(train_command(self.tasks_root, self.request, host, run_dir, args),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_stop_with_parent)
-        self.running[host] = Trial(trial, host, run_dir, proc, time.time(), stopped_on)
-        again = " (again)" if stopped_on else ""
+        self.running[host] = Trial(trial, host, run_dir, proc, time.time(), stopped_on, short=short)
+        again = " (again)" if stopped_on else f" (short: {short} of {self.epochs} epochs)" if short else ""
         self.say(f"trial {trial.number} on {host}{again}: {' '.join(self.space.argv(trial.params))}")
 
     def copies(self, trial: Trial) -> list[Trial]:
@@ -414,8 +455,9 @@ class Sweep:
                 for copy in [trial, *copies]:
                     self.stop(copy, "pruned")
                 self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
-                self.record({**self.describe(trial, time.time(), trial.values, copies), "state": "pruned",
-                             "value": value})
+                self.record({**self.describe(trial, time.time(), trial.values, copies),
+                             "state": "short" if trial.short else "pruned", "value": value,
+                             **({"epochs": trial.short} if trial.short else {})})
                 self.say(f"trial {trial.trial.number} on {trial.host}: pruned at epoch {epoch} "
                          f"({self.request.metric} {value:.4g})")
                 return
@@ -434,6 +476,10 @@ class Sweep:
         if trial.judged or end is None:
             return
         trial.judged = True
+        self.speeds[trial.host] = trial.speed()
+        self.epochs = self.epochs or trial.position[1]
+        if trial.short:
+            return
         self.estimates[trial.host] = end - trial.started
         clocks = self.clocks(now)
         if len(clocks) > 1 and not self.copies(trial) and \
@@ -462,6 +508,15 @@ class Sweep:
         values = trial.epoch_values(self.request.metric)
         others = self.copies(trial)
         record = self.describe(trial, now, values, others)
+        if trial.short:
+            self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED if values and code == 0
+                            else optuna.trial.TrialState.FAIL)
+            value = values[max(values)] if values and code == 0 else None
+            self.record({**record, "state": "short", "value": value, "epochs": trial.short,
+                         **({} if code == 0 else {"error": _last_line(trial.run_dir / "trial.log"), "exit_code": code})})
+            self.say(f"trial {trial.trial.number} on {trial.host}: short trial of {trial.short} epochs: "
+                     + (f"{self.request.metric} {value:.4g}" if value is not None else f"failed (exit {code})"))
+            return
         if code == 0:
             if not values:
                 self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
@@ -535,7 +590,8 @@ class Sweep:
             epoch = f"{t.position[0] + 1}/{t.position[1]}" if t.position else "starting"
             rows.append({"trial": t.trial.number, "host": t.host, "params": " ".join(self.space.argv(t.trial.params)),
                          "epoch": epoch, "metric": values[max(values)] if values else None,
-                         "seconds": board.elapsed(t.started), "state": t.stopping or "running"})
+                         "seconds": board.elapsed(t.started),
+                         "state": t.stopping or (f"short ({t.short} epochs)" if t.short else "running")})
         return rows
 
     def board_title(self) -> str:
