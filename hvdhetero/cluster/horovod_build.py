@@ -161,7 +161,7 @@ def build_wheel(python: str = sys.executable, cache: Path | None = None, log=pri
                 transport: str = DEFAULT_TRANSPORT, spec: BuildSpec | None = None, mpi: bool = False) -> Path:
     """The patched Horovod wheel for `python`'s environment: from the cache, or built now.
     `spec`, if the caller already has it, saves probing the environment again."""
-    cache = cache or default_cache()
+    cache = Path(cache or default_cache()).resolve()  # pip builds in the source tree: a relative -w lands there
     spec = spec or spec_for(python, transport=transport, mpi=mpi)
     hit = cached_wheel(spec, cache)
     if hit:
