@@ -101,6 +101,20 @@ def test_full_host_parses_every_key(tmp_path, ssh_key):
     assert inv.host("local").torch_version(PINS) == "2.14.1"
 
 
+def test_a_device_per_slot_gives_each_rank_of_the_host_its_own(tmp_path, monkeypatch):
+    """`device: cuda,cpu` with slots: 2: the rank at local rank 0 takes CUDA, the next the CPU (a
+    GPU machine's spare cores as a second rank); the rank reads it before Horovod starts."""
+    from hvdhetero.rank import host as rank_host
+
+    loaded = load(write(tmp_path, BASE + "    slots: 2\n    device: cuda,cpu\n"))
+    (local,) = loaded.hosts
+    assert (local.device, local.slots) == ("cuda,cpu", 2)
+    for local_rank, device in ((0, "cuda"), (1, "cpu")):
+        monkeypatch.setenv("HOROVOD_LOCAL_RANK", str(local_rank))
+        assert rank_host.rank_device({"device": local.device}) == device
+    assert rank_host.rank_device({"device": "mps"}) == "mps" and rank_host.rank_device({}) == "auto"
+
+
 def test_optional_keys_left_blank_mean_unset(tmp_path):
     (host,) = load(write(tmp_path, BASE + "    user:\n    interface: ~\n")).hosts
     assert (host.user, host.interface) == (None, None)
@@ -127,7 +141,12 @@ CASES = {  # id: (yaml text, line, dotted key, regex the message must match)
     "max_batch 0": (BASE + "    max_batch: 0\n", 9, "hosts.local.max_batch", r"integer >= 1, got '0'"),
     "slowdown 0.5": (BASE + "    slowdown: 0.5\n", 9, "hosts.local.slowdown", r"number >= 1, got '0.5'"),
     "slowdown fast": (BASE + "    slowdown: fast\n", 9, "hosts.local.slowdown", r"number >= 1, got 'fast'"),
-    "device gpu": (BASE + "    device: gpu\n", 9, "hosts.local.device", r"auto, cpu, cuda, mps, got 'gpu'"),
+    "device gpu": (BASE + "    device: gpu\n", 9, "hosts.local.device", r"auto, cpu, cuda, mps, or one per slot, "
+                                                                          r"comma-separated .*, got 'gpu'"),
+    "device per slot, one short": (BASE + "    slots: 3\n    device: cuda,cpu\n", 10, "hosts.local.device",
+                                   r"names 2 devices for 3 slots: give one device for the host, or one per slot"),
+    "device per slot, one unknown": (BASE + "    slots: 2\n    device: cuda,tpu\n", 10, "hosts.local.device",
+                                     r"got 'cuda,tpu'"),
     "ray with a shell": (BASE.replace("pins:\n", "pins:\n  ray: 2.60.0;ls\n"), 2, "pins.ray",
                          r"a version such as"),
     "ray in packages": (BASE.replace("pins:\n", "pins:\n  packages: [\"ray==2.60.0\"]\n"), 2, "pins.packages",

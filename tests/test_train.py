@@ -183,3 +183,16 @@ def test_the_recipe_stops_at_a_target_accuracy_and_logs_the_time_to_it(tmp_path)
     assert 0 < before[-1]["train_seconds"] < hit["seconds_to_target"]
     assert hit["seconds_to_target"] < hit["elapsed_to_target"] == hit["elapsed_seconds"]  # evaluations included
     assert not any("evaluated" in r or "final_test_accuracy" in r for r in records), "step sync: exact"
+
+
+def test_a_device_per_slot_puts_each_rank_of_the_host_on_its_own(tmp_path):
+    """`device: auto,cpu` (a GPU machine's CUDA rank and a CPU rank, as tests/gpu runs them): here
+    auto resolves to the CPU too, so both ranks train on the CPU, each named in the start record."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text((ROOT / "inventory.yaml").read_text().replace("device: cpu", "device: auto,cpu")
+                         .replace("env: .venv", f"env: {ROOT / '.venv'}"))
+    run_cmd([VENV_BIN / "invoke", "train", "--epochs", "1", "--inventory", inventory, "--run-dir", tmp_path / "run"],
+            timeout=300)
+    start = metrics.records(tmp_path / "run" / "metrics.jsonl")[0]
+    assert [d.split(" ")[0] for d in start["devices"]] == ["cpu", "cpu"], start["devices"]
+    assert start["config"]["hosts"]["localhost"]["device"] == "auto,cpu"

@@ -103,7 +103,9 @@ _HOST_RULES: dict[str, Callable[[_Reader, yaml.Node, str], Any]] = {
     "user": _text(_USER.fullmatch, "a user name: a letter or '_', then letters, digits, '_.-' (32 at most)"),
     "port": _int(1, 65535),
     "identity": lambda reader, node, key: reader.key_file(node, key),
-    "device": _text(DEVICES.__contains__, f"one of {', '.join(DEVICES)}"),
+    "device": _text(lambda text: all(d in DEVICES for d in text.split(",")),
+                    f"one of {', '.join(DEVICES)}, or one per slot, comma-separated (cuda,cpu: a GPU rank and a "
+                    "CPU rank on one machine)"),
     "slots": _int(1),
     "interface": _text(_NIC.fullmatch, "a NIC name such as en0 or enp3s0: 1-15 letters, digits, '_.-' "
                                        "(no '/', ':' or spaces)"),
@@ -211,6 +213,10 @@ class _Reader(yaml_file.Reader):
                 values[field] = None  # `user:` left blank means "not set"
             else:
                 values[field] = _HOST_RULES[field](self, value_node, f"{key}.{field}")
+        per_slot = values.get("device", "auto").split(",")
+        if len(per_slot) > 1 and len(per_slot) != values.get("slots", 1):
+            raise self.error(items["device"][1], f"{key}.device", f"names {len(per_slot)} devices for "
+                             f"{values.get('slots', 1)} slots: give one device for the host, or one per slot")
         return Host(name=name, line=name_node.start_mark.line + 1, **values)
 
     def default_hosts(self, node: yaml.Node | None, hosts: tuple[Host, ...], root: yaml.Node

@@ -91,7 +91,8 @@ class Host:
     """Path to the ssh private key on the launcher (checked at load: a missing one is an error
     here, not a failed connection later); None lets ssh pick (agent, ~/.ssh/config)."""
     device: str = "auto"
-    """Accelerator for its ranks: auto, cpu, cuda or mps."""
+    """Accelerator for its ranks: auto, cpu, cuda or mps; or one per slot, comma-separated
+    (cuda,cpu: a CUDA rank and a CPU rank on one machine)."""
     slots: int = 1
     """Number of ranks started on this host (>= 1)."""
     interface: str | None = None

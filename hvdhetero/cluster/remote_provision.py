@@ -162,7 +162,8 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
             py, "-c", "import sys, horovod.torch as hvd; sys.exit(0 if hvd.mpi_built() and hvd.gloo_built() else 1)"))]
           if pins.mpi else []),
         Step(f"verify device {host.device}", action=("false",), check=(
-            py, "-c", f"from hvdhetero.rank import devices; print(devices.select({host.device!r}).describe())")),
+            py, "-c", "from hvdhetero.rank import devices; print(*(devices.select(d).describe() for d in "
+                      f"{list(dict.fromkeys(host.device.split(',')))!r}))")),
     ]
 
 

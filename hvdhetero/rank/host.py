@@ -79,10 +79,17 @@ def set_gloo_interface(host: dict) -> None:
         os.environ["HOROVOD_GLOO_IFACE"] = iface
 
 
+def rank_device(host: dict) -> str:
+    """This rank's device as the inventory names it: the host's, or with one per slot
+    (`device: cuda,cpu`) the one at this rank's local rank (horovodrun's, set before Horovod starts)."""
+    named = str(host.get("device") or "auto").split(",")
+    return named[int(os.environ.get("HOROVOD_LOCAL_RANK", 0)) % len(named)]
+
+
 def pin_cpu_rank(host: dict) -> None:
     """CPU ranks sharing a machine get a core share each (horovodrun sets the local rank/size;
     the launcher sets `machine_share` for one machine run as several hosts, under --elastic)."""
-    if host.get("device", "auto") == "cpu":
+    if rank_device(host) == "cpu":
         index, count = host.get("machine_share") or (os.environ.get("HOROVOD_LOCAL_RANK", 0),
                                                      os.environ.get("HOROVOD_LOCAL_SIZE", 1))
         devices.pin_local_rank(int(index), int(count))
@@ -91,7 +98,7 @@ def pin_cpu_rank(host: dict) -> None:
 def make_rank(host: dict, slowdown: float) -> Worker:
     """This rank's device and straggler factor: the host's own, times the job's `slowdown` on
     the last rank (experiments)."""
-    device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
+    device = devices.select(rank_device(host), hvd.local_rank(), hvd.local_size())
     factor = float(host.get("slowdown") or 1.0)
     if hvd.rank() == hvd.size() - 1:
         factor *= slowdown

@@ -6,9 +6,9 @@ Every test carries the marker `gpu`, which tests/conftest.py skips, with the rea
 sees no CUDA device (CI, this project's machines). `ci/gpu-check` sets up an env on a GPU machine
 and runs them there with the GPU bench, writing a JSON summary.
 
-The job's two hosts are one machine twice, as the CPU tests' two local hosts are: `gpu`
-(localhost, device cuda) and `cpu` (127.0.0.1, device cpu), one rank each, pinned to this env's
-own versions (a GPU machine's torch need not be the inventory's pin).
+The job: the inventory's one local host `gpu` with two slots and a device per slot (`device:
+cuda,cpu`): local rank 0 on CUDA, local rank 1 on the CPU, pinned to this env's own versions (a
+GPU machine's torch need not be the inventory's pin).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from hvdhetero.rank import checkpoint
 
 pytestmark = pytest.mark.gpu
 
-HOSTS = {"localhost": {"name": "gpu", "device": "cuda"}, "127.0.0.1": {"name": "cpu", "device": "cpu"}}
-"""JobConfig.hosts for the jobs horovodrun starts with -H localhost:1,127.0.0.1:1."""
+HOSTS = {"localhost": {"name": "gpu", "device": "cuda,cpu"}}
+"""JobConfig.hosts for the jobs horovodrun starts with -H localhost:2."""
 
 
 def env_pins() -> dict:
@@ -45,17 +45,21 @@ def env_pins() -> dict:
 @pytest.fixture(scope="module")
 def gpu_inventory(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("gpu") / "inventory.yaml"
-    env = str(Path(sys.executable).parent.parent)
-    path.write_text(yaml.safe_dump({"pins": env_pins(), "default_hosts": ["gpu", "cpu"], "hosts": {
-        "gpu": {"address": "localhost", "device": "cuda", "slots": 1, "env": env},
-        "cpu": {"address": "127.0.0.1", "device": "cpu", "slots": 1, "env": env}}}))
+    write_inventory(path)
     return path
+
+
+def write_inventory(path: Path) -> None:
+    """One local host, a CUDA rank and a CPU rank (ci/gpu-check's bench takes it too)."""
+    env = str(Path(sys.executable).parent.parent)
+    path.write_text(yaml.safe_dump({"pins": env_pins(), "default_hosts": ["gpu"], "hosts": {
+        "gpu": {"address": "localhost", "device": "cuda,cpu", "slots": 2, "env": env}}}))
 
 
 def hosts_env() -> dict[str, str]:
     return {"HVDHETERO_TEST_HOSTS": json.dumps(HOSTS)}
 
-HOSTS_FLAGS = ["-H", "localhost:1,127.0.0.1:1"]
+HOSTS_FLAGS = ["-H", "localhost:2"]
 
 
 def two_ranks(job: str, tag: str, run_dir, env: dict) -> list[dict]:
