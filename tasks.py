@@ -173,11 +173,15 @@ def sweep(c, **given):
     than the fastest host alone. Arguments after `--` go to every trial's script."""
     from hvdhetero.sweep import run as sweeps
 
-    hosts = [h.name for h in inv.load(given["inventory"] or inv.default_path()).select(given["hosts"])] \
-        if given["hosts"] or not given["resume"] else None
-    inventory = str(Path(given["inventory"] or inv.default_path()).resolve())
     if given["resume"]:
-        folder = sweeps.resume(given["resume"], ROOT, hosts, inventory if given["inventory"] else "")
+        defaults = SWEEP.defaults()
+        changed = [checks.flag(k) for k, v in given.items()
+                   if k not in ("resume", "hosts", "inventory") and v != defaults[k]]
+        changed += ["arguments after --"] if _script_args() else []
+        if changed:
+            raise Exit(f"error: --resume continues the sweep with its own options (its sweep.json): "
+                       f"{', '.join(changed)} cannot change there (--hosts and --inventory can)", code=2)
+        folder = sweeps.resume(given["resume"], ROOT, given["hosts"], given["inventory"] or "")
     else:
         if not given["space"]:
             raise Exit("error: --space is required: a YAML file of the parameters to try (docs/sweep.md)", code=2)
@@ -188,6 +192,8 @@ def sweep(c, **given):
         if script:
             recipe_argv({k: given[k] for k in ("dataset", "model", "batch_size", "lr", "optimizer", "data_dir")},
                         script)  # a recipe option with --script is named (exit 2)
+        inventory = str(Path(given["inventory"] or inv.default_path()).resolve())
+        hosts = [h.name for h in inv.load(inventory).select(given["hosts"])]
         request = sweeps.Request(inventory, hosts, str(Path(given["space"]).resolve()), given["trials"],
                                  given["metric"], given["mode"], given["budget"], given["prune"], given["seed"],
                                  script, given["workdir"], recipe, _script_args())

@@ -113,6 +113,48 @@ def test_a_folder_that_holds_a_sweep_is_not_overwritten(tmp_path):
     assert os.listdir(tmp_path / "sweep") == ["sweep.json"]
 
 
+def test_resume_keeps_the_sweeps_own_options_and_checks_new_hosts_in_its_inventory(tmp_path):
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    (folder / "sweep.json").write_text(json.dumps({"inventory": str(inventory(tmp_path)), "hosts": ["fast"],
+                                                   "space": str(space), "trials": 2}))
+    changed = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder, "--trials", "5"], check=False, timeout=60)
+    assert changed.returncode == 2 and "--trials cannot change there (--hosts and --inventory can)" in \
+        changed.stderr, changed.stderr
+    unknown = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder, "--hosts", "mac"], check=False, timeout=60)
+    assert unknown.returncode == 2 and "mac" in unknown.stderr and str(tmp_path / "inventory.yaml") in \
+        unknown.stderr, unknown.stderr
+    assert sorted(os.listdir(folder)) == ["sweep.json"], "nothing started"
+
+
+def test_a_metric_is_taken_at_the_epoch_it_was_logged_in_not_at_the_last_log_of_any_scalar(tmp_path):
+    """A script logs val_loss at each epoch's end and train_loss during the next: rank 0's
+    progress line says each scalar's own epoch, and epoch 0's val_loss stays epoch 0's."""
+    from hvdhetero.sweep.run import Trial
+
+    trial = Trial(None, "fast", tmp_path, None, 0.0)
+    trial.progressed(1.0, {"logged": {"val_loss": 0.9}, "logged_epoch": 0, "logged_epochs": {"val_loss": 0}})
+    trial.progressed(2.0, {"logged": {"val_loss": 0.9, "train_loss": 0.7}, "logged_epoch": 1,
+                           "logged_epochs": {"val_loss": 0, "train_loss": 1}})
+    trial.progressed(3.0, {"logged": {"val_loss": 0.5, "train_loss": 0.7}, "logged_epoch": 1,
+                           "logged_epochs": {"val_loss": 1, "train_loss": 1}})
+    assert trial.epoch_values("val_loss") == {0: 0.9, 1: 0.5}
+    assert trial.epoch_values("train_loss") == {1: 0.7}
+
+
+def test_a_record_after_a_line_cut_short_starts_on_a_line_of_its_own(tmp_path):
+    from types import SimpleNamespace
+
+    from hvdhetero.sweep.run import Sweep, read_records
+
+    (tmp_path / "trials.jsonl").write_text('{"number": 0, "state": "complete"}\n{"number": 1, "sta')
+    sweep = SimpleNamespace(records=[], folder=tmp_path)
+    Sweep.record(sweep, {"number": 2, "state": "complete"})
+    assert [r["number"] for r in read_records(tmp_path / "trials.jsonl")] == [0, 2]
+
+
 # -- a real sweep ------------------------------------------------------------------------------------
 
 
@@ -222,6 +264,8 @@ def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_pat
     while not trials(folder) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     time.sleep(2)  # the next trial under way
+    second = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder], check=False, timeout=60)
+    assert second.returncode == 2 and f"another invoke sweep is running in {folder}" in second.stderr, second.stderr
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
@@ -235,6 +279,7 @@ def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_pat
     records = trials(folder)
     assert records[0] == first[0] and len(records) == 3 and all(r["state"] == "complete" for r in records), records
     assert records[1]["params"] == interrupted[0].params  # the trial that was running, asked again
+    assert records[2]["params"] not in (records[0]["params"], records[1]["params"]), records  # not the same draws
     assert "sweep: 3 trials of space.yaml on fast; 1 done already" in proc.stdout, proc.stdout
 
 

@@ -43,6 +43,8 @@ class RunRecords:
         self.carried = 0.0
         """Overlapped: seconds the last epoch's end exchange blocked, counted in the next epoch."""
         self.last_scalars: dict[str, Any] = {}
+        self.last_epochs: dict[str, int] = {}
+        """The epoch each scalar was last logged in (a sweep judges a metric at its own epoch)."""
         self.logged: list[dict] = []
         """Every job.log record, for the end report."""
         self.started = self.epoch_started = time.perf_counter()
@@ -57,6 +59,7 @@ class RunRecords:
 
     def log(self, epoch: int, step: int, values: dict[str, Any]) -> None:
         self.last_scalars.update(values)
+        self.last_epochs.update(dict.fromkeys(values, epoch))
         self.logged.append({"epoch": epoch, "step": step, **values})
         self.write("log", **self.logged[-1])  # the script's own win
 
@@ -95,7 +98,9 @@ class RunRecords:
         if self.is_main:
             job.update(loss=self.loss_sum / max(self.samples, 1),
                        logged={k: v for k, v in self.last_scalars.items() if isinstance(v, (int, float))},
-                       logged_epoch=self.logged[-1]["epoch"] if self.logged else None)
+                       logged_epoch=self.logged[-1]["epoch"] if self.logged else None,
+                       logged_epochs={k: e for k, e in self.last_epochs.items()
+                                      if isinstance(self.last_scalars.get(k), (int, float))})
         self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
                            batch=sum(split), epoch_end=step == steps, **job)
 

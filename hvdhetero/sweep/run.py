@@ -216,8 +216,11 @@ class Trial:
             self.last = (at, done)
         logged = p.get("logged") or {}
         self.logged_names.update(logged)
-        if p.get("logged_epoch") is not None:
-            self.seen[int(p["logged_epoch"])] = logged
+        epochs = p.get("logged_epochs") or {}
+        for key, value in logged.items():  # each scalar at the epoch it was logged in
+            epoch = epochs.get(key, p.get("logged_epoch"))
+            if epoch is not None:
+                self.seen.setdefault(int(epoch), {})[key] = value
 
     def speed(self) -> tuple[float, float] | None:
         """(start-up seconds, seconds an epoch) from its progress, once its end can be told."""
@@ -264,6 +267,8 @@ class Sweep:
             storage=f"sqlite:///{folder / STUDY_FILE}", study_name=STUDY_NAME, load_if_exists=True,
             direction="minimize" if request.mode == "min" else "maximize", pruner=pruner,
             sampler=optuna.samplers.TPESampler(seed=request.seed))
+        if self.study.trials:  # resumed: seeded as at the start, it would ask the first trials' parameters again
+            self.study.sampler = optuna.samplers.TPESampler(seed=request.seed + len(self.study.trials))
         if not self.study.trials:
             for params in request.enqueued:
                 self.study.enqueue_trial(params)
@@ -284,6 +289,7 @@ class Sweep:
         self.epochs = request.budget or None
         """Epochs of a whole trial (--budget, else as the trials' progress says)."""
         self.failures = {h: 0 for h in request.hosts}
+        self.last_error = ""
         self.dropped: set[str] = set()
 
     # -- the clocks ---------------------------------------------------------------------------
@@ -304,7 +310,9 @@ class Sweep:
             trial = self.running.get(host)
             free_at = now
             if trial is not None and not trial.stopping:
-                free_at = trial.expected_end() or trial.started + t
+                whole = t if not trial.short or host not in self.speeds else \
+                    self.speeds[host][0] + trial.short * self.speeds[host][1]
+                free_at = trial.expected_end() or trial.started + whole
             out[host] = policy.HostClock(t, max(free_at, now))
         return out
 
@@ -312,8 +320,8 @@ class Sweep:
         return sum(1 for r in self.records if r["state"] in ("complete", "pruned", "failed"))
 
     def under_way(self) -> set[int]:
-        """The trials running somewhere (a trial being moved elsewhere is not, nor a short one)."""
-        return {t.trial.number for t in self.running.values() if t.stopping in ("", "pruned") and not t.short}
+        """The trials running somewhere (not one being stopped: moved, pruned (counted done), cut; nor a short one)."""
+        return {t.trial.number for t in self.running.values() if not t.stopping and not t.short}
 
     def left(self) -> int:
         """Trials not started yet (those waiting to run again included)."""
@@ -330,9 +338,12 @@ class Sweep:
                 trial.read()
                 if not trial.stopping:
                     self.report(trial)
+                if not trial.stopping:
                     self.judge(trial, now)
                 if trial.proc.poll() is not None:
-                    trial.read()
+                    trial.read()  # what it wrote last (its end record)
+                    if not trial.stopping:
+                        self.report(trial, prune=False)
                     self.ended(trial)
                 elif trial.stopping and now - trial.stopped_at > STOP_GRACE_S:
                     _kill_session(trial.proc)
@@ -342,7 +353,8 @@ class Sweep:
                 self.start_trials(time.time())
                 if not self.running:
                     raise LaunchError("no host is left to run the sweep's trials (" + ", ".join(
-                        f"{h}: {HOST_FAILURES} failed trials in a row" for h in sorted(self.dropped)) + ")")
+                        f"{h}: {HOST_FAILURES} failed trials in a row" for h in sorted(self.dropped))
+                        + f"); the last said: {self.last_error}")
             time.sleep(POLL_S)
 
     def start_trials(self, now: float) -> None:
@@ -356,10 +368,13 @@ class Sweep:
             if measured and not policy.should_start(host, now, self.left(), self.clocks(now)):
                 self.start_short(host, now)
                 continue
-            if self.pending:
-                trial, stopped_on = self.pending.pop(0)
-            else:
+            waiting = next((i for i, (_, left_on) in enumerate(self.pending) if host not in left_on), None)
+            if waiting is not None:
+                trial, stopped_on = self.pending.pop(waiting)
+            elif self.left() > len(self.pending):  # a new trial, the ones waiting kept for other hosts
                 trial, stopped_on = self.study.ask(self.space.distributions()), []
+            else:
+                continue
             self.launch(trial, host, stopped_on)
 
     def start_short(self, host: str, now: float) -> None:
@@ -436,7 +451,7 @@ class Sweep:
         """The other hosts' copies of the same trial."""
         return [t for t in self.running.values() if t.trial.number == trial.trial.number and t is not trial]
 
-    def report(self, trial: Trial) -> None:
+    def report(self, trial: Trial, prune: bool = True) -> None:
         """Each new epoch's metric to the study; with --prune, a trial judged worse is told pruned
         and recorded now, and stopped (every copy: their hosts are free once they have ended)."""
         import optuna
@@ -450,7 +465,7 @@ class Sweep:
                 continue
             reported.add(epoch)
             trial.trial.report(value, epoch)
-            if self.request.prune and trial.trial.should_prune():
+            if prune and self.request.prune and trial.trial.should_prune():
                 copies = self.copies(trial)
                 for copy in [trial, *copies]:
                     self.stop(copy, "pruned")
@@ -482,7 +497,7 @@ class Sweep:
             return
         self.estimates[trial.host] = end - trial.started
         clocks = self.clocks(now)
-        if len(clocks) > 1 and not self.copies(trial) and \
+        if len(clocks) > 1 and not self.copies(trial) and not trial.stopped_on and \
                 not policy.keep_running(trial.host, now, end, self.left(), clocks):
             alone = policy.sweep_end(now, self.left() + 1, {h: c for h, c in clocks.items() if h != trial.host})
             self.stop(trial, "moved")
@@ -525,9 +540,18 @@ class Sweep:
                                   f"--metric {self.request.metric} (it logged {logged}): name one of those, or "
                                   f"log it from the script with job.log({self.request.metric}=...); its run: "
                                   f"{trial.run_dir}")
+            value = values[max(values)]
+            if not math.isfinite(value):
+                self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
+                self.record({**record, "state": "failed", "value": None, "exit_code": 0,
+                             "error": f"{self.request.metric} is {value} at its last epoch (diverged?)"})
+                self.say(f"trial {trial.trial.number} on {trial.host}: failed: {self.request.metric} is {value} at "
+                         "its last epoch (diverged?)")
+                for other in others:
+                    self.stop(other, "superseded")
+                return
             for other in others:
                 self.stop(other, "superseded")
-            value = values[max(values)]
             self.study.tell(trial.trial, value)
             self.failures[trial.host] = 0
             self.durations[trial.host].append(seconds)
@@ -541,6 +565,7 @@ class Sweep:
             raise ConfigError(f"trial {trial.trial.number} on {trial.host}: {said} (its output: "
                               f"{trial.run_dir / 'trial.log'})")
         self.failures[trial.host] += 1
+        self.last_error = said
         self.say(f"trial {trial.trial.number} on {trial.host}: failed (exit {code}): {said}")
         if self.failures[trial.host] >= HOST_FAILURES:
             self.dropped.add(trial.host)
@@ -562,8 +587,14 @@ class Sweep:
 
     def record(self, record: dict) -> None:
         self.records.append(record)
-        with (self.folder / TRIALS_FILE).open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        path = self.folder / TRIALS_FILE
+        with path.open("a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():  # a line cut short (the sweep killed mid-write) ends here, not in this record
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write(json.dumps(record).encode() + b"\n")
 
     def interrupt(self) -> None:
         """Stop every running trial (Ctrl-C, an error): they stay running in the study, and
@@ -660,28 +691,51 @@ def start(request: Request, folder: Path, tasks_root: Path, recipe_check, recipe
     space = spaces.load(request.space)
     check_before(request, space, tasks_root, recipe_check, recipe_flags)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SWEEP_FILE).write_text(json.dumps(asdict(request), indent=1) + "\n")
-    return _run(request, folder, tasks_root)
+    with _locked(folder):
+        (folder / SWEEP_FILE).write_text(json.dumps(asdict(request), indent=1) + "\n")
+        return _run(request, folder, tasks_root)
 
 
-def resume(folder: str, tasks_root: Path, hosts: list[str] | None = None, inventory: str = "") -> Path:
-    """Continue the sweep in `folder`: its finished trials kept, those that were running asked again."""
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """One sweep at a time in a folder: a second (a --resume while it runs) would fail the first's trials."""
+    import fcntl
+
+    with (folder / ".lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"another invoke sweep is running in {folder}: wait for it, or stop it (Ctrl-C) "
+                              "and resume") from None
+        yield
+
+
+def resume(folder: str, tasks_root: Path, hosts: str | None = None, inventory: str = "") -> Path:
+    """Continue the sweep in `folder` with its own options (sweep.json), on `hosts` of `inventory`
+    if given (else its own): its finished trials kept, those that were running asked again."""
     import optuna
+
+    from hvdhetero.cluster import inventory as inv
 
     path = Path(folder).resolve()
     try:
         saved = json.loads((path / SWEEP_FILE).read_text())
-    except (OSError, ValueError) as err:
+        request = Request(**saved)
+    except (OSError, ValueError, TypeError) as err:
         raise ConfigError(f"--resume {folder}: {path / SWEEP_FILE} cannot be read ({err}): not a sweep invoke sweep "
                           "started") from None
-    request = Request(**{**saved, **({"hosts": hosts} if hosts else {}), **({"inventory": inventory} if inventory else {})})
+    request.inventory = str(Path(inventory).resolve()) if inventory else request.inventory
+    if hosts or inventory:
+        request.hosts = [h.name for h in inv.load(request.inventory).select(hosts or request.hosts)]
     spaces.load(request.space)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / STUDY_FILE}")
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)  # not counted: trials.jsonl has no record of it
-        study.enqueue_trial(t.params)
-    return _run(request, path, tasks_root)
+    with _locked(path):
+        (path / SWEEP_FILE).write_text(json.dumps(asdict(request), indent=1) + "\n")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path / STUDY_FILE}")
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)  # not counted: trials.jsonl has no record of it
+            study.enqueue_trial(t.params)
+        return _run(request, path, tasks_root)
 
 
 def _run(request: Request, folder: Path, tasks_root: Path) -> Path:
