@@ -50,7 +50,7 @@ def accuracy(runs: list[Run], out: Path) -> Figure | None:
 
 
 def samples_per_s(runs: list[Run], out: Path) -> Figure:
-    fig, axes = _new()
+    fig, axes = new_figure()
     unit = _time_axis(runs)
     _lines(axes[0], runs, lambda r: [throughput(r)[0]], "time", unit)
     _lines(axes[1], runs, lambda r: throughput(r)[1], "time", unit)
@@ -66,7 +66,7 @@ def samples_per_s(runs: list[Run], out: Path) -> Figure:
 
 
 def split(runs: list[Run], out: Path) -> Figure:
-    fig, axes = _new(cols=1)
+    fig, axes = new_figure(cols=1)
     ax, unit = axes[0], _time_axis(runs)
     for i, run in enumerate(runs):
         for j, s in enumerate(split_series(run)):
@@ -87,7 +87,7 @@ def step_time(runs: list[Run], out: Path) -> Figure | None:
     bars = [(run, rank) for run in runs for rank in (step_times(run) or [])]
     if not bars:
         return None
-    fig, axes = _new(cols=1, height=0.55 * len(bars) + 2.2, width=7.5)
+    fig, axes = new_figure(cols=1, height=0.55 * len(bars) + 2.2, width=7.5)
     ax = axes[0]
     left = [0.0] * len(bars)
     for k, (part, color) in enumerate(PARTS):
@@ -120,7 +120,7 @@ def _scalar_figure(runs: list[Run], path: Path, match, name: str, percent: bool,
     """`name` against time and against epochs, side by side; None if no run has such a series."""
     if not any(scalar_series(r, match) for r in runs):
         return None
-    fig, axes = _new()
+    fig, axes = new_figure()
     unit = _time_axis(runs)
     for ax, x in zip(axes, ("time", "epoch")):
         _lines(ax, runs, lambda r: scalar_series(r, match), x, unit)
@@ -134,7 +134,7 @@ def _scalar_figure(runs: list[Run], path: Path, match, name: str, percent: bool,
     return _save(fig, path, f"{name.capitalize()}: {_names(runs)}", caption)
 
 
-def _new(cols: int = 2, height: float = 4.2, width: float = 12.4):
+def new_figure(cols: int = 2, height: float = 4.2, width: float = 12.4):
     from matplotlib.figure import Figure as MplFigure  # no pyplot: no global state, no display backend
 
     fig = MplFigure(figsize=(width, height), dpi=DPI, layout="constrained")

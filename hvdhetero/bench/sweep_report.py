@@ -22,9 +22,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdhetero.bench.figures import new_figure
 from hvdhetero.errors import ConfigError, SpaceError
 
-DPI = 110
 STATES = {"complete": ("o", 1.0), "pruned": ("x", 0.8), "short": ("s", 0.6), "failed": ("v", 0.8)}
 """How each state's trials are marked; short: a short trial of a slow host (--prune, docs/sweep.md)."""
 
@@ -108,7 +108,7 @@ def write(sweep: SweepRecords, out: Path) -> tuple[Path, list[Drawn]]:
 # -- figures ---------------------------------------------------------------------------------------
 
 def metric(sweep: SweepRecords, out: Path) -> Drawn:
-    fig, (by_number, by_time) = _new(2)
+    fig, (by_number, by_time) = new_figure(2)
     for ax, x in ((by_number, "number"), (by_time, "time")):
         for state, (marker, alpha) in STATES.items():
             shown = [t for t in sweep.trials if t["state"] == state and t.get("value") is not None]
@@ -140,7 +140,7 @@ def metric(sweep: SweepRecords, out: Path) -> Drawn:
 
 
 def params(sweep: SweepRecords, out: Path) -> Drawn:
-    fig, axes = _new(len(sweep.space), width=max(5.0, 4.2 * len(sweep.space)))
+    fig, axes = new_figure(len(sweep.space), width=max(5.0, 4.2 * len(sweep.space)))
     for ax, p in zip(axes, sweep.space):
         for state, (marker, alpha) in STATES.items():
             shown = [t for t in sweep.trials if t["state"] == state and t.get("value") is not None
@@ -164,7 +164,7 @@ def params(sweep: SweepRecords, out: Path) -> Drawn:
 
 def hosts(sweep: SweepRecords, out: Path) -> Drawn:
     names = list(dict.fromkeys([*sweep.request["hosts"], *(t["host"] for t in sweep.trials)]))
-    fig, (ax,) = _new(1, height=1.2 + 0.6 * len(names), width=12.4)
+    fig, (ax,) = new_figure(1, height=1.2 + 0.6 * len(names), width=12.4)
     for state, color in (("complete", "C0"), ("pruned", "C1"), ("short", "C2"), ("failed", "C3")):
         shown = [t for t in sweep.trials if t["state"] == state]
         if shown:
@@ -188,7 +188,7 @@ def epochs(sweep: SweepRecords, out: Path) -> Drawn | None:
     traced = [t for t in sweep.trials if len(t.get("values") or {}) > 1]
     if not traced:
         return None
-    fig, (ax,) = _new(1)
+    fig, (ax,) = new_figure(1)
     for t in traced:
         xs = sorted(int(e) for e in t["values"])
         ax.plot(xs, [t["values"][str(e)] for e in xs], "-" if t["state"] == "complete" else ":", marker=".",
@@ -201,13 +201,6 @@ def epochs(sweep: SweepRecords, out: Path) -> Drawn | None:
         ax.legend(fontsize="x-small", ncols=2)
     return _save(fig, out / "epochs.png", f"{sweep.metric} at each epoch of each trial",
                  "What each trial reported at every epoch's end (what --prune judges); dotted: pruned or failed.")
-
-
-def _new(cols: int, height: float = 4.2, width: float = 12.4):
-    from matplotlib.figure import Figure as MplFigure
-
-    fig = MplFigure(figsize=(width, height), dpi=DPI, layout="constrained")
-    return fig, fig.subplots(1, cols, squeeze=False).ravel()
 
 
 def _save(fig, path: Path, title: str, caption: str) -> Drawn:
