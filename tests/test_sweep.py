@@ -323,3 +323,22 @@ def test_a_sweep_killed_outright_leaves_no_trial_running(tmp_path):
         time.sleep(0.5)
     assert not left_running(folder)
     assert "hvdhetero: SIGTERM: the job was stopped" in (folder / "trials" / "000" / "trial.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: {loguniform: [0.01, 0.2]}\n")
+    folder = tmp_path / "sweep"
+    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, folder, "--hosts", "fast", "--trials", "2", "--budget", "1",
+                             "--metric", "test_accuracy", "--mode", "max", "--script",
+                             ROOT / "tests" / "scripts" / "user_train.py"), timeout=300)
+    records = trials(folder)
+    assert [r["state"] for r in records] == ["complete", "complete"], records
+    for r in records:
+        launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
+        assert launched["script"].endswith("user_train.py")
+        assert launched["script_args"] == ["--epochs", "1", "--lr", repr(r["params"]["lr"])]
+        assert r["value"] == r["values"]["0"]  # one epoch: its test accuracy
+    best = max(records, key=lambda r: r["value"])
+    assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout
