@@ -186,12 +186,9 @@ def sweep(c, **given):
         if not given["space"]:
             raise Exit("error: --space is required: a YAML file of the parameters to try (docs/sweep.md)", code=2)
         script = str(Path(given["script"]).resolve()) if given["script"] else ""
-        recipe = [] if script else recipe_argv(
-            {k: given[k] for k in ("dataset", "model", "batch_size", "lr", "optimizer", "data_dir")},
-            epochs=given["budget"] or RecipeOptions.epochs)
-        if script:
-            recipe_argv({k: given[k] for k in ("dataset", "model", "batch_size", "lr", "optimizer", "data_dir")},
-                        script)  # a recipe option with --script is named (exit 2)
+        recipe = recipe_argv({k: given[k] for k in ("dataset", "model", "batch_size", "lr", "optimizer", "data_dir")},
+                             script, epochs=given["budget"] or RecipeOptions.epochs)  # with --script: refused if given
+        recipe = [] if script else recipe
         inventory = str(Path(given["inventory"] or inv.default_path()).resolve())
         hosts = [h.name for h in inv.load(inventory).select(given["hosts"])]
         request = sweeps.Request(inventory, hosts, str(Path(given["space"]).resolve()), given["trials"],

@@ -56,7 +56,12 @@ def should_start(host: str, now: float, left: int, hosts: Mapping[str, HostClock
     """Whether the free `host` starts one of the `left` trials now."""
     if left <= 0 or hosts[host].free_at > now:
         return False
-    return any(name == host for name, _, _ in plan(now, left, hosts))  # its first one would start now
+    return _planned(host, now, left, hosts)  # its first one would start now
+
+
+def _planned(host: str, now: float, left: int, hosts: Mapping[str, HostClock]) -> bool:
+    """Whether the plan gives `host` any of the `left` trials."""
+    return any(name == host for name, _, _ in plan(now, left, hosts))
 
 
 def sweep_end(now: float, left: int, hosts: Mapping[str, HostClock]) -> float:
@@ -81,7 +86,7 @@ def short_budget(host: str, now: float, left: int, hosts: Mapping[str, HostClock
     A short trial is extra work, not one of the `left`: the plan of the others is unchanged, so
     it delays nothing as long as it ends by then (`startup_s` and `epoch_s`: the host's measured
     start-up and seconds an epoch)."""
-    if left <= 0 or hosts[host].free_at > now or any(name == host for name, _, _ in plan(now, left, hosts)):
+    if left <= 0 or hosts[host].free_at > now or _planned(host, now, left, hosts):
         return 0
     window = sweep_end(now, left, hosts) - now - startup_s
     if window <= 0 or epoch_s <= 0:

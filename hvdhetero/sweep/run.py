@@ -283,9 +283,9 @@ class Sweep:
         for r in self.records:
             if r["state"] == "complete" and r["host"] in self.durations:
                 self.durations[r["host"]].append(r["seconds"])
-        self.estimates: dict[str, float] = {}
         self.speeds: dict[str, tuple[float, float]] = {}
-        """Each host's measured (start-up seconds, seconds an epoch): what a short trial's epochs are sized by."""
+        """Each host's measured (start-up seconds, seconds an epoch), from its last trial judged: its
+        whole trial's estimate until one completes, and what a short trial's epochs are sized by."""
         self.epochs = request.budget or None
         """Epochs of a whole trial (--budget, else as the trials' progress says)."""
         self.failures = {h: 0 for h in request.hosts}
@@ -295,9 +295,14 @@ class Sweep:
     # -- the clocks ---------------------------------------------------------------------------
 
     def per_trial(self, host: str) -> float | None:
-        """Seconds a whole trial takes on `host`: its finished trials' mean, else its running one's estimate."""
+        """Seconds a whole trial takes on `host`: its finished trials' mean, else as its speed says."""
         done = self.durations[host][-3:]
-        return sum(done) / len(done) if done else self.estimates.get(host)
+        if done:
+            return sum(done) / len(done)
+        if host in self.speeds:
+            startup_s, epoch_s = self.speeds[host]
+            return startup_s + self.epochs * epoch_s
+        return None
 
     def clocks(self, now: float) -> dict[str, policy.HostClock]:
         known = [t for h in self.request.hosts if (t := self.per_trial(h)) is not None]
@@ -495,7 +500,6 @@ class Sweep:
         self.epochs = self.epochs or trial.position[1]
         if trial.short:
             return
-        self.estimates[trial.host] = end - trial.started
         clocks = self.clocks(now)
         if len(clocks) > 1 and not self.copies(trial) and not trial.stopped_on and \
                 not policy.keep_running(trial.host, now, end, self.left(), clocks):
