@@ -132,7 +132,7 @@ def test_resume_keeps_the_sweeps_own_options_and_checks_new_hosts_in_its_invento
 def test_a_metric_is_taken_at_the_epoch_it_was_logged_in_not_at_the_last_log_of_any_scalar(tmp_path):
     """A script logs val_loss at each epoch's end and train_loss during the next: rank 0's
     progress line says each scalar's own epoch, and epoch 0's val_loss stays epoch 0's."""
-    from hvdhetero.sweep.run import Trial
+    from hvdhetero.sweep.trial import Trial
 
     trial = Trial(None, "fast", tmp_path, None, 0.0)
     trial.progressed(1.0, {"logged": {"val_loss": 0.9}, "logged_epoch": 0, "logged_epochs": {"val_loss": 0}})
@@ -145,14 +145,11 @@ def test_a_metric_is_taken_at_the_epoch_it_was_logged_in_not_at_the_last_log_of_
 
 
 def test_a_record_after_a_line_cut_short_starts_on_a_line_of_its_own(tmp_path):
-    from types import SimpleNamespace
-
-    from hvdhetero.sweep.run import Sweep, read_records
+    from hvdhetero.sweep import records
 
     (tmp_path / "trials.jsonl").write_text('{"number": 0, "state": "complete"}\n{"number": 1, "sta')
-    sweep = SimpleNamespace(records=[], folder=tmp_path)
-    Sweep.record(sweep, {"number": 2, "state": "complete"})
-    assert [r["number"] for r in read_records(tmp_path / "trials.jsonl")] == [0, 2]
+    records.append(tmp_path / "trials.jsonl", {"number": 2, "state": "complete"})
+    assert [r["number"] for r in records.read(tmp_path / "trials.jsonl")] == [0, 2]
 
 
 # -- a real sweep ------------------------------------------------------------------------------------

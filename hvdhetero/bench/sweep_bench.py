@@ -22,6 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from hvdhetero.recipes.options import RecipeOptions
+from hvdhetero.sweep.records import TRIALS_FILE
+from hvdhetero.sweep.records import read as read_records
 from hvdhetero.sweep import run as sweeps
 
 
@@ -79,15 +81,15 @@ def run(inventory: str, hosts: list[str], options, runs: Path, tasks_root: Path,
                           budget=options.budget, recipe=RecipeOptions(epochs=options.budget).argv())
     ways: dict[str, list[dict]] = {}
     swept = sweeps.start(base, folder / "swept", tasks_root, recipe_check, recipe_flags)
-    ways["swept"] = sweeps.read_records(swept / sweeps.TRIALS_FILE)
+    ways["swept"] = read_records(swept / TRIALS_FILE)
     alone_host = fastest(ways["swept"], hosts)
     order = sorted(ways["swept"], key=lambda r: r["number"])
     alone = replace(base, hosts=[alone_host], enqueued=[r["params"] for r in order])
-    ways["alone"] = sweeps.read_records(sweeps.start(alone, folder / "alone", tasks_root, recipe_check,
-                                                      recipe_flags) / sweeps.TRIALS_FILE)
+    ways["alone"] = read_records(sweeps.start(alone, folder / "alone", tasks_root, recipe_check,
+                                              recipe_flags) / TRIALS_FILE)
     pruned = replace(base, prune=True)
-    ways["pruned"] = sweeps.read_records(sweeps.start(pruned, folder / "pruned", tasks_root, recipe_check,
-                                                       recipe_flags) / sweeps.TRIALS_FILE)
+    ways["pruned"] = read_records(sweeps.start(pruned, folder / "pruned", tasks_root, recipe_check,
+                                               recipe_flags) / TRIALS_FILE)
     result = summarize(ways, alone_host)
     result["folder"] = str(folder)
     print(render(result, options.trials, options.budget))
