@@ -28,8 +28,26 @@ PACED = str(ROOT / "tests" / "scripts" / "paced_digits.py")
 RUN = ["--script", PACED, "--", "20", "0.05"]
 """20 epochs of 23 steps, each at least 50 ms on every rank (about 25 s undisturbed): as long
 with one rank as with two, so that a host is dropped and let back before the end."""
-RUN_LONG = ["--script", PACED, "--", "70", "0.05"]
-"""Across the namespaced hosts: outlasts 90 s frozen and the rejoin after it."""
+WHOLE = ["--script", PACED, "--", "20", "0"]
+"""RUN's undisturbed reference, unpaced: a step's sleep changes none of its numbers, only the time."""
+
+
+def run_long(stop_file):
+    """Across the namespaced hosts: up to 70 paced epochs (outlasting 90 s frozen, or 60 s of
+    link down, and the rejoin after it), ended at the first epoch's end once `stop_file` exists:
+    the test writes it when it has seen the rejoin."""
+    return ["--script", PACED, "--", "70", "0.05", str(stop_file)]
+
+
+def rejoined(run_dir, since: float, hosts: int = 2, within: float = 300.0) -> dict | None:
+    """The first `elastic` record after `since` (wall time) that lists `hosts` hosts, or None within the bound."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        back = [r for r in records(run_dir, "elastic") if r["time"] > since and len(r["hosts"]) == hosts]
+        if back:
+            return back[0]
+        time.sleep(0.5)
+    return None
 
 
 @pytest.mark.parametrize("args, message", [
@@ -151,7 +169,7 @@ def accuracy(run_dir) -> float:
 @pytest.mark.slow
 def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run_cmd([VENV_BIN / "invoke", "train", "--run-dir", whole, *RUN], timeout=300)
+    run_cmd([VENV_BIN / "invoke", "train", "--run-dir", whole, *WHOLE], timeout=300)
     proc = start(cut, *RUN)
     under_way(proc, cut)
     sent = time.time()
@@ -208,7 +226,7 @@ def test_under_local_or_diloco_a_killed_rank_is_dropped_the_round_restarts_and_t
     round from the commit, alone, then with the host back. Same steps, same global batch: the
     test accuracy is the undisturbed run's within 2 points, as under step sync."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run_cmd([VENV_BIN / "invoke", "train", "--elastic", "--run-dir", whole, *sync, *RUN], timeout=300)
+    run_cmd([VENV_BIN / "invoke", "train", "--elastic", "--run-dir", whole, *sync, *WHOLE], timeout=300)
     proc = start(cut, *sync, *RUN)
     under_way(proc, cut)
     deadline = time.monotonic() + 120
@@ -288,7 +306,7 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
     and h2, still answering, is started again and rejoins at a commit."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes the metrics here
-    proc = train_across(inventory, run_dir, "--elastic", *RUN_LONG)
+    proc = train_across(inventory, run_dir, "--elastic", *run_long(tmp_path / "stop"))
     try:
         under_way(proc, run_dir, after_s=5.0, within=300)
         frozen = job_pids(run_dir, by="HOROVOD_HOSTNAME")["10.213.0.12"]  # h2's rank
@@ -300,6 +318,8 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
             os.kill(frozen, signal.SIGCONT)
         except ProcessLookupError:
             pass  # killed by the watchdog, as it should be
+        rejoined(run_dir, sent)
+        (tmp_path / "stop").touch()  # seen it all: the job ends at this epoch's end
         out = finished(proc, 600)
     finally:
         if proc.poll() is None:
@@ -326,7 +346,7 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
     a host dropped and rejoining is what the frozen-rank and killed-rank tests also check."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"
-    proc = train_across(inventory, run_dir, "--elastic", *RUN_LONG)
+    proc = train_across(inventory, run_dir, "--elastic", *run_long(tmp_path / "stop"))
     link = None
     try:
         under_way(proc, run_dir, after_s=5.0, within=300)
@@ -342,6 +362,8 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
         if link:
             subprocess.run([*link, "up"], check=True, timeout=30)
     try:
+        rejoined(run_dir, sent)
+        (tmp_path / "stop").touch()  # seen it all: the job ends at this epoch's end
         out = finished(proc, 600)
     finally:
         if proc.poll() is None:
