@@ -39,17 +39,6 @@ def run_long(stop_file):
     return ["--script", PACED, "--", "70", "0.05", str(stop_file)]
 
 
-def rejoined(run_dir, since: float, hosts: int = 2, within: float = 300.0) -> dict | None:
-    """The first `elastic` record after `since` (wall time) that lists `hosts` hosts, or None within the bound."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        back = [r for r in records(run_dir, "elastic") if r["time"] > since and len(r["hosts"]) == hosts]
-        if back:
-            return back[0]
-        time.sleep(0.5)
-    return None
-
-
 @pytest.mark.parametrize("args, message", [
     (["--min-hosts", "2"], "--min-hosts and --commit-every go with --elastic"),
     (["--commit-every", "5"], "--min-hosts and --commit-every go with --elastic"),
@@ -318,7 +307,7 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
             os.kill(frozen, signal.SIGCONT)
         except ProcessLookupError:
             pass  # killed by the watchdog, as it should be
-        rejoined(run_dir, sent)
+        recovered(run_dir, sent, within=300, hosts=2)  # the rejoin
         (tmp_path / "stop").touch()  # seen it all: the job ends at this epoch's end
         out = finished(proc, 600)
     finally:
@@ -362,7 +351,7 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
         if link:
             subprocess.run([*link, "up"], check=True, timeout=30)
     try:
-        rejoined(run_dir, sent)
+        recovered(run_dir, sent, within=300, hosts=2)  # the rejoin
         (tmp_path / "stop").touch()  # seen it all: the job ends at this epoch's end
         out = finished(proc, 600)
     finally:

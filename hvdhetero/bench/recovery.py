@@ -83,12 +83,13 @@ def under_way(proc: subprocess.Popen, run_dir: Path, ranks: int = 2, after_s: fl
     raise RuntimeError(f"the run in {run_dir} did not get going (exit {proc.poll()})")
 
 
-def recovered(run_dir: Path, since: float, within: float = 120.0) -> dict | None:
-    """The first `elastic` record written after `since` (wall time), or None within the bound."""
+def recovered(run_dir: Path, since: float, within: float = 120.0, hosts: int | None = None) -> dict | None:
+    """The first `elastic` record written after `since` (wall time), of `hosts` hosts if given
+    (a rejoin), or None within the bound."""
     deadline = time.monotonic() + within
     while True:
         for record in records(run_dir, "elastic"):
-            if record["time"] > since:
+            if record["time"] > since and hosts in (None, len(record["hosts"])):
                 return record
         if time.monotonic() >= deadline:
             return None
