@@ -24,6 +24,8 @@ from pathlib import Path
 
 from hvdhetero.bench.figures import new_figure
 from hvdhetero.errors import ConfigError, SpaceError
+from hvdhetero.sweep.records import TRIALS_FILE
+from hvdhetero.sweep.run import SWEEP_FILE
 
 STATES = {"complete": ("o", 1.0), "pruned": ("x", 0.8), "short": ("s", 0.6), "failed": ("v", 0.8)}
 """How each state's trials are marked; short: a short trial of a slow host (--prune, docs/sweep.md)."""
@@ -62,17 +64,17 @@ class Drawn:
 
 
 def is_sweep(folder: str | Path) -> bool:
-    return (Path(folder) / "sweep.json").is_file()
+    return (Path(folder) / SWEEP_FILE).is_file()
 
 
 def read(folder: str | Path) -> SweepRecords:
     folder = Path(folder)
     try:
-        request = json.loads((folder / "sweep.json").read_text())
+        request = json.loads((folder / SWEEP_FILE).read_text())
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{folder / 'sweep.json'} cannot be read ({err}): not a folder invoke sweep wrote") from None
+        raise ConfigError(f"{folder / SWEEP_FILE} cannot be read ({err}): not a folder invoke sweep wrote") from None
     trials = []
-    path = folder / "trials.jsonl"
+    path = folder / TRIALS_FILE
     if path.is_file():
         lines = path.read_text().splitlines()
         for n, line in enumerate(lines, 1):
