@@ -67,10 +67,11 @@ def test_the_elastic_command_runs_this_machines_two_slots_as_two_hosts():
     config = JobConfig(run_dir="/tmp/run", elastic=True)
     argv, _ = launch.command(inventory, inventory.select(None), config, launch.recipe([]),
                              launcher_python="/opt/venv/bin/python")
-    assert argv[:18] == ["/opt/venv/bin/horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2",
-                         "--host-discovery-script", "/tmp/run/discover-hosts.py", "--blacklist-cooldown-range", "5",
-                         "60", "--elastic-timeout", "60", "--gloo", "--start-timeout", "120", "--gloo-timeout-seconds"]
-    assert argv[18] == "20" and "-H" not in argv
+    assert argv[:20] == ["/opt/venv/bin/python", "-m", "hvdhetero.cluster.horovodrun", "-np", "2", "--min-np", "1",
+                         "--max-np", "2", "--host-discovery-script", "/tmp/run/discover-hosts.py",
+                         "--blacklist-cooldown-range", "5", "60", "--elastic-timeout", "60", "--gloo",
+                         "--start-timeout", "120", "--gloo-timeout-seconds"]
+    assert argv[20] == "20" and "-H" not in argv
     hosts = JobConfig.from_json(argv[argv.index("--job-json") + 1]).hosts
     assert {a: h["name"] for a, h in hosts.items()} == {"localhost": "local-1", "127.0.0.1": "local-2"}
     # one machine as two hosts: each rank its half of the cores, as two ranks of one host get

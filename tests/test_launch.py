@@ -22,7 +22,7 @@ def test_local_command_is_two_cpu_ranks_over_gloo_running_the_recipe_through_the
     settings = replace(config, hosts={"localhost": {"name": "local", "device": "cpu", "interface": None, "max_batch": None,
                                                     "slowdown": 1.0}})
     assert argv == [
-        "/opt/venv/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+        "/opt/venv/bin/python", "-m", "hvdhetero.cluster.horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
         "--start-timeout", "120", "--gloo-timeout-seconds", "120",
         str(ROOT / ".venv" / "bin" / "python"), "-m", "hvdhetero.rank.runner", "--job-json", settings.to_json(),
         "--module", "hvdhetero.recipes.train", "--", "--epochs", "3",

@@ -100,7 +100,10 @@ def sandbox(tmp_path_factory) -> dict:
     (venv / "lib").symlink_to(VENV_BIN.parent / "lib")
     (venv / "pyvenv.cfg").write_text((VENV_BIN.parent / "pyvenv.cfg").read_text())
     mark = tmp / "horovodrun-started"
-    (venv / "bin" / "horovodrun").write_text(f"#!/bin/sh\necho \"$@\" >> {mark}\nexit 1\n")
+    # Python, as pip writes horovodrun: the launcher runs it as a script (cluster/horovodrun.py)
+    (venv / "bin" / "horovodrun").write_text(f"#!/usr/bin/env python3\nimport sys\n"
+                                            f"open({str(mark)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                                            "sys.exit(1)\n")
     (venv / "bin" / "horovodrun").chmod(0o755)
     inventory = tmp / "inventory.yaml"
     inventory.write_text(f"""pins: {{python: "3.11", torch: "2.14.1", torchvision: "0.29.1", horovod: "0.28.1"}}

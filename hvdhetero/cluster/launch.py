@@ -123,9 +123,8 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
     if elastic_discovery is None:
         check_hosts(inventory, hosts)
     local = [h for h in hosts if h.is_local]
-    horovodrun = str(Path(launcher_python).parent / "horovodrun")
     argv = [
-        horovodrun,
+        launcher_python, "-m", "hvdhetero.cluster.horovodrun",  # horovodrun, less a 1.5-s self-check
         *(elastic_hosts.flags(hosts, *elastic_discovery) if elastic_discovery else
           ["-np", str(sum(h.slots for h in hosts)), "-H", ",".join(f"{h.address}:{h.slots}" for h in hosts)]),
         "--gloo",
