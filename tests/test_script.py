@@ -17,10 +17,11 @@ SCRIPTS = ROOT / "tests" / "scripts"
 
 def test_a_users_own_script_trains_to_its_target_on_two_ranks(tmp_path):
     """Its own Dataset of dicts, model, loss, SGD with param groups, StepLR, clipping, a
-    parameter only rank 0 gives a gradient; arguments after `--` reach it."""
+    parameter only rank 0 gives a gradient; arguments after `--` reach it; the CSV it never
+    closes holds every epoch (the rank's exit lets Python flush it)."""
     run_dir = tmp_path / "run"
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--run-dir", run_dir,
-                    "--", "--epochs", "12"], timeout=600)
+                    "--", "--epochs", "12", "--history", tmp_path / "history"], timeout=600)
     records = metrics.records(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
     assert start["event"] == "start" and start["ranks"] == 2
@@ -32,6 +33,9 @@ def test_a_users_own_script_trains_to_its_target_on_two_ranks(tmp_path):
     assert f"user script: test accuracy {end['test_accuracy']:.4f}" in proc.stdout  # rank 0's print, plain
     state = torch.load(run_dir / "model.pt", weights_only=True)
     assert set(state) >= {"head.weight", "only_rank_0"}
+    for rank in (0, 1):
+        rows = (tmp_path / f"history.{rank}").read_text().splitlines()
+        assert [int(r.split(",")[0]) for r in rows] == list(range(12)), rows
 
 
 def test_a_missing_script_is_refused_before_anything_starts(tmp_path):

@@ -11,7 +11,7 @@ build answers that question without torch: it is only ever built with HOROVOD_WI
 marker is there the answer is yes; a Horovod without it (stock, or the user's own) is asked the
 slow way, as horovodrun would. Everything else is horovodrun's own code, run from its script.
 
-Launcher side: imports Horovod's runner (no torch).
+A process of its own (the launcher never imports Horovod): it imports Horovod's runner, not torch.
 """
 
 from __future__ import annotations
@@ -21,22 +21,20 @@ import runpy
 import sys
 from pathlib import Path
 
-from horovod.runner import launch
-
 from hvdhetero.cluster.horovod_build import MARKER_MODULE
 
-_asked = launch.gloo_built
 
-
-def gloo_built(verbose: bool = False) -> bool:
-    """horovodrun's `gloo_built`, answered from our build's marker where it is installed."""
-    if importlib.util.find_spec(f"horovod.{MARKER_MODULE}") is not None:
-        return True
-    return _asked(verbose=verbose)
+def ours() -> bool:
+    """Whether the Horovod this interpreter imports is our build (it carries the marker)."""
+    return importlib.util.find_spec(f"horovod.{MARKER_MODULE}") is not None
 
 
 def main() -> None:
-    launch.gloo_built = gloo_built  # horovodrun's run_controller and elastic launch look it up here
+    from horovod.runner import launch  # this process is horovodrun: the launcher never imports it
+
+    asked = launch.gloo_built
+    # horovodrun's run_controller and its elastic launch look the check up in its module
+    launch.gloo_built = lambda verbose=False: ours() or asked(verbose=verbose)
     script = Path(sys.executable).parent / "horovodrun"
     sys.argv[0] = str(script)
     runpy.run_path(str(script), run_name="__main__")

@@ -15,7 +15,6 @@ once (horovodrun then stops the other ranks).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import runpy
 import socket
@@ -61,26 +60,17 @@ def main(argv: list[str] | None = None) -> None:
             elastic.run(lambda: run_script(args))
         else:
             run_script(args)
-    except SystemExit as done:  # the script's sys.exit(): 0 or None is a success like returning
+    except SystemExit as done:
         if done.code not in (None, 0):
             fail(config, f"SystemExit: {done.code}", [])
+        print(progress.DONE_TAG, flush=True)
+        raise
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
         frames = [f for f in traceback.extract_tb(err.__traceback__)
                   if not f.filename.startswith("<frozen") and f.filename != __file__]
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
-    finished()
-
-
-def finished() -> None:
-    """The script ended well: say so (quiet from now on, Horovod's shutdown, is not a frozen rank),
-    then collect its garbage now and freeze the rest, which spares the interpreter's exit a search
-    for cycles among torch's own objects: ~1 s of CPU a rank (torch and an optimizer step: exit
-    1.0-1.4 s, 0.2-0.3 s frozen). The script's objects are garbage by now (runpy's module is gone),
-    so their finalizers run here (a file in a cycle is flushed); what stays frozen is what the
-    imported modules hold, ended as before by atexit handlers (Horovod's shutdown) and refcounts."""
-    print(progress.DONE_TAG, flush=True)
-    gc.collect()
-    gc.freeze()
+    else:
+        print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
 
 
 def as_horovodrun_would(address: str, config: JobConfig) -> None:

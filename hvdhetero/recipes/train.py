@@ -12,6 +12,7 @@ micro-batches, straggler) reach it through `hh.init()`.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -37,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> RecipeOptions:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     job = hh.init()
+    # What exists now (torch, torchvision, Horovod) lives as long as the rank: out of the garbage
+    # collector's sight, it is not searched for cycles again, above all when the rank exits, where
+    # that search cost ~1 s a rank (torch, torchvision and a step: exit 1.0-1.4 s, frozen 0.2-0.3 s).
+    # A script of one's own may do the same; hvdhetero never freezes a user's objects for them.
+    gc.freeze()
     train_set, test_set, info = load_data(job, args)
     model = models.build(args.model or models.default_for(args.dataset), info).to(job.device)
     if args.optimizer == "adam":
