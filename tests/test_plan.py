@@ -158,7 +158,7 @@ def test_invoke_plan_on_two_local_ranks_prints_the_table_and_writes_the_plan(tmp
     assert m["hosts"] == ["local", "local"] and m["wire_bytes"] > 500_000 and m["exchange_s"] > 0
     alone = {p["label"]: p["samples_per_s"] for p in plan["predictions"] if p["sync"] == "alone"}
     # the last rank acts 3x slower (2.5-3.5x measured alone, 6x with the machine busy)
-    assert 1.8 < alone["local[0] alone"] / alone["local[1] alone"] < 10, alone
+    assert 1.8 < alone["local[0] alone"] / alone["local[1] alone"] < 10, (alone, m, proc.stdout[-3000:])
     assert plan["advice"]["flags"].startswith("--hosts local"), plan["advice"]
     assert not list(tmp_path.glob("runs*")), "a plan leaves no run directory"
 

@@ -283,19 +283,20 @@ def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_pat
 @pytest.mark.slow
 def test_on_a_terminal_the_trials_under_way_are_a_live_table(tmp_path):
     """Each running trial's host, epoch, metric and parameters, redrawn in place below the event
-    lines; the summary after it."""
+    lines; the summary after it. The host acts 5x slower, so that an epoch (0.3 s here) outlasts
+    the table's redraw (once a second) and a row shows the trial running with its metric."""
     from test_live import ANSI, under_a_terminal
 
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    code, out = under_a_terminal(sweep_cmd(inventory(tmp_path), space, tmp_path / "sweep", "--hosts", "fast",
-                                           "--trials", "1", "--budget", "3"), timeout=200)
+    code, out = under_a_terminal(sweep_cmd(inventory(tmp_path, slowdown=5.0), space, tmp_path / "sweep", "--hosts",
+                                           "slow", "--trials", "1", "--budget", "3"), timeout=200)
     text = ANSI.sub("", out)
     assert code == 0, text[-3000:]
     assert re.search(r"trial\s*\S\s*host\s*\S\s*epoch\s*\S\s*test_loss\s*\S\s*seconds\s*\S\s*state", text), text[-3000:]
-    assert re.search(r"\s0\s*\S\s*fast\s*\S\s*[123]/3\s*\S\s*[\d.]+\s*\S\s*\d+\s*\S\s*running\s*\S\s*--lr ", text), \
+    assert re.search(r"\s0\s*\S\s*slow\s*\S\s*[123]/3\s*\S\s*[\d.]+\s*\S\s*\d+\s*\S\s*running\s*\S\s*--lr ", text), \
         text[-3000:]
-    assert "0 of 1 trials done; test_loss best: none yet" in text and "sweep: trial 0 on fast: test_loss " in text
+    assert "0 of 1 trials done; test_loss best: none yet" in text and "sweep: trial 0 on slow: test_loss " in text
     assert text.rstrip().endswith(f"sweep directory: {tmp_path / 'sweep'}"), text[-500:]
 
 
