@@ -1,6 +1,9 @@
 """The horovodrun command as data: argv and env for the inventory's hosts."""
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -166,10 +169,6 @@ def test_jobs_start_horovodrun_without_its_torch_importing_gloo_check():
     rank starts (1.4-1.8 s a job here); ours (cluster/horovodrun.py) knows the answer from our
     build's marker. Python's import log (stderr) shows whether torch was imported: the plain
     command does, ours does not (the rank here imports nothing), and both run the rank."""
-    import os
-    import subprocess
-    import sys
-
     rank = [sys.executable, "-c", "print('rank ran')"]
     flags = ["-np", "1", "-H", "localhost:1", "--gloo", "--start-timeout", "30"]
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
