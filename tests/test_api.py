@@ -4,10 +4,12 @@ reduction through job.prepare/backward/optimizer.step, and loss scaling that eve
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero import metrics
 
 pytestmark = pytest.mark.slow
 
@@ -49,3 +51,26 @@ def test_an_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path):
         assert r["seen"]["after"]["unchanged"] is False and r["seen"]["after"]["scale"] == [512.0, 512.0], r
         assert r["skipped"] == 1
     assert ranks[0]["digest"] == ranks[1]["digest"]
+
+
+def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_path):
+    """A CUDA or MPS rank beside a CPU rank rounds the optimizer's update differently; here rank 1
+    rounds SGD's last operation twice where torch rounds once (tests/jobs/replicas.py). Before an
+    evaluation their models differ in the last bits; from it on, and in every checkpoint and the
+    end record, they are one (rank 0's). Ranks that compute alike move nothing."""
+    proc = run_cmd([VENV_BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",
+                    VENV_BIN / "python", ROOT / "tests" / "jobs" / "replicas.py", tmp_path], timeout=600)
+    same, differ = json.loads(proc.stdout.split("REPLICAS ", 1)[1].splitlines()[0])
+    assert same["before"][0] == same["before"][1] and same["after"] == same["before"], same
+    assert differ["before"][0] != differ["before"][1], "the stand-in for another device's rounding differs"
+    assert differ["after"][0] == differ["after"][1] == differ["before"][0], "every rank took rank 0's"
+    for case, settles in ((same, 0), (differ, 1)):
+        records = metrics.records(Path(case["run_dir"]) / metrics.FILE)
+        end = records[-1]
+        assert end["event"] == "end" and len(set(end["param_digests"])) == 1, end
+        settled = [r for r in records if r["event"] == "settle"]
+        assert (len(settled) >= 1) == bool(settles), settled
+        assert all(r["ranks"] == [1] for r in settled), settled
+    # every checkpoint holds the one model: its epoch-end settles came before it was written
+    assert [r["step"] for r in metrics.records(Path(differ["run_dir"]) / metrics.FILE, "settle")][0] == 3
+    assert proc.stdout.count("the model differed in the last bits between rank 0 on cpu (1 threads) and rank 1 on cpu") == 1, proc.stdout[-3000:]

@@ -1,7 +1,8 @@
 """How the ranks' models stay one model: a sync strategy, one class per `--sync` mode.
 
     EveryStep   --sync step: each step's gradients reduced across ranks (weighted, exact) before
-                the optimizer steps; the ranks hold one model all the time
+                the optimizer steps; the ranks hold one model all the time (ranks on different
+                kinds of device up to rounding, settled where it shows: rank/replicas.py)
     Rounds      --sync local:H / diloco:H: each rank steps on its own gradient, and every H
                 global steps the parameters are exchanged (rank/sync.py), overlapped or not
 
@@ -24,6 +25,7 @@ import torch
 
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.reducer import Reducer
+from hvdhetero.rank.replicas import Replicas
 from hvdhetero.rank.sync import ParameterSync
 
 
@@ -44,15 +46,16 @@ class EveryStep:
     kind, every, overlap = "step", 1, False
     rounds, last_exchange_s = 0, 0.0
     always_one_model = True
-    """The ranks' models never differ: nothing to exchange before an evaluation or a save."""
+    """The ranks' models never differ but by rounding (`one_model`): no exchange before an
+    evaluation or a save."""
     own_optimizers = False
     """Every rank's optimizer state is the same (a checkpoint keeps rank 0's)."""
     between_rounds = True
     """An elastic commit may be taken at any step."""
     unsettled = False
 
-    def __init__(self, reducer: Reducer, overlap: bool):
-        self.reducer, self.overlap_reduce = reducer, overlap
+    def __init__(self, reducer: Reducer | None, overlap: bool, replicas: Replicas | None = None):
+        self.reducer, self.overlap_reduce, self.replicas = reducer, overlap, replicas
 
     @property
     def name(self) -> str:
@@ -92,7 +95,10 @@ class EveryStep:
         return 1
 
     def one_model(self, step: int) -> None:
-        """The ranks hold one model already."""
+        """The ranks hold one model already, but for what their devices' arithmetic rounded
+        differently: settled now (rank/replicas.py; ranks that agree move nothing)."""
+        if self.replicas is not None:
+            self.replicas.settle(step)
 
     def end_epoch(self, step: int, more_epochs: bool) -> float:
         return 0.0

@@ -30,6 +30,7 @@ from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
+from hvdhetero.rank.replicas import Replicas
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.start import Begun
 from hvdhetero.rank.worker import Worker
@@ -61,7 +62,9 @@ class Training:
         self.optimizer = JobOptimizer(optimizer, step_state, before_step=self.stepped, after_step=self.after_step)
         if scheduler is not None:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
-        self.strategy: EveryStep | Rounds = EveryStep(self.reducer, config.overlap) if kind == "step" else Rounds(
+        self.strategy: EveryStep | Rounds = EveryStep(
+            self.reducer, config.overlap, Replicas(model, optimizer, records.who[2], self.replicas_differed)
+        ) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, global_batch, config.compression, config.outer_lr,
                           config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
         if kind != "step" and inner == "by-speed" and num_workers:
@@ -79,11 +82,24 @@ class Training:
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
+        self.settles = 0
+        """How often step sync's replicas differed by rounding and took rank 0's (rank/replicas.py)."""
 
     @property
     def elastic(self) -> bool:
         """Under --elastic, launched by the runner (which keeps the commits across resets)."""
         return elastic.running(self.config) is not None
+
+    def replicas_differed(self, step: int, devices: dict[int, str]) -> None:
+        """Replicas.settle gave some ranks rank 0's model: a record each time, a line the first time."""
+        self.settles += 1
+        self.records.write("settle", step=step, ranks=sorted(devices)[1:], devices=devices)
+        if self.is_main and self.settles == 1:
+            others = ", ".join(f"rank {r} on {d}" for r, d in devices.items() if r)
+            print(f"hvdhetero: step {step}: the model differed in the last bits between rank 0 on {devices[0]} and "
+                  f"{others}: their devices round the optimizer's arithmetic differently. Every rank now holds "
+                  "rank 0's, as it will at each evaluation, save and checkpoint (metrics.jsonl: settle records)",
+                  flush=True)
 
     # -- the loader's hooks ------------------------------------------------------------------------
 

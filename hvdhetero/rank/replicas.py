@@ -1,0 +1,76 @@
+"""Step sync's replicas made one again where it shows: before an evaluation, a save, a checkpoint
+and the run's end.
+
+Under --sync step every rank applies the same reduced gradient (the same bytes everywhere) with
+its own optimizer on its own device. Ranks on one kind of device compute the same update, bit
+for bit. Across kinds they need not: a CUDA kernel may fuse a multiply and an add that the CPU
+rounds twice, Metal (MPS) compiles with fast math, PyTorch's CPU and CUDA addcdiv (Adam's last
+operation) divide and multiply in different orders. The replicas then drift apart by rounding,
+a last bit here and there each step: harmless to training (the gradients are shared, nothing
+amplifies it), but the run's end would record different models, a checkpoint would hold rank
+0's where rank 1 trained on its own, and a resume would not be bit-exact.
+
+`Replicas.settle` compares a checksum of every rank's parameters and optimizer state and, where
+any differs from rank 0's, gives every rank rank 0's (parameters through one CPU broadcast,
+optimizer state as an object). Ranks that agree exchange 8 bytes each and move nothing.
+Buffers are not compared: BatchNorm's statistics are per rank by design and averaged after
+(reducer.average_buffers).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+
+import horovod.torch as hvd
+import torch
+
+from hvdhetero.rank.reducer import to_cpu
+
+
+class Replicas:
+    """The model and optimizer every rank holds a copy of under step sync."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: str,
+                 on_differed: Callable[[int, dict[int, str]], None]):
+        """`on_differed(step, {rank: device})` hears of each settle that moved anything: the
+        ranks whose replica was not rank 0's, and their devices (rank 0's with them)."""
+        self.model, self.optimizer, self.device, self.on_differed = model, optimizer, device, on_differed
+
+    def settle(self, step: int) -> list[int]:
+        """Every rank holds rank 0's parameters and optimizer state after this (a collective);
+        returns the ranks that did not before."""
+        sums = hvd.allgather_object((checksum(self.model, self.optimizer), self.device), name="hvdhetero.replicas")
+        differed = [r for r, (s, _) in enumerate(sums) if s != sums[0][0]]
+        if differed:
+            params = [p for p in self.model.parameters()]
+            flat = torch.cat([p.detach().cpu().to(torch.float64).reshape(-1) for p in params])
+            # Horovod: one broadcast of every parameter; float64 holds fp32, bf16 and fp16 exactly
+            hvd.broadcast_(flat, root_rank=0, name="hvdhetero.replicas.params")
+            with torch.no_grad():
+                for p, chunk in zip(params, flat.split([p.numel() for p in params])):
+                    p.copy_(chunk.view_as(p).to(p.dtype))
+            state = to_cpu(self.optimizer.state_dict()) if hvd.rank() == 0 else None
+            # load_state_dict moves each tensor onto its parameter's device
+            self.optimizer.load_state_dict(hvd.broadcast_object(state, root_rank=0,
+                                                                name="hvdhetero.replicas.optimizer"))
+            self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
+        return differed
+
+
+def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """CRC-32 of the bytes of every parameter and every tensor in the optimizer's state, in a
+    fixed order: one flipped bit anywhere changes it."""
+    crc = 0
+    for t in _tensors(model, optimizer):
+        crc = zlib.crc32(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), crc)
+    return crc
+
+
+def _tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    yield from model.parameters()
+    state = optimizer.state_dict()["state"]
+    for index in sorted(state):
+        for key in sorted(state[index]):
+            if isinstance(state[index][key], torch.Tensor):
+                yield state[index][key]
