@@ -31,6 +31,10 @@ class JobConfig:
     """metrics.jsonl and whatever `job.save` writes go here (rank 0)."""
     seed: int = 0
     """Seeds torch, the shuffling and dropout on every rank (rank 0's initial weights win)."""
+    deterministic: bool = False
+    """Kernels that repeat their bits (torch.use_deterministic_algorithms, cuDNN deterministic,
+    cuBLAS's fixed workspace): on a CUDA rank, a run and its resume then end bit-exact, as CPU
+    ranks do anyway; some CUDA kernels are slower so. An operation without such a kernel warns."""
     compression: str = "none"
     """Gradients on the wire: none (float32) or fp16."""
     overlap: bool = True

@@ -1,5 +1,7 @@
 """Device resolution as a pure function, and the real CPU device on this machine."""
 
+import os
+
 import pytest
 import torch
 
@@ -117,3 +119,19 @@ def test_select_flushes_denormal_floats_to_zero():
         assert (torch.tensor([1e-30]) * 1e-10).item() == 0.0
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_deterministic_asks_for_repeatable_kernels_before_any_cuda_work(monkeypatch):
+    """--deterministic: what a CUDA rank needs for a run and its resume to end bit-exact (the GPU
+    test resumes with it, tests/gpu); here, that the switches are set."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        devices.deterministic()
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]

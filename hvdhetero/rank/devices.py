@@ -212,6 +212,23 @@ def select(requested: str = "auto", local_rank: int = 0, local_size: int = 1) ->
     return device
 
 
+CUBLAS_DETERMINISTIC = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+"""cuBLAS repeats its results only with a fixed workspace (NVIDIA's cuBLAS reproducibility notes);
+read when this process first uses cuBLAS, so it is set before any CUDA work."""
+
+
+def deterministic() -> None:
+    """--deterministic: kernels that give the same bits on every run, where PyTorch has them (CUDA's
+    defaults include convolutions and scatters that add in whatever order threads finish, so
+    two runs, or a run and its resume, part in the last bits). An operation with no such kernel
+    warns and runs as it is; CPU kernels are deterministic already."""
+    for key, value in CUBLAS_DETERMINISTIC.items():
+        os.environ.setdefault(key, value)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def pin_local_rank(local_rank: int, local_size: int) -> list[int] | None:
     """Give each CPU rank on a machine its own share of the cores. Called before hvd.init(),
     so Horovod's background thread and Gloo's share the rank's cores instead of preempting

@@ -36,7 +36,7 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import checkpoint, elastic, evaluation, host, precision, records, resume, start, validate
+from hvdhetero.rank import checkpoint, devices, elastic, evaluation, host, precision, records, resume, start, validate
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.registry import Registry, TrainState
@@ -54,6 +54,8 @@ class Job:
         host.join(settings, pin=pin)
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.is_main = self.rank == 0
+        if config.deterministic:
+            devices.deterministic()  # before the device's first kernel (cuBLAS reads its setting then)
         self.me = host.make_rank(settings, config.slowdown)
         self.device: torch.device = self.me.device.torch_device
         """Where this rank computes: move the model there before `prepare`."""
