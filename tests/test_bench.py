@@ -76,7 +76,9 @@ def test_bench_takes_a_sync_mode_for_the_hvdhetero_phase_and_refuses_a_bad_one()
     auto = run_cmd([VENV_BIN / "invoke", "bench", "--sync", "auto", "--dry-run"], timeout=60, check=False)
     assert auto.returncode == 2 and "bench measures one --sync mode" in auto.stderr
     for flags, message in ((["--compression", "bf16"], "--compression must be one of none, fp16, got 'bf16'"),
-                           (["--overlap-sync"], "--overlap-sync needs --sync local:H or diloco:H")):
+                           (["--overlap-sync"], "--overlap-sync needs --sync local:H or diloco:H"),
+                           (["--dataset", "imagenet"], "--dataset must be one of digits, mnist, cifar10"),
+                           (["--model", "vit"], "--model must be one of cnn, resnet18")):
         refused = run_cmd([VENV_BIN / "invoke", "bench", *flags, "--dry-run"], timeout=60, check=False)
         assert refused.returncode == 2 and message in refused.stderr and "horovodrun" not in refused.stdout
 
@@ -91,6 +93,20 @@ def test_bench_runs_a_mode_whose_slow_rank_merges_steps(tmp_path):
     result = json.loads(out.read_text())
     assert result["config"]["inner_steps"] == "by-speed" and result["config"]["timed_steps"]["hvdhetero"] % 4 == 0
     assert len(result["hvdhetero"]["per_round_samples_per_s"]) == 2 and result["hvdhetero"]["samples_per_s"] > 0
+
+
+def test_bench_times_resnet18_on_cifar10_shaped_images_without_the_files(tmp_path):
+    """The GPU check's model (ci/gpu-check): ResNet-18 with the CIFAR stem on random 3x32x32
+    images, through every phase; no dataset files on any host."""
+    out = tmp_path / "bench.json"
+    proc = run_cmd([VENV_BIN / "invoke", "bench", "--dataset", "cifar10", "--model", "resnet18", "--batch-size", "8",
+                    "--steps", "1", "--repeats", "1", "--min-seconds", "0", "--out", out], timeout=600)
+    result = json.loads(out.read_text())
+    assert result["config"]["model"] == "resnet18" and result["config"]["dataset"] == "cifar10", result["config"]
+    assert result["config"]["synthetic"] is True and sum(result["hvdhetero"]["split"]) == 8
+    assert all(r > 0 for r in result["solo"]["per_rank_samples_per_s"]) and result["hvdhetero"]["samples_per_s"] > 0
+    assert result["checkpoint"]["bytes"] > 40e6, "ResNet-18's 11M parameters and Adam's state were saved"
+    assert "resnet18 on cifar10-shaped random images" in proc.stdout
 
 
 def _job(rates, split):

@@ -20,12 +20,12 @@ from hvdhetero.bench.accuracy import DEFAULT_WAYS, WAYS
 from hvdhetero.cluster.launch import CYCLE_TIME_MS
 from hvdhetero.config import COMPRESSIONS, INNER_STEPS, check_micro_batch, check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.recipes.options import RecipeOptions
+from hvdhetero.recipes.options import DATASETS, MODELS, RecipeOptions
 
 TRANSPORTS = ("uv", "tcp")  # as hvdhetero/cluster/horovod_build.py builds them
 
 USES = {
-    "throughput": ("slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
+    "throughput": ("dataset", "model", "slowdown", "batch_size", "steps", "min_seconds", "repeats", "cycle_time_ms", "micro_batch",
                    "sync", "overlap_sync", "inner_steps", "compression", "out", "dry_run",
                    "verbose"),
     "allreduce": ("allreduce", "sizes_mb", "transports", "backends", "rounds", "repeats", "out"),
@@ -40,6 +40,11 @@ USES = {
 class BenchOptions:
     """Every option of `invoke bench` but --hosts and --inventory."""
 
+    dataset: str = "digits"
+    """What the throughput job trains on: digits (scikit-learn's, in memory), or mnist or cifar10
+    as random images of their shape (a step's time does not depend on the pixels; no files)."""
+    model: str = ""
+    """cnn or resnet18 (ResNet-18 with the CIFAR stem); empty: the dataset's own."""
     slowdown: float = 1.0
     """The last rank acts this many times slower (straggler injection)."""
     batch_size: int = 2048
@@ -143,6 +148,9 @@ class BenchOptions:
         return kind
 
     def _check_throughput(self) -> None:
+        checks.one_of("dataset", self.dataset, DATASETS)
+        if self.model:
+            checks.one_of("model", self.model, MODELS, "or none: the dataset's own")
         if self._check_job() == "auto":
             raise ConfigError("bench measures one --sync mode: step, local:H or diloco:H (invoke plan predicts "
                               "them all and says which to use)")
@@ -206,7 +214,8 @@ class BenchOptions:
     def throughput_flags(self) -> list[str]:
         """The throughput job's command line (bench/throughput.py parses it on every rank)."""
         kind, every = check_sync(self.sync)
-        return ["--slowdown", str(self.slowdown), "--batch-size", str(self.batch_size), "--steps", str(self.steps),
+        return ["--dataset", self.dataset, *(["--model", self.model] if self.model else []),
+                "--slowdown", str(self.slowdown), "--batch-size", str(self.batch_size), "--steps", str(self.steps),
                 "--min-seconds", str(self.min_seconds), "--repeats", str(self.repeats or 5),
                 "--micro-batch", self.micro_batch, "--sync", kind if kind == "step" else f"{kind}:{every}",
                 *(["--overlap-sync"] if self.overlap_sync else []), "--compression", self.compression,

@@ -39,7 +39,7 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
     result = {
         "config": {"ranks": len(solo_rounds), "slowdown": args.slowdown, "sync": args.sync, "overlap_sync": args.overlap_sync,
                    "inner_steps": args.inner_steps,
-                   "compression": args.compression, "dataset": args.dataset,
+                   "compression": args.compression, "dataset": args.dataset, "synthetic": args.dataset != "digits",
                    "model": args.model or models.default_for(args.dataset), "global_batch": args.batch_size,
                    "steps": args.steps, "min_seconds": args.min_seconds, "repeats": args.repeats,
                    "warmup": args.warmup, "timed_steps": counts},
@@ -65,7 +65,8 @@ def report(args, solo_rounds: list[list[float]], horovod: dict, ours: dict, engi
              ("engine (no API)", engine["samples_per_s"], engine["efficiency"], engine["vs_fastest"],
               str(engine["split"]))]
     print(f"\nbenchmark: {len(solo_rounds)} ranks, last rank {args.slowdown:g}x slower, hvdhetero --sync {sync_name(args)}, global batch "
-          f"{args.batch_size}, {result['config']['model']} on {args.dataset}, median of {args.repeats} rounds; "
+          f"{args.batch_size}, {result['config']['model']} on {args.dataset}"
+          f"{'' if args.dataset == 'digits' else '-shaped random images'}, median of {args.repeats} rounds; "
           f"steps per round: solo {counts['solo']}, horovod {counts['horovod']}, hvdhetero {counts['hvdhetero']}, "
           f"engine {counts['engine']}")
     print(f"{'':16}{'samples/s':>12}{'E':>8}{'vs fastest':>12}  split")

@@ -42,8 +42,9 @@ from hvdhetero.recipes import data
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m hvdhetero.bench.throughput", description=__doc__.split("\n")[0])
     parser.add_argument("--slowdown", type=float, default=1.0, help="the last rank is this many times slower")
-    parser.add_argument("--dataset", default="digits")
-    parser.add_argument("--model", default="")
+    parser.add_argument("--dataset", default="digits", help="digits (in memory), or mnist or cifar10 as random "
+                        "images of their shape (synthetic: no files)")
+    parser.add_argument("--model", default="", help="cnn or resnet18; empty: the dataset's own")
     parser.add_argument("--batch-size", type=int, default=2048, help="global batch")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per phase and repeat (at least)")
     parser.add_argument("--min-seconds", type=float, default=6.0,
@@ -51,7 +52,6 @@ def parse_args(argv):
                              "long in each repeat (a 1-second window on a shared VM is mostly noise)")
     parser.add_argument("--repeats", type=int, default=5, help="rounds of all phases; medians are reported")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each phase before the first round")
-    parser.add_argument("--data-dir", default="data")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                         help="hvdhetero reduces gradient buckets while backward runs")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
         me = Worker(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
-        train_set, _, info = data.load(args.dataset, args.data_dir)
+        train_set, info = bench_data(args.dataset, args.batch_size)
         build = lambda: fresh_model(args, info, device)  # noqa: E731 - same start for every phase
         # One chunk size for this rank's solo and hvdhetero phases, timed on a scratch model up
         # to the whole global batch (the share this rank may get).
@@ -116,6 +116,15 @@ def main(argv: list[str] | None = None) -> None:
             report(args, solo, horovod, ours, engine, counts, saving, solo_steps)
     finally:
         hvd.shutdown()
+
+
+def bench_data(name: str, batch: int):
+    """digits as the recipe trains it; mnist and cifar10 made up (data.synthetic), two global
+    batches of them (the phases draw random batches: a step's time is all that is measured)."""
+    if name == "digits":
+        train_set, _, info = data.load(name, "unused")
+        return train_set, info
+    return data.synthetic(name, max(2 * batch, 256))
 
 
 def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, object]]:

@@ -37,6 +37,24 @@ class DatasetInfo:
     """Side length in pixels of the (square) images."""
 
 
+INFO = {"digits": DatasetInfo("digits", num_classes=10, in_channels=1, image_size=8),
+        "mnist": DatasetInfo("mnist", num_classes=10, in_channels=1, image_size=28),
+        "cifar10": DatasetInfo("cifar10", num_classes=10, in_channels=3, image_size=32)}
+"""Each dataset's shape, whether read from its files or made up (`synthetic`)."""
+
+
+def synthetic(name: str, samples: int, seed: int = 0) -> tuple[TensorDataset, DatasetInfo]:
+    """`samples` random images of `name`'s shape (normalised: mean 0, sd 1) and uniform labels,
+    the same for every `seed` on every machine: what a benchmark times a step on without the
+    files (a step's time does not depend on the pixels)."""
+    if name not in INFO:
+        raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+    info = INFO[name]
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randn(samples, info.in_channels, info.image_size, info.image_size, generator=gen)
+    return TensorDataset(images, torch.randint(info.num_classes, (samples,), generator=gen)), info
+
+
 def load(
     name: str, data_dir: str | Path, *, download: bool = False, seed: int = 0
 ) -> tuple[Dataset, Dataset, DatasetInfo]:
@@ -62,8 +80,7 @@ def _digits(seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
         images = torch.as_tensor((x - mean) / std, dtype=torch.float32).reshape(-1, 1, 8, 8)
         return TensorDataset(images, torch.as_tensor(y, dtype=torch.int64))
 
-    info = DatasetInfo("digits", num_classes=10, in_channels=1, image_size=8)
-    return tensors(x_train, y_train), tensors(x_test, y_test), info
+    return tensors(x_train, y_train), tensors(x_test, y_test), INFO["digits"]
 
 
 def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
@@ -73,7 +90,7 @@ def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
         test = datasets.MNIST(root, train=False, download=download, transform=transform)
     except (RuntimeError, OSError) as e:
         raise DataError(_mnist_help(root, download, e)) from e
-    return train, test, DatasetInfo("mnist", num_classes=10, in_channels=1, image_size=28)
+    return train, test, INFO["mnist"]
 
 
 def _cifar10(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
@@ -88,7 +105,7 @@ def _cifar10(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]
         )
     except (RuntimeError, OSError) as e:  # URLError is an OSError
         raise DataError(_cifar10_help(root, download, e)) from e
-    return train, test, DatasetInfo("cifar10", num_classes=10, in_channels=3, image_size=32)
+    return train, test, INFO["cifar10"]
 
 
 # The help texts take file names and URLs from the torchvision classes themselves, so they stay
