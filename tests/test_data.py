@@ -9,6 +9,7 @@ import pytest
 import torch
 from torchvision import datasets
 
+from conftest import VENV_BIN, run_cmd
 from hvdhetero.recipes import data
 from hvdhetero.errors import ConfigError, DataError
 
@@ -151,3 +152,23 @@ def test_digits_split_is_deterministic_and_disjoint(tmp_path):
     # load_digits has no duplicate images, so a shared row would mean a sample in both splits.
     train_rows = {row.numpy().tobytes() for row in train_a.tensors[0].flatten(1)}
     assert not any(row.numpy().tobytes() in train_rows for row in test_a.tensors[0].flatten(1))
+
+
+def test_the_digits_split_is_kept_and_read_back_without_importing_scikit_learn(tmp_path, monkeypatch):
+    """Every rank of every digits job split the set with scikit-learn (about a second of CPU to
+    import it and SciPy); the split is kept in the user's cache, named by seed and version."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    load = "from hvdhetero.recipes import data; import sys; t = data.load('digits', 'unused', seed=5); " \
+           "print(len(t[0]), 'sklearn' in sys.modules)"
+    first = run_cmd([VENV_BIN / "python", "-c", load], env={"XDG_CACHE_HOME": str(tmp_path)})
+    kept = data.digits_cache(5)
+    assert kept.parent == tmp_path / "hvdhetero" and kept.is_file() and first.stdout.split() == ["1437", "True"]
+    again = run_cmd([VENV_BIN / "python", "-c", load], env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert again.stdout.split() == ["1437", "False"], "read back, scikit-learn not imported"
+    fresh = data._digits_split(5)
+    train, test, _ = data.load("digits", "unused", seed=5)
+    assert torch.equal(train.tensors[0], fresh["x_train"]) and torch.equal(test.tensors[1], fresh["y_test"])
+    kept.write_bytes(b"torn")  # half-written by something else, or another format: made again
+    train, _, _ = data.load("digits", "unused", seed=5)
+    assert torch.equal(train.tensors[0], fresh["x_train"]) and torch.load(kept, weights_only=True).keys() == fresh.keys()
+    assert not list(kept.parent.glob("*.part")), "no temporary file left behind"

@@ -1,18 +1,22 @@
 """The datasets a run can train on, as (train, test, info).
 
 `digits` ships inside scikit-learn, so it needs no files and no network: it is the one the
-tests and smoke runs use. `mnist` and `cifar10` are read by torchvision from `data_dir`; on a
-host that cannot reach the internet, copy the files there first (the error says which).
+tests and smoke runs use. Its split tensors are kept in ~/.cache/hvdhetero (XDG_CACHE_HOME),
+named by the seed and the scikit-learn version that made them, so that a rank loads them in
+milliseconds instead of importing scikit-learn and SciPy (about a second of CPU, on every rank
+of every job). `mnist` and `cifar10` are read by torchvision from `data_dir`; on a host that
+cannot reach the internet, copy the files there first (the error says which).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, TensorDataset
 from torchvision import datasets, transforms
 
@@ -68,19 +72,60 @@ def load(
     raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
 
 
+DIGITS_KEYS = ("x_train", "y_train", "x_test", "y_test")
+DIGITS_FORMAT = "v1"
+
+
 def _digits(seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    path = digits_cache(seed)
+    try:
+        split = torch.load(path, weights_only=True)
+        if not (isinstance(split, dict) and all(isinstance(split.get(k), torch.Tensor) for k in DIGITS_KEYS)):
+            raise ValueError("not a digits split")
+    except Exception:  # none yet, or unreadable: made again, and kept if the folder is writable
+        split = _digits_split(seed)
+        _keep(split, path)
+    return (TensorDataset(split["x_train"], split["y_train"]), TensorDataset(split["x_test"], split["y_test"]),
+            INFO["digits"])
+
+
+def digits_cache(seed: int) -> Path:
+    """Where the split for `seed` is kept: named by the scikit-learn version that makes it and by
+    DIGITS_FORMAT (a change to `_digits_split` must change it)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdhetero"
+    return root / f"digits-{DIGITS_FORMAT}-sklearn{metadata.version('scikit-learn')}-seed{seed}.pt"
+
+
+def _digits_split(seed: int) -> dict[str, torch.Tensor]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     x, y = load_digits(return_X_y=True)
     x_train, x_test, y_train, y_test = train_test_split(
         x / 16.0, y, test_size=0.2, random_state=seed, stratify=y
     )
     # Statistics from the training split only, so nothing about the test set leaks into training.
     mean, std = x_train.mean(), x_train.std()
+    images = lambda x: torch.as_tensor((x - mean) / std, dtype=torch.float32).reshape(-1, 1, 8, 8)  # noqa: E731
+    return {"x_train": images(x_train), "y_train": torch.as_tensor(y_train, dtype=torch.int64),
+            "x_test": images(x_test), "y_test": torch.as_tensor(y_test, dtype=torch.int64)}
 
-    def tensors(x, y) -> TensorDataset:
-        images = torch.as_tensor((x - mean) / std, dtype=torch.float32).reshape(-1, 1, 8, 8)
-        return TensorDataset(images, torch.as_tensor(y, dtype=torch.int64))
 
-    return tensors(x_train, y_train), tensors(x_test, y_test), INFO["digits"]
+def _keep(split: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `split` to `path` whole or not at all (ranks of one machine may race: each renames
+    its own complete file into place); a folder that cannot be written only costs the speed."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(split, f)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
