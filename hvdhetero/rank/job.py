@@ -250,7 +250,8 @@ class Job:
 
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
-        atomically; every rank gets the path."""
+        atomically; every rank gets the path. Call it on every rank: the ranks first make their
+        models one (a collective: an exchange under local/diloco, a checksum under step sync)."""
         self.strategy.one_model(self.step)
         if self.training is not None:
             average_buffers(self.training.model)

@@ -187,13 +187,26 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
         for t, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
             t.copy_(chunk.view_as(t).to(t.dtype))
     if optimizer is not None:
-        # Optimizer state may be empty (fresh start) or hold tensors on rank 0's device, which
-        # another rank may not have (cuda vs mps): move it to the CPU before pickling;
-        # load_state_dict moves it onto each rank's own parameters' device.
-        state = to_cpu(optimizer.state_dict()) if hvd.rank() == root_rank else None
-        # Horovod: broadcast_object pickles through a CPU byte tensor.
-        optimizer.load_state_dict(hvd.broadcast_object(state, root_rank=root_rank,
-                                                       name="hvdhetero.optimizer"))
+        broadcast_optimizer_state(optimizer, root_rank, "hvdhetero.optimizer")
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, name: str) -> None:
+    """Every rank takes `root_rank`'s optimizer state (a collective). The state may be empty (a
+    fresh start) or hold tensors on that rank's device, which another rank may not have (cuda vs
+    mps): it travels on the CPU, and load_state_dict moves it onto each rank's own parameters'
+    device. The param_groups' values come too (a learning rate rank 0 loaded), but for the
+    device's own switches (DEVICE_SWITCHES), which a CPU or MPS rank cannot take from a CUDA
+    rank: each rank keeps its own."""
+    state = to_cpu(optimizer.state_dict()) if hvd.rank() == root_rank else None
+    # Horovod: broadcast_object pickles through a CPU byte tensor.
+    state = hvd.broadcast_object(state, root_rank=root_rank, name=name)
+    for theirs, mine in zip(state["param_groups"], optimizer.param_groups):
+        theirs.update({k: mine[k] for k in DEVICE_SWITCHES if k in mine})
+    optimizer.load_state_dict(state)
+
+
+DEVICE_SWITCHES = ("fused", "capturable", "foreach", "differentiable")
+"""Optimizer settings that say how a rank's device runs the update, not what it computes."""
 
 
 def average_buffers(model: torch.nn.Module) -> None:

@@ -12,7 +12,10 @@ amplifies it), but the run's end would record different models, a checkpoint wou
 
 `Replicas.settle` compares a checksum of every rank's parameters and optimizer state and, where
 any differs from rank 0's, gives every rank rank 0's (parameters through one CPU broadcast,
-optimizer state as an object). Ranks that agree exchange 8 bytes each and move nothing.
+optimizer state as an object, each rank keeping its own param_groups: their device switches).
+Ranks that agree exchange a checksum each and move nothing. Elastic commits (--elastic) are not
+settled: after a reset each survivor goes on from its own, apart by rounding until the next
+evaluation or checkpoint settles them.
 Buffers are not compared: BatchNorm's statistics are per rank by design and averaged after
 (reducer.average_buffers).
 """
@@ -25,7 +28,7 @@ from collections.abc import Callable, Iterator
 import horovod.torch as hvd
 import torch
 
-from hvdhetero.rank.reducer import to_cpu
+from hvdhetero.rank.reducer import broadcast_optimizer_state
 
 
 class Replicas:
@@ -50,10 +53,7 @@ class Replicas:
             with torch.no_grad():
                 for p, chunk in zip(params, flat.split([p.numel() for p in params])):
                     p.copy_(chunk.view_as(p).to(p.dtype))
-            state = to_cpu(self.optimizer.state_dict()) if hvd.rank() == 0 else None
-            # load_state_dict moves each tensor onto its parameter's device
-            self.optimizer.load_state_dict(hvd.broadcast_object(state, root_rank=0,
-                                                                name="hvdhetero.replicas.optimizer"))
+            broadcast_optimizer_state(self.optimizer, 0, "hvdhetero.replicas.optimizer")
             self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
         return differed
 

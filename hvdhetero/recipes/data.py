@@ -74,25 +74,31 @@ def load(
 
 DIGITS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 DIGITS_FORMAT = "v1"
+DIGITS_SHAPES = {"x_train": (1437, 1, 8, 8), "y_train": (1437,), "x_test": (360, 1, 8, 8), "y_test": (360,)}
 
 
 def _digits(seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
     path = digits_cache(seed)
     try:
         split = torch.load(path, weights_only=True)
-        if not (isinstance(split, dict) and all(isinstance(split.get(k), torch.Tensor) for k in DIGITS_KEYS)):
-            raise ValueError("not a digits split")
+        shapes = {k: tuple(t.shape) if isinstance(t := split.get(k), torch.Tensor) else None for k in DIGITS_KEYS}
+        if shapes != DIGITS_SHAPES:
+            raise ValueError(f"not a digits split: {shapes}")
     except Exception:  # none yet, or unreadable: made again, and kept if the folder is writable
         split = _digits_split(seed)
-        _keep(split, path)
+        if path is not None:
+            _keep(split, path)
     return (TensorDataset(split["x_train"], split["y_train"]), TensorDataset(split["x_test"], split["y_test"]),
             INFO["digits"])
 
 
-def digits_cache(seed: int) -> Path:
+def digits_cache(seed: int) -> Path | None:
     """Where the split for `seed` is kept: named by the scikit-learn version that makes it and by
-    DIGITS_FORMAT (a change to `_digits_split` must change it)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdhetero"
+    DIGITS_FORMAT (a change to `_digits_split` must change it); None where there is no home."""
+    try:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdhetero"
+    except RuntimeError:  # no HOME and no passwd entry (some containers)
+        return None
     return root / f"digits-{DIGITS_FORMAT}-sklearn{metadata.version('scikit-learn')}-seed{seed}.pt"
 
 
