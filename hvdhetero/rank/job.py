@@ -250,9 +250,11 @@ class Job:
 
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
-        atomically; every rank gets the path. Call it on every rank: the ranks first make their
-        models one (a collective: an exchange under local/diloco, a checksum under step sync)."""
-        self.strategy.one_model(self.step)
+        atomically; every rank gets the path. Call it on every rank: under local/diloco the ranks
+        first make their models one (an exchange). Not under step sync: rank 0 writes rank 0's
+        model, which is what a settle would give every rank (rank/replicas.py)."""
+        if not self.strategy.always_one_model:
+            self.strategy.one_model(self.step)
         if self.training is not None:
             average_buffers(self.training.model)
         path = self.run_dir / name

@@ -1,5 +1,5 @@
-"""Step sync's replicas made one again where it shows: before an evaluation, a save, a checkpoint
-and the run's end.
+"""Step sync's replicas made one again where it shows: before an evaluation, a checkpoint and the
+run's end (job.save writes rank 0's model, which a settle would give every rank: it needs none).
 
 Under --sync step every rank applies the same reduced gradient (the same bytes everywhere) with
 its own optimizer on its own device. Ranks on one kind of device compute the same update, bit

@@ -98,7 +98,7 @@ class Training:
             others = ", ".join(f"rank {r} on {d}" for r, d in devices.items() if r)
             print(f"hvdhetero: step {step}: the model differed in the last bits between rank 0 on {devices[0]} and "
                   f"{others}: their devices round the optimizer's arithmetic differently. Every rank now holds "
-                  "rank 0's, as it will at each evaluation, save and checkpoint (metrics.jsonl: settle records)",
+                  "rank 0's, as it will at each evaluation and checkpoint (metrics.jsonl: settle records)",
                   flush=True)
 
     # -- the loader's hooks ------------------------------------------------------------------------
