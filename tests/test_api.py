@@ -14,11 +14,13 @@ from hvdhetero import metrics
 pytestmark = pytest.mark.slow
 
 
-def two_ranks(job: str, tag: str, run_dir) -> list[dict]:
+def two_ranks(job: str, tag: str, run_dir, with_output: bool = False):
+    """What rank 0 of tests/jobs/`job` printed after `tag` (and the whole output, with_output)."""
     proc = run_cmd([VENV_BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",
                     VENV_BIN / "python", ROOT / "tests" / "jobs" / job, run_dir], timeout=600)
     line = next(ln for ln in proc.stdout.splitlines() if f"{tag} " in ln)
-    return json.loads(line.split(f"{tag} ", 1)[1])
+    found = json.loads(line.split(f"{tag} ", 1)[1])
+    return (found, proc.stdout) if with_output else found
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +60,7 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
     rounds SGD's last operation twice where torch rounds once (tests/jobs/replicas.py). Before an
     evaluation their models differ in the last bits; from it on, and in every checkpoint and the
     end record, they are one (rank 0's). Ranks that compute alike move nothing."""
-    proc = run_cmd([VENV_BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",
-                    VENV_BIN / "python", ROOT / "tests" / "jobs" / "replicas.py", tmp_path], timeout=600)
-    same, differ = json.loads(proc.stdout.split("REPLICAS ", 1)[1].splitlines()[0])
+    (same, differ), output = two_ranks("replicas.py", "REPLICAS", tmp_path, with_output=True)
     assert same["before"][0] == same["before"][1] and same["after"] == same["before"], same
     assert differ["before"][0] != differ["before"][1], "the stand-in for another device's rounding differs"
     assert differ["after"][0] == differ["after"][1] == differ["before"][0], "every rank took rank 0's"
@@ -73,4 +73,4 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
         assert all(r["ranks"] == [1] for r in settled), settled
     # every checkpoint holds the one model: its epoch-end settles came before it was written
     assert [r["step"] for r in metrics.records(Path(differ["run_dir"]) / metrics.FILE, "settle")][0] == 3
-    assert proc.stdout.count("the model differed in the last bits between rank 0 on cpu (1 threads) and rank 1 on cpu") == 1, proc.stdout[-3000:]
+    assert output.count("the model differed in the last bits between rank 0 on cpu (1 threads) and rank 1 on cpu") == 1, output[-3000:]

@@ -178,16 +178,22 @@ def _buckets(params: list[torch.nn.Parameter], bucket_mb: float) -> list[list[to
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     root_rank: int = 0) -> None:
     """Make every rank start from rank 0's parameters, buffers and optimizer state."""
-    tensors = list(model.state_dict().values())
-    if tensors:
-        flat = torch.cat([t.detach().cpu().to(torch.float64).reshape(-1) for t in tensors])
-        # Horovod: one broadcast of every parameter and buffer, as float64 so that integer
-        # buffers (BatchNorm's counters) and float32 values both survive exactly.
-        hvd.broadcast_(flat, root_rank=root_rank, name="hvdhetero.state")
-        for t, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
-            t.copy_(chunk.view_as(t).to(t.dtype))
+    broadcast_tensors(list(model.state_dict().values()), root_rank, "hvdhetero.state")
     if optimizer is not None:
         broadcast_optimizer_state(optimizer, root_rank, "hvdhetero.optimizer")
+
+
+@torch.no_grad()
+def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, name: str) -> None:
+    """Every rank's `tensors` take `root_rank`'s values, in place, whatever their device: one
+    Horovod broadcast of them all, as float64, so that integer buffers (BatchNorm's counters)
+    and float32, bf16 and fp16 values survive exactly."""
+    if not tensors:
+        return
+    flat = torch.cat([t.detach().cpu().to(torch.float64).reshape(-1) for t in tensors])
+    hvd.broadcast_(flat, root_rank=root_rank, name=name)
+    for t, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(chunk.view_as(t).to(t.dtype))
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, name: str) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 import horovod.torch as hvd
 import torch
 
-from hvdhetero.rank.reducer import broadcast_optimizer_state
+from hvdhetero.rank.reducer import broadcast_optimizer_state, broadcast_tensors
 
 
 class Replicas:
@@ -46,13 +46,7 @@ class Replicas:
         sums = hvd.allgather_object((checksum(self.model, self.optimizer), self.device), name="hvdhetero.replicas")
         differed = [r for r, (s, _) in enumerate(sums) if s != sums[0][0]]
         if differed:
-            params = [p for p in self.model.parameters()]
-            flat = torch.cat([p.detach().cpu().to(torch.float64).reshape(-1) for p in params])
-            # Horovod: one broadcast of every parameter; float64 holds fp32, bf16 and fp16 exactly
-            hvd.broadcast_(flat, root_rank=0, name="hvdhetero.replicas.params")
-            with torch.no_grad():
-                for p, chunk in zip(params, flat.split([p.numel() for p in params])):
-                    p.copy_(chunk.view_as(p).to(p.dtype))
+            broadcast_tensors(list(self.model.parameters()), 0, "hvdhetero.replicas.params")
             broadcast_optimizer_state(self.optimizer, 0, "hvdhetero.replicas.optimizer")
             self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
         return differed

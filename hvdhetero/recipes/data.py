@@ -72,16 +72,16 @@ def load(
     raise ConfigError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
 
 
-DIGITS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 DIGITS_FORMAT = "v1"
 DIGITS_SHAPES = {"x_train": (1437, 1, 8, 8), "y_train": (1437,), "x_test": (360, 1, 8, 8), "y_test": (360,)}
+"""What a kept split holds (anything else is made again)."""
 
 
 def _digits(seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
     path = digits_cache(seed)
     try:
         split = torch.load(path, weights_only=True)
-        shapes = {k: tuple(t.shape) if isinstance(t := split.get(k), torch.Tensor) else None for k in DIGITS_KEYS}
+        shapes = {k: tuple(t.shape) if isinstance(t := split.get(k), torch.Tensor) else None for k in DIGITS_SHAPES}
         if shapes != DIGITS_SHAPES:
             raise ValueError(f"not a digits split: {shapes}")
     except Exception:  # none yet, or unreadable: made again, and kept if the folder is writable

@@ -25,7 +25,6 @@ from hvdhetero.rank.replicas import checksum
 from hvdhetero.recipes import data, models
 
 
-
 class RoundsTwice(torch.optim.SGD):
     """torch's SGD with momentum (no dampening, no weight decay), its last step rounded twice."""
 
