@@ -4,11 +4,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from hvdhetero import progress
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
 from hvdhetero.config import JobConfig
@@ -180,3 +182,54 @@ def test_jobs_start_horovodrun_without_its_torch_importing_gloo_check():
     for proc, imported in ((plain, True), (ours, False)):
         assert proc.returncode == 0 and "rank ran" in proc.stdout, proc.stdout + proc.stderr[-2000:]
         assert bool(torch.search(proc.stderr)) == imported, proc.args
+
+
+def fake_job(*steps: str) -> list[str]:
+    """A command that prints what horovodrun relays of a job: `steps` are "RANK alive", "RANK done",
+    "RANK error", "sleep S" or "beat RANK S" (rank RANK's heartbeat every 0.2 s for S seconds)."""
+    code = ["import json, sys, time", "def say(r, text): print(f'[{r}]<stdout>:' + text, flush=True)"]
+    for step in steps:
+        word, *rest = step.split()
+        if word == "sleep":
+            code.append(f"time.sleep({rest[0]})")
+        elif word == "beat":
+            code.append(f"for _ in range(int({rest[1]} / 0.2)): say({rest[0]}, {progress.ALIVE_TAG!r} + "
+                        f"json.dumps({{'rank': {rest[0]}, 'host': 'h{rest[0]}'}})); time.sleep(0.2)")
+        else:
+            rank, what = word, rest[0]
+            text = {"alive": f"{progress.ALIVE_TAG}{{\"rank\": {rank}, \"host\": \"h{rank}\"}}",
+                    "done": progress.DONE_TAG,
+                    "error": progress.failure_line(f"h{rank}", "ValueError: bad batch")}[what]
+            code.append(f"say({rank}, {text!r})")
+    return [sys.executable, "-c", "\n".join(code)]
+
+
+def test_a_finished_ranks_late_heartbeat_does_not_make_it_silent(monkeypatch):
+    """A rank's heartbeat thread beats until its process exits (Horovod's shutdown), so a beat
+    can come after its DONE; rank 0 working on alone afterwards (a long final evaluation) must
+    not see the job stopped for a 'frozen' rank 1 that has simply finished."""
+    from hvdhetero.cluster import supervise
+
+    monkeypatch.setenv("HVDHETERO_SILENT_S", "1")
+    job = fake_job("0 alive", "1 alive", "1 done", "1 alive", "beat 0 3", "0 done")
+    assert supervise.run(job, {}, rank_hosts=["h0", "h1"]) == []
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_command_stuck_after_every_rank_finished_is_stopped_not_waited_on(monkeypatch, capsys, failed):
+    """Every rank said DONE, but the command does not exit (a host's ssh session held open by a
+    host that vanished): the launcher stops it after HVDHETERO_FINISH_S and says so; the job
+    counts as done, unless a rank reported a failure (said as any other)."""
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    monkeypatch.setenv("HVDHETERO_FINISH_S", "2")
+    job = fake_job("0 alive", "1 alive", *(["1 error"] if failed else []), "1 done", "0 done", "sleep 600")
+    started = time.monotonic()
+    if failed:
+        with pytest.raises(LaunchError, match="rank 0 on host h1.*ValueError: bad batch"):
+            supervise.run(job, {}, rank_hosts=["h0", "h1"])
+    else:
+        assert supervise.run(job, {}, rank_hosts=["h0", "h1"]) == []
+    assert time.monotonic() - started < 30
+    assert "every rank finished, but python" in capsys.readouterr().err

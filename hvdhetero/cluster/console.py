@@ -32,15 +32,19 @@ follows from)."""
 
 def relay(lines: Iterable[str], display, results: list[dict] | None = None,
           alive: dict[int, tuple[float, str]] | None = None, all_ranks: bool = False,
-          hidden_note: str = "") -> list[dict]:
+          hidden_note: str = "", failures: list[dict] | None = None) -> list[dict]:
     """Show horovodrun's `lines` through `display` (live.display_for): progress lines update its
     table, rank 0's other lines are echoed as they are, the other ranks' only with `all_ranks`
     (tagged `[rank N] `) or when they are our own messages; the first line held back echoes
-    `hidden_note` (where those lines are) once. Returns the failures ranks reported, in order;
+    `hidden_note` (where those lines are) once. Returns the failures ranks reported, in order
+    (also in `failures`, if given, as they come: a caller whose `lines` raise still has them);
     once one is in, horovodrun's own lines about stopping the other ranks are not echoed. Result
     lines go to `results`, not the console; a rank's every line (heartbeats above all) renews
     its `alive`."""
-    failures: list[dict] = []
+    failures = [] if failures is None else failures
+    finished: set[int] = set()
+    """Ranks that said DONE: their heartbeat thread beats on until the process exits (Horovod's
+    shutdown), and a late beat must not make a finished rank a silent one once it has exited."""
     noted = not hidden_note
     main = 0
     """The prefix rank 0's lines come with: horovodrun's launch-time rank, which --elastic
@@ -55,10 +59,11 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
             if DONE_TAG in body:  # a rank that finished its script beats no more: not silent
                 if alive is not None and rank is not None:
                     alive.pop(rank, None)
+                    finished.add(rank)
                 continue
             if ALIVE_TAG in body:  # at the start, or written between another line's text and its end
                 body, beat = without_heartbeat(body)
-                if alive is not None and beat is not None:
+                if alive is not None and beat is not None and beat["rank"] not in finished:
                     alive[beat["rank"]] = (time.monotonic(), beat["host"])
                 if not body.strip():
                     continue

@@ -105,6 +105,8 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
          stdin_pipe: bool = False) -> list[dict]:
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
+    failures: list[dict] = []
+    lingered = False
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stdin=subprocess.PIPE if stdin_pipe else None,
                           stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1) as proc:
@@ -113,9 +115,15 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
             # Without a run directory (bench, plan) nothing keeps the other ranks' lines: all shown.
             hidden = (f"hvdhetero: the other ranks' output is in {logs.path(1).parent}/rank-N.log "
                       "(--all-ranks-output shows it here)") if logs is not None else ""
-            failures = console.relay(_watched(proc, alive, exits, silent_s, logs, watch),
-                                     live.display_for(sys.stdout), results=results, alive=alive,
-                                     all_ranks=all_ranks or logs is None, hidden_note=hidden)
+            console.relay(_watched(proc, alive, exits, silent_s, logs, watch, expected=len(rank_hosts)),
+                          live.display_for(sys.stdout), results=results, alive=alive,
+                          all_ranks=all_ranks or logs is None, hidden_note=hidden, failures=failures)
+        except _Lingering as lingering:  # every rank is done; what is left of the job is stuck on the way out
+            _stop(proc)
+            lingered = True
+            print(f"hvdhetero: every rank finished, but {Path(argv[0]).name} had not exited "
+                  f"{lingering.seconds:.0f} s later (a host's connection stuck on the way out?): stopped it",
+                  file=sys.stderr, flush=True)
         except _Silent as silent:
             _stop(proc)
             raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
@@ -138,8 +146,8 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
     for failure in failures:
         if logs is not None and logs.has(failure["rank"]):
             failure["log"] = str(logs.path(failure["rank"]))
-    if watch is not None and proc.returncode == 0:  # ranks were dropped, the job went on
-        return results
+    if (watch is not None and proc.returncode == 0) or (lingered and not failures):
+        return results  # ranks were dropped and the job went on; or every rank finished its work
     first = next(iter(exits.items()), None)
     if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
         raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
@@ -180,6 +188,19 @@ def _ended(watch: elastic_hosts.Watch | None) -> str:
     return watch.ended() if watch is not None else ""
 
 
+FINISH_S = 60.0
+"""How long the launcher's command (horovodrun, mpirun, the Ray driver's ssh) may take to exit
+once every rank has said it is done (HVDHETERO_FINISH_S): Horovod's shutdown takes seconds; a
+host that vanished after its rank finished would hold its ssh session open for the kernel's
+TCP timeout (minutes to hours), and no rank is left to go silent."""
+
+
+class _Lingering(Exception):
+    def __init__(self, seconds: float):
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
 class _Silent(Exception):
     def __init__(self, rank: int, host: str, seconds: float):
         super().__init__(rank, host, seconds)
@@ -187,12 +208,17 @@ class _Silent(Exception):
 
 
 def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
-             logs: console.RankLogs | None = None, watch: elastic_hosts.Watch | None = None):
+             logs: console.RankLogs | None = None, watch: elastic_hosts.Watch | None = None,
+             expected: int = 0):
     """horovodrun's lines as they come (read by a thread), checking at least once a second that
     no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
     every line goes to the rank logs, if kept. Under elastic (`watch`) a silent rank is killed and
-    a dead one dropped, until fewer than --min-hosts hosts are left."""
+    a dead one dropped, until fewer than --min-hosts hosts are left. Once every rank (at least
+    `expected` of them) has said it is done, the command has FINISH_S to exit (_Lingering)."""
     lines: queue.Queue = queue.Queue()
+    done: set[int] = set()
+    finish_s = float(os.environ.get("HVDHETERO_FINISH_S") or FINISH_S)
+    all_done_at: float | None = None
 
     def read():
         try:
@@ -215,6 +241,8 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
         if line:
             if logs is not None:
                 logs.write(line)
+            if progress.DONE_TAG in line and (said := progress.PREFIX.match(line)):
+                done.add(int(said.group(1)))
             match = EXIT_LINE.match(line) or MPI_EXIT_LINE.match(line)
             if match:
                 code = int(match.group(2)) * (-1 if match.re is MPI_EXIT_LINE else 1)  # mpirun names the signal
@@ -244,6 +272,12 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
                     raise _Silent(rank, host, now - seen)
         if watch is not None:
             watch.tick()
+        if done and len(done) >= expected and not alive.keys() - done and proc.poll() is None:
+            all_done_at = all_done_at or now
+            if now - all_done_at > finish_s:
+                raise _Lingering(now - all_done_at)
+        else:
+            all_done_at = None
 
 
 MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
