@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 
 from hvdhetero import checks
@@ -31,6 +32,11 @@ class JobConfig:
     """metrics.jsonl and whatever `job.save` writes go here (rank 0)."""
     seed: int = 0
     """Seeds torch, the shuffling and dropout on every rank (rank 0's initial weights win)."""
+    env: str = ""
+    """Environment variables for every rank, comma-separated: NAME=VALUE, or NAME alone for the
+    value it has here (as mpirun -x), e.g. OMP_NUM_THREADS=4,WANDB_MODE. Nothing else of this
+    shell's environment reaches a rank (secrets stay here, and each host keeps its own HOME and
+    PATH); the values are on the ranks' command lines, so pass no secrets this way."""
     deterministic: bool = False
     """Kernels that repeat their bits (torch.use_deterministic_algorithms, cuDNN deterministic,
     cuBLAS's fixed workspace): on a CUDA rank, a run and its resume then end bit-exact, as CPU
@@ -98,6 +104,7 @@ class JobConfig:
         object.__setattr__(self, "micro_batch", check_micro_batch(self.micro_batch))  # hh.init(micro_batch=64)
         checks.types(self)
         checks.within("seed", self.seed, 0, 2**32 - 1, "numpy and scikit-learn take no other seeds")
+        env_items(self.env)
         if check_sync(self.sync)[0] in ("step", "auto") and self.overlap_sync:
             raise ConfigError(f"--overlap-sync needs --sync local:H or diloco:H, got --sync {self.sync} (step sync "
                               "overlaps each step's reduction with backward already; auto decides itself)")
@@ -156,6 +163,21 @@ def check_sync(value: str) -> tuple[str, int]:
         return kind, int(every)
     raise ConfigError(f"--sync must be step, auto, local:H or diloco:H with H a positive integer (steps "
                       f"between exchanges), got {value!r}")
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_items(value: str) -> list[tuple[str, str | None]]:
+    """An --env setting as [(NAME, VALUE or None for this shell's value)]; else ConfigError."""
+    items = []
+    for item in filter(None, (part.strip() for part in str(value).split(","))):
+        name, eq, given = item.partition("=")
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigError(f"--env: {item!r} is not NAME or NAME=VALUE (names are letters, digits and _, "
+                              "not starting with a digit; items are separated by commas)")
+        items.append((name, given if eq else None))
+    return items
 
 
 def check_micro_batch(value) -> str:

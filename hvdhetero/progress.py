@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+TAG_MARK = "@@hvdhetero-"
+"""What every tag below starts with."""
 TAG = "@@hvdhetero-progress "
 """A rank's running totals and the epoch's position (and from rank 0 its loss and logged scalars)."""
 ERROR_TAG = "@@hvdhetero-error "

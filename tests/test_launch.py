@@ -233,3 +233,46 @@ def test_a_command_stuck_after_every_rank_finished_is_stopped_not_waited_on(monk
         assert supervise.run(job, {}, rank_hosts=["h0", "h1"]) == []
     assert time.monotonic() - started < 30
     assert "every rank finished, but python" in capsys.readouterr().err
+
+
+def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
+    """tqdm redraws its bar with "\\r" many times a second; horovodrun passes each redraw on with
+    its rank's prefix. The console shows the bar as it ended, once, and the lines around it."""
+    from hvdhetero.cluster import supervise
+
+    code = ("import sys, time\n"
+            "w = lambda t: (sys.stdout.write(t), sys.stdout.flush())\n"
+            "w('[0]<stdout>:epoch 1\\n')\n"
+            "for i in range(50): w('[0]<stderr>:\\r' + '[0]<stderr>:' + f'{i * 2:3d}%|bar| {i}/50\\r')\n"
+            "w('[0]<stderr>:100%|bar| 50/50\\n')\n"
+            "w('[0]<stdout>:a windows line\\r[0]<stdout>:\\n')\n"
+            f"w('[0]<stderr>: 10%\\r[0]<stdout>:{progress.DONE_TAG}\\n[1]<stdout>:{progress.DONE_TAG}\\n')\n")
+    assert supervise.run([sys.executable, "-c", code], {}, rank_hosts=["h0", "h1"]) == []
+    shown = capsys.readouterr().out.splitlines()
+    assert shown == ["epoch 1", "100%|bar| 50/50", "a windows line"], shown
+    assert supervise.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
+        f"[0]<stderr>:{progress.ALIVE_TAG}{{}}\n", "[0]<stderr>: 2%\n"]
+
+
+def test_a_remote_ranks_command_carries_no_home_or_path_of_the_launcher(monkeypatch):
+    """horovodrun writes its environment into every rank's command line: the launcher's HOME
+    would be a Mac rank's (`~/` env and workdir looked up under /home/anna). What does travel:
+    the locale and --env's variables (NAME alone takes this shell's value)."""
+    monkeypatch.setenv("WILD_FROM_SHELL", "here")
+    config = JobConfig(env="OMP_NUM_THREADS=4,WILD_FROM_SHELL")
+    code = ("import sys; from hvdhetero.cluster import horovodrun; horovodrun.keep_hosts_own_env()\n"
+            "from horovod.runner import gloo_run\n"
+            "from horovod.runner.common.util.hosts import SlotInfo\n"
+            "env = {'HOME': '/home/anna', 'PATH': '/usr/bin', 'TMPDIR': '/tmp/x', 'LANG': 'C.UTF-8',\n"
+            f"       'HOMEBREW_PREFIX': '/opt/homebrew', **{launch.rank_env(config)!r}}}\n"
+            "print(gloo_run._slot_info_to_command_fn('python -m x', env)(SlotInfo('mac', 1, 0, 1, 2, 1, 2)))")
+    line = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    words = line.split()
+    assert not [w for w in words if w.split("=")[0] in ("HOME", "PATH", "TMPDIR")], line
+    assert {"LANG=C.UTF-8", "HOMEBREW_PREFIX=/opt/homebrew", "OMP_NUM_THREADS=4", "WILD_FROM_SHELL=here",
+            "HOROVOD_RANK=1"} <= set(words), line
+    with pytest.raises(ConfigError, match="--env: '2X' is not NAME or NAME=VALUE"):
+        JobConfig(env="OMP_NUM_THREADS=4,2X")
+    monkeypatch.delenv("WILD_FROM_SHELL")
+    with pytest.raises(ConfigError, match="--env WILD_FROM_SHELL: not set in this shell"):
+        launch.rank_env(config)

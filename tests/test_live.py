@@ -270,3 +270,21 @@ def test_a_log_gets_plain_lines_and_every_rank_its_log_file(tmp_path):
                                          (-2500.0, "-2,500.00"), (float("nan"), "nan"), (True, "True")])
 def test_logged_scalars_read_as_a_person_writes_them(value, text):
     assert live.scalar(value) == text
+
+
+def test_horovods_stall_warning_is_said_in_words_naming_the_missing_rank():
+    """Horovod's stall inspector (stall_inspector.cc's format) names the ranks that have not
+    joined a collective; the console says what that nearly always means in a script."""
+    shown = Shown()
+    console.relay(["[0]<stderr>:[2026-11-26 19:20:13.068681: W stall_inspector.cc:107] One or more tensors were "
+                   "submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for remainder "
+                   "of ranks for more than 60 seconds. This may indicate that different ranks are trying to submit "
+                   "different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. \n",
+                   "[0]<stderr>:Missing ranks:\n", "[0]<stderr>:1: [hvdhetero.replicas]\n",
+                   "[0]<stderr>:0!: [grad.3, grad.4]\n", "[0]<stdout>:after\n"], shown)
+    said = [c[1] for c in shown.calls if c[0] == "echo" and c[1].startswith("hvdhetero: ")]
+    assert said[0].startswith("hvdhetero: rank 1 has not joined hvdhetero.replicas for 60 s, where the other ranks "
+                              "wait: every rank must make the same calls"), said
+    assert said[1] == ("hvdhetero: rank 0 has not joined grad.3, grad.4 for 60 s, where the other ranks wait (a call "
+                       "only some ranks made?); Horovod ends the job if it does not come\n"), said
+    assert len(said) == 2 and ("echo", "after\n") in shown.calls

@@ -90,8 +90,13 @@ def test_a_users_script_trains_across_hosts_with_its_folder_shipped(provisioned,
     workdirs = [d for d in Path("/root/.hvdhetero/workdirs").iterdir() if (d / "user_train.py").exists()
                 and (d / "user_train.py").read_text() == script.read_text()]
     assert len(workdirs) == 1 and not (workdirs[0] / "__pycache__").exists()
-    again = launcher(VENV_BIN / "invoke", "train", "--inventory", inventory, "--hosts", "h1,h2", "--script", script,
-                     "--run-dir", tmp_path / "again", "--", "--epochs", "1", timeout=900, check=True)
+    # the launcher's HOME is not the hosts' (a PC's /home/anna, a Mac's /Users/anna): each rank
+    # finds its env and its workdir (~/...) under its own host's home, not under the launcher's
+    elsewhere = tmp_path / "launcher-home"
+    elsewhere.mkdir()
+    again = launcher("env", f"HOME={elsewhere}", VENV_BIN / "invoke", "train", "--inventory", inventory, "--hosts",
+                     "h1,h2", "--script", script, "--run-dir", tmp_path / "again", "--", "--epochs", "1",
+                     timeout=900, check=True)
     assert re.findall(r"^h[12]: workdir (\w+)$", again.stdout, re.M) == ["unchanged", "unchanged"], again.stdout
     shutil.rmtree(workdirs[0])  # the test hosts share this machine's /root
 

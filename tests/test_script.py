@@ -80,3 +80,49 @@ def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
     assert "@@hvdhetero" not in failed + waited, "heartbeats and tags are not the rank's output"
     leftover = subprocess.run(["pgrep", "-f", "raises.py"], capture_output=True, text=True)
     assert leftover.stdout == "", "no rank is left running"
+
+
+def test_a_script_written_for_one_gpu_runs_as_written(tmp_path):
+    """tests/scripts/wild.py: a BatchNorm CNN whose epoch ends in a 2-sample step (1 + 1 would
+    make BatchNorm refuse), a tqdm bar (one console line an epoch, not one a redraw), rank 0
+    alone saving inside the loop (the DDP habit: no collective under step sync, no hang), and
+    variables for the ranks given with --env (NAME=VALUE, or NAME for this shell's value;
+    nothing else of this shell's environment reaches them)."""
+    import json
+    import os
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WILD_SECRET": "not for the ranks"}
+    proc = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", run_dir,
+                           "--env", "WILD_TAG=from-the-flag,OMP_NUM_THREADS", "--", "--out", out],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    bars = [line for line in proc.stdout.splitlines() if "it/s]" in line or "s/it]" in line]
+    assert [b.split(":")[0] for b in bars] == ["epoch 0", "epoch 1"] and "6/6" in bars[-1], proc.stdout
+    assert sorted(p.name for p in run_dir.glob("epoch*.pt")) == ["epoch0-step2.pt", "epoch1-step2.pt"]
+    assert set(torch.load(run_dir / "epoch1-step2.pt", weights_only=True)) >= {"1.running_mean", "1.running_var"}
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["env"] == {"WILD_TAG": "from-the-flag", "OMP_NUM_THREADS": "1", "WILD_SECRET": None}, rank
+        assert len(rank["sizes"]) == 12 and min(rank["sizes"]) >= 2, "the 2-sample last step is left out"
+    bad = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "x",
+                          "--env", "WILD_UNSET_HERE", "--", "--out", out], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in env.items() if k != "WILD_UNSET_HERE"})
+    assert bad.returncode == 2 and "--env WILD_UNSET_HERE: not set in this shell" in bad.stderr, bad.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_collective_only_rank_0_makes_is_said_in_words(tmp_path):
+    """job.evaluate is a collective: rank 0 evaluating alone waits for a rank 1 that never comes
+    (it waits in its own next step's gradients), and Horovod's stall shutdown never came. Rank 1
+    gives up after Horovod's stall time (6 s here, through --env; 120 s by default), saying what
+    it means for the script, and the job ends."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", run_dir, "--env",
+                    "HOROVOD_STALL_CHECK_TIME_SECONDS=3,HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=6", "--", "--out", out,
+                    "--evaluate-on-rank-0-only"], check=False, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "StalledCollective: rank 1 waited 6 s for the other ranks to join its collective" in proc.stderr, proc.stderr
+    assert "not under `if job.is_main:`" in proc.stderr

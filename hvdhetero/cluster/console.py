@@ -16,6 +16,7 @@ reads this copy). The rank side of these lines is hvdhetero/progress.py.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     """Ranks that said DONE: their heartbeat thread beats on until the process exits (Horovod's
     shutdown), and a late beat must not make a finished rank a silent one once it has exited."""
     noted = not hidden_note
+    stall_from, stall_s = None, STALL_CHECK_S
+    """The rank whose Horovod just logged "Missing ranks:" (its next lines name them), and how
+    long it said they had been missing."""
     main = 0
     """The prefix rank 0's lines come with: horovodrun's launch-time rank, which --elastic
     renumbers (rank 0's host dropped, the new rank 0 prints as [1]); its progress records say."""
@@ -84,6 +88,16 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                     main = rank
                 display.update(record)
                 continue
+            if waited := STALL_WARNING.search(body):
+                stall_s = int(waited.group(1))
+            elif body.startswith(STALL_HEAD):
+                stall_from = rank
+            elif stall_from is not None and rank == stall_from:
+                stalled = STALLED.match(body.strip())
+                if stalled:
+                    display.echo(stall_hint(int(stalled.group(1)), stalled.group(2), stall_s))
+                else:
+                    stall_from = None
             if failures and (not match or body.strip() == "Terminated"):
                 continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
             if HOROVOD_LOOP_ERROR in body:
@@ -99,6 +113,29 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
         display.close()
     return failures
 
+
+STALL_WARNING = re.compile(r"waiting for remainder of ranks for more than (\d+) seconds")
+STALL_HEAD = "Missing ranks:"
+STALLED = re.compile(r"^(\d+)!?: \[(.*)\]$")
+"""Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS, launch.RANK_ENV): its warning
+("... for more than 60 seconds ..."), "Missing ranks:" and a line per rank that has not joined,
+"1: [name, name]"."""
+
+
+def stall_hint(rank: int, names: str, seconds: int = 60) -> str:
+    """In words, what Horovod's stall warning means for a script: nearly always a call that
+    only some ranks made (`if job.is_main: job.save(...)` under --sync local/diloco, a job.save
+    or job.evaluate behind a condition whose value differs between ranks)."""
+    ours = "hvdhetero." in names
+    return (f"hvdhetero: rank {rank} has not joined {names} for {seconds} s, where the other ranks wait"
+            + (": every rank must make the same calls in the same order -- job.save, job.evaluate, job.epochs' "
+               "loop and its end, job.stop -- each on every rank and decided alike (not under `if job.is_main:`, "
+               "not on a value one rank computed alone)" if ours else " (a call only some ranks made?)")
+            + "; Horovod ends the job if it does not come\n")
+
+
+STALL_CHECK_S, STALL_SHUTDOWN_S = 60, 120
+"""launch.RANK_ENV's HOROVOD_STALL_CHECK_TIME_SECONDS and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
 
 OUR_LINES = "hvdhetero: "
 """What our own messages start with, on any rank (the console shows them whoever prints them)."""

@@ -11,6 +11,13 @@ build answers that question without torch: it is only ever built with HOROVOD_WI
 marker is there the answer is yes; a Horovod without it (stock, or the user's own) is asked the
 slow way, as horovodrun would. Everything else is horovodrun's own code, run from its script.
 
+horovodrun also writes its own environment into every rank's command line (`env K=V ... python
+...`), remote hosts included. The launcher gives it an allowlist (cluster/supervise.py FORWARDED:
+no secrets), but the machine-specific part of that list -- HOME, PATH, TMPDIR, USER, LOGNAME,
+SSH_AUTH_SOCK -- must stay on the launcher: a Mac rank given the PC's HOME=/home/anna looked
+for its env and its workdir (`~/...`, expanded by the rank) under /home/anna. Local ranks inherit
+them from horovodrun itself; a remote rank keeps what its own sshd gave it.
+
 A process of its own (the launcher never imports Horovod): it imports Horovod's runner, not torch.
 """
 
@@ -29,8 +36,22 @@ def ours() -> bool:
     return importlib.util.find_spec(f"horovod.{MARKER_MODULE}") is not None
 
 
+MACHINE_OWN = ("HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "SSH_AUTH_SOCK")
+"""The launcher's variables that no rank's command line carries (each host has its own)."""
+
+
+def keep_hosts_own_env() -> None:
+    """horovodrun's rank commands leave MACHINE_OWN out (Horovod's own list of what it never
+    exports, where it leaves out its secret key)."""
+    from horovod.runner.common.util import env as env_util
+
+    env_util.IGNORE_REGEXES.update(f"{name}$" for name in MACHINE_OWN)
+
+
 def main() -> None:
     from horovod.runner import launch  # this process is horovodrun: the launcher never imports it
+
+    keep_hosts_own_env()
 
     asked = launch.gloo_built
     # horovodrun's run_controller and its elastic launch look the check up in its module

@@ -18,8 +18,8 @@ from pathlib import Path
 from dataclasses import replace
 
 from hvdhetero import netinfo
-from hvdhetero.cluster import elastic_hosts
-from hvdhetero.config import JobConfig
+from hvdhetero.cluster import console, elastic_hosts
+from hvdhetero.config import JobConfig, env_items
 from hvdhetero.errors import ConfigError
 from hvdhetero.cluster.inventory import Host, Inventory
 # Running the command lives in supervise.py; tasks.py, bench/ and tests call it as launch.run etc.
@@ -42,10 +42,21 @@ RANK_ENV = {
     "PYTORCH_ENABLE_MPS_FALLBACK": "1",  # MPS ranks: run unsupported ops on the CPU
     # A collective that some rank never joins (a dead or diverged peer) ends the job
     # instead of hanging it: Horovod warns after 60 s and shuts down after 120 s.
-    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": str(console.STALL_CHECK_S),  # its warning is said in words there
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(console.STALL_SHUTDOWN_S),
     "HOROVOD_CYCLE_TIME": str(CYCLE_TIME_MS),
 }
+
+
+def rank_env(config: JobConfig) -> dict[str, str]:
+    """What every rank's environment gets: RANK_ENV and the user's --env (NAME alone takes its
+    value here: ConfigError if this shell has none)."""
+    env = dict(RANK_ENV)
+    for name, value in env_items(config.env):
+        if value is None and name not in os.environ:
+            raise ConfigError(f"--env {name}: not set in this shell (give it a value: --env {name}=VALUE)")
+        env[name] = os.environ[name] if value is None else value
+    return env
 
 
 def env_python(inventory: Inventory, host: Host) -> str:
@@ -95,7 +106,7 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
         discovery = (Path(config.run_dir) / elastic_hosts.DISCOVERY, config.min_hosts)
     settings = replace(config, hosts=host_settings(hosts)).to_json()
     return job(inventory, hosts, ["hvdhetero.rank.runner", "--job-json", settings, *program], launcher_python,
-               hosts_json=False, elastic_discovery=discovery)
+               hosts_json=False, elastic_discovery=discovery, env=rank_env(config))
 
 
 def recipe(args: Sequence[str]) -> list[str]:
@@ -117,7 +128,8 @@ def bench_command(inventory: Inventory, hosts: Sequence[Host], flags: Sequence[s
 
 def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[str],
         launcher_python: str = sys.executable, hosts_json: bool = True,
-        elastic_discovery: tuple[Path, int] | None = None) -> tuple[list[str], dict[str, str]]:
+        elastic_discovery: tuple[Path, int] | None = None,
+        env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of `horovodrun --gloo` running `python -m MODULE FLAGS` once per slot; with
     `elastic_discovery` (the discovery script's path, --min-hosts) in elastic mode."""
     if elastic_discovery is None:
@@ -131,7 +143,7 @@ def job(inventory: Inventory, hosts: Sequence[Host], module_and_flags: Sequence[
         "--start-timeout", str(START_TIMEOUT_S),
         "--gloo-timeout-seconds", str(elastic_hosts.gloo_timeout() if elastic_discovery else GLOO_TIMEOUT_S),
     ]
-    env = dict(RANK_ENV)
+    env = dict(RANK_ENV if env is None else env)
     if local:
         python = [local_python(inventory, hosts[0])]
     else:

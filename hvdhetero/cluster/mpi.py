@@ -46,7 +46,7 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
                           "or set backend: gloo")
     mpirun = str(Path(launcher_python).parent / "mpirun")
     root = os.geteuid() == 0 if as_root is None else as_root
-    env = {**launch.RANK_ENV, "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": inventory.pins.mpi_ops,
+    env = {**launch.rank_env(config), "HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": inventory.pins.mpi_ops,
            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(launch.GLOO_TIMEOUT_S)}
     argv = [mpirun, *(["--allow-run-as-root"] if root else []), "--tag-output", "--bind-to", "none", *TCP_ONLY]
     remote = [h for h in hosts if not h.is_local]

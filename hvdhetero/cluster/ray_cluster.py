@@ -164,7 +164,7 @@ def command(inventory: Inventory, hosts: Sequence[Host], config: JobConfig, prog
     plan = {"address": address, "head_name": hosts[0].name, "ranks": ranks,
             "hosts": [{"name": h.name, "address": h.address, "slots": h.slots} for h in hosts],
             "rendezvous": "127.0.0.1" if hosts[0].is_local else hosts[0].address,
-            "env": {**launch.RANK_ENV, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(launch.GLOO_TIMEOUT_S)}}
+            "env": {**launch.rank_env(config), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(launch.GLOO_TIMEOUT_S)}}
     # Over ssh the driver ends when the launcher's ssh does (its stdin closes: --watch-stdin).
     watch = [] if hosts[0].is_local else ["--watch-stdin"]
     return on_host(inventory, hosts[0], ["-m", "hvdhetero.cluster.ray_driver", "--plan",

@@ -222,9 +222,11 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
 
     def read():
         try:
+            proc.stdout.reconfigure(newline="\n")  # a "\r" ends no line: a progress bar's update (below)
             for line in proc.stdout:
                 for part in untangled(line):
-                    lines.put(part)
+                    for kept in settled(part):
+                        lines.put(kept)
         except (ValueError, OSError):  # the pipe closed under it: the job is being stopped, its end says why
             pass
         finally:
@@ -278,6 +280,25 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
                 raise _Lingering(now - all_done_at)
         else:
             all_done_at = None
+
+
+def settled(line: str) -> list[str]:
+    """A line as it reached the launcher, less the progress bar's updates in it: tqdm and its
+    kind redraw a line with "\r" many times a second, and horovodrun passes on each redraw with
+    its rank's prefix, which would be a console line each. What is kept is the line's last
+    state (the bar as it ended: the last part with text, "\r\n" included), and any of our own
+    tagged lines caught between the redraws."""
+    if "\r" not in line:
+        return [line]
+    parts = line.split("\r")
+
+    def text(part: str) -> str:
+        match = progress.PREFIX.match(part)
+        return (part[match.end():] if match else part).strip()
+
+    ours = [part + "\n" for part in parts[:-1] if progress.TAG_MARK in part]
+    last = next((part for part in reversed(parts) if text(part)), parts[-1])
+    return [*ours, last.rstrip("\n") + "\n"]
 
 
 MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")

@@ -251,12 +251,15 @@ class Job:
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
         atomically; every rank gets the path. Call it on every rank: under local/diloco the ranks
-        first make their models one (an exchange). Not under step sync: rank 0 writes rank 0's
-        model, which is what a settle would give every rank (rank/replicas.py)."""
+        first make their models one (an exchange), and average BatchNorm-style buffers. Under
+        step sync it is no collective (a script's `if job.is_main: job.save(...)`, the DDP habit,
+        works): rank 0 writes rank 0's model, which is what a settle would give every rank
+        (rank/replicas.py), with its own buffers, as DDP's rank 0 has them; each epoch's end
+        averages them (job.epochs), so a save after the loop holds the averaged ones."""
         if not self.strategy.always_one_model:
             self.strategy.one_model(self.step)
-        if self.training is not None:
-            average_buffers(self.training.model)
+            if self.training is not None:
+                average_buffers(self.training.model)
         path = self.run_dir / name
         if self.is_main:
             checkpoint.save_object(obj, path)

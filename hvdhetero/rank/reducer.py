@@ -13,6 +13,7 @@ also why parameters are broadcast through CPU copies rather than `hvd.broadcast_
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,12 +31,37 @@ def wait(handle):
     Horovod's own wait spins on sched_yield: a fast rank waiting a second for a slow one keeps a
     core busy all that second, which on a machine that runs anything else (a second rank of the
     job, the MPS driver thread, a browser) is taken from it. Polls instead, sleeping 0.2 ms,
-    doubling to 2 ms: at most ~2 ms late, against Horovod's 5 ms cycle."""
-    nap = NAP_S[0]
+    doubling to 2 ms: at most ~2 ms late, against Horovod's 5 ms cycle.
+
+    Bounded: a rank waiting longer than Horovod's stall shutdown time (launch.RANK_ENV) ends
+    with StalledCollective. Horovod's own stall shutdown did not fire where one rank waited in
+    its gradients' allreduce and the other in a collective of its own (a script's
+    `if job.is_main: job.evaluate(...)`): both waited on, heartbeats beating, for ever."""
+    nap, since = NAP_S[0], time.monotonic()
+    limit = stall_limit_s()
     while not hvd.poll(handle):
         time.sleep(nap)
         nap = min(2 * nap, NAP_S[1])
+        if time.monotonic() - since > limit:
+            raise StalledCollective(
+                f"rank {hvd.rank()} waited {limit:.0f} s for the other ranks to join its collective (a gradient "
+                "reduction or an exchange): another rank is in a call this one never makes. Every rank must make "
+                "the same calls in the same order -- job.save, job.evaluate, job.epochs' loop, job.stop -- each on "
+                "every rank and decided alike (not under `if job.is_main:`, not on a value one rank computed alone)")
     return hvd.synchronize(handle)
+
+
+class StalledCollective(RuntimeError):
+    """A collective some rank never joined (reducer.wait's bound)."""
+
+
+def stall_limit_s() -> float:
+    """How long a rank waits for the others in one collective: Horovod's stall shutdown time
+    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, 120 s as the launcher sets it; 0 or unset: 120 s)."""
+    try:
+        return float(os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") or 0) or 120.0
+    except ValueError:
+        return 120.0
 
 
 @dataclass

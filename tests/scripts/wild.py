@@ -1,0 +1,49 @@
+"""A script as people write them for one GPU, ported with the README's ~10 lines: a BatchNorm
+CNN, a tqdm bar over the loader, a checkpoint saved by rank 0 alone inside the loop (the DDP
+habit), settings read from the environment; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm).
+Run by tests/test_script.py through `invoke train --script`.
+
+    OMP_NUM_THREADS=1 invoke train --script tests/scripts/wild.py --env WILD_TAG=x,OMP_NUM_THREADS -- --out DIR
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
+from tqdm import tqdm
+
+import hvdhetero as hh
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--batch-size", type=int, default=233)
+parser.add_argument("--out", required=True)
+parser.add_argument("--evaluate-on-rank-0-only", action="store_true", help="a mistake: job.evaluate is a collective")
+args = parser.parse_args()
+
+job = hh.init()
+x, y = load_digits(return_X_y=True)
+train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1400] / 16.0, dtype=torch.float32).view(-1, 1, 8, 8),
+                                           torch.tensor(y[:1400]))
+model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(8 * 64, 10)).to(job.device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
+sizes = []
+for epoch in job.epochs(args.epochs):
+    for i, (images, labels) in enumerate(tqdm(loader, desc=f"epoch {epoch}")):
+        sizes.append(len(labels))
+        job.backward(F.cross_entropy(model(images), labels))
+        optimizer.step()
+        optimizer.zero_grad()
+        if job.is_main and i == 2:
+            job.save(model.state_dict(), f"epoch{epoch}-step{i}.pt")
+            if args.evaluate_on_rank_0_only:
+                job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
+with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
+    json.dump({"sizes": sizes, "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_SECRET")},
+               "home": os.environ.get("HOME")}, f)
