@@ -12,7 +12,7 @@ import pytest
 
 from hvdhetero import progress
 from hvdhetero.cluster import inventory as inv
-from hvdhetero.cluster import launch
+from hvdhetero.cluster import console, launch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 
@@ -250,7 +250,7 @@ def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
     assert supervise.run([sys.executable, "-c", code], {}, rank_hosts=["h0", "h1"]) == []
     shown = capsys.readouterr().out.splitlines()
     assert shown == ["epoch 1", "100%|bar| 50/50", "a windows line"], shown
-    assert supervise.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
+    assert console.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
         f"[0]<stderr>:{progress.ALIVE_TAG}{{}}\n", "[0]<stderr>: 2%\n"]
 
 

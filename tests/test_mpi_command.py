@@ -15,7 +15,7 @@ import pytest
 
 from hvdhetero.cluster import inventory as inv
 from hvdhetero import progress
-from hvdhetero.cluster import launch, mpi
+from hvdhetero.cluster import console, launch, mpi
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, InventoryError
 from hvdhetero.rank.runner import parse_args
@@ -255,9 +255,8 @@ def test_the_agent_runs_each_hosts_own_daemon_through_the_inventorys_ssh(tmp_pat
 ])
 def test_the_launcher_splits_what_mpirun_ran_together_into_the_ranks_lines(line, lines):
     from hvdhetero import progress
-    from hvdhetero.cluster import supervise
 
-    assert supervise.untangled(line) == lines
+    assert console.untangled(line) == lines
     assert [progress.PREFIX.match(part).group(1) for part in lines if part.startswith("[")] == \
         [part[1:].split("]")[0].split(",")[-1] for part in lines if part.startswith("[")]
 

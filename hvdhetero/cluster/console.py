@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import IO, Iterable
 
-from hvdhetero.progress import ALIVE_TAG, DONE_TAG, ERROR_TAG, PREFIX, RESULT_TAG, TAG
+from hvdhetero.progress import ALIVE_TAG, DONE_TAG, ERROR_TAG, PREFIX, RESULT_TAG, TAG, TAG_MARK
 
 HOROVOD_LOOP_ERROR = "Horovod background loop uncaught exception"
 """Horovod's log line on a rank whose collective failed: nearly always a peer that died or was
@@ -250,3 +250,38 @@ def failure_summary(failures: list[dict]) -> str:
         lines.append(f"  then also: {', '.join(others)}")
     lines.append("  the other ranks were stopped")
     return "\n".join(lines)
+
+
+def settled(line: str) -> list[str]:
+    """A line as it reached the launcher, less the progress bar's updates in it: tqdm and its
+    kind redraw a line with "\r" many times a second, and horovodrun passes on each redraw with
+    its rank's prefix, which would be a console line each. What is kept is the line's last
+    state (the bar as it ended: the last part with text, "\r\n" included), and any of our own
+    tagged lines caught between the redraws."""
+    if "\r" not in line:
+        return [line]
+    parts = line.split("\r")
+
+    def text(part: str) -> str:
+        match = PREFIX.match(part)
+        return (part[match.end():] if match else part).strip()
+
+    ours = [part + "\n" for part in parts[:-1] if TAG_MARK in part]
+    last = next((part for part in reversed(parts) if text(part)), parts[-1])
+    return [*ours, last.rstrip("\n") + "\n"]
+
+
+MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
+
+
+def untangled(line: str) -> list[str]:
+    """mpirun --tag-output's line as the lines the ranks wrote. Open MPI 4 tags each chunk a rank
+    writes, not each line, so one console line can hold two ranks' lines ("[1,0]<stdout>:a[1,1]<stdout>:b")
+    or end in a tag of its own (a newline written apart: "[1,1]<stdout>:a[1,1]<stdout>:"). Lines
+    without such a tag (horovodrun's) come back as they are."""
+    starts = [m.start() for m in MPI_TAG.finditer(line)]
+    if len(starts) < 2 and not (starts and starts[0] > 0):
+        return [line]
+    cuts = sorted({0, *starts, len(line)})
+    parts = [line[a:b] for a, b in zip(cuts, cuts[1:])]
+    return [p.rstrip("\n") + "\n" for p in parts if MPI_TAG.sub("", p, count=1).strip()]  # not a tag alone
