@@ -232,7 +232,7 @@ def test_a_command_stuck_after_every_rank_finished_is_stopped_not_waited_on(monk
     else:
         assert supervise.run(job, {}, rank_hosts=["h0", "h1"]) == []
     assert time.monotonic() - started < 30
-    assert "every rank finished, but python" in capsys.readouterr().err
+    assert "every rank finished, but the job's launcher" in capsys.readouterr().err
 
 
 def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):

@@ -121,8 +121,9 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
         except _Lingering as lingering:  # every rank is done; what is left of the job is stuck on the way out
             _stop(proc)
             lingered = True
-            print(f"hvdhetero: every rank finished, but {Path(argv[0]).name} had not exited "
-                  f"{lingering.seconds:.0f} s later (a host's connection stuck on the way out?): stopped it",
+            print(f"hvdhetero: every rank finished, but the job's launcher (horovodrun, mpirun or the Ray driver) "
+                  f"had not exited {lingering.seconds:.0f} s later (a host's connection stuck on the way out?): "
+                  "stopped it",
                   file=sys.stderr, flush=True)
         except _Silent as silent:
             _stop(proc)
