@@ -166,16 +166,26 @@ def check_sync(value: str) -> tuple[str, int]:
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_ITEM = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=|,|$))")
+"""Where --env's items part: at a comma before a NAME= or a bare NAME (CUDA-style lists in a
+value, "a=0,1", stay whole)."""
+ENV_REFUSED = {"HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "SSH_AUTH_SOCK", "CUDA_VISIBLE_DEVICES"}
+"""Names --env does not take: each host keeps its own (cluster/horovodrun.py), and a CUDA host's
+GPU is the inventory's `device` (cuda:1)."""
 
 
 def env_items(value: str) -> list[tuple[str, str | None]]:
     """An --env setting as [(NAME, VALUE or None for this shell's value)]; else ConfigError."""
     items = []
-    for item in filter(None, (part.strip() for part in str(value).split(","))):
+    for item in filter(None, (part.strip() for part in ENV_ITEM.split(str(value)))):
         name, eq, given = item.partition("=")
         if not ENV_NAME.fullmatch(name):
             raise ConfigError(f"--env: {item!r} is not NAME or NAME=VALUE (names are letters, digits and _, "
                               "not starting with a digit; items are separated by commas)")
+        if name in ENV_REFUSED:
+            raise ConfigError(f"--env {name}: each host keeps its own " + (
+                "GPUs: choose one with the host's `device: cuda:N` in the inventory" if name == "CUDA_VISIBLE_DEVICES"
+                else f"{name} (a Mac's is not a PC's)"))
         items.append((name, given if eq else None))
     return items
 

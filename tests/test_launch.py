@@ -271,8 +271,14 @@ def test_a_remote_ranks_command_carries_no_home_or_path_of_the_launcher(monkeypa
     assert not [w for w in words if w.split("=")[0] in ("HOME", "PATH", "TMPDIR")], line
     assert {"LANG=C.UTF-8", "HOMEBREW_PREFIX=/opt/homebrew", "OMP_NUM_THREADS=4", "WILD_FROM_SHELL=here",
             "HOROVOD_RANK=1"} <= set(words), line
-    with pytest.raises(ConfigError, match="--env: '2X' is not NAME or NAME=VALUE"):
-        JobConfig(env="OMP_NUM_THREADS=4,2X")
+    with pytest.raises(ConfigError, match="--env: '2X=1' is not NAME or NAME=VALUE"):
+        JobConfig(env="2X=1,OMP_NUM_THREADS=4")
+    with pytest.raises(ConfigError, match="--env HOME: each host keeps its own HOME"):
+        JobConfig(env="HOME=/home/anna")
+    with pytest.raises(ConfigError, match="device: cuda:N"):
+        JobConfig(env="CUDA_VISIBLE_DEVICES=0,1")
+    from hvdhetero.config import env_items
+    assert env_items("A=0,1, B=x=y,C,D=") == [("A", "0,1"), ("B", "x=y"), ("C", None), ("D", "")]
     monkeypatch.delenv("WILD_FROM_SHELL")
     with pytest.raises(ConfigError, match="--env WILD_FROM_SHELL: not set in this shell"):
         launch.rank_env(config)

@@ -268,6 +268,9 @@ def settled(line: str) -> list[str]:
 
     ours = [part + "\n" for part in parts[:-1] if TAG_MARK in part]
     last = next((part for part in reversed(parts) if text(part)), parts[-1])
+    tagged = PREFIX.match(parts[0])
+    if tagged and not PREFIX.match(last):  # one prefix for all its redraws (mpirun's, the Ray driver's)
+        last = tagged.group(0) + last
     return [*ours, last.rstrip("\n") + "\n"]
 
 

@@ -40,8 +40,9 @@ CYCLE_TIME_MS = 5
 RANK_ENV = {
     "PYTHONUNBUFFERED": "1",  # rank output reaches the console as it happens
     "PYTORCH_ENABLE_MPS_FALLBACK": "1",  # MPS ranks: run unsupported ops on the CPU
-    # A collective that some rank never joins (a dead or diverged peer) ends the job
-    # instead of hanging it: Horovod warns after 60 s and shuts down after 120 s.
+    # A collective that some rank never joins (a dead or diverged peer): Horovod warns after 60 s
+    # (the console says it in words) and is asked to shut down after 120 s, which it did not
+    # always do; a rank's own wait is bounded too (rank/reducer.py COLLECTIVE_TIMEOUT_S).
     "HOROVOD_STALL_CHECK_TIME_SECONDS": str(console.STALL_CHECK_S),  # its warning is said in words there
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(console.STALL_SHUTDOWN_S),
     "HOROVOD_CYCLE_TIME": str(CYCLE_TIME_MS),
@@ -54,7 +55,8 @@ def rank_env(config: JobConfig) -> dict[str, str]:
     env = dict(RANK_ENV)
     for name, value in env_items(config.env):
         if value is None and name not in os.environ:
-            raise ConfigError(f"--env {name}: not set in this shell (give it a value: --env {name}=VALUE)")
+            raise ConfigError(f"--env {name}: not set in this shell (export it, or give it a value: "
+                              f"--env {name}=VALUE)")
         env[name] = os.environ[name] if value is None else value
     return env
 

@@ -68,3 +68,9 @@ def first_tensor(batch):
         if found is not None:
             return found
     return None
+
+
+def fewest_samples(model: torch.nn.Module) -> int:
+    """The fewest samples a rank's batch may hold, 0 aside: 2 with BatchNorm (training mode
+    refuses a batch of one where a channel has one value: BatchNorm1d after a Linear), else 1."""
+    return 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()) else 1

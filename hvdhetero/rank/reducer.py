@@ -33,21 +33,23 @@ def wait(handle):
     job, the MPS driver thread, a browser) is taken from it. Polls instead, sleeping 0.2 ms,
     doubling to 2 ms: at most ~2 ms late, against Horovod's 5 ms cycle.
 
-    Bounded: a rank waiting longer than Horovod's stall shutdown time (launch.RANK_ENV) ends
-    with StalledCollective. Horovod's own stall shutdown did not fire where one rank waited in
-    its gradients' allreduce and the other in a collective of its own (a script's
-    `if job.is_main: job.evaluate(...)`): both waited on, heartbeats beating, for ever."""
+    Bounded: a rank waiting longer than collective_timeout_s() ends with StalledCollective.
+    Horovod's stall shutdown did not fire where one rank waited in its gradients' allreduce and
+    the other in a collective of its own (a script's `if job.is_main: job.evaluate(...)`): both
+    waited on, heartbeats beating, for ever."""
     nap, since = NAP_S[0], time.monotonic()
-    limit = stall_limit_s()
+    limit = collective_timeout_s()
     while not hvd.poll(handle):
         time.sleep(nap)
         nap = min(2 * nap, NAP_S[1])
-        if time.monotonic() - since > limit:
+        if limit and time.monotonic() - since > limit:
             raise StalledCollective(
                 f"rank {hvd.rank()} waited {limit:.0f} s for the other ranks to join its collective (a gradient "
-                "reduction or an exchange): another rank is in a call this one never makes. Every rank must make "
-                "the same calls in the same order -- job.save, job.evaluate, job.epochs' loop, job.stop -- each on "
-                "every rank and decided alike (not under `if job.is_main:`, not on a value one rank computed alone)")
+                "reduction or an exchange): another rank is in a call this one never makes, or still busy on its "
+                "own. Every rank must make the same calls in the same order -- job.save, job.evaluate, "
+                "job.epochs' loop, job.stop -- each on every rank and decided alike (not under `if job.is_main:`, "
+                f"not on a value one rank computed alone); work one rank does alone for longer needs "
+                f"{TIMEOUT_VAR} raised (--env {TIMEOUT_VAR}=SECONDS; 0: no limit)")
     return hvd.synchronize(handle)
 
 
@@ -55,13 +57,20 @@ class StalledCollective(RuntimeError):
     """A collective some rank never joined (reducer.wait's bound)."""
 
 
-def stall_limit_s() -> float:
-    """How long a rank waits for the others in one collective: Horovod's stall shutdown time
-    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, 120 s as the launcher sets it; 0 or unset: 120 s)."""
+TIMEOUT_VAR = "HVDHETERO_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_S = 600.0
+"""How long a rank waits for the others in one gradient reduction or exchange before it ends
+the job: long enough for what one rank may do alone between steps (rank 0 writing a checkpoint
+of several GB, its own validation loop, torch.compile recompiling for a new share), short
+enough that a deadlock is said in words the same session. DDP's default is 30 min."""
+
+
+def collective_timeout_s() -> float:
+    """COLLECTIVE_TIMEOUT_S, or the rank's HVDHETERO_COLLECTIVE_TIMEOUT_S (0: no limit)."""
     try:
-        return float(os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") or 0) or 120.0
+        return max(0.0, float(os.environ.get(TIMEOUT_VAR) or COLLECTIVE_TIMEOUT_S))
     except ValueError:
-        return 120.0
+        return COLLECTIVE_TIMEOUT_S
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import autosync
+from hvdhetero.rank import autosync, batches
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.worker import Worker, micro_batch_for
@@ -59,7 +59,8 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
             measured, error = None, probe_error(err)
         failed = hvd.allgather_object(error, name="hvdhetero.probe")
         caps = hvd.allgather_object(me.max_batch, name="hvdhetero.caps")
-        balancer = Balancer(global_batch, size, caps=caps, merges=config.inner_steps == "by-speed")
+        balancer = Balancer(global_batch, size, caps=caps, merges=config.inner_steps == "by-speed",
+                            minimum=batches.fewest_samples(model))
         if measured is not None and not any(failed):
             split_from(balancer, model, dataset, me, *measured, loss_fn=probe, collate_fn=collate_fn)
     if any(failed) and hvd.rank() == 0:

@@ -24,7 +24,7 @@ import torch
 
 from hvdhetero.config import JobConfig
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import elastic, resume
+from hvdhetero.rank import batches, elastic, resume
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
@@ -54,11 +54,10 @@ class Training:
         kind, every, overlap_sync, inner = mode
         self.model, self.balancer = model, begun.balancer
         self.reducer = reducer
-        # every rank takes part in an epoch's short last step; with BatchNorm two samples at least
-        # (training mode refuses one: a 1,401-sample epoch's last 1 + 1, which one device runs as 2)
-        batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
+        # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
         self.sampler = WeightedBatchSampler(len(dataset), self.balancer.split, self.rank, seed=config.seed,
-                                            min_share=2 if batch_norm else 1)
+                                            min_share=batches.fewest_samples(model))
         self.loader = Loader(dataset, self.sampler, device, me.micro_batch, collate_fn, num_workers,
                              on_item=self.on_item, epoch=lambda: self.train.epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)

@@ -1,6 +1,6 @@
 """A script as people write them for one GPU, ported with the README's ~10 lines: a BatchNorm
 CNN, a tqdm bar over the loader, a checkpoint saved by rank 0 alone inside the loop (the DDP
-habit), settings read from the environment; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm).
+habit), settings read from the environment; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm1d: one value a channel).
 Run by tests/test_script.py through `invoke train --script`.
 
     OMP_NUM_THREADS=1 invoke train --script tests/scripts/wild.py --env WILD_TAG=x,OMP_NUM_THREADS -- --out DIR
@@ -30,7 +30,7 @@ x, y = load_digits(return_X_y=True)
 train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1400] / 16.0, dtype=torch.float32).view(-1, 1, 8, 8),
                                            torch.tensor(y[:1400]))
 model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
-                      nn.Linear(8 * 64, 10)).to(job.device)
+                      nn.Linear(8 * 64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
 sizes = []
@@ -45,5 +45,5 @@ for epoch in job.epochs(args.epochs):
             if args.evaluate_on_rank_0_only:
                 job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"sizes": sizes, "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_SECRET")},
+    json.dump({"sizes": sizes, "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
                "home": os.environ.get("HOME")}, f)
