@@ -30,3 +30,21 @@ def messages():
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]
+
+
+def test_a_failures_summary_shows_a_line_of_the_users_script_when_the_error_is_deep_in_torch():
+    """BatchNorm's "Expected more than 1 value per channel" is raised four frames deep in torch:
+    the summary's innermost frames alone showed no line of the script. The innermost frame of
+    the user's own code comes first then."""
+    import sys
+    import traceback
+
+    from hvdhetero.rank import runner
+
+    torch_dir = [p for p in sys.path if p.endswith("site-packages")][0] + "/torch/nn/"
+    deep = [traceback.FrameSummary("/home/anna/train.py", 40, "<module>", line="loss = model(x)"),
+            *(traceback.FrameSummary(torch_dir + f"f{i}.py", i, f"f{i}", line="...") for i in range(5))]
+    assert [f.filename for f in runner.shown(deep)] == ["/home/anna/train.py", *(torch_dir + f"f{i}.py"
+                                                                                  for i in (2, 3, 4))]
+    shallow = [*deep[1:3], traceback.FrameSummary("/home/anna/train.py", 7, "load", line="raise ValueError")]
+    assert runner.shown(shallow) == shallow, "the script's frame is among the innermost: as they are"

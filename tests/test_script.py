@@ -82,12 +82,12 @@ def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
     assert leftover.stdout == "", "no rank is left running"
 
 
-def test_a_script_written_for_one_gpu_runs_as_written(tmp_path):
+def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(tmp_path):
     """tests/scripts/wild.py: a BatchNorm CNN whose epoch ends in a 2-sample step (1 + 1 would
     make its BatchNorm1d refuse), a tqdm bar (one console line an epoch, not one a redraw), rank 0
     alone saving inside the loop (the DDP habit: no collective under step sync, no hang), and
     variables for the ranks given with --env (NAME=VALUE, or NAME for this shell's value;
-    nothing else of this shell's environment reaches them)."""
+    nothing else of this shell's environment reaches them); then two mistakes (below)."""
     import json
     import os
 
@@ -112,18 +112,19 @@ def test_a_script_written_for_one_gpu_runs_as_written(tmp_path):
                          timeout=120, env={k: v for k, v in env.items() if k != "WILD_UNSET_HERE"})
     assert bad.returncode == 2 and "--env WILD_UNSET_HERE: not set in this shell" in bad.stderr, bad.stderr
     assert not (tmp_path / "x").exists()
+    first = [json.loads((out / f"init{r}.json").read_text()) for r in (0, 1)]
+    assert first[0] == first[1], "every rank starts from rank 0's weights"
 
-
-def test_a_collective_only_rank_0_makes_is_said_in_words(tmp_path):
-    """job.evaluate is a collective: rank 0 evaluating alone waits for a rank 1 that never comes
-    (it waits in its own next step's gradients), and Horovod's stall shutdown never came. Rank 1
-    gives up after HVDHETERO_COLLECTIVE_TIMEOUT_S (6 s here, through --env; 10 min by default),
-    saying what it means for the script, and the job ends."""
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", run_dir, "--env",
-                    "HVDHETERO_COLLECTIVE_TIMEOUT_S=6", "--", "--out", out, "--evaluate-on-rank-0-only"],
-                   check=False, timeout=300)
+    # A mistake: job.evaluate is a collective, and rank 0 evaluating alone waits for a rank 1
+    # that never comes (it waits in its next step's gradients; Horovod's stall shutdown never
+    # came). Rank 1 gives up after HVDHETERO_COLLECTIVE_TIMEOUT_S (6 s here through --env; 10
+    # min by default), saying what it means for the script, and the job ends. The script seeds
+    # torch itself before hh.init() (2 here, 1 above): its seed stands.
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "stalled",
+                    "--env", "HVDHETERO_COLLECTIVE_TIMEOUT_S=6", "--", "--out", out, "--evaluate-on-rank-0-only",
+                    "--seed", "2"], check=False, timeout=300)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "StalledCollective: rank 1 waited 6 s for the other ranks to join its collective" in proc.stderr, proc.stderr
     assert "not under `if job.is_main:`" in proc.stderr
+    second = json.loads((out / "init0.json").read_text())
+    assert second != first[0], "the script's own torch.manual_seed counts (hh.init() reseeded with --seed before)"

@@ -17,6 +17,9 @@ class Droppable(Protocol):
 
 job: Any = None
 """The Job (rank/job.py), once hh.init() made it."""
+runner_seed: int | None = None
+"""The seed the runner gave torch before the script began (None: a script launched without it,
+which hh.init() seeds)."""
 
 
 def drop() -> Droppable | None:

@@ -36,7 +36,8 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import checkpoint, devices, elastic, evaluation, host, precision, records, resume, start, validate
+from hvdhetero.rank import (checkpoint, current, devices, elastic, evaluation, host, precision, records, resume, start,
+                            validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.registry import Registry, TrainState
@@ -78,7 +79,8 @@ class Job:
         self._tracked = Registry()
         """job.track(name, obj): the script's own state in every checkpoint."""
         self._stopping = False
-        torch.manual_seed(config.seed)
+        if current.runner_seed is None or torch.initial_seed() == current.runner_seed:
+            torch.manual_seed(config.seed)  # else the script seeded torch itself: its seed stands
 
     # -- what a script calls ------------------------------------------------------------------
 

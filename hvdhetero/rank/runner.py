@@ -23,6 +23,7 @@ import traceback
 
 from hvdhetero import progress
 from hvdhetero.config import ENV_VAR, JobConfig
+from hvdhetero.rank import current
 
 FRAMES = 4
 """Frames of the traceback the summary shows (the innermost ones)."""
@@ -99,7 +100,13 @@ def as_horovodrun_would(address: str, config: JobConfig) -> None:
 
 
 def run_script(args) -> None:
-    """The script (or module) as __main__, with its own arguments."""
+    """The script (or module) as __main__, with its own arguments; torch seeded with --seed
+    first, so that the script's own torch.manual_seed, before hh.init() or after, is the one
+    that counts (hh.init() seeds only a script that did not: rank/job.py)."""
+    import torch
+
+    torch.manual_seed(JobConfig.from_json(os.environ[ENV_VAR]).seed)
+    current.runner_seed = torch.initial_seed()
     if args.module:
         sys.argv = [args.module, *args.args]
         runpy.run_module(args.module, run_name="__main__", alter_sys=True)
@@ -109,6 +116,23 @@ def run_script(args) -> None:
         if os.path.dirname(script) not in sys.path:
             sys.path.insert(0, os.path.dirname(script))
         runpy.run_path(script, run_name="__main__")
+
+
+def shown(frames: list) -> list:
+    """The frames a failure's summary shows: the innermost FRAMES, and before them the innermost
+    frame of the user's own code where those are all in libraries (a BatchNorm's error raised four
+    frames deep in torch showed no line of the script)."""
+    last = list(frames[-FRAMES:])
+    yours = [f for f in frames if not _library(f.filename)]
+    if yours and yours[-1] not in last:
+        last = [yours[-1], *last[1:]]
+    return last
+
+
+def _library(filename: str) -> bool:
+    """A frame of an installed package (torch, horovod, ours), not of the user's script."""
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(
+        (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, "<"))
 
 
 def host_name(config: JobConfig) -> str:
@@ -121,7 +145,7 @@ def fail(config: JobConfig, what: str, frames, full: str = "") -> None:
     """Report this rank's failure in one tagged line (the launcher keeps the whole traceback in
     the rank's log), exit 1 now."""
     print(progress.failure_line(host_name(config), what, [f"{f.filename}:{f.lineno} in {f.name}: "
-                                                         f"{(f.line or '').strip()}" for f in frames[-FRAMES:]],
+                                                         f"{(f.line or '').strip()}" for f in shown(frames)],
                                 full), flush=True)
     sys.stderr.flush()
     os._exit(1)  # Horovod's atexit shutdown would wait on peers stuck in a collective with us

@@ -1,6 +1,6 @@
 """A script as people write them for one GPU, ported with the README's ~10 lines: a BatchNorm
 CNN, a tqdm bar over the loader, a checkpoint saved by rank 0 alone inside the loop (the DDP
-habit), settings read from the environment; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm1d: one value a channel).
+habit), its own torch seed, settings read from the environment; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm1d: one value a channel).
 Run by tests/test_script.py through `invoke train --script`.
 
     OMP_NUM_THREADS=1 invoke train --script tests/scripts/wild.py --env WILD_TAG=x,OMP_NUM_THREADS -- --out DIR
@@ -22,9 +22,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=233)
 parser.add_argument("--out", required=True)
+parser.add_argument("--seed", type=int, default=1, help="the script's own torch seed, before hh.init()")
 parser.add_argument("--evaluate-on-rank-0-only", action="store_true", help="a mistake: job.evaluate is a collective")
 args = parser.parse_args()
 
+torch.manual_seed(args.seed)
 job = hh.init()
 x, y = load_digits(return_X_y=True)
 train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1400] / 16.0, dtype=torch.float32).view(-1, 1, 8, 8),
@@ -33,6 +35,8 @@ model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(
                       nn.Linear(8 * 64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
+with open(os.path.join(args.out, f"init{job.rank}.json"), "w") as f:  # the weights every rank starts from
+    json.dump([round(p.double().sum().item(), 12) for p in model.parameters()], f)
 sizes = []
 for epoch in job.epochs(args.epochs):
     for i, (images, labels) in enumerate(tqdm(loader, desc=f"epoch {epoch}")):
