@@ -172,3 +172,23 @@ def test_the_digits_split_is_kept_and_read_back_without_importing_scikit_learn(t
     train, _, _ = data.load("digits", "unused", seed=5)
     assert torch.equal(train.tensors[0], fresh["x_train"]) and torch.load(kept, weights_only=True).keys() == fresh.keys()
     assert not list(kept.parent.glob("*.part")), "no temporary file left behind"
+
+
+def test_a_mirror_that_accepts_and_never_answers_ends_the_download(tmp_path, monkeypatch):
+    """torchvision's urlopen waits for ever on a server that accepts and says nothing, and no
+    collective is pending while a rank downloads: the download is bounded (DOWNLOAD_TIMEOUT_S
+    on each connect and read; 0.5 s here) and ends in the same DataError as a failed one."""
+    import socket
+    import threading
+    import time
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.extend(silent.accept() for _ in range(4)), daemon=True).start()
+    monkeypatch.setattr(datasets.MNIST, "mirrors", [f"http://127.0.0.1:{silent.getsockname()[1]}/"])
+    monkeypatch.setattr(data, "DOWNLOAD_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(DataError):
+        data.load("mnist", tmp_path, download=True)
+    assert time.monotonic() - started < 30 and socket.getdefaulttimeout() is None
+    silent.close()

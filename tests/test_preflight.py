@@ -230,3 +230,22 @@ def test_with_pins_ray_a_host_without_that_ray_is_named_with_the_fix_and_without
     _, pc = verdicts(with_ray, older, pins=pins)
     assert pc.problems[0].startswith("pc: ray 2.59.0, pins.ray is 2.60.0 (mac has 2.60.0)")
     assert [v.problems for v in verdicts(with_ray, without)] == [[], []]  # no pins.ray: Ray is nobody's business
+
+
+def test_a_host_that_connects_then_times_out_is_its_own_status_not_a_traceback(monkeypatch):
+    """`invoke check` reports every host: one whose command times out after the connection was
+    made (a Mac going to sleep) is 'unreachable' with the reason, as one that refuses the
+    connection is, instead of a traceback ending the check."""
+    import contextlib
+
+    from invoke.exceptions import CommandTimedOut
+    from invoke.runners import Result
+
+    def timed_out(*args, **kwargs):
+        raise CommandTimedOut(Result(command="sh -c 'printf %s \"$HOME\"'", exited=-1, hide=("stdout", "stderr")), 30)
+
+    monkeypatch.setattr(preflight.ssh, "connect", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(preflight.ssh, "run", timed_out)
+    mac = HOSTS[0]
+    facts = preflight.gather(INVENTORY, mac, list(HOSTS))
+    assert facts.status == "unreachable" and facts.error.startswith("mac: connected, then CommandTimedOut"), facts

@@ -78,13 +78,17 @@ def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool
         conn = ssh.connect(host, inventory.known_hosts, accept_new=accept_new)
     except HvdHeteroError as e:
         return HostFacts(host, error=str(e), status="refused" if e.exit_code == 4 else "unreachable")
-    with conn:
-        home = ssh.run(conn, ["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout.strip()
-        py = posixpath.join(remote_provision.remote_path(host.env, home), "bin", "python")
-        targets = {p.name: (p.address, p.port) for p in peers if p.name != host.name}
-        packages = json.dumps(list(inventory.pins.package_versions()))
-        r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, json.dumps(targets), remote_provision.STAMP, packages],
-                    timeout=60)
+    try:
+        with conn:
+            home = ssh.run(conn, ["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout.strip()
+            py = posixpath.join(remote_provision.remote_path(host.env, home), "bin", "python")
+            targets = {p.name: (p.address, p.port) for p in peers if p.name != host.name}
+            packages = json.dumps(list(inventory.pins.package_versions()))
+            r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, json.dumps(targets), remote_provision.STAMP, packages],
+                        timeout=60)
+    except Exception as e:  # noqa: BLE001 - a command timed out, the connection dropped: this host's status
+        return HostFacts(host, status="unreachable", error=f"{host.name}: connected, then {type(e).__name__}: "
+                         f"{str(e).strip()[-300:]} (asleep, overloaded or off the network?)")
     if r.exited != 0:
         return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
                          f"({(r.stderr or r.stdout).strip()[-300:]}); run invoke provision --hosts {host.name}")

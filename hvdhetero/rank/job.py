@@ -79,6 +79,9 @@ class Job:
         self._tracked = Registry()
         """job.track(name, obj): the script's own state in every checkpoint."""
         self._stopping = False
+        self._last_norm = torch.tensor(0.0)
+        self.left_epochs: int | None = None
+        """The epoch whose loop body the script left early (break): it has no record, the run no end."""
         if current.runner_seed is None or torch.initial_seed() == current.runner_seed:
             torch.manual_seed(config.seed)  # else the script seeded torch itself: its seed stands
 
@@ -134,10 +137,12 @@ class Job:
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the reduced gradients to `max_norm`, identically on every rank (the norm comes from
         the reduced CPU buffers, the same bytes everywhere). Returns the norm before clipping;
-        None between the micro-batches of a step (nothing is reduced yet)."""
+        between the micro-batches of a step (nothing is reduced yet) the last step's, 0 before the
+        first (a loop that logs it every batch, as one-device loops do, gets a number)."""
         if self.training is None or self.step_state.accumulating or not self.step_state.reduced:
-            return None
-        return self.strategy.clip(max_norm, norm_type)
+            return self._last_norm
+        self._last_norm = self.strategy.clip(max_norm, norm_type)
+        return self._last_norm
 
     def autocast(self):
         """The device's mixed precision when the job's --precision asks for it; else nothing."""
@@ -160,7 +165,11 @@ class Job:
             for epoch in range(self.train_state.start_epoch, n):
                 self.epoch = epoch
                 self.records.begin_epoch()
-                yield epoch
+                try:
+                    yield epoch
+                except GeneratorExit:  # `break` or `return` out of the loop, or an exception through it
+                    self.left_epochs = epoch  # the runner says which, once the script has ended
+                    raise
                 self._end_epoch(more=not self._stopping and epoch + 1 < n)
                 if self._stopping:
                     break

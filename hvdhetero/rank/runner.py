@@ -71,7 +71,18 @@ def main(argv: list[str] | None = None) -> None:
                   if not f.filename.startswith("<frozen") and f.filename != __file__]
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
     else:
+        left_early_hint()
         print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
+
+
+def left_early_hint() -> None:
+    """A script that ended normally after leaving job.epochs' loop with `break`: say what that
+    lost and what ends a run properly (rank 0 only)."""
+    job = current.job
+    if job is not None and getattr(job, "left_epochs", None) is not None and job.is_main:
+        print(f"hvdhetero: the script left job.epochs' loop in epoch {job.left_epochs} (break or return): that epoch "
+              "has no record and the run no end record (parameter digests); call job.stop() instead to end after "
+              "the epoch with both", flush=True)
 
 
 def as_horovodrun_would(address: str, config: JobConfig) -> None:

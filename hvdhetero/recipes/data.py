@@ -10,7 +10,9 @@ cannot reach the internet, copy the files there first (the error says which).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -134,11 +136,28 @@ def _keep(split: dict[str, torch.Tensor], path: Path) -> None:
         pass
 
 
+DOWNLOAD_TIMEOUT_S = 60.0
+"""The longest a download waits on one read or connect: torchvision's urlopen has no timeout of
+its own, and a mirror that accepts and never answers held every rank (no collective is pending
+then, so neither Gloo's timeout nor the heartbeats end it)."""
+
+
+@contextlib.contextmanager
+def _bounded_network():
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(before)
+
+
 def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MNIST_MEAN, MNIST_STD)])
     try:
-        train = datasets.MNIST(root, train=True, download=download, transform=transform)
-        test = datasets.MNIST(root, train=False, download=download, transform=transform)
+        with _bounded_network():
+            train = datasets.MNIST(root, train=True, download=download, transform=transform)
+            test = datasets.MNIST(root, train=False, download=download, transform=transform)
     except (RuntimeError, OSError) as e:
         raise DataError(_mnist_help(root, download, e)) from e
     return train, test, INFO["mnist"]
@@ -148,12 +167,13 @@ def _cifar10(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]
     normalize = [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
     augment = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
     try:
-        train = datasets.CIFAR10(
-            root, train=True, download=download, transform=transforms.Compose(augment + normalize)
-        )
-        test = datasets.CIFAR10(
-            root, train=False, download=download, transform=transforms.Compose(normalize)
-        )
+        with _bounded_network():
+            train = datasets.CIFAR10(
+                root, train=True, download=download, transform=transforms.Compose(augment + normalize)
+            )
+            test = datasets.CIFAR10(
+                root, train=False, download=download, transform=transforms.Compose(normalize)
+            )
     except (RuntimeError, OSError) as e:  # URLError is an OSError
         raise DataError(_cifar10_help(root, download, e)) from e
     return train, test, INFO["cifar10"]

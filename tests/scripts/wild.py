@@ -22,6 +22,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=233)
 parser.add_argument("--out", required=True)
+parser.add_argument("--break-at", type=int, default=-1, help="leave the epochs' loop as that epoch begins")
 parser.add_argument("--seed", type=int, default=1, help="the script's own torch seed, before hh.init()")
 parser.add_argument("--evaluate-on-rank-0-only", action="store_true", help="a mistake: job.evaluate is a collective")
 args = parser.parse_args()
@@ -37,11 +38,14 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
 with open(os.path.join(args.out, f"init{job.rank}.json"), "w") as f:  # the weights every rank starts from
     json.dump([round(p.double().sum().item(), 12) for p in model.parameters()], f)
-sizes = []
+sizes, norms = [], []
 for epoch in job.epochs(args.epochs):
+    if epoch == args.break_at:  # a script's early stop, as in one-device scripts (job.stop() is ours)
+        break
     for i, (images, labels) in enumerate(tqdm(loader, desc=f"epoch {epoch}")):
         sizes.append(len(labels))
         job.backward(F.cross_entropy(model(images), labels))
+        norms.append(float(job.clip_grad_norm_(5.0)))  # a number on every batch, micro-batches or not
         optimizer.step()
         optimizer.zero_grad()
         if job.is_main and i == 2:
@@ -49,5 +53,5 @@ for epoch in job.epochs(args.epochs):
             if args.evaluate_on_rank_0_only:
                 job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"sizes": sizes, "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
+    json.dump({"sizes": sizes, "norms": norms, "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
                "home": os.environ.get("HOME")}, f)
