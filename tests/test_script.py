@@ -133,3 +133,20 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     assert "not under `if job.is_main:`" in proc.stderr
     second = json.loads((out / "init0.json").read_text())
     assert second != first[0], "the script's own torch.manual_seed counts (hh.init() reseeded with --seed before)"
+
+
+def test_a_resumed_script_that_accumulates_gradients_goes_on_from_the_checkpoints_batch(tmp_path):
+    """Two batches per optimizer step, a checkpoint every 2 optimizer steps: the last one before
+    rank 1 fails at epoch 1's batch 9 is taken as batch 8 begins (optimizer step 11). The
+    resumed epoch runs batches 8-13, not all 14 again (a resume went to optimizer step 11's
+    batch, 11, of the epoch before: the whole epoch redone, the schedule ahead)."""
+    import json
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    first = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "accumulate.py", "--run-dir", run_dir,
+                     "--checkpoint-every", "2", "--", "--out", out], check=False, timeout=300)
+    assert first.returncode == 1 and "rank 1 fails once, in epoch 1" in first.stderr, first.stderr[-2000:]
+    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
+    lines = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    assert lines == [{"epoch": 0, "batches": 14, "step": 7}, {"epoch": 1, "batches": 6, "step": 14}], lines

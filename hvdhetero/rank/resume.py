@@ -44,7 +44,8 @@ def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
         out = t.strategy.exchanged_names(t.model)
         parts["model"] = {name: x for name, x in parts["model"].items() if name not in out}
         parts["sync"] = None
-    return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "size": t.size,
+    loader_step = (t.train.epoch + 1) * len(t.loader) if epoch_done else t.loader_at
+    return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "loader_step": loader_step, "size": t.size,
             "hosts": t.host_names, **parts, "optimizer": optimizer, "split": list(t.sampler.batch_sizes),
             "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset()}
 
@@ -61,7 +62,7 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
         torch.manual_seed(t.config.seed * 1_000_003 + state["step"] * 101 + t.rank)
     t.train.load_state_dict(state)
     t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
-    t.loader.start_step = t.train.step
+    t.loader.start_step = state.get("loader_step", t.train.step)  # checkpoints before it: no accumulation known
 
 
 def save_checkpoint(t: Training, epoch_done: bool) -> None:

@@ -86,6 +86,9 @@ class Training:
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
         self.settles = 0
         """How often step sync's replicas differed by rounding and took rank 0's (rank/replicas.py)."""
+        self.loader_at = 0
+        """The loader's global steps before the step that begins now (train.step counts optimizer
+        steps: fewer where the script accumulates gradients over several batches)."""
 
     @property
     def elastic(self) -> bool:
@@ -115,6 +118,7 @@ class Training:
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
         (every rank at the same step), and under --elastic a commit."""
+        self.loader_at = item.step - item.steps + 1  # loader steps taken: not optimizer steps where a script accumulates
         if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
