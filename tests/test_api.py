@@ -73,4 +73,6 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
         assert all(r["ranks"] == [1] for r in settled), settled
     # every checkpoint holds the one model: its epoch-end settles came before it was written
     assert [r["step"] for r in metrics.records(Path(differ["run_dir"]) / metrics.FILE, "settle")][0] == 3
-    assert output.count("the model differed in the last bits between rank 0 on cpu (1 threads) and rank 1 on cpu") == 1, output[-3000:]
+    # said once; on two CPU ranks it cannot be the devices' rounding: the script's own doing
+    said = [line for line in output.splitlines() if "the model differed between rank 0 on cpu" in line]
+    assert len(said) == 1 and "ranks on one kind of device compute alike" in said[0], output[-3000:]

@@ -101,10 +101,13 @@ class Training:
         self.records.write("settle", step=step, ranks=sorted(devices)[1:], devices=devices)
         if self.is_main and self.settles == 1:
             others = ", ".join(f"rank {r} on {d}" for r, d in devices.items() if r)
-            print(f"hvdhetero: step {step}: the model differed in the last bits between rank 0 on {devices[0]} and "
-                  f"{others}: their devices round the optimizer's arithmetic differently. Every rank now holds "
-                  "rank 0's, as it will at each evaluation and checkpoint (metrics.jsonl: settle records)",
-                  flush=True)
+            kinds = {d.split()[0].split(":")[0] for d in devices.values()}
+            why = ("their devices round the optimizer's arithmetic differently" if len(kinds) > 1 else
+                   "ranks on one kind of device compute alike, so the script changed one rank's model or optimizer "
+                   "alone (an optimizer other than the one job.prepare returned, stepped on its own?)")
+            print(f"hvdhetero: step {step}: the model differed between rank 0 on {devices[0]} and {others}: {why}. "
+                  "Every rank now holds rank 0's, as it will at each evaluation and checkpoint (metrics.jsonl: settle "
+                  "records)", flush=True)
 
     # -- the loader's hooks ------------------------------------------------------------------------
 
