@@ -279,7 +279,8 @@ def test_horovods_stall_warning_is_said_in_words_naming_the_missing_rank():
     console.relay(["[0]<stderr>:[2026-11-26 19:20:13.068681: W stall_inspector.cc:107] One or more tensors were "
                    "submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for remainder "
                    "of ranks for more than 60 seconds. This may indicate that different ranks are trying to submit "
-                   "different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. \n",
+                   "different tensors or that only subset of ranks is submitting tensors, which will cause "
+                   "deadlock. \n",
                    "[0]<stderr>:Missing ranks:\n", "[0]<stderr>:1: [hvdhetero.replicas]\n",
                    "[0]<stderr>:0!: [grad.3, grad.4]\n", "[0]<stdout>:after\n"], shown)
     said = [c[1] for c in shown.calls if c[0] == "echo" and c[1].startswith("hvdhetero: ")]

@@ -95,7 +95,8 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WILD_SECRET": "not for the ranks"}
     proc = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", run_dir,
-                           "--micro-batch", "40", "--env", "WILD_TAG=from-the-flag,OMP_NUM_THREADS,WILD_LIST=0,1", "--", "--out", out,
+                           "--micro-batch", "40", "--env", "WILD_TAG=from-the-flag,OMP_NUM_THREADS,WILD_LIST=0,1",
+                           "--", "--out", out,
                            "--epochs", "3", "--break-at", "2"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -210,7 +210,7 @@ def provision_host(inventory: Inventory, host: Host, artifacts: tuple[str, str],
                 _do(conn, host, step, report, log)
     except HvdHeteroError as e:
         report.status, report.reason = "failed", str(e)
-    except Exception as e:  # noqa: BLE001 - a step timed out or the connection dropped: this host failed, the others go on
+    except Exception as e:  # noqa: BLE001 - a step timed out, the connection dropped: this host failed, not all
         report.status, report.reason = "failed", f"{host.name}: {type(e).__name__}: {str(e).strip()[-300:]}"
     return report
 

@@ -36,7 +36,6 @@ one round more redone.
 
 from __future__ import annotations
 
-import io
 import socket
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ import torch
 from horovod.common.elastic import State
 
 from hvdhetero.rank import checkpoint, current, resume
+from hvdhetero.rank.reducer import broadcast_loadable
 
 if TYPE_CHECKING:
     from hvdhetero.rank.training import Training
@@ -152,7 +152,8 @@ def rejoin(t: Training) -> str | None:
     steps = hvd.allgather_object(mine, name="hvdhetero.elastic.steps")
     if steps[0] < 0:
         return None
-    state = COMMITS.state if len(set(steps)) == 1 else _broadcast(COMMITS.state if t.is_main else None)
+    state = (COMMITS.state if len(set(steps)) == 1
+             else broadcast_loadable(COMMITS.state if t.is_main else None, "hvdhetero.elastic"))
     own = COMMITS.state is not None and mine == state["step"]
     if own:  # a survivor keeps its own optimizer state (local/diloco: each rank's inner one differs)
         state = {**state, "optimizer": COMMITS.state["optimizer"]}
@@ -185,19 +186,3 @@ def _copied(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_copied(v) for v in obj)
     return obj
-
-
-def _broadcast(state: dict[str, Any] | None) -> dict[str, Any]:
-    """Rank 0's commit to every rank as torch.save bytes, read back with weights_only=True:
-    tensors and plain values only, nothing unpickled."""
-    data = None
-    if state is not None:
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-    size = torch.tensor([data.numel() if data is not None else 0], dtype=torch.int64)
-    hvd.broadcast_(size, root_rank=0, name="hvdhetero.elastic.size")
-    if data is None:
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
-    hvd.broadcast_(data, root_rank=0, name="hvdhetero.elastic.state")
-    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)

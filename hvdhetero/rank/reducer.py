@@ -13,9 +13,11 @@ also why parameters are broadcast through CPU copies rather than `hvd.broadcast_
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass
 
 import horovod.torch as hvd
@@ -286,3 +288,20 @@ def allreduce_sum(values: list[float], name: str) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     hvd.allreduce_(t, op=hvd.Sum, name=name)
     return t.tolist()
+
+
+def broadcast_loadable(state: Any, name: str) -> Any:
+    """Rank 0's `state` (a checkpoint, an elastic commit: tensors and plain values) to every rank
+    as torch.save bytes, read back with weights_only=True: nothing a peer sends is unpickled.
+    Other ranks pass None."""
+    data = None
+    if hvd.rank() == 0:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    size = torch.tensor([data.numel() if data is not None else 0], dtype=torch.int64)
+    hvd.broadcast_(size, root_rank=0, name=f"{name}.size")
+    if data is None:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    hvd.broadcast_(data, root_rank=0, name=f"{name}.state")
+    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)

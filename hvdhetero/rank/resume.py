@@ -23,7 +23,7 @@ import torch
 
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import checkpoint
-from hvdhetero.rank.reducer import to_cpu
+from hvdhetero.rank.reducer import broadcast_loadable, to_cpu
 
 if TYPE_CHECKING:
     from hvdhetero.rank.training import Training
@@ -88,8 +88,10 @@ def save_checkpoint(t: Training, epoch_done: bool) -> None:
 def resume_from_disk(t: Training) -> str:
     """--resume: every rank continues from rank 0's newest checkpoint that loads."""
     found = checkpoint.newest(t.run_dir) if t.is_main else None
-    path, state = hvd.broadcast_object((str(found[0]), found[1]) if found else (None, None), root_rank=0,
-                                       name="hvdhetero.resume")
+    # rank 0 loaded it with weights_only; the others read its bytes the same way (nothing unpickled)
+    sent = broadcast_loadable({"path": str(found[0]) if found else None, "state": found[1] if found else None}
+                           if t.is_main else None, "hvdhetero.resume")
+    path, state = sent["path"], sent["state"]
     if state is None:
         raise ConfigError(f"--resume: no checkpoint in {t.run_dir / checkpoint.FOLDER} loads (the run wrote "
                           "none yet, or they were removed)")

@@ -121,7 +121,7 @@ class Training:
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
         (every rank at the same step), and under --elastic a commit."""
-        self.loader_at = item.step - item.steps + 1  # loader steps taken: not optimizer steps where a script accumulates
+        self.loader_at = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
         if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
