@@ -2,6 +2,7 @@
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -116,6 +117,11 @@ hosts:
     ssh = argv[argv.index("-e") + 1]
     assert ssh.startswith("ssh -p 2222 -o BatchMode=yes") and "-o StrictHostKeyChecking=yes" in ssh
     assert "-o UserKnownHostsFile=/k/known_hosts" in ssh and ssh.endswith(f"-i {key}")
+    # a known_hosts path with a space (a home like /Users/Anna Smith) stays one file to ssh
+    spaced = replace(inventory, known_hosts="/Users/Anna Smith/.ssh/known_hosts")
+    words = launch.ssh_argv(spaced, spaced.host("pc"))
+    assert words[words.index('UserKnownHostsFile="/Users/Anna Smith/.ssh/known_hosts"') - 1] == "-o", words
+    assert shlex.split(launch.ssh_options(spaced)) == launch.ssh_option_args(spaced)
 
 
 def test_push_data_refuses_a_source_that_is_no_folder_before_connecting(tmp_path):

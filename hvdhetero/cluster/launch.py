@@ -241,14 +241,22 @@ def launcher_interface(host: Host) -> str:
 
 
 def ssh_options(inventory: Inventory, keepalive: bool = False) -> str:
-    """Options for horovodrun's ssh (our Horovod patch 0004): keys only, host keys checked. With
-    `keepalive` (--elastic) the ssh session of a rank whose host stops answering ends after 20 s,
-    so that Horovod sees that rank fail and drops its host (it waits on a frozen one forever)."""
+    """Options for horovodrun's ssh (our Horovod patch 0004), one shell string: keys only, host
+    keys checked. With `keepalive` (--elastic) the ssh session of a rank whose host stops
+    answering ends after 20 s, so that Horovod sees that rank fail and drops its host (it waits
+    on a frozen one forever)."""
+    return shlex.join(ssh_option_args(inventory, keepalive))
+
+
+def ssh_option_args(inventory: Inventory, keepalive: bool = False) -> list[str]:
+    """ssh_options as argv words (a known_hosts path with a space in it stays one word)."""
     known = os.path.expanduser(inventory.known_hosts or "~/.ssh/known_hosts")
-    alive = ["-o ServerAliveInterval=5", "-o ServerAliveCountMax=4"] if keepalive else []
-    return " ".join(["-o BatchMode=yes", "-o PasswordAuthentication=no", "-o StrictHostKeyChecking=yes",
-                     f"-o UserKnownHostsFile={shlex.quote(known)}", f"-o ConnectTimeout={START_TIMEOUT_S // 4}",
-                     *alive])
+    if any(c.isspace() for c in known):  # ssh reads this option's value as a list of files
+        known = f'"{known}"'
+    alive = ["ServerAliveInterval=5", "ServerAliveCountMax=4"] if keepalive else []
+    options = ["BatchMode=yes", "PasswordAuthentication=no", "StrictHostKeyChecking=yes",
+               f"UserKnownHostsFile={known}", f"ConnectTimeout={START_TIMEOUT_S // 4}", *alive]
+    return [word for option in options for word in ("-o", option)]
 
 
 def printable(argv: Sequence[str], env: dict[str, str]) -> str:
@@ -287,7 +295,7 @@ def ssh_argv(inventory: Inventory, host: Host, with_target: bool = True, connect
     """ssh to `host` with the same rules as everything else: keys only, host key checked, no
     prompt; `connect_s` bounds the connection (ssh takes an option's first value)."""
     argv = ["ssh", "-p", str(host.port), *([f"-oConnectTimeout={connect_s}"] if connect_s else []),
-            *ssh_options(inventory).split()]
+            *ssh_option_args(inventory)]
     if host.identity:
         argv += ["-i", os.path.expanduser(host.identity)]
     if with_target:
