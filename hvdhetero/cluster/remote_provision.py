@@ -215,6 +215,11 @@ def provision_host(inventory: Inventory, host: Host, artifacts: tuple[str, str],
     return report
 
 
+UPLOAD_IDLE_S = 120
+"""An upload (a wheel, the checkout) that moves nothing for this long fails that host's provision
+(a Mac gone to sleep mid-upload), instead of waiting for the kernel's TCP timeout or for ever."""
+
+
 def _do(conn, host: Host, step: Step, report: HostReport, log) -> None:
     if step.check is not None and ssh.run(conn, step.check, env=dict(step.env)).exited == 0:
         return
@@ -222,6 +227,7 @@ def _do(conn, host: Host, step: Step, report: HostReport, log) -> None:
     if step.upload:
         local, remote = step.upload
         ssh.run(conn, ["mkdir", "-p", posixpath.dirname(remote)])
+        conn.sftp().get_channel().settimeout(UPLOAD_IDLE_S)  # paramiko's SFTP waits for ever on a silent host
         conn.put(local, remote)
     r = ssh.run(conn, step.action, env=dict(step.env))
     if r.exited != 0:
