@@ -31,7 +31,8 @@ class JobConfig:
     run_dir: str = "runs/latest"
     """metrics.jsonl and whatever `job.save` writes go here (rank 0)."""
     seed: int = 0
-    """Seeds torch, the shuffling and dropout on every rank (rank 0's initial weights win)."""
+    """Seeds torch, the shuffling and dropout on every rank (rank 0's initial weights win); a
+    script that seeds torch itself keeps its own seed (the shuffling still follows --seed)."""
     env: str = ""
     """Environment variables for every rank, comma-separated: NAME=VALUE, or NAME alone for the
     value it has here (as mpirun -x), e.g. OMP_NUM_THREADS=4,WANDB_MODE. Nothing else of this
