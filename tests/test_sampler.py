@@ -133,3 +133,20 @@ def test_a_merged_step_never_spans_a_change_of_split_and_every_sample_is_seen_on
     assert [i.sizes for _, i in slow] == [(36, 12), (12, 4), (18, 18)]
     everything = sum((b for b, _ in fast + slow), [])
     assert sorted(everything) == list(range(100))
+
+
+def test_a_steps_last_chunk_never_holds_fewer_samples_than_the_model_takes():
+    """A share of 81 in chunks of 40 ends in a chunk of 1, which BatchNorm1d refuses in training:
+    with `fewest` 2 (a BatchNorm model) it joins the chunk before (40 + 41); without, 40 + 40 + 1."""
+    import torch
+
+    from hvdhetero.rank.loader import Loader
+
+    data = torch.arange(162)
+
+    def chunks(fewest):
+        loader = Loader(data, WeightedBatchSampler(len(data), [81, 81], 0, seed=1), torch.device("cpu"), chunk=40)
+        loader.fewest = fewest
+        return [len(batch) for batch in loader]
+
+    assert chunks(1) == [40, 40, 1] and chunks(2) == [40, 41]

@@ -95,13 +95,15 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WILD_SECRET": "not for the ranks"}
     proc = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", run_dir,
-                           "--micro-batch", "40", "--env", "WILD_TAG=from-the-flag,OMP_NUM_THREADS,WILD_LIST=0,1",
+                           "--micro-batch", "40", "--equal-split", "--env", "WILD_TAG=from-the-flag,OMP_NUM_THREADS,WILD_LIST=0,1",
                            "--", "--out", out,
                            "--epochs", "3", "--break-at", "2"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     bars = [line for line in proc.stdout.splitlines() if "it/s]" in line or "s/it]" in line]
-    assert [b.split(":")[0] for b in bars] == ["epoch 0", "epoch 1"] and "6/6" in bars[-1], proc.stdout
+    # one line a bar, as it ended: 6 steps of 3 chunks (40 + 40 + 36 or 37) each (tqdm's total is
+    # len(loader), the steps, which the chunks pass: docs/api.md says so)
+    assert [b.split(":")[0] for b in bars] == ["epoch 0", "epoch 1"] and "18it" in bars[-1], proc.stdout
     assert sorted(p.name for p in run_dir.glob("epoch*.pt")) == ["epoch0-step2.pt", "epoch1-step2.pt"]
     assert "hvdhetero: the script left job.epochs' loop in epoch 2 (break or return)" in proc.stdout, proc.stdout
     assert set(torch.load(run_dir / "epoch1-step2.pt", weights_only=True)) >= {"1.running_mean", "1.running_var"}
@@ -111,7 +113,8 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
                                "WILD_SECRET": None}, rank
         assert max(rank["sizes"]) == 40 and min(rank["sizes"]) >= 2, rank["sizes"]  # chunks of 40
         # job.clip_grad_norm_ between a step's chunks: the last step's norm, not None
-        assert len(rank["norms"]) == len(rank["sizes"]) and all(n > 0 for n in rank["norms"][1:]), rank["norms"]
+        norms = rank["norms"]  # 0 before the first step's reduction (its first 2 chunks), then norms
+        assert len(norms) == len(rank["sizes"]) and norms[:2] == [0, 0] and all(n > 0 for n in norms[2:]), norms
     assert sum(sum(r["sizes"]) for r in ranks) == 2 * 6 * 233, "two epochs of 6 whole steps; the last 2 left out"
     bad = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "x",
                           "--env", "WILD_UNSET_HERE", "--", "--out", out], capture_output=True, text=True,

@@ -70,6 +70,9 @@ class Loader:
         self._pending: list[tuple[int, list[int]]] = []
         self.start_step = 0
         """Resumed: the global steps before this one were taken (their samples are skipped)."""
+        self.fewest = 1
+        """The fewest samples a chunk may hold (batches.fewest_samples: 2 with BatchNorm); a shorter
+        last chunk of a step joins the one before."""
 
     def __len__(self) -> int:
         """Steps per epoch (the same on every rank)."""
@@ -100,6 +103,9 @@ class Loader:
             step += merged
             size = self.chunk or len(indices)
             parts = [indices[i:i + size] for i in range(0, len(indices), size)]
+            if len(parts) > 1 and len(parts[-1]) < self.fewest:  # BatchNorm refuses a chunk of one: 40 + 41
+                last = parts.pop()
+                parts[-1] = parts[-1] + last
             for i, part in enumerate(parts):
                 yield part, Item(epoch * steps + step - 1, i, len(parts), len(part), len(indices), tuple(sizes),
                                  merged)

@@ -61,6 +61,7 @@ class Training:
         self.loader = Loader(dataset, self.sampler, device, me.micro_batch, collate_fn, num_workers,
                              on_item=self.on_item, epoch=lambda: self.train.epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
+        self.loader.fewest = self.sampler.min_share
         self.optimizer = JobOptimizer(optimizer, step_state, before_step=self.stepped, after_step=self.after_step)
         if scheduler is not None:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
