@@ -170,9 +170,12 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_ITEM = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=|,|$))")
 """Where --env's items part: at a comma before a NAME= or a bare NAME (CUDA-style lists in a
 value, "a=0,1", stay whole)."""
-ENV_REFUSED = {"HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "SSH_AUTH_SOCK", "CUDA_VISIBLE_DEVICES"}
-"""Names --env does not take: each host keeps its own (cluster/horovodrun.py), and a CUDA host's
-GPU is the inventory's `device` (cuda:1)."""
+MACHINE_OWN = ("HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "SSH_AUTH_SOCK")
+"""The launcher's variables that no rank's command line carries: each host has its own
+(cluster/horovodrun.py leaves them out of horovodrun's rank commands)."""
+ENV_REFUSED = {*MACHINE_OWN, "CUDA_VISIBLE_DEVICES"}
+"""Names --env does not take: each host's own, and a CUDA host's GPU is the inventory's `device`
+(cuda:1)."""
 
 
 def env_items(value: str) -> list[tuple[str, str | None]]:

@@ -29,15 +29,12 @@ import sys
 from pathlib import Path
 
 from hvdhetero.cluster.horovod_build import MARKER_MODULE
+from hvdhetero.config import MACHINE_OWN
 
 
 def ours() -> bool:
     """Whether the Horovod this interpreter imports is our build (it carries the marker)."""
     return importlib.util.find_spec(f"horovod.{MARKER_MODULE}") is not None
-
-
-MACHINE_OWN = ("HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "SSH_AUTH_SOCK")
-"""The launcher's variables that no rank's command line carries (each host has its own)."""
 
 
 def keep_hosts_own_env() -> None:

@@ -13,6 +13,7 @@ also why parameters are broadcast through CPU copies rather than `hvd.broadcast_
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import time
@@ -67,8 +68,10 @@ of several GB, its own validation loop, torch.compile recompiling for a new shar
 enough that a deadlock is said in words the same session. DDP's default is 30 min."""
 
 
+@functools.cache
 def collective_timeout_s() -> float:
-    """COLLECTIVE_TIMEOUT_S, or the rank's HVDHETERO_COLLECTIVE_TIMEOUT_S (0: no limit)."""
+    """COLLECTIVE_TIMEOUT_S, or the rank's HVDHETERO_COLLECTIVE_TIMEOUT_S (0: no limit); read once
+    (wait runs for every bucket of every step)."""
     try:
         return max(0.0, float(os.environ.get(TIMEOUT_VAR) or COLLECTIVE_TIMEOUT_S))
     except ValueError:
