@@ -33,7 +33,8 @@ follows from)."""
 
 def relay(lines: Iterable[str], display, results: list[dict] | None = None,
           alive: dict[int, tuple[float, str]] | None = None, all_ranks: bool = False,
-          hidden_note: str = "", failures: list[dict] | None = None) -> list[dict]:
+          hidden_note: str = "", failures: list[dict] | None = None,
+          finished: set[int] | None = None) -> list[dict]:
     """Show horovodrun's `lines` through `display` (live.display_for): progress lines update its
     table, rank 0's other lines are echoed as they are, the other ranks' only with `all_ranks`
     (tagged `[rank N] `) or when they are our own messages; the first line held back echoes
@@ -43,9 +44,10 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     lines go to `results`, not the console; a rank's every line (heartbeats above all) renews
     its `alive`."""
     failures = [] if failures is None else failures
-    finished: set[int] = set()
-    """Ranks that said DONE: their heartbeat thread beats on until the process exits (Horovod's
-    shutdown), and a late beat must not make a finished rank a silent one once it has exited."""
+    finished = set() if finished is None else finished
+    """Ranks that said DONE (the caller's set, if given: it may see them first): their heartbeat
+    thread beats on until the process exits (Horovod's shutdown), and a late beat must not make a
+    finished rank a silent one once it has exited."""
     noted = not hidden_note
     stall_from, stall_s = None, STALL_CHECK_S
     """The rank whose Horovod just logged "Missing ranks:" (its next lines name them), and how

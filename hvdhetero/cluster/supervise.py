@@ -106,6 +106,7 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
     alive: dict[int, tuple[float, str]] = {}
     exits: dict[int, int] = {}
     failures: list[dict] = []
+    done: set[int] = set()  # ranks that said DONE: _watched sees them first, the relay stops watching them
     lingered = False
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stdin=subprocess.PIPE if stdin_pipe else None,
@@ -115,9 +116,9 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
             # Without a run directory (bench, plan) nothing keeps the other ranks' lines: all shown.
             hidden = (f"hvdhetero: the other ranks' output is in {logs.path(1).parent}/rank-N.log "
                       "(--all-ranks-output shows it here)") if logs is not None else ""
-            console.relay(_watched(proc, alive, exits, silent_s, logs, watch, expected=len(rank_hosts)),
+            console.relay(_watched(proc, alive, exits, silent_s, logs, watch, expected=len(rank_hosts), done=done),
                           live.display_for(sys.stdout), results=results, alive=alive,
-                          all_ranks=all_ranks or logs is None, hidden_note=hidden, failures=failures)
+                          all_ranks=all_ranks or logs is None, hidden_note=hidden, failures=failures, finished=done)
         except _Lingering as lingering:  # every rank is done; what is left of the job is stuck on the way out
             _stop(proc)
             lingered = True
@@ -210,14 +211,14 @@ class _Silent(Exception):
 
 def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
              logs: console.RankLogs | None = None, watch: elastic_hosts.Watch | None = None,
-             expected: int = 0):
+             expected: int = 0, done: set[int] | None = None):
     """horovodrun's lines as they come (read by a thread), checking at least once a second that
     no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
     every line goes to the rank logs, if kept. Under elastic (`watch`) a silent rank is killed and
     a dead one dropped, until fewer than --min-hosts hosts are left. Once every rank (at least
     `expected` of them) has said it is done, the command has FINISH_S to exit (_Lingering)."""
     lines: queue.Queue = queue.Queue()
-    done: set[int] = set()
+    done = set() if done is None else done
     finish_s = float(os.environ.get("HVDHETERO_FINISH_S") or FINISH_S)
     all_done_at: float | None = None
 
