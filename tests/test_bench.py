@@ -19,9 +19,13 @@ def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_then_the_engine_and_
 
 @pytest.mark.slow
 def test_bench_writes_the_documented_json(tmp_path):
-    out = tmp_path / "bench.json"
+    out, scratch = tmp_path / "bench.json", tmp_path / "tmp"
+    scratch.mkdir()
     proc = run_cmd([VENV_BIN / "invoke", "bench", "--slowdown", "3", "--steps", "1", "--repeats", "3",
-                    "--min-seconds", "0.3", "--batch-size", "256", "--out", out], timeout=600)
+                    "--min-seconds", "0.3", "--batch-size", "256", "--out", out], timeout=600,
+                   env={"TMPDIR": str(scratch)})
+    # The hvdhetero phase's checkpoints (its run folder in TMPDIR) are gone with the run
+    assert not list(scratch.glob("hvdhetero-bench-*")), list(scratch.iterdir())
     result = json.loads(out.read_text())
     assert result["config"]["slowdown"] == 3.0 and result["config"]["ranks"] == 2
     # Quick phases took more than --steps 1, to be timed over >= 0.3 s a round; the slow rank

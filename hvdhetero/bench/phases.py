@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 
@@ -92,11 +91,12 @@ EPOCH_STEPS = 96
 """Steps in an epoch of the hvdhetero phase (rounded up to whole rounds)."""
 
 
-def api_step(args, build, dataset, host: dict, chunk: int | None):
+def api_step(args, build, dataset, host: dict, chunk: int | None, run_dir: str):
     """Ours, as a user's script runs it: `job.prepare` (calibrated split), then a loop of
-    forward, `job.backward`, `optimizer.step()`; one call is one global step (all its chunks)."""
+    forward, `job.backward`, `optimizer.step()`; one call is one global step (all its chunks).
+    `run_dir`: a scratch folder of this rank's (its checkpoints), which the caller removes."""
     model, optimizer = build()
-    config = JobConfig(run_dir=tempfile.mkdtemp(prefix="hvdhetero-bench-"), slowdown=args.slowdown, sync=args.sync,
+    config = JobConfig(run_dir=run_dir, slowdown=args.slowdown, sync=args.sync,
                        overlap_sync=args.overlap_sync, overlap=args.overlap, compression=args.compression,
                        inner_steps=args.inner_steps,
                        micro_batch=str(chunk or 0))
