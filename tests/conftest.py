@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,6 +56,10 @@ WHEELS = ["torch==2.14.1", "torchvision==0.29.1", "pyyaml", "invoke", "fabric", 
           "ray==2.60.0"]  # pins.ray (test_ray_hosts)
 
 
+HOSTS_DISK = 12 << 30
+"""Disk the provisioned test hosts take at their peak (11.6 GiB measured: two venvs installing)."""
+
+
 def launcher(*argv, timeout=900, check=False):
     """Run a command in the launcher's namespace, stdin closed (a prompt would hang: it must not)."""
     proc = subprocess.run(["ip", "netns", "exec", LAUNCH_NS, *map(str, argv)], cwd=ROOT, capture_output=True,
@@ -85,6 +93,10 @@ def left_in_namespaces(run_dir) -> dict[str, str]:
 @pytest.fixture(scope="session")  # one set for the session: test_multihost and test_elastic
 def hosts():
     """Fresh test hosts (torn down at the end, even when a test fails), their wheelhouse filled."""
+    free = shutil.disk_usage(STATE.parent).free
+    if free < HOSTS_DISK:  # said once, plainly, instead of a cascade of "No space left on device"
+        pytest.fail(f"the test hosts need {HOSTS_DISK / 2**30:.0f} GiB free on {STATE.parent} (two venvs of torch "
+                    f"with its CUDA wheels while they install); {free / 2**30:.1f} GiB is free")
     if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # start from bare hosts
         subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
     up = subprocess.run([ROOT / "ci/testhosts", "up", "--state", STATE], capture_output=True, text=True,
@@ -92,18 +104,44 @@ def hosts():
     assert up.returncode == 0, up.stdout + up.stderr
     inventory = Path(up.stdout.strip().splitlines()[-1])
     try:
-        subprocess.run([VENV_BIN / "python", "-m", "pip", "download", "--quiet", "-d", STATE / "wheelhouse",
-                        *WHEELS], check=True, timeout=1200, capture_output=True)
+        fill_wheelhouse(STATE / "wheelhouse", WHEELS)
         yield inventory
     finally:
         if not os.environ.get("HVDHETERO_KEEP_TESTHOSTS"):  # a developer's fast re-run keeps them
             subprocess.run([ROOT / "ci/testhosts", "down", "--state", STATE], timeout=120)
 
 
+def fill_wheelhouse(wheelhouse: Path, specs: list[str]) -> None:
+    """What pip would install for `specs`, as files in `wheelhouse`: those pip finds on this
+    machine's disk (its registry mirror: torch and the CUDA wheels, ~3.5 GB) hard-linked there,
+    not copied (a copy of them helped fill CI's disk); the rest downloaded."""
+    report = wheelhouse.parent / "wheelhouse-report.json"
+    subprocess.run([VENV_BIN / "python", "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                    "--report", report, *specs], check=True, timeout=1200, capture_output=True)
+    remote = []
+    for item in json.loads(report.read_text())["install"]:
+        url = item["download_info"]["url"]
+        if not url.startswith("file://"):
+            remote.append(url)
+            continue
+        local = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        if not (wheelhouse / local.name).exists():
+            try:
+                os.link(local, wheelhouse / local.name)
+            except OSError:  # another file system
+                shutil.copy2(local, wheelhouse / local.name)
+    if remote:
+        subprocess.run([VENV_BIN / "python", "-m", "pip", "download", "--quiet", "--no-deps", "-d", wheelhouse,
+                        *remote], check=True, timeout=1200, capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def provisioned(hosts):
     first = invoke("provision", inventory=hosts)
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
+    # Two venvs of torch with its CUDA wheels (~5.5 GB each): the hosts share the disk of their
+    # identical big files from here on (ci/testhosts dedupe; each host still replaces its own).
+    subprocess.run([ROOT / "ci/testhosts", "dedupe", "--state", STATE], check=True, timeout=600)
     return hosts, first
 
 

@@ -4,6 +4,8 @@ Namespace names are global, so when another state dir (a session fixture) alread
 up, the test borrows them: it checks them and that a second state is refused, without `down`.
 """
 
+import importlib.machinery
+import importlib.util
 import os
 import re
 import time
@@ -12,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cmd
+from conftest import ROOT, requires_root, run_cmd
 
 TESTHOSTS = ROOT / "ci" / "testhosts"
-pytestmark = [pytest.mark.root,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces and sshd")]
 
 
 def run_testhosts(*args, check=True):
@@ -28,6 +28,8 @@ def ssh(state, *argv, check=True):
                    timeout=30, check=check)
 
 
+@pytest.mark.root
+@requires_root
 def test_up_ssh_down_cycle(tmp_path):
     status = run_testhosts("status", check=False)
     owner = next((line.split(": ", 1)[1] for line in status.stdout.splitlines() if line.startswith("state: ")), None)
@@ -112,3 +114,34 @@ def check_own_cores_and_shaped_links(state):
     assert "link unshaped" in run_testhosts("status").stdout
     bad = run_testhosts("shape", "--state", state, "--rate", "fast", check=False)
     assert bad.returncode == 2 and "--rate must be a number and a tc unit" in bad.stderr
+
+
+def _testhosts_module():
+    loader = importlib.machinery.SourceFileLoader("testhosts", str(TESTHOSTS))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("testhosts", loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_dedupe_shares_identical_big_files_and_a_replaced_file_stays_the_hosts_own(tmp_path):
+    """Two provisioned hosts hold the same torch; sharing its files must not make one host's
+    install land on the other."""
+    testhosts = _testhosts_module()
+    big, h1, h2 = os.urandom(testhosts.SHARED_MIN_BYTES + 1), tmp_path / "h1", tmp_path / "h2"
+    for host in (h1, h2):
+        (host / "venv/lib").mkdir(parents=True)
+        (host / "venv/lib/libtorch.so").write_bytes(big)
+        (host / "venv/stamp").write_text("same small file")  # small: written in place, never shared
+    (h1 / "venv/lib/other.so").write_bytes(big)
+    (h2 / "venv/lib/other.so").write_bytes(big[:-1] + b"!")  # same size, other bytes
+    assert testhosts.dedupe(h1, h2) == len(big)
+    lib = "venv/lib/libtorch.so"
+    assert (h1 / lib).stat().st_ino == (h2 / lib).stat().st_ino and (h2 / lib).read_bytes() == big
+    for own in ("venv/lib/other.so", "venv/stamp"):
+        assert (h1 / own).stat().st_ino != (h2 / own).stat().st_ino
+    assert not list(h2.rglob(".*.dedupe"))
+    assert testhosts.dedupe(h1, h2) == 0  # again: nothing left to share
+    # h2 installs another torch as pip does (a new file replaces the path): h1 keeps its own
+    (h2 / "venv/lib/new").write_bytes(b"2.13")
+    os.replace(h2 / "venv/lib/new", h2 / lib)
+    assert (h1 / lib).read_bytes() == big
