@@ -48,3 +48,21 @@ def test_a_failures_summary_shows_a_line_of_the_users_script_when_the_error_is_d
                                                                                   for i in (2, 3, 4))]
     shallow = [*deep[1:3], traceback.FrameSummary("/home/anna/train.py", 7, "load", line="raise ValueError")]
     assert runner.shown(shallow) == shallow, "the script's frame is among the innermost: as they are"
+
+
+def test_a_script_that_never_joined_the_job_is_told_so_by_rank_0_only(monkeypatch, capsys):
+    """A script run with `invoke train --script` that calls neither hh.init() nor job.prepare:
+    its ranks each trained alone; rank 0 says so, the others and a one-rank job say nothing."""
+    from hvdhetero.rank import current, runner
+
+    monkeypatch.setattr(current, "job", None)
+    for rank, size in (("1", "2"), ("0", "1")):
+        monkeypatch.setenv("HOROVOD_RANK", rank)
+        monkeypatch.setenv("HOROVOD_SIZE", size)
+        runner.never_joined_hint()
+        assert capsys.readouterr().out == ""
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    monkeypatch.setenv("HOROVOD_SIZE", "3")
+    runner.never_joined_hint()
+    assert capsys.readouterr().out.startswith(
+        "hvdhetero: the script never called hh.init() nor job.prepare(...): each of the 3 ranks ran it on its own")

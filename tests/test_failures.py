@@ -127,6 +127,9 @@ def test_a_rank_whose_script_returned_is_not_taken_for_a_frozen_one(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "main_lingers.py",
                     "--run-dir", tmp_path, "--", "15"], env={"HVDHETERO_SILENT_S": "8"}, timeout=300)
     assert "rank 0 finished its own work" in proc.stdout
+    # It joined the job but prepared no model: said once, by rank 0, since nothing else would
+    assert proc.stdout.count("hvdhetero: the script never called job.prepare(model, optimizer, dataset, "
+                             "global_batch=...): each of the 2 ranks ran it on its own") == 1, proc.stdout
 
 
 @requires_root

@@ -87,7 +87,8 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     make its BatchNorm1d refuse), a tqdm bar (one console line an epoch, not one a redraw), rank 0
     alone saving inside the loop (the DDP habit: no collective under step sync, no hang), and
     variables for the ranks given with --env (NAME=VALUE, or NAME for this shell's value;
-    nothing else of this shell's environment reaches them); then two mistakes (below)."""
+    nothing else of this shell's environment reaches them), the optimizer it made stepped rather
+    than job.prepare's; then two mistakes (below)."""
     import json
     import os
 
@@ -97,7 +98,7 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     proc = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", run_dir,
                            "--micro-batch", "40", "--equal-split", "--env", "WILD_TAG=from-the-flag,OMP_NUM_THREADS,WILD_LIST=0,1",
                            "--", "--out", out,
-                           "--epochs", "3", "--break-at", "2"],
+                           "--epochs", "3", "--break-at", "2", "--own-optimizer"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     bars = [line for line in proc.stdout.splitlines() if "it/s]" in line or "s/it]" in line]
@@ -116,6 +117,9 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
         norms = rank["norms"]  # 0 before the first step's reduction (its first 2 chunks), then norms
         assert len(norms) == len(rank["sizes"]) and norms[:2] == [0, 0] and all(n > 0 for n in norms[2:]), norms
     assert sum(sum(r["sizes"]) for r in ranks) == 2 * 6 * 233, "two epochs of 6 whole steps; the last 2 left out"
+    # The optimizer the script made, stepped on every chunk, updated once a step, on the reduced
+    # gradients: 12 steps counted, one model (it updated between chunks, counted none, drifted)
+    assert [r["steps"] for r in ranks] == [12, 12] and ranks[0]["final"] == ranks[1]["final"], ranks
     bad = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "x",
                           "--env", "WILD_UNSET_HERE", "--", "--out", out], capture_output=True, text=True,
                          timeout=120, env={k: v for k, v in env.items() if k != "WILD_UNSET_HERE"})

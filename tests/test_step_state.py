@@ -56,3 +56,48 @@ def test_the_last_chunk_reduced_with_an_overflow_is_skipped_and_the_next_step_st
     assert not state.reduced
     state.backward_done(last=False)
     assert state.accumulating
+
+
+def test_the_scripts_own_optimizer_steps_as_the_prepared_one_does():
+    """`model, _, loader = job.prepare(model, optimizer, ...)`, then the loop steps its own
+    `optimizer`: it must not update between micro-batches, and every step must reach the job
+    (counted, skipped after an overflow); an LR scheduler built on it before or after
+    job.prepare still counts its steps without a warning."""
+    import warnings
+
+    import torch
+
+    from hvdhetero.rank.optimizer import JobOptimizer
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    own = torch.optim.SGD([weight], lr=1.0)
+    before = torch.optim.lr_scheduler.StepLR(own, step_size=1, gamma=0.5)
+    state, calls = StepState(), []
+
+    def before_step():
+        calls.append("before")
+        return not state.skip
+
+    prepared = JobOptimizer(own, state, before_step, lambda: calls.append("after"))
+    after = torch.optim.lr_scheduler.LambdaLR(own, lambda step: 1.0)  # noqa: F841 - it wraps own.step
+    state.chunk_given(item(0, chunk=0, chunks=2))
+    state.backward_done(last=False)
+    weight.grad = torch.ones(2)
+    own.step()
+    own.zero_grad()
+    assert weight.tolist() == [1.0, 1.0] and weight.grad is not None and calls == [], "between micro-batches"
+    state.chunk_given(item(0, chunk=1, chunks=2))
+    state.backward_done(last=True)
+    own.step()
+    assert weight.tolist() == [0.0, 0.0] and calls == ["before", "after"]
+    state.chunk_given(item(1))
+    state.backward_done(last=True, overflowed=True)
+    own.step()
+    assert weight.tolist() == [0.0, 0.0] and calls[2:] == ["before", "after"], "skipped, still counted"
+    own.zero_grad()
+    assert weight.grad is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        before.step()
+    assert own.param_groups[0]["lr"] == 0.5
+    assert prepared.param_groups is own.param_groups

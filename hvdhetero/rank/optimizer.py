@@ -4,10 +4,17 @@ It shares the user's param_groups and state (an LR scheduler built on either one
 both) and is a torch.optim.Optimizer, so schedulers accept it. Between the micro-batches of a
 step `step()` and `zero_grad()` do nothing (gradients are still accumulating), and a step whose
 reduced gradients overflowed under fp16 loss scaling is skipped on every rank alike.
+
+The user's own optimizer object steps the same way (`route`): a script that goes on stepping
+the optimizer it passed to job.prepare (`model, _, loader = job.prepare(model, optimizer, ...)`,
+or a GradScaler made before) would otherwise update between micro-batches on a partial
+gradient, never count a step (no checkpoint would come due, no local/diloco round end, so the
+ranks drift apart) and step through an fp16 overflow.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import torch
@@ -26,6 +33,9 @@ class JobOptimizer(torch.optim.Optimizer):
         """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
+        self._update, self._zero = optimizer.step, optimizer.zero_grad
+        """The optimizer's own (with an LR scheduler's counting wrapper when one was built on it)."""
+        route(optimizer, self)
 
     @property
     def param_groups(self):
@@ -48,13 +58,13 @@ class JobOptimizer(torch.optim.Optimizer):
             return None
         out = None
         if self.before_step():
-            out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            out = self._update(closure) if closure is not None else self._update()
         self.after_step()
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if not self.step_state.accumulating:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self._zero(set_to_none=set_to_none)
 
     def state_dict(self):
         return self.optimizer.state_dict()
@@ -67,3 +77,19 @@ class JobOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"JobOptimizer({self.optimizer!r})"
+
+
+def route(optimizer: torch.optim.Optimizer, prepared: JobOptimizer) -> None:
+    """`optimizer.step()` and `optimizer.zero_grad()` of the user's own object do what the
+    prepared optimizer's do (bound methods on the instance: an LR scheduler built on it after
+    job.prepare wraps them as it wraps any optimizer's step)."""
+    def step(self, closure=None):
+        return prepared.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        prepared.zero_grad(set_to_none)
+
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):  # a scheduler built on it before job.prepare
+        step._wrapped_by_lr_sched = True  # (it warns when the step it wrapped is gone)
+    optimizer.step = types.MethodType(step, optimizer)
+    optimizer.zero_grad = types.MethodType(zero_grad, optimizer)

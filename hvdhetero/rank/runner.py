@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
     else:
         left_early_hint()
+        never_joined_hint()
         print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
 
 
@@ -83,6 +84,23 @@ def left_early_hint() -> None:
         print(f"hvdhetero: the script left job.epochs' loop in epoch {job.left_epochs} (break or return): that epoch "
               "has no record and the run no end record (parameter digests); call job.stop() instead to end after "
               "the epoch with both", flush=True)
+
+
+def never_joined_hint() -> None:
+    """A script that ended without job.prepare (or hh.init) ran on every rank alone, each on all
+    of its data, as busy as one and no faster: say so (rank 0 only), since nothing else does."""
+    size = int(os.environ.get("HOROVOD_SIZE", "1"))
+    if size < 2 or os.environ.get("HOROVOD_RANK", "0") != "0":
+        return
+    job = current.job
+    if job is None:
+        missing = "never called hh.init() nor job.prepare(...)"
+    elif getattr(job, "training", None) is None:
+        missing = "never called job.prepare(model, optimizer, dataset, global_batch=...)"
+    else:
+        return
+    print(f"hvdhetero: the script {missing}: each of the {size} ranks ran it on its own and no gradient was "
+          "shared; README.md, 'Your own model', shows the lines that make it one job", flush=True)
 
 
 def as_horovodrun_would(address: str, config: JobConfig) -> None:

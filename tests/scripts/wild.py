@@ -1,6 +1,7 @@
 """A script as people write them for one GPU, ported with the README's ~10 lines: a BatchNorm
 CNN, a tqdm bar over the loader, a checkpoint saved by rank 0 alone inside the loop (the DDP
-habit), its own torch seed, settings read from the environment; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm1d: one value a channel).
+habit), its own torch seed, settings read from the environment, the optimizer it made stepped
+(--own-optimizer) rather than the one job.prepare returned; an epoch of 1,400 samples, whose last step holds 2 (1 + 1 would fail BatchNorm1d: one value a channel).
 Run by tests/test_script.py through `invoke train --script`.
 
     OMP_NUM_THREADS=1 invoke train --script tests/scripts/wild.py --env WILD_TAG=x,OMP_NUM_THREADS -- --out DIR
@@ -25,6 +26,8 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--break-at", type=int, default=-1, help="leave the epochs' loop as that epoch begins")
 parser.add_argument("--seed", type=int, default=1, help="the script's own torch seed, before hh.init()")
 parser.add_argument("--evaluate-on-rank-0-only", action="store_true", help="a mistake: job.evaluate is a collective")
+parser.add_argument("--own-optimizer", action="store_true",
+                    help="step the optimizer made here, not the one job.prepare returns (model, _, loader = ...)")
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)
@@ -35,7 +38,10 @@ train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1400] / 16.0, dtype=t
 model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                       nn.Linear(8 * 64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
+if args.own_optimizer:
+    model, _, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
+else:
+    model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
 with open(os.path.join(args.out, f"init{job.rank}.json"), "w") as f:  # the weights every rank starts from
     json.dump([round(p.double().sum().item(), 12) for p in model.parameters()], f)
 sizes, norms = [], []
@@ -53,5 +59,6 @@ for epoch in job.epochs(args.epochs):
             if args.evaluate_on_rank_0_only:
                 job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"sizes": sizes, "norms": norms, "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
+    json.dump({"sizes": sizes, "norms": norms, "steps": job.step,
+               "final": [round(p.double().sum().item(), 12) for p in model.parameters()], "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
                "home": os.environ.get("HOME")}, f)
