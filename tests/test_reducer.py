@@ -47,13 +47,15 @@ def test_overlap_starts_allreduces_during_backward(results):
     assert results[("sgd", False, "none", 0)]["launched_in_backward"] == 0
 
 
-def test_a_rank_waiting_for_a_late_one_leaves_the_cpu_idle(tmp_path):
+def test_a_rank_waiting_for_a_late_one_leaves_the_cpu_idle_and_gives_up_at_the_bound(tmp_path):
     """Horovod's wait spins on sched_yield: a fast rank waiting for a slow one on a shared machine
-    takes its CPU (unpinned test hosts: 0.85x plain Horovod, docs/benchmarks.md). reducer.wait
+    takes its CPU (unpinned test hosts: 0.85x plain Horovod, docs/benchmarks.md). collectives.wait
     sleeps between polls: the same 2 s wait costs rank 0 a fraction of the CPU time, and gets
-    the same sum."""
+    the same sum. A rank the others never join gives up after the bound (4 s here, through
+    HVDHETERO_COLLECTIVE_TIMEOUT_S), in every collective, naming it."""
     proc = run_cmd([VENV_BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--start-timeout", "60",
-                    VENV_BIN / "python", ROOT / "tests/jobs/idle_wait.py"], timeout=300)
+                    VENV_BIN / "python", ROOT / "tests/jobs/idle_wait.py"], timeout=300,
+                   env={"HVDHETERO_COLLECTIVE_TIMEOUT_S": "4"})
     line = next(ln for ln in proc.stdout.splitlines() if "IDLE_WAIT " in ln)
     got = json.loads(line.split("IDLE_WAIT ", 1)[1])
     spin, ours = got["horovod"], got["hvdhetero"]
@@ -62,3 +64,8 @@ def test_a_rank_waiting_for_a_late_one_leaves_the_cpu_idle(tmp_path):
     # (Horovod's background thread keeps cycling meanwhile: ~17% of the wait measured, 106% spinning)
     assert ours["cpu_s"] < 0.4 * ours["wall_s"], got
     assert ours["sum"] == spin["sum"] == [3.0] * 4, got
+    for name, what in (("barrier", "job.barrier()"), ("allgather_object", "job.evaluate()")):
+        stalled = got["stalled"][name]
+        assert stalled["error"] and stalled["error"].startswith(
+            f"rank 0 waited 4 s for the other ranks to join its collective ({what})"), got
+        assert 4 <= stalled["after_s"] < 6, got

@@ -79,7 +79,7 @@ def test_the_scripts_own_optimizer_steps_as_the_prepared_one_does():
         return not state.skip
 
     prepared = JobOptimizer(own, state, before_step, lambda: calls.append("after"))
-    after = torch.optim.lr_scheduler.LambdaLR(own, lambda step: 1.0)  # noqa: F841 - it wraps own.step
+    torch.optim.lr_scheduler.LambdaLR(own, lambda step: 1.0)  # built after job.prepare: it wraps own.step
     state.chunk_given(item(0, chunk=0, chunks=2))
     state.backward_done(last=False)
     weight.grad = torch.ones(2)

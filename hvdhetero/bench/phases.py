@@ -26,7 +26,8 @@ from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.job import Job
-from hvdhetero.rank.reducer import Reducer, allreduce_sum, broadcast_state
+from hvdhetero.rank.collectives import allreduce_sum
+from hvdhetero.rank.reducer import Reducer, broadcast_state
 from hvdhetero.rank.worker import Worker, forward_backward
 from hvdhetero.rank.strategy import Rounds
 from hvdhetero.recipes import models

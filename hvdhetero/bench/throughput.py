@@ -35,7 +35,7 @@ from hvdhetero.bench.summary import report
 from hvdhetero.rank import devices
 from hvdhetero.rank import host as rank_host
 from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import allreduce_sum
+from hvdhetero.rank.collectives import allgather_object, allreduce_sum
 from hvdhetero.rank.worker import Worker, micro_batch_for
 from hvdhetero.recipes import data
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                   "horovod": horovod_step(args, build, train_set, me.fresh()),
                   "hvdhetero": api_step(args, build, train_set, host, chunk, scratch.name),
                   "engine": engine_step(args, build, train_set, me.fresh(micro_batch=chunk))}
-        chunks = hvd.allgather_object(chunk, name="bench.micro_batches")
+        chunks = allgather_object(chunk, "bench.micro_batches")
         seconds, counts = measure(args, phases)
         saving = checkpoint_cost(phases["hvdhetero"], statistics.median(seconds["hvdhetero"]))
         # Every rank's solo rate in every round, on every rank.
@@ -105,16 +105,16 @@ def main(argv: list[str] | None = None) -> None:
         flat = allreduce_sum([v for r in range(hvd.size()) for v in (mine if r == hvd.rank() else [0.0] * len(mine))],
                              "bench.solo")
         solo = [flat[r * len(mine):(r + 1) * len(mine)] for r in range(hvd.size())]
-        solo_steps = hvd.allgather_object(where_time_goes(phases["solo"].timings), name="bench.where.solo")
+        solo_steps = allgather_object(where_time_goes(phases["solo"].timings), "bench.where.solo")
         horovod = {"per_round_samples_per_s": [args.batch_size / s for s in seconds["horovod"]],
                    "split": phases["horovod"].split}
         ours, engine = ({"per_round_samples_per_s": [args.batch_size / s for s in seconds[name]],
                          "split": phases[name].split,
                          "splits": [split for _, split in phases[name].balancer.history], "micro_batches": chunks,
-                         "per_rank_step_ms": hvd.allgather_object(where_time_goes(phases[name].timings),
-                                                                  name=f"bench.where.{name}"),
-                         "per_rank_exchanges": hvd.allgather_object(getattr(phases[name], "exchanges", []),
-                                                                    name=f"bench.exchanges.{name}")}
+                         "per_rank_step_ms": allgather_object(where_time_goes(phases[name].timings),
+                                                              f"bench.where.{name}"),
+                         "per_rank_exchanges": allgather_object(getattr(phases[name], "exchanges", []),
+                                                                f"bench.exchanges.{name}")}
                         for name in ("hvdhetero", "engine"))
         if hvd.rank() == 0:
             report(args, solo, horovod, ours, engine, counts, saving, solo_steps)
@@ -179,7 +179,7 @@ def measure(args, phases: dict) -> tuple[dict[str, list[float]], dict[str, objec
             if name != "solo":
                 elapsed = max(allreduce_sum(one_hot(elapsed), f"bench.elapsed.{name}.{round_}"))
             samples[name].append(elapsed / counts[name])
-    counts["solo"] = hvd.allgather_object(counts["solo"], name="bench.steps.solo")
+    counts["solo"] = allgather_object(counts["solo"], "bench.steps.solo")
     return samples, counts
 
 

@@ -21,7 +21,9 @@ from hvdhetero.policy import plan
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import WIRE_DTYPES, allreduce_sum
+from hvdhetero.rank import collectives
+from hvdhetero.rank.collectives import allreduce_sum
+from hvdhetero.rank.reducer import WIRE_DTYPES
 from hvdhetero.rank.sync import exchanged_tensors
 
 
@@ -44,7 +46,7 @@ def choose(config: JobConfig, records: RunRecords, balancer: Balancer, model: to
         if records.is_main:
             print(plan.render(full), flush=True)
             print(progress.RESULT_TAG + json.dumps(full.to_json()), flush=True)
-        hvd.barrier()
+        collectives.barrier("hvdhetero.plan.done", "invoke plan's end")
         raise SystemExit(0)
     together = [p for p in full.predictions if len(p.ranks) == size]
     pick, _ = plan.advise(together)
@@ -82,8 +84,8 @@ def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, h
     size = hvd.size()
     summed = allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s) + one_hot(stolen) + one_hot(busy),
                            "hvdhetero.plan.times")
-    hosts = hvd.allgather_object(host, name="hvdhetero.plan.hosts")
-    devices = hvd.allgather_object(device, name="hvdhetero.plan.devices")
+    hosts = collectives.allgather_object(host, "hvdhetero.plan.hosts")
+    devices = collectives.allgather_object(device, "hvdhetero.plan.devices")
     return plan.Measured(hosts, devices, list(balancer.overhead), list(balancer.seconds_per_sample),
                     balancer.global_batch, numel * big.element_size(), max(summed[:size]),
                     max(summed[size:2 * size]), max(summed[2 * size:3 * size]), list(balancer.caps),

@@ -24,7 +24,7 @@ import torch
 from hvdhetero.rank import batches
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import allreduce_sum
+from hvdhetero.rank.collectives import allreduce_sum
 from hvdhetero.rank.worker import Worker, cross_entropy_loss, forward_backward
 
 

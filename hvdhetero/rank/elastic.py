@@ -46,7 +46,8 @@ import torch
 from horovod.common.elastic import State
 
 from hvdhetero.rank import checkpoint, current, resume
-from hvdhetero.rank.reducer import broadcast_loadable
+from hvdhetero.rank import collectives
+from hvdhetero.rank.collectives import broadcast_loadable
 
 if TYPE_CHECKING:
     from hvdhetero.rank.training import Training
@@ -149,7 +150,7 @@ def rejoin(t: Training) -> str | None:
     """In job.prepare: every rank continues from the last commit (rank 0's, which a newcomer
     gets through one broadcast); None before the first commit."""
     mine = COMMITS.state["step"] if COMMITS.state is not None else -1
-    steps = hvd.allgather_object(mine, name="hvdhetero.elastic.steps")
+    steps = collectives.allgather_object(mine, "hvdhetero.elastic.steps")
     if steps[0] < 0:
         return None
     state = (COMMITS.state if len(set(steps)) == 1

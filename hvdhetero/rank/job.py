@@ -36,8 +36,8 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (checkpoint, current, devices, elastic, evaluation, host, precision, records, resume, start,
-                            validate)
+from hvdhetero.rank import (checkpoint, collectives, current, devices, elastic, evaluation, host, precision, records,
+                            resume, start, validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.registry import Registry, TrainState
@@ -256,8 +256,8 @@ class Job:
                                    step=self.step, device=self.device, autocast=self.autocast)
 
     def barrier(self) -> None:
-        """Wait until every rank gets here."""
-        hvd.barrier()
+        """Wait until every rank gets here (bounded: HVDHETERO_COLLECTIVE_TIMEOUT_S)."""
+        collectives.barrier()
 
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,
@@ -293,5 +293,5 @@ class Job:
         self.strategy.one_model(self.step)
         model = self.training.model if self.training is not None else None
         digest = evaluation.param_digest(model) if model is not None else ""
-        digests = hvd.allgather_object(digest, name="hvdhetero.digests")
+        digests = collectives.allgather_object(digest, "hvdhetero.digests", "the run's end record")
         self.records.end(digests)

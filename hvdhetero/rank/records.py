@@ -20,7 +20,7 @@ from typing import Any
 
 from hvdhetero import metrics, progress
 from hvdhetero.rank import host
-from hvdhetero.rank.reducer import allreduce_sum
+from hvdhetero.rank.collectives import allreduce_sum
 from hvdhetero.rank.tensorboard import TensorBoardLog
 
 

@@ -13,69 +13,15 @@ also why parameters are broadcast through CPU copies rather than `hvd.broadcast_
 
 from __future__ import annotations
 
-import functools
-import io
-import os
-import time
 from collections.abc import Iterable
-from typing import Any
 from dataclasses import dataclass
 
 import horovod.torch as hvd
 import torch
 
+from hvdhetero.rank.collectives import allreduce_, broadcast_, broadcast_object, wait
+
 WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16}
-NAP_S = (0.0002, 0.002)
-"""`wait`'s first and longest sleep between polls."""
-
-
-def wait(handle):
-    """hvd.synchronize(handle) without burning a core while the other ranks are not there yet.
-    Horovod's own wait spins on sched_yield: a fast rank waiting a second for a slow one keeps a
-    core busy all that second, which on a machine that runs anything else (a second rank of the
-    job, the MPS driver thread, a browser) is taken from it. Polls instead, sleeping 0.2 ms,
-    doubling to 2 ms: at most ~2 ms late, against Horovod's 5 ms cycle.
-
-    Bounded: a rank waiting longer than collective_timeout_s() ends with StalledCollective.
-    Horovod's stall shutdown did not fire where one rank waited in its gradients' allreduce and
-    the other in a collective of its own (a script's `if job.is_main: job.evaluate(...)`): both
-    waited on, heartbeats beating, for ever."""
-    nap, since = NAP_S[0], time.monotonic()
-    limit = collective_timeout_s()
-    while not hvd.poll(handle):
-        time.sleep(nap)
-        nap = min(2 * nap, NAP_S[1])
-        if limit and time.monotonic() - since > limit:
-            raise StalledCollective(
-                f"rank {hvd.rank()} waited {limit:.0f} s for the other ranks to join its collective (a gradient "
-                "reduction or an exchange): another rank is in a call this one never makes, or still busy on its "
-                "own. Every rank must make the same calls in the same order -- job.save, job.evaluate, "
-                "job.epochs' loop, job.stop -- each on every rank and decided alike (not under `if job.is_main:`, "
-                f"not on a value one rank computed alone); work one rank does alone for longer needs "
-                f"{TIMEOUT_VAR} raised (--env {TIMEOUT_VAR}=SECONDS; 0: no limit)")
-    return hvd.synchronize(handle)
-
-
-class StalledCollective(RuntimeError):
-    """A collective some rank never joined (reducer.wait's bound)."""
-
-
-TIMEOUT_VAR = "HVDHETERO_COLLECTIVE_TIMEOUT_S"
-COLLECTIVE_TIMEOUT_S = 600.0
-"""How long a rank waits for the others in one gradient reduction or exchange before it ends
-the job: long enough for what one rank may do alone between steps (rank 0 writing a checkpoint
-of several GB, its own validation loop, torch.compile recompiling for a new share), short
-enough that a deadlock is said in words the same session. DDP's default is 30 min."""
-
-
-@functools.cache
-def collective_timeout_s() -> float:
-    """COLLECTIVE_TIMEOUT_S, or the rank's HVDHETERO_COLLECTIVE_TIMEOUT_S (0: no limit); read once
-    (wait runs for every bucket of every step)."""
-    try:
-        return max(0.0, float(os.environ.get(TIMEOUT_VAR) or COLLECTIVE_TIMEOUT_S))
-    except ValueError:
-        return COLLECTIVE_TIMEOUT_S
 
 
 @dataclass
@@ -107,7 +53,7 @@ class _Bucket:
                                            op=hvd.Sum, name=self.name)
 
     def finish(self) -> None:
-        wait(self.handle)
+        wait(self.handle, "its gradients' reduction")
         self.handle = None
         if self.wire is not None:
             self.buffer.copy_(self.wire)
@@ -185,7 +131,7 @@ class Reducer:
         self.steps += 1
         if extra is None:
             return None
-        wait(extra_handle)
+        wait(extra_handle, "its gradients' reduction")
         return extra.tolist()
 
 
@@ -231,7 +177,7 @@ def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, name: str) ->
     if not tensors:
         return
     flat = torch.cat([t.detach().cpu().to(torch.float64).reshape(-1) for t in tensors])
-    hvd.broadcast_(flat, root_rank=root_rank, name=name)
+    broadcast_(flat, root_rank, name, "the start's model broadcast")
     for t, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
         t.copy_(chunk.view_as(t).to(t.dtype))
 
@@ -244,8 +190,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     device's own switches (DEVICE_SWITCHES), which a CPU or MPS rank cannot take from a CUDA
     rank: each rank keeps its own."""
     state = to_cpu(optimizer.state_dict()) if hvd.rank() == root_rank else None
-    # Horovod: broadcast_object pickles through a CPU byte tensor.
-    state = hvd.broadcast_object(state, root_rank=root_rank, name=name)
+    state = broadcast_object(state, root_rank, name, "the optimizer state's broadcast")
     for theirs, mine in zip(state["param_groups"], optimizer.param_groups):
         theirs.update({k: mine[k] for k in DEVICE_SWITCHES if k in mine})
     optimizer.load_state_dict(state)
@@ -265,12 +210,12 @@ def average_buffers(model: torch.nn.Module) -> None:
     if floats:
         flat = torch.cat([b.detach().cpu().to(torch.float64).reshape(-1) for b in floats])
         # Horovod: one allreduce for every buffer; the result is bit-identical on every rank.
-        hvd.allreduce_(flat, op=hvd.Average, name="hvdhetero.buffers")
+        allreduce_(flat, hvd.Average, "hvdhetero.buffers", "averaging BatchNorm-style buffers")
         for b, chunk in zip(floats, flat.split([b.numel() for b in floats])):
             b.copy_(chunk.view_as(b).to(b.dtype))
     if others:
         flat = torch.cat([b.detach().cpu().to(torch.int64).reshape(-1) for b in others])
-        hvd.broadcast_(flat, root_rank=0, name="hvdhetero.int_buffers")
+        broadcast_(flat, 0, "hvdhetero.int_buffers", "averaging BatchNorm-style buffers")
         for b, chunk in zip(others, flat.split([b.numel() for b in others])):
             b.copy_(chunk.view_as(b).to(b.dtype))
 
@@ -284,27 +229,3 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
-
-
-def allreduce_sum(values: list[float], name: str) -> list[float]:
-    """Sum small lists of numbers across ranks (metrics, sample counts), in float64."""
-    t = torch.tensor(values, dtype=torch.float64)
-    hvd.allreduce_(t, op=hvd.Sum, name=name)
-    return t.tolist()
-
-
-def broadcast_loadable(state: Any, name: str) -> Any:
-    """Rank 0's `state` (a checkpoint, an elastic commit: tensors and plain values) to every rank
-    as torch.save bytes, read back with weights_only=True: nothing a peer sends is unpickled.
-    Other ranks pass None."""
-    data = None
-    if hvd.rank() == 0:
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-    size = torch.tensor([data.numel() if data is not None else 0], dtype=torch.int64)
-    hvd.broadcast_(size, root_rank=0, name=f"{name}.size")
-    if data is None:
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
-    hvd.broadcast_(data, root_rank=0, name=f"{name}.state")
-    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator
 
-import horovod.torch as hvd
 import torch
 
+from hvdhetero.rank import collectives
 from hvdhetero.rank.reducer import broadcast_optimizer_state, broadcast_tensors
 
 
@@ -43,7 +43,7 @@ class Replicas:
     def settle(self, step: int) -> list[int]:
         """Every rank holds rank 0's parameters and optimizer state after this (a collective);
         returns the ranks that did not before."""
-        sums = hvd.allgather_object((checksum(self.model, self.optimizer), self.device), name="hvdhetero.replicas")
+        sums = collectives.allgather_object((checksum(self.model, self.optimizer), self.device), "hvdhetero.replicas")
         differed = [r for r, (s, _) in enumerate(sums) if s != sums[0][0]]
         if differed:
             broadcast_tensors(list(self.model.parameters()), 0, "hvdhetero.replicas.params")

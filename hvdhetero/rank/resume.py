@@ -18,12 +18,13 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-import horovod.torch as hvd
 import torch
 
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import checkpoint
-from hvdhetero.rank.reducer import broadcast_loadable, to_cpu
+from hvdhetero.rank import collectives
+from hvdhetero.rank.collectives import broadcast_loadable
+from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
     from hvdhetero.rank.training import Training
@@ -72,9 +73,9 @@ def save_checkpoint(t: Training, epoch_done: bool) -> None:
         return
     started, step = time.perf_counter(), t.train.step
     t.strategy.one_model(step)
-    rngs = hvd.allgather_object(checkpoint.rng_state(), name="hvdhetero.ckpt.rng")
+    rngs = collectives.allgather_object(checkpoint.rng_state(), "hvdhetero.ckpt.rng", "a checkpoint")
     # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
-    optimizer = (hvd.allgather_object(to_cpu(t.optimizer.state_dict()), name="hvdhetero.ckpt.optimizer")
+    optimizer = (collectives.allgather_object(to_cpu(t.optimizer.state_dict()), "hvdhetero.ckpt.optimizer", "a checkpoint")
                  if t.strategy.own_optimizers else t.optimizer.state_dict())
     path = checkpoint.path_for(t.run_dir, step)
     if t.is_main:

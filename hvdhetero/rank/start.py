@@ -23,7 +23,7 @@ import torch
 
 from hvdhetero.config import JobConfig, check_sync
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import autosync, batches
+from hvdhetero.rank import autosync, batches, collectives
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, probe_error, split_from, timings, unchanged
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.worker import Worker, micro_batch_for
@@ -57,8 +57,8 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
                 measured = timings(model, dataset, me, max(1, big // 4), big, probe, collate_fn)
         except Exception as err:  # noqa: BLE001 - any error of the user's model in a probe
             measured, error = None, probe_error(err)
-        failed = hvd.allgather_object(error, name="hvdhetero.probe")
-        caps = hvd.allgather_object(me.max_batch, name="hvdhetero.caps")
+        failed = collectives.allgather_object(error, "hvdhetero.probe", "the start-up")
+        caps = collectives.allgather_object(me.max_batch, "hvdhetero.caps", "the start-up")
         balancer = Balancer(global_batch, size, caps=caps, merges=config.inner_steps == "by-speed",
                             minimum=batches.fewest_samples(model))
         if measured is not None and not any(failed):
@@ -99,7 +99,7 @@ def record(records: RunRecords, config: JobConfig, me: Worker, precision, balanc
            host_names: list[str], resumed: str | None, step: int) -> None:
     """The run's "start" record (every rank's host, device, speed setting, chunk and precision)
     and the first split's; the precision's note printed by each rank it applies to."""
-    gathered = {k: hvd.allgather_object(v, name=f"hvdhetero.start.{k}") for k, v in {
+    gathered = {k: collectives.allgather_object(v, f"hvdhetero.start.{k}", "the start-up") for k, v in {
         "hostnames": socket.gethostname(), "devices": me.device.describe(),
         "slowdowns": me.slowdown, "micro_batches": me.micro_batch,
         "precision": precision.note or str(precision.dtype or "float32")}.items()}

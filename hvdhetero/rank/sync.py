@@ -55,7 +55,8 @@ import torch
 
 from hvdhetero.policy.round_clock import RoundClock
 from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import WIRE_DTYPES, wait
+from hvdhetero.rank.collectives import wait
+from hvdhetero.rank.reducer import WIRE_DTYPES
 
 
 def exchanged_tensors(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -275,7 +276,7 @@ class ParameterSync:
         (counts_handle, handle, round_steps), self._pending = self._pending, None
         self.link_late = not hvd.poll(handle)
         waited = time.perf_counter()
-        total, *rest = wait(counts_handle).tolist()
+        total, *rest = wait(counts_handle, "a parameter exchange").tolist()
         n = len(rest) // 4
         self.inner_steps = [int(u) for u in rest[2 * n:3 * n]]
         steps = [int(s) for s in rest[3 * n:]]
@@ -284,7 +285,7 @@ class ParameterSync:
                                f"{steps}: with --inner-steps by-speed the ranks meet only at a round's or an epoch's "
                                "end; call job.evaluate/job.save (or a collective of your own) at epochs' ends, "
                                "not every N steps")
-        flat = wait(handle).to(torch.float32)
+        flat = wait(handle, "a parameter exchange").to(torch.float32)
         self.wait_s = time.perf_counter() - waited
         # Parameters: the ranks that took every step of the round split each global batch between
         # them, as step sync does, and their changes average (by samples, weights summing to 1);

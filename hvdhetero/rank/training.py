@@ -24,7 +24,7 @@ import torch
 
 from hvdhetero.config import JobConfig
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import batches, elastic, resume
+from hvdhetero.rank import batches, collectives, elastic, resume
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
@@ -76,7 +76,7 @@ class Training:
                               scheduler=Scheduler(scheduler) if scheduler is not None else None,
                               loss_scale=loss_scale, sync=self.strategy, tracked=tracked)
         """What a checkpoint or a commit holds, by name (rank/registry.py)."""
-        self.host_names: list[str] = hvd.allgather_object(records.who[1], name="hvdhetero.host_names")
+        self.host_names: list[str] = collectives.allgather_object(records.who[1], "hvdhetero.host_names")
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
         self.schedule = CheckpointSchedule(config.checkpoint_every, config.checkpoint_minutes,
                                            config.keep_checkpoints)
