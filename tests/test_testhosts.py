@@ -124,24 +124,25 @@ def _testhosts_module():
 
 
 def test_dedupe_shares_identical_big_files_and_a_replaced_file_stays_the_hosts_own(tmp_path):
-    """Two provisioned hosts hold the same torch; sharing its files must not make one host's
-    install land on the other."""
+    """Two provisioned hosts hold the same torch, each in two envs at different paths; sharing
+    its files must not make one host's install land on the other."""
     testhosts = _testhosts_module()
     big, h1, h2 = os.urandom(testhosts.SHARED_MIN_BYTES + 1), tmp_path / "h1", tmp_path / "h2"
-    for host in (h1, h2):
-        (host / "venv/lib").mkdir(parents=True)
-        (host / "venv/lib/libtorch.so").write_bytes(big)
-        (host / "venv/stamp").write_text("same small file")  # small: written in place, never shared
+    lib = "lib/libtorch.so"
+    envs = [h1 / "venv", h2 / "venv", h1 / "venv-mpi", h2 / "mpi/venv"]
+    for env in envs:
+        (env / "lib").mkdir(parents=True)
+        (env / lib).write_bytes(big)
+        (env / "stamp").write_text("same small file")  # small: written in place, never shared
     (h1 / "venv/lib/other.so").write_bytes(big)
-    (h2 / "venv/lib/other.so").write_bytes(big[:-1] + b"!")  # same size, other bytes
-    assert testhosts.dedupe(h1, h2) == len(big)
-    lib = "venv/lib/libtorch.so"
-    assert (h1 / lib).stat().st_ino == (h2 / lib).stat().st_ino and (h2 / lib).read_bytes() == big
-    for own in ("venv/lib/other.so", "venv/stamp"):
-        assert (h1 / own).stat().st_ino != (h2 / own).stat().st_ino
-    assert not list(h2.rglob(".*.dedupe"))
+    (h2 / "venv/lib/other.so").write_bytes(big[:-1] + b"!")  # same size and name, other bytes
+    assert testhosts.dedupe(h1, h2) == 3 * len(big)
+    assert len({(env / lib).stat().st_ino for env in envs}) == 1 and (h2 / "mpi/venv" / lib).read_bytes() == big
+    assert (h1 / "venv/lib/other.so").stat().st_ino != (h2 / "venv/lib/other.so").stat().st_ino
+    assert len({(env / "stamp").stat().st_ino for env in envs}) == 4
+    assert not list(tmp_path.rglob(".*.dedupe"))
     assert testhosts.dedupe(h1, h2) == 0  # again: nothing left to share
-    # h2 installs another torch as pip does (a new file replaces the path): h1 keeps its own
+    # h2 installs another torch as pip does (a new file replaces the path): the others keep theirs
     (h2 / "venv/lib/new").write_bytes(b"2.13")
-    os.replace(h2 / "venv/lib/new", h2 / lib)
-    assert (h1 / lib).read_bytes() == big
+    os.replace(h2 / "venv/lib/new", h2 / "venv" / lib)
+    assert all((env / lib).read_bytes() == big for env in envs if env != h2 / "venv")
