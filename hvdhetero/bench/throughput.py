@@ -119,8 +119,10 @@ def main(argv: list[str] | None = None) -> None:
         if hvd.rank() == 0:
             report(args, solo, horovod, ours, engine, counts, saving, solo_steps)
     finally:
-        hvd.shutdown()
-        scratch.cleanup()
+        try:
+            hvd.shutdown()
+        finally:
+            scratch.cleanup()
 
 
 def bench_data(name: str, batch: int):

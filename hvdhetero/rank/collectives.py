@@ -31,6 +31,10 @@ COLLECTIVE_TIMEOUT_S = 600.0
 for what one rank may do alone between steps (rank 0 writing a checkpoint of several GB, its
 own validation loop, torch.compile recompiling for a new share), short enough that a deadlock
 is said in words the same session. DDP's default is 30 min."""
+PATIENT = 6
+"""Collectives that wait for a script's own work before training (job.prepare's first broadcast,
+job.barrier: "rank 0 downloads, the others wait") wait this many times as long: a download or
+tokenising on a slow host may take far longer than anything between two steps."""
 
 
 class StalledCollective(RuntimeError):
@@ -47,15 +51,21 @@ def collective_timeout_s() -> float:
         return COLLECTIVE_TIMEOUT_S
 
 
-def wait(handle, what: str):
+def patient_timeout_s() -> float:
+    """The bound of a collective that waits for a script's own work (PATIENT times the bound; 0: none)."""
+    return PATIENT * collective_timeout_s()
+
+
+def wait(handle, what: str, limit: float | None = None):
     """hvd.synchronize(handle) without burning a core while the other ranks are not there yet.
     Horovod's own wait spins on sched_yield: a fast rank waiting a second for a slow one keeps a
     core busy all that second, which on a machine that runs anything else (a second rank of the
     job, the MPS driver thread, a browser) is taken from it. Polls instead, sleeping 0.2 ms,
     doubling to 2 ms: at most ~2 ms late, against Horovod's 5 ms cycle. `what`: the collective
-    in words, for the message when the bound is passed."""
+    in words, for the message when the bound is passed; `limit`: seconds (0: none), by default
+    collective_timeout_s()."""
     nap, since = NAP_S[0], time.monotonic()
-    limit = collective_timeout_s()
+    limit = collective_timeout_s() if limit is None else limit
     while not hvd.poll(handle):
         time.sleep(nap)
         nap = min(2 * nap, NAP_S[1])
@@ -70,19 +80,20 @@ def wait(handle, what: str):
     return hvd.synchronize(handle)
 
 
-def allreduce_(tensor: torch.Tensor, op, name: str, what: str = "") -> torch.Tensor:
+def allreduce_(tensor: torch.Tensor, op, name: str, what: str = "", limit: float | None = None) -> torch.Tensor:
     """hvd.allreduce_ (in place, on a CPU tensor), bounded."""
-    return wait(hvd.allreduce_async_(tensor, op=op, name=name), what or name)
+    return wait(hvd.allreduce_async_(tensor, op=op, name=name), what or name, limit)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str, what: str = "") -> torch.Tensor:
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str, what: str = "",
+               limit: float | None = None) -> torch.Tensor:
     """hvd.broadcast_ (in place, on a CPU tensor), bounded."""
-    return wait(hvd.broadcast_async_(tensor, root_rank=root_rank, name=name), what or name)
+    return wait(hvd.broadcast_async_(tensor, root_rank=root_rank, name=name), what or name, limit)
 
 
-def barrier(name: str = "hvdhetero.barrier", what: str = "job.barrier()") -> None:
+def barrier(name: str = "hvdhetero.barrier", what: str = "job.barrier()", limit: float | None = None) -> None:
     """Every rank gets here before any goes on (an allreduce of nothing), bounded."""
-    allreduce_(torch.zeros(1), hvd.Sum, name, what)
+    allreduce_(torch.zeros(1), hvd.Sum, name, what, limit)
 
 
 def allreduce_sum(values: list[float], name: str) -> list[float]:
@@ -98,16 +109,16 @@ def allgather_object(obj: Any, name: str, what: str = "") -> list[Any]:
     data = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
     sizes = wait(hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.sz"),
                  what or name)
-    gathered = wait(hvd.allgather_async(data, name=f"{name}.t"), what or name).numpy().tobytes()
+    gathered = memoryview(wait(hvd.allgather_async(data, name=f"{name}.t"), what or name).numpy())
     ends = torch.cumsum(sizes, 0).tolist()
     return [cloudpickle.loads(gathered[end - n:end]) for n, end in zip(sizes.tolist(), ends)]
 
 
-def broadcast_object(obj: Any, root_rank: int, name: str, what: str = "") -> Any:
+def broadcast_object(obj: Any, root_rank: int, name: str, what: str = "", limit: float | None = None) -> Any:
     """`root_rank`'s `obj` on every rank (others pass None), bounded."""
     data = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8) if hvd.rank() == root_rank \
         else None
-    return cloudpickle.loads(_broadcast_bytes(data, root_rank, name, what))
+    return cloudpickle.loads(_broadcast_bytes(data, root_rank, name, what, limit))
 
 
 def broadcast_loadable(state: Any, name: str) -> Any:
@@ -119,13 +130,14 @@ def broadcast_loadable(state: Any, name: str) -> Any:
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-    return torch.load(io.BytesIO(_broadcast_bytes(data, 0, name, "")), map_location="cpu", weights_only=True)
+    return torch.load(io.BytesIO(_broadcast_bytes(data, 0, name)), map_location="cpu", weights_only=True)
 
 
-def _broadcast_bytes(data: torch.Tensor | None, root_rank: int, name: str, what: str) -> bytes:
+def _broadcast_bytes(data: torch.Tensor | None, root_rank: int, name: str, what: str = "",
+                     limit: float | None = None) -> bytes:
     size = torch.tensor([data.numel() if data is not None else 0], dtype=torch.int64)
-    broadcast_(size, root_rank, f"{name}.size", what)
+    broadcast_(size, root_rank, f"{name}.size", what, limit)
     if data is None:
         data = torch.empty(int(size.item()), dtype=torch.uint8)
-    broadcast_(data, root_rank, f"{name}.state", what)
+    broadcast_(data, root_rank, f"{name}.state", what, limit)
     return data.numpy().tobytes()

@@ -58,7 +58,9 @@ class Commits(State):
     lives on; the Job is made anew)."""
 
     def __init__(self):
-        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        super().__init__(bcast_object=lambda obj: collectives.broadcast_object(obj, 0, "hvdhetero.elastic.hosts",
+                                                                               "an elastic commit's host check"),
+                         get_rank=hvd.rank)
         self.state: dict[str, Any] | None = None
         self.pending: tuple[dict[str, Any], int, bool] | None = None
         """Overlapped: a commit waiting for its round to land (state without its model, the

@@ -256,8 +256,9 @@ class Job:
                                    step=self.step, device=self.device, autocast=self.autocast)
 
     def barrier(self) -> None:
-        """Wait until every rank gets here (bounded: HVDHETERO_COLLECTIVE_TIMEOUT_S)."""
-        collectives.barrier()
+        """Wait until every rank gets here ("rank 0 downloads, the others wait"): bounded by 6 times
+        HVDHETERO_COLLECTIVE_TIMEOUT_S (an hour by default; a download may take long)."""
+        collectives.barrier(limit=collectives.patient_timeout_s())
 
     def save(self, obj, name: str) -> Path:
         """Rank 0 writes `obj` (a state dict or anything torch.save takes) to the run directory,

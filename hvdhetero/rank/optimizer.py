@@ -6,10 +6,11 @@ step `step()` and `zero_grad()` do nothing (gradients are still accumulating), a
 reduced gradients overflowed under fp16 loss scaling is skipped on every rank alike.
 
 The user's own optimizer object steps the same way (`route`): a script that goes on stepping
-the optimizer it passed to job.prepare (`model, _, loader = job.prepare(model, optimizer, ...)`,
-or a GradScaler made before) would otherwise update between micro-batches on a partial
-gradient, never count a step (no checkpoint would come due, no local/diloco round end, so the
-ranks drift apart) and step through an fp16 overflow.
+the optimizer it passed to job.prepare (`model, _, loader = job.prepare(model, optimizer, ...)`)
+would otherwise update between micro-batches on a partial gradient, never count a step (no
+checkpoint would come due, no local/diloco round end, so the ranks drift apart) and step
+through an fp16 overflow. (A GradScaler of the script's own still unscales the gradients
+between micro-batches: docs/api.md says to use --precision fp16 or --micro-batch 0 with one.)
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ class JobOptimizer(torch.optim.Optimizer):
         """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
-        self._update, self._zero = optimizer.step, optimizer.zero_grad
-        """The optimizer's own (with an LR scheduler's counting wrapper when one was built on it)."""
+        # The optimizer's own (with an LR scheduler's counting wrapper when one was built on it),
+        # taken once: an optimizer prepared again (the script re-run after an elastic reset, its
+        # optimizer made in a module that lives on) must not step through the old job's.
+        self._update, self._zero = optimizer.__dict__.setdefault(OWN, (optimizer.step, optimizer.zero_grad))
         route(optimizer, self)
 
     @property
@@ -53,12 +56,12 @@ class JobOptimizer(torch.optim.Optimizer):
     def defaults(self):
         return self.optimizer.defaults
 
-    def step(self, closure=None):
+    def step(self, *args, **kwargs):
         if self.step_state.accumulating:
             return None
         out = None
         if self.before_step():
-            out = self._update(closure) if closure is not None else self._update()
+            out = self._update(*args, **kwargs)
         self.after_step()
         return out
 
@@ -79,17 +82,21 @@ class JobOptimizer(torch.optim.Optimizer):
         return f"JobOptimizer({self.optimizer!r})"
 
 
+OWN = "_hvdhetero_own_methods"
+"""The attribute on the user's optimizer holding its own (step, zero_grad) from before route()."""
+
+
 def route(optimizer: torch.optim.Optimizer, prepared: JobOptimizer) -> None:
     """`optimizer.step()` and `optimizer.zero_grad()` of the user's own object do what the
     prepared optimizer's do (bound methods on the instance: an LR scheduler built on it after
     job.prepare wraps them as it wraps any optimizer's step)."""
-    def step(self, closure=None):
-        return prepared.step(closure)
+    def step(self, *args, **kwargs):  # a closure, or an optimizer's own arguments (GradScaler passes them on)
+        return prepared.step(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         prepared.zero_grad(set_to_none)
 
-    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):  # a scheduler built on it before job.prepare
+    if hasattr(optimizer.__dict__[OWN][0], "_wrapped_by_lr_sched"):  # a scheduler built on it before job.prepare
         step._wrapped_by_lr_sched = True  # (it warns when the step it wrapped is gone)
     optimizer.step = types.MethodType(step, optimizer)
     optimizer.zero_grad = types.MethodType(zero_grad, optimizer)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import horovod.torch as hvd
 import torch
 
-from hvdhetero.rank.collectives import allreduce_, broadcast_, broadcast_object, wait
+from hvdhetero.rank.collectives import allreduce_, broadcast_, broadcast_object, patient_timeout_s, wait
 
 WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16}
 
@@ -163,26 +163,31 @@ def _buckets(params: list[torch.nn.Parameter], bucket_mb: float) -> list[list[to
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     root_rank: int = 0) -> None:
-    """Make every rank start from rank 0's parameters, buffers and optimizer state."""
-    broadcast_tensors(list(model.state_dict().values()), root_rank, "hvdhetero.state")
+    """Make every rank start from rank 0's parameters, buffers and optimizer state: job.prepare's
+    first collective, which waits for whatever each rank's script did before (a download on a
+    slow host), so its bound is the patient one."""
+    what, limit = "job.prepare()'s model broadcast", patient_timeout_s()
+    broadcast_tensors(list(model.state_dict().values()), root_rank, "hvdhetero.state", what, limit)
     if optimizer is not None:
-        broadcast_optimizer_state(optimizer, root_rank, "hvdhetero.optimizer")
+        broadcast_optimizer_state(optimizer, root_rank, "hvdhetero.optimizer", what, limit)
 
 
 @torch.no_grad()
-def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, name: str) -> None:
+def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, name: str, what: str = "",
+                      limit: float | None = None) -> None:
     """Every rank's `tensors` take `root_rank`'s values, in place, whatever their device: one
     Horovod broadcast of them all, as float64, so that integer buffers (BatchNorm's counters)
     and float32, bf16 and fp16 values survive exactly."""
     if not tensors:
         return
     flat = torch.cat([t.detach().cpu().to(torch.float64).reshape(-1) for t in tensors])
-    broadcast_(flat, root_rank, name, "the start's model broadcast")
+    broadcast_(flat, root_rank, name, what, limit)
     for t, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
         t.copy_(chunk.view_as(t).to(t.dtype))
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, name: str) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, name: str, what: str = "",
+                              limit: float | None = None) -> None:
     """Every rank takes `root_rank`'s optimizer state (a collective). The state may be empty (a
     fresh start) or hold tensors on that rank's device, which another rank may not have (cuda vs
     mps): it travels on the CPU, and load_state_dict moves it onto each rank's own parameters'
@@ -190,7 +195,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     device's own switches (DEVICE_SWITCHES), which a CPU or MPS rank cannot take from a CUDA
     rank: each rank keeps its own."""
     state = to_cpu(optimizer.state_dict()) if hvd.rank() == root_rank else None
-    state = broadcast_object(state, root_rank, name, "the optimizer state's broadcast")
+    state = broadcast_object(state, root_rank, name, what, limit)
     for theirs, mine in zip(state["param_groups"], optimizer.param_groups):
         theirs.update({k: mine[k] for k in DEVICE_SWITCHES if k in mine})
     optimizer.load_state_dict(state)

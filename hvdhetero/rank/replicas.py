@@ -46,8 +46,8 @@ class Replicas:
         sums = collectives.allgather_object((checksum(self.model, self.optimizer), self.device), "hvdhetero.replicas")
         differed = [r for r, (s, _) in enumerate(sums) if s != sums[0][0]]
         if differed:
-            broadcast_tensors(list(self.model.parameters()), 0, "hvdhetero.replicas.params")
-            broadcast_optimizer_state(self.optimizer, 0, "hvdhetero.replicas.optimizer")
+            broadcast_tensors(list(self.model.parameters()), 0, "hvdhetero.replicas.params", "settling the replicas")
+            broadcast_optimizer_state(self.optimizer, 0, "hvdhetero.replicas.optimizer", "settling the replicas")
             self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
         return differed
 

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as done:
         if done.code not in (None, 0):
             fail(config, f"SystemExit: {done.code}", [])
+        left_early_hint()
+        never_joined_hint()
         print(progress.DONE_TAG, flush=True)
         raise
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
@@ -93,6 +95,9 @@ def never_joined_hint() -> None:
     if size < 2 or os.environ.get("HOROVOD_RANK", "0") != "0":
         return
     job = current.job
+    hvd = sys.modules.get("horovod.torch")
+    if job is None and hvd is not None and hvd.is_initialized():
+        return  # a plain Horovod script (or our allreduce bench): it shares what it shares itself
     if job is None:
         missing = "never called hh.init() nor job.prepare(...)"
     elif getattr(job, "training", None) is None:

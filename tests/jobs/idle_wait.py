@@ -1,8 +1,9 @@
 """Two ranks: rank 1 comes to an allreduce 2 s after rank 0. Rank 0 waits once with Horovod's
 own hvd.synchronize and once with hvdhetero's collectives.wait, timing the wait's wall and CPU
-seconds (this process's, all threads) each time. Then rank 1 never joins: rank 0's barrier and
-allgather_object each give up after HVDHETERO_COLLECTIVE_TIMEOUT_S (set by the test) with
-StalledCollective. Prints IDLE_WAIT {json} on rank 0."""
+seconds (this process's, all threads) each time. Then rank 1 joins a patient barrier (job.barrier's:
+"rank 0 downloads, the others wait") 1.5 times HVDHETERO_COLLECTIVE_TIMEOUT_S (set by the test) late,
+and rank 0 waits for it; then rank 1 never joins: rank 0's barrier and allgather_object each give
+up after the bound with StalledCollective. Prints IDLE_WAIT {json} on rank 0."""
 
 import json
 import os
@@ -29,6 +30,11 @@ for how, waiter in (("horovod", hvd.synchronize), ("hvdhetero", lambda handle: w
     out[how] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "sum": result.tolist()}
 hvd.barrier()
 limit = collectives.collective_timeout_s()
+if hvd.rank() == 1:
+    time.sleep(1.5 * limit)
+started = time.monotonic()
+collectives.barrier("idle.patient", "job.barrier()", collectives.patient_timeout_s())
+out["patient_s"] = time.monotonic() - started
 if hvd.rank() == 1:  # busy on its own past the bound of both of rank 0's collectives, then gone
     time.sleep(2 * limit + 2)
     os._exit(0)
