@@ -22,7 +22,6 @@ from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank import collectives
-from hvdhetero.rank.collectives import allreduce_sum
 from hvdhetero.rank.reducer import WIRE_DTYPES
 from hvdhetero.rank.sync import exchanged_tensors
 
@@ -82,7 +81,7 @@ def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, h
     behind = [_behind(big, f"hvdhetero.plan.behind.{i}") for i in range(3)]
     stolen, busy = statistics.median(s for s, _ in behind), max(b for _, b in behind)
     size = hvd.size()
-    summed = allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s) + one_hot(stolen) + one_hot(busy),
+    summed = collectives.allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s) + one_hot(stolen) + one_hot(busy),
                            "hvdhetero.plan.times")
     hosts = collectives.allgather_object(host, "hvdhetero.plan.hosts")
     devices = collectives.allgather_object(device, "hvdhetero.plan.devices")

@@ -106,7 +106,7 @@ def allreduce_sum(values: list[float], name: str) -> list[float]:
 def allgather_object(obj: Any, name: str, what: str = "") -> list[Any]:
     """Every rank's `obj` (small plain values: names, numbers, an error's text), in rank order,
     bounded; pickled as Horovod's own allgather_object pickles them."""
-    data = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
+    data = _tensor(cloudpickle.dumps(obj))
     sizes = wait(hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.sz"),
                  what or name)
     gathered = memoryview(wait(hvd.allgather_async(data, name=f"{name}.t"), what or name).numpy())
@@ -116,8 +116,7 @@ def allgather_object(obj: Any, name: str, what: str = "") -> list[Any]:
 
 def broadcast_object(obj: Any, root_rank: int, name: str, what: str = "", limit: float | None = None) -> Any:
     """`root_rank`'s `obj` on every rank (others pass None), bounded."""
-    data = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8) if hvd.rank() == root_rank \
-        else None
+    data = _tensor(cloudpickle.dumps(obj)) if hvd.rank() == root_rank else None
     return cloudpickle.loads(_broadcast_bytes(data, root_rank, name, what, limit))
 
 
@@ -129,8 +128,13 @@ def broadcast_loadable(state: Any, name: str) -> Any:
     if hvd.rank() == 0:
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        data = _tensor(buffer.getvalue())
     return torch.load(io.BytesIO(_broadcast_bytes(data, 0, name)), map_location="cpu", weights_only=True)
+
+
+def _tensor(data: bytes) -> torch.Tensor:
+    """`data` as the uint8 CPU tensor Horovod sends."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def _broadcast_bytes(data: torch.Tensor | None, root_rank: int, name: str, what: str = "",

@@ -47,7 +47,6 @@ from horovod.common.elastic import State
 
 from hvdhetero.rank import checkpoint, current, resume
 from hvdhetero.rank import collectives
-from hvdhetero.rank.collectives import broadcast_loadable
 
 if TYPE_CHECKING:
     from hvdhetero.rank.training import Training
@@ -156,7 +155,7 @@ def rejoin(t: Training) -> str | None:
     if steps[0] < 0:
         return None
     state = (COMMITS.state if len(set(steps)) == 1
-             else broadcast_loadable(COMMITS.state if t.is_main else None, "hvdhetero.elastic"))
+             else collectives.broadcast_loadable(COMMITS.state if t.is_main else None, "hvdhetero.elastic"))
     own = COMMITS.state is not None and mine == state["step"]
     if own:  # a survivor keeps its own optimizer state (local/diloco: each rank's inner one differs)
         state = {**state, "optimizer": COMMITS.state["optimizer"]}

@@ -12,7 +12,6 @@ import torch
 
 from hvdhetero.rank import batches
 from hvdhetero.rank import collectives
-from hvdhetero.rank.collectives import allreduce_sum
 from hvdhetero.rank.reducer import average_buffers
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 
@@ -42,7 +41,7 @@ def evaluate(fn: Callable, dataset, batch_size: int, collate_fn: Callable | None
                     for k, v in fn(batch).items():
                         sums[k] = sums.get(k, 0.0) + float(v)
     names = sorted(set().union(*collectives.allgather_object(sorted(sums), "hvdhetero.eval_names", "job.evaluate()")))
-    return dict(zip(names, allreduce_sum([sums.get(k, 0.0) for k in names], "hvdhetero.eval")))
+    return dict(zip(names, collectives.allreduce_sum([sums.get(k, 0.0) for k in names], "hvdhetero.eval")))
 
 
 @contextlib.contextmanager

@@ -23,7 +23,6 @@ import torch
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import checkpoint
 from hvdhetero.rank import collectives
-from hvdhetero.rank.collectives import broadcast_loadable
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
@@ -90,7 +89,7 @@ def resume_from_disk(t: Training) -> str:
     """--resume: every rank continues from rank 0's newest checkpoint that loads."""
     found = checkpoint.newest(t.run_dir) if t.is_main else None
     # rank 0 loaded it with weights_only; the others read its bytes the same way (nothing unpickled)
-    sent = broadcast_loadable({"path": str(found[0]) if found else None, "state": found[1] if found else None}
+    sent = collectives.broadcast_loadable({"path": str(found[0]) if found else None, "state": found[1] if found else None}
                            if t.is_main else None, "hvdhetero.resume")
     path, state = sent["path"], sent["state"]
     if state is None:

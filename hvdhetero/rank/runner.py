@@ -64,18 +64,22 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as done:
         if done.code not in (None, 0):
             fail(config, f"SystemExit: {done.code}", [])
-        left_early_hint()
-        never_joined_hint()
-        print(progress.DONE_TAG, flush=True)
+        ended()
         raise
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
         frames = [f for f in traceback.extract_tb(err.__traceback__)
                   if not f.filename.startswith("<frozen") and f.filename != __file__]
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
     else:
-        left_early_hint()
-        never_joined_hint()
-        print(progress.DONE_TAG, flush=True)  # quiet from now on (Horovod's shutdown) is not frozen
+        ended()
+
+
+def ended() -> None:
+    """The script ended well (returned, or sys.exit(0)): what it should know, then DONE, after
+    which quiet (Horovod's shutdown) is not frozen."""
+    left_early_hint()
+    never_joined_hint()
+    print(progress.DONE_TAG, flush=True)
 
 
 def left_early_hint() -> None:
