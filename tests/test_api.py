@@ -55,6 +55,48 @@ def test_an_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path):
     assert ranks[0]["digest"] == ranks[1]["digest"]
 
 
+@pytest.fixture(scope="module")
+def scalers(tmp_path_factory):
+    """tests/jobs/api_scalers.py: every case's per-step parameter digests, rank by rank."""
+    return two_ranks("api_scalers.py", "API_SCALERS", tmp_path_factory.mktemp("scalers"))
+
+
+def test_a_gradscaler_of_the_scripts_own_trains_as_without_one(scalers):
+    """job.backward(scaler.scale(loss)), scaler.unscale_, step, update, as one-GPU AMP scripts
+    do, over micro-batches: rank 0's scaler at 2**10 and growing, rank 1's disabled (what
+    GradScaler("cuda") is on a Mac). Bit for bit the run without a scaler (before: it unscaled
+    between chunks and summed S*g with g), till rank 1's inf at step 4, which both skip."""
+    ref, mine = scalers["ref-micro"], scalers["scaler-micro"]
+    for r in (0, 1):
+        assert mine[r]["digests"][:3] == ref[r]["digests"][:3], (r, mine, ref)
+        assert mine[r]["digests"][3] == mine[r]["digests"][2], "step 4's overflow skipped on every rank"
+        assert mine[r]["step"] == 4, "the skipped step counts (checkpoints and rounds stay aligned)"
+    assert mine[0]["scales"] == [1024.0, 2048.0, 2048.0, 1024.0], "updated once a step, halved at the inf"
+    assert mine[1]["scales"] == [1.0] * 4
+    # the script accumulating over 2 batches: the same as without the scaler, the real loss in the records
+    ref, mine = scalers["ref-accumulate"], scalers["scaler-accumulate"]
+    assert [r["digests"] for r in mine] == [r["digests"] for r in ref] and len(ref[0]["digests"]) == 2, (mine, ref)
+    assert mine[0]["loss"] == ref[0]["loss"] < 3, "the epoch's loss is the loss, not the scaled one"
+
+
+def test_the_jobs_loss_scale_keeps_the_gradients_a_script_accumulates(scalers):
+    """--precision fp16's loss scale (on cuda/mps; switched on by hand here) with a script that
+    steps every second batch: before, the first batch's reduced gradient was divided by the
+    scale again at the second's reduction (2**-10 of it was left)."""
+    ref, mine = scalers["ref-accumulate"], scalers["lossscale-accumulate"]
+    assert [r["digests"] for r in mine] == [r["digests"] for r in ref], (mine, ref)
+
+
+def test_under_local_sync_a_rank_whose_scaler_skips_a_step_stays_in_the_rounds(scalers):
+    """--sync local:2: rank 1's inf at step 2 is its own; its scaler skips the update there and
+    halves, rank 0's does not. Both count 4 steps and 2 rounds and end on one model (before:
+    rank 1 counted 3, its round ended a step later and the exchange stalled till the collective bound)."""
+    ranks = scalers["scaler-local"]
+    assert [r["step"] for r in ranks] == [4, 4] and [r["rounds"] for r in ranks] == [2, 2], ranks
+    assert ranks[1]["scales"] == [1024.0, 512.0, 512.0, 1024.0] and ranks[0]["scales"][1] == 2048.0, ranks
+    assert ranks[0]["digests"][-1] == ranks[1]["digests"][-1], "one model after the last round"
+
+
 def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_path):
     """A CUDA or MPS rank beside a CPU rank rounds the optimizer's update differently; here rank 1
     rounds SGD's last operation twice where torch rounds once (tests/jobs/replicas.py). Before an

@@ -9,8 +9,7 @@ The user's own optimizer object steps the same way (`route`): a script that goes
 the optimizer it passed to job.prepare (`model, _, loader = job.prepare(model, optimizer, ...)`)
 would otherwise update between micro-batches on a partial gradient, never count a step (no
 checkpoint would come due, no local/diloco round end, so the ranks drift apart) and step
-through an fp16 overflow. (A GradScaler of the script's own still unscales the gradients
-between micro-batches: docs/api.md says to use --precision fp16 or --micro-batch 0 with one.)
+through an fp16 overflow. A GradScaler of the script's own is rank/scaler.py's.
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ class JobOptimizer(torch.optim.Optimizer):
         self.optimizer, self.step_state = optimizer, state
         self.before_step, self.after_step = before_step, after_step
         """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
+        self.calls = 0
+        """How often step() was called (a GradScaler that skips a step does not call it)."""
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
         # The optimizer's own (with an LR scheduler's counting wrapper when one was built on it),
@@ -57,6 +58,7 @@ class JobOptimizer(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     def step(self, *args, **kwargs):
+        self.calls += 1
         if self.step_state.accumulating:
             return None
         out = None
@@ -64,6 +66,12 @@ class JobOptimizer(torch.optim.Optimizer):
             out = self._update(*args, **kwargs)
         self.after_step()
         return out
+
+    def skipped(self) -> None:
+        """A GradScaler of the script's own found an inf or NaN and left step() out: the step
+        counts, not taken (as every rank's does under step sync; local/diloco rounds stay aligned)."""
+        self.before_step()
+        self.after_step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if not self.step_state.accumulating:
@@ -84,6 +92,15 @@ class JobOptimizer(torch.optim.Optimizer):
 
 OWN = "_hvdhetero_own_methods"
 """The attribute on the user's optimizer holding its own (step, zero_grad) from before route()."""
+PREPARED = "_hvdhetero_prepared"
+"""The attribute on the user's optimizer holding the JobOptimizer that route() sent it to."""
+
+
+def prepared_of(optimizer) -> JobOptimizer | None:
+    """The JobOptimizer behind `optimizer` (itself, or the user's own object job.prepare took), else None."""
+    if isinstance(optimizer, JobOptimizer):
+        return optimizer
+    return getattr(optimizer, "__dict__", {}).get(PREPARED)
 
 
 def route(optimizer: torch.optim.Optimizer, prepared: JobOptimizer) -> None:
@@ -98,5 +115,6 @@ def route(optimizer: torch.optim.Optimizer, prepared: JobOptimizer) -> None:
 
     if hasattr(optimizer.__dict__[OWN][0], "_wrapped_by_lr_sched"):  # a scheduler built on it before job.prepare
         step._wrapped_by_lr_sched = True  # (it warns when the step it wrapped is gone)
+    optimizer.__dict__[PREPARED] = prepared
     optimizer.step = types.MethodType(step, optimizer)
     optimizer.zero_grad = types.MethodType(zero_grad, optimizer)

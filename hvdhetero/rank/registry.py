@@ -39,11 +39,14 @@ class Registry:
                 for name, part in self.parts.items() if name not in leave_out}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Each part from its name's state; a name missing or None in `state` leaves its part as it is
-        (a checkpoint of a run without a scheduler, a job.track'ed object added since)."""
+        """Each part from its name's state; a name missing, None or an empty dict in `state` leaves
+        its part as it is (a checkpoint of a run without a scheduler, a job.track'ed object added
+        since, a GradScaler rank 0 held disabled: torch.amp.GradScaler("cuda") on a Mac saves {},
+        which an enabled one refuses to load)."""
         for name, part in self.parts.items():
-            if part is not None and state.get(name) is not None:
-                part.load_state_dict(state[name])
+            value = state.get(name)
+            if part is not None and value is not None and not (isinstance(value, dict) and not value):
+                part.load_state_dict(value)
 
 
 class PerRank:

@@ -24,7 +24,7 @@ import torch
 
 from hvdhetero.config import JobConfig
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import batches, collectives, elastic, resume
+from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
@@ -63,6 +63,7 @@ class Training:
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         self.optimizer = JobOptimizer(optimizer, step_state, before_step=self.stepped, after_step=self.after_step)
+        scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
         if scheduler is not None:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
         self.strategy: EveryStep | Rounds = EveryStep(
@@ -139,12 +140,20 @@ class Training:
     def backward(self, loss: torch.Tensor, item: Item) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
-        self.records.loss(float(loss.detach()), item.n)
+        theirs = scaler.scaler_of(loss)  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
+        theirs_scale = theirs.get_scale() if theirs is not None else 1.0
+        self.records.loss(float(loss.detach()) / theirs_scale, item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0
         if self.loss_scale is not None:
             scale *= self.loss_scale.scale
+            if item.chunk == 0:  # gradients the script kept from earlier steps (it accumulates): scaled alike
+                scaler.rescale(self.reducer.params, self.loss_scale.scale)
         weight = item.share / sum(item.sizes)
         unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
+        # Step sync sums the ranks' gradients: each rank's own scale out before, in again after (rank/scaler.py).
+        # Under local/diloco the script's scaler unscales this rank's own gradients itself.
+        rescale = theirs_scale if theirs is not None and self.strategy.kind == "step" else 1.0
+        unscale /= rescale
         if item.last:
             self.strategy.before_last_backward(weight * unscale)
         (loss * scale if scale != 1.0 else loss).backward()
@@ -157,7 +166,9 @@ class Training:
         seconds = time.perf_counter() - began
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
-        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, self.loss_scale is not None)
+        check = self.loss_scale is not None or (theirs is not None and self.strategy.kind == "step")
+        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check)
+        scaler.rescale(self.reducer.params, rescale)
         self.last_step_seconds = (seconds, reduce_s)
         self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None:

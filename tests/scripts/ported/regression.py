@@ -21,17 +21,23 @@ device = job.device  # hh:
 model = nn.Sequential(nn.Linear(8, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 1)).to(device)
 criterion = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+scaler = torch.amp.GradScaler(device.type)
 model, optimizer, loader = job.prepare(model, optimizer, TensorDataset(X_train, y_train), global_batch=128)  # hh:
 
 for epoch in job.epochs(30):  # hh:
     model.train()
     for xb, yb in loader:
         xb, yb = xb.to(device), yb.to(device)
-        pred = model(xb)
-        loss = criterion(pred, yb)
+        with torch.autocast(device.type, dtype=amp_dtype):
+            pred = model(xb)
+            loss = criterion(pred.float(), yb)
         optimizer.zero_grad()
-        job.backward(loss)  # hh:
-        optimizer.step()
+        job.backward(scaler.scale(loss))  # hh:
+        scaler.unscale_(optimizer)
+        job.clip_grad_norm_(1.0)  # hh: the reduced gradient's norm, alike on every rank
+        scaler.step(optimizer)
+        scaler.update()
     model.eval()
     with torch.no_grad():
         test_mse = criterion(model(X_test.to(device)), y_test.to(device)).item()
