@@ -129,3 +129,21 @@ def test_the_examples_run_through_script_on_the_cuda_and_cpu_ranks(gpu_inventory
     records = metrics.records(tmp_path / "metrics.jsonl")
     assert records[-1]["event"] == "end" and len(set(records[-1]["param_digests"])) == 1, records[-1]
     assert records[0]["devices"][0].startswith("cuda"), records[0]["devices"]
+
+
+def test_a_gradscaler_of_the_scripts_own_on_the_cuda_rank_beside_the_cpu_rank(tmp_path):
+    """GradScaler("cuda") in both ranks' script: enabled on the CUDA rank, disabled (scale 1) on
+    the CPU rank. With micro-batches, bit for bit the same run without it until the CPU rank's
+    inf, which both skip; the job's own fp16 scale keeps what a script accumulates; under
+    local:2 a rank's own skip leaves the rounds aligned (tests/test_api.py, on two CPU ranks)."""
+    cases = two_ranks("api_scalers.py", "API_SCALERS", tmp_path, hosts_env())
+    assert [r["device"].split(":")[0] for r in cases["scaler-micro"]] == ["cuda", "cpu"], cases["scaler-micro"]
+    ref, mine = cases["ref-micro"], cases["scaler-micro"]
+    for r in (0, 1):
+        assert mine[r]["digests"][:3] == ref[r]["digests"][:3] and mine[r]["digests"][3] == mine[r]["digests"][2]
+        assert mine[r]["step"] == 4
+    assert mine[0]["scales"] == [1024.0, 2048.0, 2048.0, 1024.0] and mine[1]["scales"] == [1.0] * 4, mine
+    for name in ("scaler-accumulate", "lossscale-accumulate"):
+        assert [r["digests"] for r in cases[name]] == [r["digests"] for r in cases["ref-accumulate"]], name
+    local = cases["scaler-local"]
+    assert [r["step"] for r in local] == [4, 4] and local[0]["digests"][-1] == local[1]["digests"][-1], local

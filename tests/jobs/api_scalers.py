@@ -18,6 +18,8 @@ without one: scales are powers of two, so the parameters must match bit for bit.
   rank 1 alone skips, and both ranks still count 4 steps and 2 rounds.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_scalers.py RUN_DIR
+$HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts) puts rank 0 on CUDA and rank 1 on the CPU (tests/gpu):
+then both make GradScaler("cuda"), which the CPU rank's torch disables.
 """
 
 import hashlib
@@ -53,20 +55,24 @@ def digest(model):
 
 
 run_dir = sys.argv[1]
+hosts = json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")  # tests/gpu: rank 0 on CUDA, rank 1 on the CPU
 train, _, info = data.load("digits", "unused")
 train = torch.utils.data.Subset(train, range(192))
 results = {}
 for i, (name, (micro, accumulate, scaling, sync, inf_at)) in enumerate(CASES.items()):
-    job = hh.Job(JobConfig(run_dir=f"{run_dir}/{name}", equal_split=True, micro_batch=micro, sync=sync, seed=3))
+    job = hh.Job(JobConfig(run_dir=f"{run_dir}/{name}", equal_split=True, micro_batch=micro, sync=sync, seed=3,
+                           deterministic=True, hosts=hosts))
     torch.manual_seed(3)
     model = models.build("cnn", info).eval()  # eval: no dropout, the same function in every case
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     if scaling == "job":
         job.loss_scale = precision.LossScale(scale=2.0 ** 10)
     scaler = None
-    if scaling in ("mixed", "both"):
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2,
-                                      enabled=scaling == "both" or job.rank == 0)
+    if scaling == "mixed":  # on a CUDA rank beside a CPU rank: GradScaler("cuda") on both, as a script has it
+        scaler = torch.amp.GradScaler("cuda" if hosts else "cpu", init_scale=2.0 ** 10, growth_interval=2,
+                                      enabled=bool(hosts) or job.rank == 0)
+    elif scaling == "both":
+        scaler = torch.amp.GradScaler(job.device.type, init_scale=2.0 ** 10, growth_interval=2)
     own = name == "scaler-micro"  # `model, _, loader = ...`: the script steps the optimizer it made
     model, prepared, loader = job.prepare(model, optimizer, train, global_batch=48)
     if not own:
@@ -96,7 +102,7 @@ for i, (name, (micro, accumulate, scaling, sync, inf_at)) in enumerate(CASES.ite
                 scales.append(scaler.get_scale() if scaler is not None else None)
     epoch_record = metrics.records(os.path.join(run_dir, name, metrics.FILE), "epoch") if job.is_main else None
     results[name] = hvd.allgather_object({"digests": digests, "step": job.step, "scales": scales,
-                                          "rounds": job.training.strategy.rounds,
+                                          "rounds": job.training.strategy.rounds, "device": str(job.device),
                                           "loss": epoch_record[0]["loss"] if epoch_record else None},
                                          name=f"scalers.{i}")
 if hvd.rank() == 0:
