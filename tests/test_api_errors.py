@@ -27,6 +27,10 @@ def messages():
     ("optimizer of another model",
      "ConfigError: job.prepare(): the optimizer holds 2 parameter(s) that are not the model's"),
     ("iterable dataset", "ConfigError: job.prepare(): the dataset must be map-style (__len__ and __getitem__)"),
+    ("dataset without a global batch", "ConfigError: job.prepare(model, optimizer, dataset): pass global_batch=, "
+     "the samples of one step on all ranks together (or pass your training DataLoader: its batch_size is taken)"),
+    ("loader with a sampler of its own", "ConfigError: job.prepare(): the DataLoader draws its batches with a "
+     "WeightedRandomSampler of its own, which two ranks cannot share"),
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]

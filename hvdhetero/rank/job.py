@@ -87,11 +87,14 @@ class Job:
 
     # -- what a script calls ------------------------------------------------------------------
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, *, global_batch: int,
-                collate_fn: Callable | None = None, num_workers: int = 0, loss_fn: Callable | None = None,
-                scheduler=None):
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, *,
+                global_batch: int | None = None, collate_fn: Callable | None = None, num_workers: int | None = None,
+                loss_fn: Callable | None = None, scheduler=None):
         """Make every rank start from rank 0's model and optimizer state, size each rank's share
         of `global_batch` by its measured speed, and return (model, optimizer, loader).
+
+        `dataset`: a map-style dataset with `global_batch=`, or the script's training DataLoader,
+        whose dataset, batch_size (as global_batch), collate_fn and num_workers are taken.
 
         `loss_fn(model, batch) -> loss` is how calibration times your real step before training;
         without it, a probe calls the model as training loops do (`model(batch[0])` for a tuple,
@@ -104,6 +107,8 @@ class Job:
         too steps once per global step (one stepped per epoch needs nothing)."""
         if self.training is not None:
             raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
+        dataset, global_batch, collate_fn, num_workers = validate.data_arguments(dataset, global_batch, collate_fn,
+                                                                                 num_workers)
         validate.prepare_arguments(model, optimizer, dataset, global_batch, self.device, self.size)
         broadcast_state(model, optimizer)
         cfg = self.config

@@ -1,10 +1,42 @@
-"""What `job.prepare` refuses, each with the fix, before anything is broadcast or timed."""
+"""What `job.prepare` takes and what it refuses, each with the fix, before anything is broadcast
+or timed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from hvdhetero.errors import ConfigError
+
+
+def data_arguments(data, global_batch: int | None, collate_fn: Callable | None,
+                   num_workers: int | None) -> tuple[object, int, Callable | None, int]:
+    """(dataset, global_batch, collate_fn, num_workers) from what job.prepare was given: a dataset
+    with global_batch=, or the script's own training DataLoader (as accelerate's prepare takes one),
+    whose dataset, batch_size (the global batch: what one device took a step), collate_fn and
+    num_workers are taken; what is passed as well wins. Its order is hvdhetero's: every sample
+    once an epoch, shuffled by --seed, shares by the ranks' speeds."""
+    if not isinstance(data, DataLoader):
+        if global_batch is None:
+            raise ConfigError("job.prepare(model, optimizer, dataset): pass global_batch=, the samples of one "
+                              "step on all ranks together (or pass your training DataLoader: its batch_size is taken)")
+        return data, global_batch, collate_fn, num_workers or 0
+    if isinstance(data.dataset, IterableDataset):
+        return data.dataset, global_batch or 0, collate_fn, num_workers or 0  # prepare_arguments says what is wrong
+    own = data.batch_sampler if data.batch_size is None else data.sampler
+    if data.batch_size is None or not isinstance(own, (RandomSampler, SequentialSampler)) or (
+            isinstance(own, RandomSampler) and (own.replacement or own._num_samples is not None)):
+        what = "RandomSampler with replacement or num_samples" if isinstance(own, RandomSampler) else type(own).__name__
+        raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {what} of its own, "
+                          "which two ranks cannot share: hvdhetero deals each rank its part of every global batch "
+                          "(every sample once an epoch, shuffled); pass its dataset and global_batch= instead "
+                          "(job.prepare(model, optimizer, loader.dataset, global_batch=...))")
+    if collate_fn is None and data.collate_fn is not torch.utils.data.default_collate:
+        collate_fn = data.collate_fn
+    return (data.dataset, global_batch if global_batch is not None else data.batch_size, collate_fn,
+            num_workers if num_workers is not None else data.num_workers)
 
 
 def prepare_arguments(model, optimizer, dataset, global_batch, device: torch.device, ranks: int) -> None:

@@ -5,7 +5,7 @@ import json
 
 import torch
 from torch import nn
-from torch.utils.data import IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
 
 import hvdhetero as hh
 
@@ -24,8 +24,12 @@ cases = {
     "model on another device": lambda m: (m.to(torch.float32).to("meta"), torch.optim.SGD(m.parameters(), 0.1), data),
     "optimizer of another model": lambda m: (m, torch.optim.SGD(nn.Linear(4, 2).parameters(), 0.1), data),
     "iterable dataset": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), Stream()),
+    "dataset without a global batch": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), data),
+    "loader with a sampler of its own": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), DataLoader(
+        data, batch_size=10, sampler=WeightedRandomSampler([1.0] * 100, 100))),
 }
-batches = {"dataset smaller than the global batch": 101, "global batch below the ranks": 0}
+batches = {"dataset smaller than the global batch": 101, "global batch below the ranks": 0,
+           "dataset without a global batch": None, "loader with a sampler of its own": None}
 out = {}
 for name, make in cases.items():
     model = nn.Linear(4, 2)

@@ -91,12 +91,12 @@ def main():
     ids = torch.tensor([stoi[c] for c in text])
     split = int(0.9 * len(ids))
     train_data, val_data = Chunks(ids[:split], args.block_size), Chunks(ids[split:], args.block_size)
+    train_loader = DataLoader(train_data, batch_size=args.batch_size, shuffle=True, collate_fn=collate)
     val_loader = DataLoader(val_data, batch_size=64, collate_fn=collate)
 
     model = CharGRU(len(chars), args.block_size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    model, optimizer, train_loader = job.prepare(model, optimizer, train_data, global_batch=args.batch_size,  # hh:
-                                                 collate_fn=collate)  # hh:
+    model, optimizer, train_loader = job.prepare(model, optimizer, train_loader)  # hh: its dataset, batch, collate_fn
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {len(train_data)} chunks of {args.block_size}")
     for epoch in job.epochs(args.epochs):  # hh:
         for inputs, targets in train_loader:

@@ -103,12 +103,13 @@ def main():
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
     train_set = Digits(train=True, transform=transform)
     test_set = Digits(train=False, transform=transform)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size)
 
     model = Net().to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
-    model, optimizer, train_loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)  # hh:
+    model, optimizer, train_loader = job.prepare(model, optimizer, train_loader)  # hh:
     for epoch in job.epochs(args.epochs):  # hh:
         train(args, job, model, device, train_loader, optimizer, epoch + 1)  # hh: job
         test(model, device, test_loader)

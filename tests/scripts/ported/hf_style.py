@@ -97,8 +97,7 @@ lr_scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=20, n
 
 device = job.device  # hh:
 model.to(device)
-model, optimizer, train_dataloader = job.prepare(model, optimizer, train_dataset, global_batch=32,  # hh:
-                                                 collate_fn=collate_with_padding, scheduler=lr_scheduler)  # hh:
+model, optimizer, train_dataloader = job.prepare(model, optimizer, train_dataloader, scheduler=lr_scheduler)  # hh:
 
 for epoch in job.epochs(num_epochs):  # hh:
     model.train()
