@@ -46,6 +46,16 @@ def test_two_unequal_ranks_step_like_one_process_on_the_joined_batch(exactness, 
         assert r["chunks"] > 2, "micro-batches really ran"
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_scripts_own_torch_clip_grad_norm_over_micro_batches_clips_the_steps_gradient(exactness, optimizer):
+    """torch.nn.utils.clip_grad_norm_(model.parameters(), ...) kept from a one-device script, called
+    on every micro-batch: it waits for the step's reduced gradient, as job.clip_grad_norm_ (it
+    clipped each chunk's part on its own: the step was not the one device's)."""
+    r = next(r for r in exactness if (r["optimizer"], r["clip"]) == (optimizer, "torch"))
+    assert r["micro_batch"] == 8 and r["chunks"] > 2, r
+    assert r["param_rel_err"] <= 1e-5, r
+
+
 def test_an_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path):
     ranks = two_ranks("api_overflow.py", "API_OVERFLOW", tmp_path)
     for r in ranks:

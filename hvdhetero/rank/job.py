@@ -36,7 +36,7 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (checkpoint, collectives, current, devices, elastic, evaluation, host, precision, records,
+from hvdhetero.rank import (checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision, records,
                             resume, start, validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
@@ -121,6 +121,7 @@ class Job:
                                      num_workers=num_workers, scheduler=scheduler, tracked=self._tracked,
                                      device=self.device)
         self.strategy = t.strategy
+        clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
         resumed = elastic.rejoin(t) if t.elastic else None
         if resumed is None and cfg.resume:

@@ -143,6 +143,9 @@ def run_script(args) -> None:
     that counts (hh.init() seeds only a script that did not: rank/job.py)."""
     import torch
 
+    from hvdhetero.rank import clipping
+
+    clipping.install()  # before the script imports it: torch's clip_grad_norm_ on the whole model is the job's
     torch.manual_seed(JobConfig.from_json(os.environ[ENV_VAR]).seed)
     current.runner_seed = torch.initial_seed()
     if args.module:

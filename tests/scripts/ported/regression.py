@@ -35,7 +35,7 @@ for epoch in job.epochs(30):  # hh:
         optimizer.zero_grad()
         job.backward(scaler.scale(loss))  # hh:
         scaler.unscale_(optimizer)
-        job.clip_grad_norm_(1.0)  # hh: the reduced gradient's norm, alike on every rank
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
     model.eval()

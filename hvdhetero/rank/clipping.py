@@ -1,0 +1,59 @@
+"""`torch.nn.utils.clip_grad_norm_` as a one-device script calls it, on the whole model, kept in
+a port: it does what `job.clip_grad_norm_` does.
+
+Left as torch's it went wrong two ways. Between a step's micro-batches it clipped a gradient
+still accumulating (each chunk's part scaled on its own: the step's gradient was not the one
+device's), and after the reduction each rank computed the norm on its own device, whose
+rounding differs (a CUDA rank's norm and a CPU rank's part in the last bits, and so would the
+replicas). Taken over, it returns the last step's norm between chunks and, once the step's
+gradients are reduced, clips them by the norm of the reduced CPU buffers, the same bytes on
+every rank (under local/diloco each rank's own gradient, as torch would).
+
+Only a call over every parameter the job reduces is taken over (`model.parameters()`, frozen
+ones or not); a part of the model (`model.encoder.parameters()`) is clipped by torch. Replaced
+by the runner before the script starts (so `from torch.nn.utils import clip_grad_norm_` gets
+it too) and by job.prepare; without a prepared job it is torch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class _Job:
+    """The prepared job's clip (job.clip_grad_norm_) and the parameters it reduces."""
+
+    clip: Callable[[float, float], torch.Tensor] | None = None
+    params: list = []
+
+
+def take_over(clip: Callable[[float, float], torch.Tensor], params: list) -> None:
+    """job.prepare: torch's clip_grad_norm_ over every one of `params` is `clip` from now on."""
+    install()
+    _Job.clip, _Job.params = clip, params
+
+
+def install() -> None:
+    """Replace torch.nn.utils.clip_grad_norm_ (once a process)."""
+    utils = torch.nn.utils
+    if getattr(utils.clip_grad_norm_, "_hvdhetero_torch", None) is not None:
+        return
+    torchs = utils.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if _Job.clip is not None and _whole(params, _Job.params):
+            return torch.as_tensor(_Job.clip(float(max_norm), float(norm_type)))
+        return torchs(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+
+    clip_grad_norm_.__doc__ = torchs.__doc__
+    clip_grad_norm_._hvdhetero_torch = torchs
+    utils.clip_grad_norm_ = clip_grad_norm_
+
+
+def _whole(params: list, reduced: list) -> bool:
+    """Whether `params` are every parameter the job reduces (those without a gradient aside)."""
+    mine = {id(p) for p in params if p.requires_grad}
+    return len(mine) == len(reduced) and all(id(p) in mine for p in reduced)
