@@ -214,6 +214,14 @@ class Job:
         return self.train_state.step
 
     @property
+    def sync_gradients(self) -> bool:
+        """Whether the batch the loader handed out last ends its step (its job.backward reduces,
+        optimizer.step() updates): True once a step with micro-batches, for what a loop does once
+        an optimizer step (an EMA's update); always True without them (accelerate's name)."""
+        item = self.step_state.item
+        return item is None or item.last
+
+    @property
     def epoch(self) -> int:
         """The epoch in progress (job.epochs sets it)."""
         return self.train_state.epoch
