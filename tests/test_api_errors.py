@@ -70,3 +70,29 @@ def test_a_script_that_never_joined_the_job_is_told_so_by_rank_0_only(monkeypatc
     runner.never_joined_hint()
     assert capsys.readouterr().out.startswith(
         "hvdhetero: the script never called hh.init() nor job.prepare(...): each of the 3 ranks ran it on its own")
+
+
+def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
+    """job.prepare(model, optimizer, train_loader): its dataset, batch_size as the global batch,
+    shuffle, drop_last, collate_fn, num_workers and worker_init_fn; what prepare is passed wins."""
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+    from hvdhetero.errors import ConfigError
+    from hvdhetero.rank.validate import Data, data_arguments
+
+    ds = TensorDataset(torch.randn(10, 2))
+
+    def init(worker):
+        pass
+
+    plain = data_arguments(DataLoader(ds, batch_size=4, shuffle=True), None, None, None)
+    assert plain == Data(ds, 4, None, 0, None, shuffle=True, drop_last=False)
+    kept = data_arguments(DataLoader(ds, batch_size=4, drop_last=True, collate_fn=list, num_workers=2,
+                                     worker_init_fn=init), None, None, None)
+    assert kept == Data(ds, 4, list, 2, init, shuffle=False, drop_last=True)
+    assert data_arguments(DataLoader(ds, batch_size=4), 8, tuple, 0) == Data(ds, 8, tuple, 0, None, shuffle=False)
+    own_batches = DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 3, drop_last=True))
+    assert data_arguments(own_batches, None, None, None) == Data(ds, 3, None, 0, None, shuffle=True, drop_last=True)
+    with pytest.raises(ConfigError, match=r"the DataLoader has batch_size=None \(each item of its dataset is a whole "):
+        data_arguments(DataLoader(ds, batch_size=None), None, None, None)

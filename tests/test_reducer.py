@@ -71,3 +71,24 @@ def test_a_rank_waiting_for_a_late_one_leaves_the_cpu_idle_and_gives_up_at_the_b
         assert stalled["error"] and stalled["error"].startswith(
             f"rank 0 waited 4 s for the other ranks to join its collective ({what})"), got
         assert 4 <= stalled["after_s"] < 6, got
+
+
+def test_a_second_clip_of_a_step_finds_it_clipped():
+    """torch's clip_grad_norm_ kept in a port beside job.clip_grad_norm_ (both clip the reduced
+    gradient): the second finds the norm at max_norm and leaves it, as torch's own second call
+    would (the norm comes from the reduced buffers, which the first clip scales too)."""
+    import torch
+
+    from hvdhetero.rank.reducer import Reducer
+    from hvdhetero.rank.strategy import EveryStep
+
+    w = torch.nn.Parameter(torch.zeros(4))
+    w.grad = torch.tensor([3.0, 4.0, 0.0, 0.0])
+    reducer = Reducer([w])
+    reducer.buckets[0].pack(1.0)  # what the allreduce leaves there: the reduced gradient
+    every = EveryStep(reducer, overlap=False)
+    assert float(every.clip(1.0, 2.0)) == pytest.approx(5.0)
+    clipped = w.grad.clone()
+    assert float(every.clip(1.0, 2.0)) == pytest.approx(1.0, rel=1e-5)
+    assert torch.allclose(w.grad, clipped, rtol=1e-5) and float(w.grad.norm()) == pytest.approx(1.0, rel=1e-5), \
+        "not clipped twice (1/5 of 1/5)"

@@ -44,9 +44,13 @@ def install() -> None:
 
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if _Job.clip is not None and _whole(params, _Job.params):
-            return torch.as_tensor(_Job.clip(float(max_norm), float(norm_type)))
-        return torchs(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+        if _Job.clip is None or not _whole(params, _Job.params):
+            return torchs(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+        norm = torch.as_tensor(_Job.clip(float(max_norm), float(norm_type)), dtype=torch.float32)
+        if error_if_nonfinite and not bool(torch.isfinite(norm)):
+            raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped (torch's words: error_if_nonfinite=True)")
+        return norm.to(params[0].device) if params else norm
 
     clip_grad_norm_.__doc__ = torchs.__doc__
     clip_grad_norm_._hvdhetero_torch = torchs
@@ -54,6 +58,7 @@ def install() -> None:
 
 
 def _whole(params: list, reduced: list) -> bool:
-    """Whether `params` are every parameter the job reduces (those without a gradient aside)."""
-    mine = {id(p) for p in params if p.requires_grad}
-    return len(mine) == len(reduced) and all(id(p) in mine for p in reduced)
+    """Whether `params` are the parameters the job reduces, all of them that have a gradient
+    (`[p for p in model.parameters() if p.grad is not None]` too), and no other."""
+    given, job = {id(p) for p in params if p.requires_grad}, {id(p) for p in reduced}
+    return bool(given) and given <= job and all(id(p) in given for p in reduced if p.grad is not None)

@@ -107,19 +107,17 @@ class Job:
         too steps once per global step (one stepped per epoch needs nothing)."""
         if self.training is not None:
             raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
-        dataset, global_batch, collate_fn, num_workers = validate.data_arguments(dataset, global_batch, collate_fn,
-                                                                                 num_workers)
-        validate.prepare_arguments(model, optimizer, dataset, global_batch, self.device, self.size)
+        data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
+        validate.prepare_arguments(model, optimizer, data.dataset, data.global_batch, self.device, self.size)
         broadcast_state(model, optimizer)
         cfg = self.config
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
-        begun = start.calibrate(cfg, self.me, model, dataset, global_batch, self.size, loss_fn, collate_fn)
+        begun = start.calibrate(cfg, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
+                                data.collate_fn)
         mode = start.sync_mode(cfg, self.records, begun, model)
         t = self.training = Training(cfg, self.me, self.records, self.train_state, self.step_state, self.loss_scale,
-                                     model=model, optimizer=optimizer, reducer=reducer, dataset=dataset,
-                                     global_batch=global_batch, begun=begun, mode=mode, collate_fn=collate_fn,
-                                     num_workers=num_workers, scheduler=scheduler, tracked=self._tracked,
-                                     device=self.device)
+                                     model=model, optimizer=optimizer, reducer=reducer, data=data, begun=begun,
+                                     mode=mode, scheduler=scheduler, tracked=self._tracked, device=self.device)
         self.strategy = t.strategy
         clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint

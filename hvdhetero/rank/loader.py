@@ -57,9 +57,9 @@ class Loader:
     def __init__(self, dataset, sampler: WeightedBatchSampler, device: torch.device, chunk: int | None,
                  collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
                  epoch: Callable[[], int] = lambda: 0, before_step: Callable | None = None,
-                 group: Callable[[int, int], int] | None = None):
+                 group: Callable[[int, int], int] | None = None, worker_init_fn: Callable | None = None):
         self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
-        self.collate_fn, self.num_workers = collate_fn, num_workers
+        self.collate_fn, self.num_workers, self.worker_init_fn = collate_fn, num_workers, worker_init_fn
         self.on_item = on_item or (lambda item: None)
         self.before_step = before_step or (lambda item: None)
         """Called before a step's first chunk is collated (a checkpoint taken there resumes at it)."""
@@ -135,6 +135,7 @@ class Loader:
 
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=_Once(index_lists()), num_workers=self.num_workers,
+            worker_init_fn=self.worker_init_fn,
             collate_fn=self.collate_fn or torch.utils.data.default_collate)
         for batch in loader:  # in order: the oldest drawn item is this batch's
             item = drawn.popleft()

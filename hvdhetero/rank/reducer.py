@@ -141,6 +141,11 @@ class Reducer:
         so every rank answers alike: the loss-scaling skip needs no message of its own."""
         return any(not bool(torch.isfinite(b.buffer).all()) for b in self.buckets)
 
+    def clipped(self, coef: float) -> None:
+        """The reduced gradients were multiplied by `coef` (clipping): so are the buffers their norm comes from."""
+        for bucket in self.buckets:
+            bucket.buffer.mul_(coef)
+
     def grad_norm(self, norm_type: float = 2.0) -> float:
         """The norm of the last reduced gradients, from the CPU buffers (the same bytes on every
         rank) in float64: identical on every rank, whatever device each computes on."""

@@ -31,10 +31,9 @@ with an optimizer job.prepare did not see works as torch's.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
+from hvdhetero.errors import ConfigError
 from hvdhetero.rank.optimizer import JobOptimizer, prepared_of
 
 _DEFERRED = "_hvdhetero_deferred"
@@ -42,16 +41,16 @@ _DEFERRED = "_hvdhetero_deferred"
 
 
 class _Scaled:
-    """The tensor a GradScaler's scale() returned last, and that scaler."""
+    """The GradScaler whose scale() ran since the last job.backward."""
 
-    tensor: weakref.ref | None = None
     scaler: torch.amp.GradScaler | None = None
 
 
-def scaler_of(loss: torch.Tensor) -> torch.amp.GradScaler | None:
-    """The script's GradScaler when `loss` is what its scale() returned (job.backward(scaler.scale(loss)));
-    a disabled one too (its scale() returns the loss as it was)."""
-    return _Scaled.scaler if _Scaled.tensor is not None and _Scaled.tensor() is loss else None
+def claimed() -> torch.amp.GradScaler | None:
+    """The script's GradScaler whose scale() ran since the last job.backward, whose loss came from
+    it (`job.backward(scaler.scale(loss))`, or `scaler.scale(loss) / k`); a disabled one too."""
+    scaler, _Scaled.scaler = _Scaled.scaler, None
+    return scaler
 
 
 def install() -> None:
@@ -62,10 +61,8 @@ def install() -> None:
     scale, unscale_, step, update = cls._hvdhetero_torch = (cls.scale, cls.unscale_, cls.step, cls.update)
 
     def scale_(self, outputs):
-        out = scale(self, outputs)
-        if isinstance(out, torch.Tensor):
-            _Scaled.tensor, _Scaled.scaler = weakref.ref(out), self
-        return out
+        _Scaled.scaler = self
+        return scale(self, outputs)
 
     def unscale(self, optimizer):
         if _accumulating(prepared_of(optimizer)):
@@ -88,6 +85,11 @@ def install() -> None:
 
     def update_(self, new_scale=None):
         if self.__dict__.pop(_DEFERRED, False) and new_scale is None:
+            if self._per_optimizer_states:  # another optimizer stepped between the chunks: its state says so
+                raise ConfigError("one GradScaler steps the optimizer job.prepare returned and another one: between "
+                                  "micro-batches the prepared one waits for its step's last chunk, the other does not,"
+                                  " and the scaler cannot update for one alone. Use a GradScaler per optimizer, or "
+                                  "--micro-batch 0 (whole shares)")
             return None
         return update(self, new_scale)
 

@@ -84,6 +84,7 @@ class EveryStep:
             for param in self.reducer.params:
                 if param.grad is not None:
                     param.grad.mul_(coef)
+            self.reducer.clipped(coef)  # a second clip of the step (torch's kept beside ours) finds it clipped
         return torch.tensor(total)
 
     def after_step(self, share: int, seconds: float, steps: int, step: int, item_step: int,
@@ -170,8 +171,9 @@ class Rounds:
         return Reduced(None, 0.0, check_overflow and not all(bool(torch.isfinite(g).all()) for g in grads))
 
     def clip(self, max_norm: float, norm_type: float) -> torch.Tensor:
-        """Each rank's own gradient, clipped on its own."""
-        return torch.nn.utils.clip_grad_norm_(self.sync.params, max_norm, norm_type)
+        """Each rank's own gradient, clipped on its own (by torch's own function: torch.nn.utils'
+        is rank/clipping.py's, which calls this)."""
+        return torch.nn.utils.clip_grad.clip_grad_norm_(self.sync.params, max_norm, norm_type)
 
     def after_step(self, share: int, seconds: float, steps: int, step: int, item_step: int,
                    epoch_left: int | None) -> bool:

@@ -16,7 +16,6 @@ step is in `step_state` (rank/step_state.py); how their models stay one is `stra
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -36,6 +35,7 @@ from hvdhetero.rank.start import Begun
 from hvdhetero.rank.worker import Worker
 from hvdhetero.rank.step_state import OncePerStep, StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
+from hvdhetero.rank.validate import Data
 from hvdhetero.rank.sync import ParameterSync
 
 
@@ -44,9 +44,8 @@ class Training:
     hooks the loader and the optimizer call."""
 
     def __init__(self, config: JobConfig, me: Worker, records: RunRecords, train: TrainState, step_state: StepState,
-                 loss_scale, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reducer: Reducer, dataset,
-                 global_batch: int, begun: Begun, mode: tuple[str, int, bool, str], collate_fn: Callable | None,
-                 num_workers: int, scheduler, tracked: Registry, device: torch.device):
+                 loss_scale, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reducer: Reducer, data: Data,
+                 begun: Begun, mode: tuple[str, int, bool, str], scheduler, tracked: Registry, device: torch.device):
         self.config, self.me, self.records, self.train, self.step_state = config, me, records, train, step_state
         self.loss_scale = loss_scale
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -56,9 +55,11 @@ class Training:
         self.reducer = reducer
         # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
         # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
-        self.sampler = WeightedBatchSampler(len(dataset), self.balancer.split, self.rank, seed=config.seed,
+        self.sampler = WeightedBatchSampler(len(data.dataset), self.balancer.split, self.rank, seed=config.seed,
+                                            shuffle=data.shuffle, drop_last=data.drop_last,
                                             min_share=batches.fewest_samples(model))
-        self.loader = Loader(dataset, self.sampler, device, me.micro_batch, collate_fn, num_workers,
+        self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
+                             worker_init_fn=data.worker_init_fn,
                              on_item=self.on_item, epoch=lambda: self.train.epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
@@ -69,10 +70,10 @@ class Training:
         self.strategy: EveryStep | Rounds = EveryStep(
             self.reducer, config.overlap, Replicas(model, optimizer, records.who[2], self.replicas_differed)
         ) if kind == "step" else Rounds(
-            ParameterSync(model, kind, every, global_batch, config.compression, config.outer_lr,
+            ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
                           config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
-        if kind != "step" and inner == "by-speed" and num_workers:
-            self.loader.lag = 2 * num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
+        if kind != "step" and inner == "by-speed" and data.num_workers:
+            self.loader.lag = 2 * data.num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
         self.parts = Registry(model=model, optimizer=PerRank(optimizer, self.rank),
                               scheduler=Scheduler(scheduler) if scheduler is not None else None,
                               loss_scale=loss_scale, sync=self.strategy, tracked=tracked)
@@ -140,7 +141,7 @@ class Training:
     def backward(self, loss: torch.Tensor, item: Item) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
-        theirs = scaler.scaler_of(loss)  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
+        theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
         self.records.loss(float(loss.detach()) / theirs_scale, item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0

@@ -4,39 +4,63 @@ or timed."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from hvdhetero.errors import ConfigError
 
 
-def data_arguments(data, global_batch: int | None, collate_fn: Callable | None,
-                   num_workers: int | None) -> tuple[object, int, Callable | None, int]:
-    """(dataset, global_batch, collate_fn, num_workers) from what job.prepare was given: a dataset
-    with global_batch=, or the script's own training DataLoader (as accelerate's prepare takes one),
-    whose dataset, batch_size (the global batch: what one device took a step), collate_fn and
-    num_workers are taken; what is passed as well wins. Its order is hvdhetero's: every sample
-    once an epoch, shuffled by --seed, shares by the ranks' speeds."""
+@dataclass(frozen=True)
+class Data:
+    """What job.prepare trains on."""
+
+    dataset: Any
+    global_batch: int
+    """Samples of one step on all ranks together."""
+    collate_fn: Callable | None = None
+    num_workers: int = 0
+    worker_init_fn: Callable | None = None
+    shuffle: bool = True
+    """Every epoch in a new order (--seed's); False: the dataset's order, dealt by speed."""
+    drop_last: bool = False
+    """An epoch's short last step is left out."""
+
+
+def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, num_workers: int | None) -> Data:
+    """What job.prepare was given: a dataset with global_batch=, or the script's training
+    DataLoader (as accelerate's prepare takes one), whose dataset, batch_size (the global batch:
+    what one device took a step), shuffle, drop_last, collate_fn, num_workers and worker_init_fn
+    are kept; what is passed as well wins. A sampler of its own cannot be shared by ranks that
+    are dealt their parts of every global batch by index: refused, saying so."""
     if not isinstance(data, DataLoader):
         if global_batch is None:
             raise ConfigError("job.prepare(model, optimizer, dataset): pass global_batch=, the samples of one "
                               "step on all ranks together (or pass your training DataLoader: its batch_size is taken)")
-        return data, global_batch, collate_fn, num_workers or 0
-    if isinstance(data.dataset, IterableDataset):
-        return data.dataset, global_batch or 0, collate_fn, num_workers or 0  # prepare_arguments says what is wrong
-    own = data.batch_sampler if data.batch_size is None else data.sampler
-    if data.batch_size is None or not isinstance(own, (RandomSampler, SequentialSampler)) or (
-            isinstance(own, RandomSampler) and (own.replacement or own._num_samples is not None)):
-        what = "RandomSampler with replacement or num_samples" if isinstance(own, RandomSampler) else type(own).__name__
+        return Data(data, global_batch, collate_fn, num_workers or 0)
+    if isinstance(data.dataset, IterableDataset):  # prepare_arguments says what is wrong
+        return Data(data.dataset, global_batch or 0, collate_fn, num_workers or 0)
+    batches = data.batch_sampler
+    if batches is None:
+        raise ConfigError("job.prepare(): the DataLoader has batch_size=None (each item of its dataset is a whole "
+                          "batch), but hvdhetero deals the samples of every global batch to the ranks by speed: "
+                          "give it a dataset of samples and batch_size=, or pass that dataset with global_batch=")
+    sampler = batches.sampler if type(batches) is BatchSampler else batches
+    if type(sampler) not in (RandomSampler, SequentialSampler) or (
+            isinstance(sampler, RandomSampler) and (sampler.replacement or sampler._num_samples is not None)):
+        what = ("RandomSampler with replacement or num_samples" if isinstance(sampler, RandomSampler)
+                else type(sampler).__name__)
         raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {what} of its own, "
                           "which two ranks cannot share: hvdhetero deals each rank its part of every global batch "
                           "(every sample once an epoch, shuffled); pass its dataset and global_batch= instead "
                           "(job.prepare(model, optimizer, loader.dataset, global_batch=...))")
     if collate_fn is None and data.collate_fn is not torch.utils.data.default_collate:
         collate_fn = data.collate_fn
-    return (data.dataset, global_batch if global_batch is not None else data.batch_size, collate_fn,
-            num_workers if num_workers is not None else data.num_workers)
+    return Data(data.dataset, global_batch if global_batch is not None else batches.batch_size, collate_fn,
+                num_workers if num_workers is not None else data.num_workers, data.worker_init_fn,
+                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last)
 
 
 def prepare_arguments(model, optimizer, dataset, global_batch, device: torch.device, ranks: int) -> None:
