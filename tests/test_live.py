@@ -144,6 +144,22 @@ def test_the_relay_shows_rank_0s_lines_as_printed_and_holds_the_others_back():
                            ("echo", "rank 0's own warning\n"), ("close",)]
 
 
+def test_an_other_ranks_python_warning_is_said_once_unless_rank_0_printed_it_too():
+    """What a device of its own says reaches the console: the Mac's rank disabling a script's
+    GradScaler("cuda"); a warning every rank prints comes once, as rank 0's."""
+    shown = Shown()
+    cuda = "UserWarning: torch.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+    console.relay(["[1]<stderr>:/venv/torch/amp/grad_scaler.py:136: " + cuda + "\n",
+                   "[1]<stderr>:  warnings.warn(\n",
+                   "[0]<stderr>:/w/train.py:9: FutureWarning: old API\n",
+                   "[1]<stderr>:/venv/torch/amp/grad_scaler.py:136: " + cuda + "\n",
+                   "[1]<stderr>:/w/train.py:9: FutureWarning: old API\n"],
+                  shown, hidden_note="hvdhetero: the other ranks' output is in run/rank-N.log")
+    assert [c[1] for c in shown.calls if c[0] == "echo"] == [
+        "hvdhetero: the other ranks' output is in run/rank-N.log\n",
+        "hvdhetero: rank 1 warned: " + cuda + "\n", "/w/train.py:9: FutureWarning: old API\n"]
+
+
 def test_all_ranks_output_tags_every_other_ranks_line():
     shown = Shown()
     console.relay(RELAYED, shown, all_ranks=True, hidden_note="never shown: nothing is held back")

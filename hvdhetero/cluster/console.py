@@ -3,7 +3,9 @@
 horovodrun forwards every rank's lines with a `[rank]<stream>:` prefix. The relay shows rank 0's
 lines as they are, as a print reads on one machine; the other ranks' prints are their own
 business and stay in RUN_DIR/rank-N.log (the same print on every rank would otherwise come once
-per rank, interleaved), except our own `hvdhetero:` messages; `--all-ranks-output` shows them
+per rank, interleaved), except our own `hvdhetero:` messages and, once each, the Python warnings
+rank 0 did not print too (what a device of their own says: torch.amp.GradScaler("cuda") is
+disabled on the Mac); `--all-ranks-output` shows them
 too, each line behind `[rank N] `. It hands the ranks' progress lines to the live table
 (live.py), collects results and failures, and keeps the heartbeats' times for the watchdog.
 Once a rank has failed, horovodrun's walls about stopping the others stay off the console: the
@@ -55,6 +57,8 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     main = 0
     """The prefix rank 0's lines come with: horovodrun's launch-time rank, which --elastic
     renumbers (rank 0's host dropped, the new rank 0 prints as [1]); its progress records say."""
+    warned: set[tuple[str, str]] = set()
+    """Python warnings shown: an other rank's is said once, unless rank 0 printed the same."""
     try:
         for line in lines:
             match = PREFIX.match(line)
@@ -104,18 +108,28 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                 continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
             if HOROVOD_LOOP_ERROR in body:
                 continue
+            warning = WARNING.match(body)
             if rank is None or rank == main or body.startswith(OUR_LINES):
                 display.echo(body)
-            elif all_ranks:
+                if warning:
+                    warned.add(warning.group(1, 2))
+                continue
+            if all_ranks:
                 display.echo(f"[rank {rank}] {body}")
-            elif not noted:
+                continue
+            if not noted:
                 display.echo(hidden_note + "\n")
                 noted = True
+            if warning and warning.group(1, 2) not in warned:  # a device's own (CUDA not available on the Mac)
+                warned.add(warning.group(1, 2))
+                display.echo(f"hvdhetero: rank {rank} warned: {warning.group(1)}: {warning.group(2)}\n")
     finally:  # a live table left running would draw itself over the message that ends the job
         display.close()
     return failures
 
 
+WARNING = re.compile(r"^\S.*:\d+: (\w*Warning): (.+?)\s*$")
+"""A Python warning's first line, as `warnings` prints it: "FILE:LINE: CATEGORY: MESSAGE"."""
 STALL_WARNING = re.compile(r"waiting for remainder of ranks for more than (\d+) seconds")
 STALL_HEAD = "Missing ranks:"
 STALLED = re.compile(r"^(\d+)!?: \[(.*)\]$")
