@@ -13,6 +13,7 @@ Link timings (autosync) keep Horovod's blocking calls: a poll's nap would be in 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -41,6 +42,21 @@ class StalledCollective(RuntimeError):
     """A collective some rank never joined (`wait`'s bound)."""
 
 
+_CALLS: list[str] = []
+"""The script's calls (job.evaluate(), job.save()) whose collectives run now, innermost last."""
+
+
+@contextlib.contextmanager
+def within(call: str):
+    """The collectives in the block are `call`'s: a stall names the script's call (job.evaluate()),
+    not which of its collectives (the settle of the replicas) came first."""
+    _CALLS.append(call)
+    try:
+        yield
+    finally:
+        _CALLS.pop()
+
+
 @functools.cache
 def collective_timeout_s() -> float:
     """COLLECTIVE_TIMEOUT_S, or the rank's HVDHETERO_COLLECTIVE_TIMEOUT_S (0: no limit); read once
@@ -66,6 +82,7 @@ def wait(handle, what: str, limit: float | None = None):
     collective_timeout_s()."""
     nap, since = NAP_S[0], time.monotonic()
     limit = collective_timeout_s() if limit is None else limit
+    what = _CALLS[-1] if _CALLS else what
     while not hvd.poll(handle):
         time.sleep(nap)
         nap = min(2 * nap, NAP_S[1])

@@ -263,9 +263,10 @@ class Job:
         lacks the last rounds (1..2 overlapped, 0..1 not): use it to watch a run, and the
         default where the current model matters. Under step sync both are the one model."""
         t = self.training
-        return evaluation.evaluate(fn, dataset, batch_size, collate_fn, exchange, strategy=self.strategy,
-                                   model=t.model if t else None, split=t.balancer.split if t else [1] * self.size,
-                                   step=self.step, device=self.device, autocast=self.autocast)
+        with collectives.within("job.evaluate()"):
+            return evaluation.evaluate(fn, dataset, batch_size, collate_fn, exchange, strategy=self.strategy,
+                                       model=t.model if t else None, split=t.balancer.split if t else [1] * self.size,
+                                       step=self.step, device=self.device, autocast=self.autocast)
 
     def barrier(self) -> None:
         """Wait until every rank gets here ("rank 0 downloads, the others wait"): bounded by 6 times
@@ -281,9 +282,10 @@ class Job:
         (rank/replicas.py), with its own buffers, as DDP's rank 0 has them; each epoch's end
         averages them (job.epochs), so a save after the loop holds the averaged ones."""
         if not self.strategy.always_one_model:
-            self.strategy.one_model(self.step)
-            if self.training is not None:
-                average_buffers(self.training.model)
+            with collectives.within("job.save()"):
+                self.strategy.one_model(self.step)
+                if self.training is not None:
+                    average_buffers(self.training.model)
         path = self.run_dir / name
         if self.is_main:
             checkpoint.save_object(obj, path)
