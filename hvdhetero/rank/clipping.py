@@ -35,6 +35,11 @@ def take_over(clip: Callable[[float, float], torch.Tensor], params: list) -> Non
     _Job.clip, _Job.params = clip, params
 
 
+def release() -> None:
+    """The job is over (an elastic reset drops it): torch's clip_grad_norm_ is torch's again."""
+    _Job.clip, _Job.params = None, []
+
+
 def install() -> None:
     """Replace torch.nn.utils.clip_grad_norm_ (once a process)."""
     utils = torch.nn.utils

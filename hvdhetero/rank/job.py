@@ -294,6 +294,7 @@ class Job:
     def close(self) -> None:
         """An elastic reset drops this Job: its files close (the next Job opens them again)."""
         self.records.close()
+        clipping.release()  # torch's clip no longer calls this Job's (the next job.prepare takes it over)
 
     def _end_epoch(self, more: bool) -> None:
         if self.training is not None:
