@@ -81,8 +81,8 @@ def measure(balancer: Balancer, params: list[torch.Tensor], wire: torch.dtype, h
     behind = [_behind(big, f"hvdhetero.plan.behind.{i}") for i in range(3)]
     stolen, busy = statistics.median(s for s, _ in behind), max(b for _, b in behind)
     size = hvd.size()
-    summed = collectives.allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s) + one_hot(stolen) + one_hot(busy),
-                           "hvdhetero.plan.times")
+    summed = collectives.allreduce_sum(one_hot(latency) + one_hot(exchange) + one_hot(copy_s) + one_hot(stolen)
+                                       + one_hot(busy), "hvdhetero.plan.times")
     hosts = collectives.allgather_object(host, "hvdhetero.plan.hosts")
     devices = collectives.allgather_object(device, "hvdhetero.plan.devices")
     return plan.Measured(hosts, devices, list(balancer.overhead), list(balancer.seconds_per_sample),

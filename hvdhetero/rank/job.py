@@ -36,8 +36,8 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision, records,
-                            resume, start, validate)
+from hvdhetero.rank import (checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision,
+                            records, resume, start, validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.registry import Registry, TrainState
@@ -94,7 +94,8 @@ class Job:
         of `global_batch` by its measured speed, and return (model, optimizer, loader).
 
         `dataset`: a map-style dataset with `global_batch=`, or the script's training DataLoader,
-        whose dataset, batch_size (as global_batch), collate_fn and num_workers are taken.
+        whose dataset, batch_size (as global_batch), shuffle, drop_last, collate_fn, num_workers and
+        worker_init_fn are kept (rank/validate.py's data_arguments).
 
         `loss_fn(model, batch) -> loss` is how calibration times your real step before training;
         without it, a probe calls the model as training loops do (`model(batch[0])` for a tuple,

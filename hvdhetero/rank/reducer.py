@@ -155,6 +155,16 @@ class Reducer:
         return float(sum(float(f.abs().pow(norm_type).sum()) for f in flat) ** (1.0 / norm_type))
 
 
+@torch.no_grad()
+def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None:
+    """Multiply every gradient of `params` by `factor`, in place (a loss scale's inverse, a
+    clipping coefficient); nothing for 1."""
+    if factor != 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
+
 def _buckets(params: list[torch.nn.Parameter], bucket_mb: float) -> list[list[torch.nn.Parameter]]:
     limit, groups, size = bucket_mb * 2**20, [[]], 0
     for p in params:

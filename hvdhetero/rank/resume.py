@@ -74,8 +74,9 @@ def save_checkpoint(t: Training, epoch_done: bool) -> None:
     t.strategy.one_model(step)
     rngs = collectives.allgather_object(checkpoint.rng_state(), "hvdhetero.ckpt.rng", "a checkpoint")
     # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
-    optimizer = (collectives.allgather_object(to_cpu(t.optimizer.state_dict()), "hvdhetero.ckpt.optimizer", "a checkpoint")
-                 if t.strategy.own_optimizers else t.optimizer.state_dict())
+    optimizer = t.optimizer.state_dict()
+    if t.strategy.own_optimizers:
+        optimizer = collectives.allgather_object(to_cpu(optimizer), "hvdhetero.ckpt.optimizer", "a checkpoint")
     path = checkpoint.path_for(t.run_dir, step)
     if t.is_main:
         checkpoint.save_object(snapshot(t, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
@@ -89,8 +90,8 @@ def resume_from_disk(t: Training) -> str:
     """--resume: every rank continues from rank 0's newest checkpoint that loads."""
     found = checkpoint.newest(t.run_dir) if t.is_main else None
     # rank 0 loaded it with weights_only; the others read its bytes the same way (nothing unpickled)
-    sent = collectives.broadcast_loadable({"path": str(found[0]) if found else None, "state": found[1] if found else None}
-                           if t.is_main else None, "hvdhetero.resume")
+    newest = {"path": str(found[0]) if found else None, "state": found[1] if found else None} if t.is_main else None
+    sent = collectives.broadcast_loadable(newest, "hvdhetero.resume")
     path, state = sent["path"], sent["state"]
     if state is None:
         raise ConfigError(f"--resume: no checkpoint in {t.run_dir / checkpoint.FOLDER} loads (the run wrote "

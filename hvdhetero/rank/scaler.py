@@ -17,7 +17,7 @@ Across ranks it would go wrong three ways; each is mended here:
   rank or a CPU rank while the CUDA rank scales by 65536, and an elastic host joins with the
   initial scale. Summing S_0 g_0 + S_1 g_1 and dividing by one's own S is wrong, so under step
   sync job.backward takes each rank's scale from the tensor `scale()` returned, divides the
-  rank's gradient by it before the sum and multiplies the sum by it after (`rescale`): the
+  rank's gradient by it before the sum and multiplies the sum by it after (Training.backward): the
   scaler's own unscale_ then yields the reduced gradient, exactly (the scales are powers of two).
   An inf or NaN in any rank's gradient is in the sum, so every rank skips that step, a rank whose
   scaler is disabled too.
@@ -99,11 +99,3 @@ def install() -> None:
 def _accumulating(prepared: JobOptimizer | None) -> bool:
     return prepared is not None and prepared.step_state.accumulating
 
-
-@torch.no_grad()
-def rescale(params: list[torch.nn.Parameter], factor: float) -> None:
-    """Multiply every gradient of `params` by `factor` (a loss scale: back to where the scaler expects them)."""
-    if factor != 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(factor)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from hvdhetero.rank.host import one_hot
-from hvdhetero.rank.reducer import Reducer
+from hvdhetero.rank.reducer import Reducer, scale_gradients
 from hvdhetero.rank.replicas import Replicas
 from hvdhetero.rank.sync import ParameterSync
 
@@ -81,9 +81,7 @@ class EveryStep:
         total = self.reducer.grad_norm(norm_type)
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:
-            for param in self.reducer.params:
-                if param.grad is not None:
-                    param.grad.mul_(coef)
+            scale_gradients(self.reducer.params, coef)
             self.reducer.clipped(coef)  # a second clip of the step (torch's kept beside ours) finds it clipped
         return torch.tensor(total)
 
@@ -164,10 +162,8 @@ class Rounds:
     def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool) -> Reduced:
         """Nothing crosses the link: this rank's own gradients, multiplied by `unscale` (the
         loss scale's inverse), checked for overflow on their own."""
+        scale_gradients(self.sync.params, unscale)
         grads = [q.grad for q in self.sync.params if q.grad is not None]
-        if unscale != 1.0:
-            for g in grads:
-                g.mul_(unscale)
         return Reduced(None, 0.0, check_overflow and not all(bool(torch.isfinite(g).all()) for g in grads))
 
     def clip(self, max_norm: float, norm_type: float) -> torch.Tensor:

@@ -27,7 +27,7 @@ from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, average_buffers
+from hvdhetero.rank.reducer import Reducer, average_buffers, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.replicas import Replicas
 from hvdhetero.rank.sampler import WeightedBatchSampler
@@ -148,12 +148,13 @@ class Training:
         if self.loss_scale is not None:
             scale *= self.loss_scale.scale
             if item.chunk == 0:  # gradients the script kept from earlier steps (it accumulates): scaled alike
-                scaler.rescale(self.reducer.params, self.loss_scale.scale)
+                scale_gradients(self.reducer.params, self.loss_scale.scale)
         weight = item.share / sum(item.sizes)
         unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
         # Step sync sums the ranks' gradients: each rank's own scale out before, in again after (rank/scaler.py).
         # Under local/diloco the script's scaler unscales this rank's own gradients itself.
-        rescale = theirs_scale if theirs is not None and self.strategy.kind == "step" else 1.0
+        summed = theirs is not None and self.strategy.kind == "step"
+        rescale = theirs_scale if summed else 1.0
         unscale /= rescale
         if item.last:
             self.strategy.before_last_backward(weight * unscale)
@@ -167,9 +168,9 @@ class Training:
         seconds = time.perf_counter() - began
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
-        check = self.loss_scale is not None or (theirs is not None and self.strategy.kind == "step")
+        check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
         times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check)
-        scaler.rescale(self.reducer.params, rescale)
+        scale_gradients(self.reducer.params, rescale)
         self.last_step_seconds = (seconds, reduce_s)
         self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None:
