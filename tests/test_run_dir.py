@@ -26,7 +26,8 @@ def test_launch_json_holds_what_resume_relaunches_with(tmp_path):
     folder, saved = run_dir.resumable(str(a_run(tmp_path / "r")), tmp_path)
     assert folder == str(tmp_path / "r")
     assert saved == {"hosts": ["local"], "rank0_local": True, "script": "", "workdir": "",
-                     "recipe": ["--dataset", "digits"], "script_args": ["--repeat", "2"], "settings": {"seed": 3}}
+                     "recipe": ["--dataset", "digits"], "script_args": ["--repeat", "2"], "settings": {"seed": 3},
+                     "inventory": ""}
 
 
 def test_latest_is_the_newest_run_with_a_checkpoint(tmp_path):

@@ -50,3 +50,19 @@ def test_resume_takes_the_runs_own_request_and_only_the_hosts_may_change(tmp_pat
     assert submit.resumed(str(folder), tmp_path, hosts="h1", inventory=None, changed=[])[0].hosts == "h1"
     with pytest.raises(ConfigError, match="only --hosts, --inventory and --launcher may change, got --epochs, --seed"):
         submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=["--epochs", "--seed"])
+
+
+def test_resume_takes_the_inventory_the_run_was_started_with_unless_another_is_given(tmp_path):
+    """A run started with --inventory gpu.yaml resumes on its hosts: the default inventory.yaml
+    has no host of that name (found on the GPU machine, issue 32)."""
+    from hvdhetero.cluster import run_dir
+
+    mine = tmp_path / "gpu.yaml"
+    run_dir.write_launch(tmp_path / "r", ["gpu"], True, "", "", [], [], {}, inventory=str(mine))
+    (tmp_path / "r" / "checkpoints").mkdir()
+    (tmp_path / "r" / "checkpoints" / "step-00000010.pt").write_bytes(b"")
+    assert submit.resumed(str(tmp_path / "r"), tmp_path, None, None, [])[0].inventory == str(mine)
+    assert submit.resumed(str(tmp_path / "r"), tmp_path, None, "other.yaml", [])[0].inventory == "other.yaml"
+    old = a_run(tmp_path / "old")  # a launch.json from before it was recorded: the default inventory
+    (old / "launch.json").write_text((old / "launch.json").read_text().replace('"inventory": ""', '"x": 0'))
+    assert submit.resumed(str(old), tmp_path, None, None, [])[0].inventory is None

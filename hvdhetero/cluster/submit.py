@@ -58,14 +58,16 @@ class PreflightFailed(HvdHeteroError):
 
 def resumed(resume: str, runs: Path, hosts: str | None, inventory: str | None,
             changed: list[str], launcher: str = "horovodrun", ray_address: str = "") -> tuple[Request, str]:
-    """--resume RUN_DIR|latest: the run's own request from its launch.json (hosts as given, else
-    the run's) and its folder; `changed` names the options given that a resume cannot change."""
+    """--resume RUN_DIR|latest: the run's own request from its launch.json (hosts and inventory as
+    given, else the run's) and its folder; `changed` names the options given that a resume cannot
+    change."""
     if changed:
         raise ConfigError(f"--resume continues the run with its own options; only --hosts, --inventory and "
                           f"--launcher may "
                           f"change, got {', '.join(changed)} (start a new run to change them)")
     run_dir, saved = run_dirs.resumable(resume, runs)
-    return Request(hosts or saved["hosts"], inventory, {**saved["settings"], "resume": True}, saved["script"],
+    return Request(hosts or saved["hosts"], inventory or saved.get("inventory") or None,
+                   {**saved["settings"], "resume": True}, saved["script"],
                    saved["workdir"], saved["recipe"], saved["script_args"], launcher, ray_address), run_dir
 
 
@@ -122,7 +124,8 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
                 print(f"{host}: workdir {what}")
     if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
         run_dirs.write_launch(run_dir, [h.name for h in selected], selected[0].is_local, script, request.workdir,
-                              request.recipe, request.script_args, settings)
+                              request.recipe, request.script_args, settings,
+                              str(Path(request.inventory).resolve()) if request.inventory else "")
     watch = None
     if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
         from hvdhetero.cluster import elastic_hosts
