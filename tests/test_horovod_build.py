@@ -117,3 +117,20 @@ def test_job_runs_when_hostname_resolves_to_an_address_not_on_this_host(tmp_path
                    timeout=180, check=False, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("sum 1") == 2
+
+
+def test_a_failed_build_says_the_compilers_first_errors_not_only_pips_traceback():
+    """Seen on the GPU image (gcc 13): the message held only pip's traceback ending in
+    'cmake --build ... returned non-zero exit status 2'; the cause was hundreds of lines up."""
+    from hvdhetero.cluster.horovod_build import failure_excerpt
+
+    output = "\n".join(["/usr/bin/g++-13 " + "-I/x " * 500 + "-c gloo/types.cc",
+                        "In file included from gloo/types.cc:9:",
+                        "gloo/types.h:66:11: error: 'uint8_t' does not name a type",
+                        *[f"noise {i}" for i in range(200)],
+                        "subprocess.CalledProcessError: Command '['cmake', '--build', '.']' returned non-zero exit status 2."])
+    excerpt = failure_excerpt(output)
+    assert "In file included from gloo/types.cc:9:" in excerpt and "'uint8_t' does not name a type" in excerpt
+    assert excerpt.index("uint8_t") < excerpt.index("returned non-zero exit status 2"), excerpt
+    assert "noise 10" not in excerpt and len(excerpt.splitlines()) < 25 and len(excerpt) < 2000, excerpt
+    assert failure_excerpt("a\nb") == "a\nb", "no compiler error: the output's end, as before"

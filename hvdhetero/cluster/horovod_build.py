@@ -268,10 +268,28 @@ def _run(argv, *, what: str, cwd=None, env=None, capture=False, log_to: Path | N
     if log_to is not None:
         log_to.write_text(output)
     if proc.returncode != 0:
-        tail = "\n".join(output.splitlines()[-40:])
         where = f" (full log: {log_to})" if log_to else ""
-        raise BuildError(f"could not {what}: exit {proc.returncode}{where}\n{tail}")
+        raise BuildError(f"could not {what}: exit {proc.returncode}{where}\n{failure_excerpt(output)}")
     return proc.stdout or ""
+
+
+def failure_excerpt(output: str, errors: int = 12) -> str:
+    """What says why a build failed: the compiler's (or CMake's) first errors, each with the two
+    lines before it (the header that included the file), then the output's last lines; pip's
+    traceback at the end says only that cmake failed."""
+    lines = output.splitlines()
+    hits = [i for i, line in enumerate(lines) if any(mark in line for mark in BUILD_ERROR_MARKS)][:errors]
+    picked = sorted({k for i in hits for k in range(max(0, i - 2), i + 1)})
+    head = ["the first errors:", *(_cut(lines[k]) for k in picked), "...", "the end:"] if hits else []
+    return "\n".join([*head, *lines[-15 if hits else -40:]])
+
+
+BUILD_ERROR_MARKS = (": error: ", "fatal error:", "CMake Error")
+
+
+def _cut(line: str, width: int = 300) -> str:
+    """A compiler's command line (thousands of characters) cut to its start."""
+    return line if len(line) <= width else line[:width] + " ..."
 
 
 def main(argv: list[str] | None = None) -> int:
