@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from conftest import VENV_BIN, run_cmd
+from conftest import ROOT, VENV_BIN, run_cmd
 
 
 def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_then_the_engine_and_horovod_last():
@@ -100,11 +100,16 @@ def test_bench_runs_a_mode_whose_slow_rank_merges_steps(tmp_path):
 
 
 def test_bench_times_resnet18_on_cifar10_shaped_images_without_the_files(tmp_path):
-    """The GPU check's model (ci/gpu-check): ResNet-18 with the CIFAR stem on random 3x32x32
-    images, through every phase; no dataset files on any host."""
-    out = tmp_path / "bench.json"
-    proc = run_cmd([VENV_BIN / "invoke", "bench", "--dataset", "cifar10", "--model", "resnet18", "--batch-size", "8",
-                    "--steps", "1", "--repeats", "1", "--min-seconds", "0", "--out", out], timeout=600)
+    """The GPU check's model and inventory (ci/gpu-check): ResNet-18 with the CIFAR stem on random
+    3x32x32 images, through every phase, no dataset files on any host; a device per slot
+    (`device: cuda,cpu` there, `cpu,cpu` here: the bench refused a per-slot device on the GPU machine)."""
+    out, inventory = tmp_path / "bench.json", tmp_path / "inventory.yaml"
+    inventory.write_text((ROOT / "inventory.yaml").read_text().replace("device: cpu ", "device: cpu,cpu ")
+                         .replace("env: .venv", f"env: {VENV_BIN.parent}"))
+    assert "cpu,cpu" in inventory.read_text()
+    proc = run_cmd([VENV_BIN / "invoke", "bench", "--inventory", inventory, "--dataset", "cifar10", "--model",
+                    "resnet18", "--batch-size", "8", "--steps", "1", "--repeats", "1", "--min-seconds", "0",
+                    "--out", out], timeout=600)
     result = json.loads(out.read_text())
     assert result["config"]["model"] == "resnet18" and result["config"]["dataset"] == "cifar10", result["config"]
     assert result["config"]["synthetic"] is True and sum(result["hvdhetero"]["split"]) == 8

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     # (each run left ~130 MB in /tmp).
     scratch = tempfile.TemporaryDirectory(prefix="hvdhetero-bench-", ignore_cleanup_errors=True)
     try:
-        device = devices.select(host.get("device", "auto"), hvd.local_rank(), hvd.local_size())
+        device = devices.select(rank_host.rank_device(host), hvd.local_rank(), hvd.local_size())  # cuda,cpu: per slot
         me = Worker(device=device, slowdown=args.slowdown if hvd.rank() == hvd.size() - 1 else 1.0, max_batch=None)
         train_set, info = bench_data(args.dataset, args.batch_size)
         build = lambda: fresh_model(args, info, device)  # noqa: E731 - same start for every phase

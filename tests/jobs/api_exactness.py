@@ -57,7 +57,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
                            hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
     torch.manual_seed(i + hvd.rank())  # different initial weights per rank: prepare must broadcast rank 0's
-    model = models.build("cnn", info).eval()  # eval: no dropout, the same function on every rank
+    model = models.build("cnn", info).to(job.device).eval()  # eval: no dropout, the same function on every rank
     optimizer, scheduler = build(name, model)
     model, optimizer, loader = job.prepare(model, optimizer, train, global_batch=GLOBAL_BATCH, scheduler=scheduler,
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))

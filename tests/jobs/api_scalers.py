@@ -63,7 +63,7 @@ for i, (name, (micro, accumulate, scaling, sync, inf_at)) in enumerate(CASES.ite
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{name}", equal_split=True, micro_batch=micro, sync=sync, seed=3,
                            deterministic=True, hosts=hosts))
     torch.manual_seed(3)
-    model = models.build("cnn", info).eval()  # eval: no dropout, the same function in every case
+    model = models.build("cnn", info).to(job.device).eval()  # eval: no dropout, the same function in every case
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     if scaling == "job":
         job.loss_scale = precision.LossScale(scale=2.0 ** 10)
