@@ -135,3 +135,44 @@ def test_deterministic_asks_for_repeatable_kernels_before_any_cuda_work(monkeypa
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]
+
+
+@pytest.mark.parametrize("named, cores, shares", [
+    (["cpu", "cpu"], 16, [range(0, 8), range(8, 16)]),            # CPU ranks alone: an even split, as before
+    (["cuda", "cpu"], 16, [range(0, 2), range(2, 16)]),           # the GPU check's machine: 2 and 14
+    (["cpu", "cuda", "cpu"], 16, [range(2, 9), range(0, 2), range(9, 16)]),
+    (["mps", "cpu"], 2, [range(0, 1), range(1, 2)]),              # too few cores to keep 2: an even split
+    (["cuda", "cuda"], 16, [range(0, 8), range(8, 16)]),          # no CPU rank to leave cores to
+])
+def test_gpu_ranks_keep_two_cores_and_the_cpu_ranks_split_the_rest(named, cores, shares):
+    assert devices.core_shares(named, list(range(cores))) == [list(r) for r in shares]
+
+
+def test_a_cpu_rank_beside_a_cuda_rank_takes_the_cores_the_cuda_rank_leaves(monkeypatch):
+    """device: cuda,cpu on 16 cores: the CPU rank is pinned to 14 of them and runs 14 threads (it
+    had 8, beside the CUDA rank's 16 threads floating over all 16; issue 32), the CUDA rank runs 2."""
+    from hvdhetero.rank import host as rank_host
+
+    pinned = {}
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(devices.os, "sched_setaffinity", lambda pid, cores: pinned.update(cores=list(cores)))
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 16)
+    threads = torch.get_num_threads()
+    try:
+        for local_rank in (1, 0):
+            monkeypatch.setenv("HOROVOD_LOCAL_RANK", str(local_rank))
+            monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "2")
+            rank_host.pin_cpu_rank({"device": "cuda,cpu"})
+            if local_rank == 1:
+                assert pinned.pop("cores") == list(range(2, 16))
+                monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(2, 16)))
+                devices.CPUDevice().setup(local_rank=1, local_size=2)
+                assert torch.get_num_threads() == 14
+                torch.set_num_threads(16)
+        assert "cores" not in pinned and torch.get_num_threads() == devices.ACCELERATOR_CORES, "the CUDA rank's"
+        monkeypatch.setenv("HOROVOD_LOCAL_RANK", "0")
+        torch.set_num_threads(16)
+        rank_host.pin_cpu_rank({"device": "cuda"})  # a GPU rank alone on its machine keeps its threads
+        assert torch.get_num_threads() == 16 and "cores" not in pinned
+    finally:
+        torch.set_num_threads(threads)

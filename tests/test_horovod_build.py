@@ -128,7 +128,7 @@ def test_a_failed_build_says_the_compilers_first_errors_not_only_pips_traceback(
                         "In file included from gloo/types.cc:9:",
                         "gloo/types.h:66:11: error: 'uint8_t' does not name a type",
                         *[f"noise {i}" for i in range(200)],
-                        "subprocess.CalledProcessError: Command '['cmake', '--build', '.']' returned non-zero exit status 2."])
+                        "subprocess.CalledProcessError: Command 'cmake --build .' returned non-zero exit status 2."])
     excerpt = failure_excerpt(output)
     assert "In file included from gloo/types.cc:9:" in excerpt and "'uint8_t' does not name a type" in excerpt
     assert excerpt.index("uint8_t") < excerpt.index("returned non-zero exit status 2"), excerpt

@@ -229,16 +229,40 @@ def deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def pin_local_rank(local_rank: int, local_size: int) -> list[int] | None:
-    """Give each CPU rank on a machine its own share of the cores. Called before hvd.init(),
-    so Horovod's background thread and Gloo's share the rank's cores instead of preempting
-    the other rank's compute. Returns the cores taken, None where it does not apply."""
+ACCELERATOR_CORES = 2
+"""Cores a GPU rank keeps on a machine it shares with CPU ranks: its host-side work (the Python
+loop, kernel launches, copies, Horovod's and Gloo's threads) runs on them, and torch gives it as
+many threads. The CPU ranks split the rest (16 cores, `device: cuda,cpu`: 2 and 14, where an
+even split left the CPU rank 8 and the GPU rank's 16 threads floating over all of them)."""
+
+
+def core_shares(named: list[str], cores: list[int]) -> list[list[int]]:
+    """Each local rank's cores, `named` holding each local rank's device (cpu, cuda, mps, auto):
+    an even split, or with GPU ranks beside CPU ranks, ACCELERATOR_CORES for each GPU rank and an
+    even split of the rest among the others (an even split where too few cores are left)."""
+    gpus = [i for i, name in enumerate(named) if name in ("cuda", "mps")]
+    others = [i for i in range(len(named)) if i not in gpus]
+    kept = ACCELERATOR_CORES * len(gpus)
+    if not gpus or not others or (len(cores) - kept) // len(others) < 1:
+        share = len(cores) // len(named)
+        return [cores[i * share:(i + 1) * share] for i in range(len(named))]
+    share = (len(cores) - kept) // len(others)
+    shares = [cores[k * ACCELERATOR_CORES:(k + 1) * ACCELERATOR_CORES] for k in range(len(gpus))]
+    rest = [cores[kept + k * share:kept + (k + 1) * share] for k in range(len(others))]
+    by_rank = dict(zip(gpus, shares)) | dict(zip(others, rest))
+    return [by_rank[i] for i in range(len(named))]
+
+
+def pin_local_rank(local_rank: int, local_size: int, named: list[str] | None = None) -> list[int] | None:
+    """Give each CPU rank on a machine its own share of the cores (`named`: each local rank's
+    device, core_shares). Called before hvd.init(), so Horovod's background thread and Gloo's
+    share the rank's cores instead of preempting the other rank's compute. Returns the cores
+    taken, None where it does not apply."""
     if local_size <= 1 or not hasattr(os, "sched_setaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
-    share = len(cores) // local_size
-    if share == 0:
+    mine = core_shares(named or ["cpu"] * local_size, cores)[local_rank]
+    if not mine:
         return None
-    mine = cores[local_rank * share:(local_rank + 1) * share]
     os.sched_setaffinity(0, mine)
     return mine

@@ -8,6 +8,7 @@ import os
 import threading
 
 import horovod.torch as hvd
+import torch
 
 from hvdhetero import netinfo, progress
 from hvdhetero.rank import devices
@@ -82,17 +83,32 @@ def set_gloo_interface(host: dict) -> None:
 def rank_device(host: dict) -> str:
     """This rank's device as the inventory names it: the host's, or with one per slot
     (`device: cuda,cpu`) the one at this rank's local rank (horovodrun's, set before Horovod starts)."""
+    return slot_device(host, int(os.environ.get("HOROVOD_LOCAL_RANK", 0)))
+
+
+def slot_device(host: dict, local_rank: int) -> str:
+    """The device the inventory names for local rank `local_rank` of this host."""
     named = str(host.get("device") or "auto").split(",")
-    return named[int(os.environ.get("HOROVOD_LOCAL_RANK", 0)) % len(named)]
+    return named[local_rank % len(named)]
 
 
 def pin_cpu_rank(host: dict) -> None:
     """CPU ranks sharing a machine get a core share each (horovodrun sets the local rank/size;
-    the launcher sets `machine_share` for one machine run as several hosts, under --elastic)."""
-    if rank_device(host) == "cpu":
-        index, count = host.get("machine_share") or (os.environ.get("HOROVOD_LOCAL_RANK", 0),
-                                                     os.environ.get("HOROVOD_LOCAL_SIZE", 1))
-        devices.pin_local_rank(int(index), int(count))
+    the launcher sets `machine_share` for one machine run as several hosts, under --elastic).
+    Beside CPU ranks a GPU rank (`device: cuda,cpu`) runs ACCELERATOR_CORES threads, and the CPU
+    ranks split the cores it leaves (devices.core_shares)."""
+    mine = rank_device(host)
+    if host.get("machine_share"):
+        if mine == "cpu":
+            devices.pin_local_rank(*map(int, host["machine_share"]))
+        return
+    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
+    local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", 1))
+    named = [slot_device(host, i) for i in range(local_size)]
+    if mine == "cpu":
+        devices.pin_local_rank(local_rank, local_size, named)
+    elif mine in ("cuda", "mps") and "cpu" in named:
+        torch.set_num_threads(min(torch.get_num_threads(), devices.ACCELERATOR_CORES))
 
 
 def make_rank(host: dict, slowdown: float) -> Worker:
