@@ -102,7 +102,7 @@ TRAIN = Options(
     Option("run_dir", None, "metrics.jsonl and saved files go here (default runs/<time>-<dataset or script>)"),
     from_fields(JobConfig, exclude=_ENGINE_FIXED),
     Option("resume", "", "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options "
-           "(--hosts, --inventory and --launcher may differ: a host fewer re-balances)"),
+           "and inventory file (--hosts, --inventory and --launcher may differ: a host fewer re-balances)"),
     Option("launcher", "horovodrun", "what starts the ranks: horovodrun (mpirun under pins.backend mpi) or ray "
            "(a Ray cluster on the hosts: invoke ray up; docs/ray.md)"),
     Option("ray_address", "", "with --launcher ray: the cluster's IP:PORT (default: the one invoke ray up started "
