@@ -229,6 +229,8 @@ def deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+ACCELERATORS = ("cuda", "mps")
+"""The devices whose ranks compute off the CPU (core_shares)."""
 ACCELERATOR_CORES = 2
 """Cores a GPU rank keeps on a machine it shares with CPU ranks: its host-side work (the Python
 loop, kernel launches, copies, Horovod's and Gloo's threads) runs on them, and torch gives it as
@@ -240,16 +242,14 @@ def core_shares(named: list[str], cores: list[int]) -> list[list[int]]:
     """Each local rank's cores, `named` holding each local rank's device (cpu, cuda, mps, auto):
     an even split, or with GPU ranks beside CPU ranks, ACCELERATOR_CORES for each GPU rank and an
     even split of the rest among the others (an even split where too few cores are left)."""
-    gpus = [i for i, name in enumerate(named) if name in ("cuda", "mps")]
-    others = [i for i in range(len(named)) if i not in gpus]
+    gpus = [i for i, name in enumerate(named) if name in ACCELERATORS]
+    if len(gpus) == len(named) or len(cores) - ACCELERATOR_CORES * len(gpus) < len(named) - len(gpus):
+        gpus = []  # no CPU rank to leave cores to, or too few cores: an even split
     kept = ACCELERATOR_CORES * len(gpus)
-    if not gpus or not others or (len(cores) - kept) // len(others) < 1:
-        share = len(cores) // len(named)
-        return [cores[i * share:(i + 1) * share] for i in range(len(named))]
+    others = [i for i in range(len(named)) if i not in gpus]
     share = (len(cores) - kept) // len(others)
-    shares = [cores[k * ACCELERATOR_CORES:(k + 1) * ACCELERATOR_CORES] for k in range(len(gpus))]
-    rest = [cores[kept + k * share:kept + (k + 1) * share] for k in range(len(others))]
-    by_rank = dict(zip(gpus, shares)) | dict(zip(others, rest))
+    by_rank = {i: cores[k * ACCELERATOR_CORES:(k + 1) * ACCELERATOR_CORES] for k, i in enumerate(gpus)}
+    by_rank |= {i: cores[kept + k * share:kept + (k + 1) * share] for k, i in enumerate(others)}
     return [by_rank[i] for i in range(len(named))]
 
 

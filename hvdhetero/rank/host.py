@@ -102,12 +102,11 @@ def pin_cpu_rank(host: dict) -> None:
         if mine == "cpu":
             devices.pin_local_rank(*map(int, host["machine_share"]))
         return
-    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
     local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", 1))
     named = [slot_device(host, i) for i in range(local_size)]
     if mine == "cpu":
-        devices.pin_local_rank(local_rank, local_size, named)
-    elif mine in ("cuda", "mps") and "cpu" in named:
+        devices.pin_local_rank(int(os.environ.get("HOROVOD_LOCAL_RANK", 0)), local_size, named)
+    elif mine in devices.ACCELERATORS and "cpu" in named:
         torch.set_num_threads(min(torch.get_num_threads(), devices.ACCELERATOR_CORES))
 
 
