@@ -16,7 +16,8 @@ split that equalizes average times then measures slower than a plain equal split
 is checked against the equal split by measurement, never by prediction alone: when the model
 stops explaining the measured step times, a few steps at the equal split are timed and the
 faster of the two is kept; while the equal split is held, the model's split is timed now and
-then, so that it comes back when the host goes quiet (see `probe_every`).
+then, so that it comes back when the host goes quiet (see `probe_every`). A move the moving
+average calls for is a trial of the same kind: kept only when it measures faster (see `trial_wait`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from statistics import fmean
+from statistics import fmean, stdev
 
 from hvdhetero.policy.split import proportional_split, steps_merged
 
@@ -92,6 +93,19 @@ class Balancer:
     margin: float = 0.03
     """A probed split takes over only when its typical step time (`_typical`) beats the split in
     force's by this fraction, the model's `threshold`: a smaller lead over 8 steps may be noise."""
+    trials: bool = True
+    """Whether the moving average's moves are tried before they are kept (`trial_wait`)."""
+    trial_wait: int = 15
+    """Least steps, after a trial move that measured no faster, before the next. The moving
+    average's move is tried for `probe_steps` steps and kept only when its typical step time beats
+    that of the split's latest steps before it by `confidence` / 2 standard errors; else that split
+    comes back. The moving average takes a busy host's spikes for a slower rank (simulated at
+    K=3, the fast host busy: its moves cost 11-14% against the better of the equal and the
+    calibrated split held throughout; tried, 2-6%), and a step that barely depends on the batch
+    (a tiny model: kernel launches and Python, ~1 ms) has no split better than another, yet its
+    noise and a rank's drifting speed make the model predict one (two alike ranks walked from
+    [64, 64] to [26, 102] in 300 steps). The wait doubles with each such trial in a row, up to
+    8 times, so there trials grow rare, and no move stays that did not pay."""
     merges: bool = False
     """--inner-steps by-speed: a rank with n_i samples a step merges `steps_merged(n_i, max n)`
     steps into one optimizer step, so its fixed cost a_i is paid once per merge: per global
@@ -127,6 +141,11 @@ class Balancer:
         self._left = self.split  # ... and the one it left, which it must beat
         self._probe_start = self._probe_end = self._lag = 0
         self._lost_by = 0.0
+        # the latest steps whatever split they ran: a trial of the model's move (`trial_wait`) is
+        # measured against the steps that ran the split it left
+        self._recent: deque[tuple[list[int], float]] = deque(maxlen=self.window)
+        self._trial: list[float] | None = None  # during a trial: the latest step times of the split it left
+        self._failed_trials = self._trial_end = 0
 
     def target(self, per_sample: Sequence[float] | None = None) -> list[int]:
         """The integer split that makes every rank's predicted step time equal."""
@@ -248,7 +267,7 @@ class Balancer:
         # Hysteresis in size (a real gain) and in time (seen at two decisions in a row).
         self._wanted = self._wanted + 1 if now - then > self.threshold * now else 0
         if self._wanted >= self.patience:
-            return self._move(target, step, f"model: predicts {_s(then)} s/step against {_s(now)} at {self.split}")
+            return self._start_trial(target, step, f"model: predicts {_s(then)} s/step against {_s(now)} at {self.split}")
         settled = self._settled_target()
         if settled is None:
             return None
@@ -283,6 +302,7 @@ class Balancer:
         epoch's short last step measures no split at all."""
         if sum(sizes) != self.global_batch:
             return
+        self._recent.append((sizes, seconds))
         if sizes == self._probe:
             self._probed.append((seconds, predicted))
         elif (sizes == self.equal) == self.fallback:
@@ -324,6 +344,36 @@ class Balancer:
     def _typical_held(self) -> float:
         return _typical([m for m, _ in self._held])
 
+    def _start_trial(self, target: list[int], step: int, reason: str) -> list[int] | None:
+        """The model's move, to be kept only if it measures faster (`trial_wait`); None while the
+        last trial that did not pay still waits out its time. Straight to `target` when too few
+        steps ran the split in force to measure it against."""
+        if not self.trials:
+            return self._move(target, step, reason)
+        failed = self._failed_trials
+        if failed and self._steps - self._trial_end < self.trial_wait * 2 ** min(failed - 1, 3):
+            return None
+        before = [seconds for sizes, seconds in self._recent if sizes == self.split]
+        if len(before) < self.probe_steps:
+            return self._move(target, step, reason)
+        self._trial = before[-self.probe_steps:]  # the latest: the speeds may have just changed
+        return self._start_probe(target, step, reason)
+
+    def _trial_verdict(self, step: int) -> list[int] | None:
+        """A trial's steps are in: keep its split if it measured faster than the one it left (beyond
+        noise), else go back to that one and wait longer before the next trial."""
+        before, self._trial = self._trial, None
+        tried, left, self._probe, self._trial_end = self.split, self._left, None, self._steps
+        self._lag = self._steps - self._probe_start - self.probe_steps
+        (ours, ours_se), (theirs, theirs_se) = _typical_se([m for m, _ in self._probed]), _typical_se(before)
+        if theirs - ours > self.confidence / 2 * (ours_se ** 2 + theirs_se ** 2) ** 0.5:
+            self._failed_trials = 0
+            self._held.extend(self._probed)
+            return None
+        self._failed_trials += 1
+        return self._move(left, step, f"model's split {tried} measured {_s(ours)} s/step against {_s(theirs)} "
+                                      f"at {left}, {left} kept")
+
     def _start_probe(self, split: list[int], step: int, reason: str) -> list[int]:
         self._probe, self._probed, self._left, self._probe_start = split, [], self.split, self._steps
         return self._move(split, step, reason)
@@ -333,6 +383,8 @@ class Balancer:
         typical step time (the probed one only by `margin`), and say which and why."""
         if len(self._probed) < self.probe_steps:
             return None
+        if self._trial is not None:
+            return self._trial_verdict(step)
         probed, held, self._probe, self._probe_end = self.split, self._left, None, self._steps
         self._lag = self._steps - self._probe_start - self.probe_steps
         ours, theirs = _typical([m for m, _ in self._probed]), self._typical_held()
@@ -378,7 +430,13 @@ def _typical(seconds: list[float]) -> float:
     pays. A median ignores a split that is slow in a third of the steps, as a model chasing the
     spikes makes it (simulated busy hosts, 3000 steps: the worst run 1.8% slower than the better
     of the equal and the model's split, 2.2% with a median)."""
-    return fmean(sorted(seconds)[: len(seconds) - len(seconds) // 4])
+    return _typical_se(seconds)[0]
+
+
+def _typical_se(seconds: list[float]) -> tuple[float, float]:
+    """`_typical` and its standard error (from the spread of the values it averages)."""
+    kept = sorted(seconds)[: len(seconds) - len(seconds) // 4]
+    return fmean(kept), (stdev(kept) / len(kept) ** 0.5 if len(kept) > 1 else 0.0)
 
 
 def _s(seconds: float) -> str:
