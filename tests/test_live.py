@@ -160,6 +160,22 @@ def test_an_other_ranks_python_warning_is_said_once_unless_rank_0_printed_it_too
         "hvdhetero: rank 1 warned: " + cuda + "\n", "/w/train.py:9: FutureWarning: old API\n"]
 
 
+def test_a_scripts_cuda_autocast_on_a_rank_without_cuda_is_said_to_run_in_float32_with_the_way_out():
+    """A script written for the PC's GPU keeps `torch.autocast("cuda")`: torch turns it off on the
+    Mac's mps rank (a warning) and that rank trains in float32, slower than it could. The console
+    says so once, whichever rank it is, and names job.autocast() and --precision."""
+    off = "UserWarning: CUDA is not available or torch_xla is imported. Disabling autocast."
+    for rank in (1, 0):
+        shown = Shown()
+        console.relay([f"[{rank}]<stderr>:/venv/torch/amp/autocast_mode.py:285: {off}\n",
+                       f"[{rank}]<stderr>:/venv/torch/amp/autocast_mode.py:285: {off}\n"],
+                      shown, hidden_note="hvdhetero: the other ranks' output is in run/rank-N.log")
+        said = [c[1] for c in shown.calls if c[0] == "echo" and "float32" in c[1]]
+        assert len(said) == 1 and said[0].startswith(f"hvdhetero: rank {rank} runs the script's "
+                                                     'torch.autocast("cuda") in float32'), shown.calls
+        assert "job.autocast()" in said[0] and "--precision fp16 or bf16" in said[0]
+
+
 def test_all_ranks_output_tags_every_other_ranks_line():
     shown = Shown()
     console.relay(RELAYED, shown, all_ranks=True, hidden_note="never shown: nothing is held back")

@@ -111,8 +111,10 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
             warning = WARNING.match(body)
             if rank is None or rank == main or body.startswith(OUR_LINES):
                 display.echo(body)
-                if warning:
+                if warning and warning.group(1, 2) not in warned:
                     warned.add(warning.group(1, 2))
+                    if hint := device_hint(rank or 0, warning.group(2)):
+                        display.echo(hint)
                 continue
             if all_ranks:
                 display.echo(f"[rank {rank}] {body}")
@@ -123,6 +125,8 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
             if warning and warning.group(1, 2) not in warned:  # a device's own (CUDA not available on the Mac)
                 warned.add(warning.group(1, 2))
                 display.echo(f"hvdhetero: rank {rank} warned: {warning.group(1)}: {warning.group(2)}\n")
+                if hint := device_hint(rank, warning.group(2)):
+                    display.echo(hint)
     finally:  # a live table left running would draw itself over the message that ends the job
         display.close()
     return failures
@@ -136,6 +140,20 @@ STALLED = re.compile(r"^(\d+)!?: \[(.*)\]$")
 """Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS, launch.RANK_ENV): its warning
 ("... for more than 60 seconds ..."), "Missing ranks:" and a line per rank that has not joined,
 "1: [name, name]"."""
+
+
+def device_hint(rank: int, warning: str) -> str:
+    """What a warning of torch's about the rank's device means for the run, or "": a script's
+    `torch.autocast("cuda")` on a rank without CUDA (the Mac's mps, a CPU) runs in float32 there."""
+    if AUTOCAST_OFF not in warning:
+        return ""
+    return (f"hvdhetero: rank {rank} runs the script's torch.autocast(\"cuda\") in float32 (its device is not "
+            "CUDA); `with job.autocast():` and --precision fp16 or bf16 give every rank its own device's mixed "
+            "precision (docs/api.md)\n")
+
+
+AUTOCAST_OFF = "Disabling autocast"
+"""torch's warning when `torch.autocast("cuda")` runs where CUDA is not."""
 
 
 def stall_hint(rank: int, names: str, seconds: int = 60) -> str:
