@@ -122,6 +122,9 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     # gradients: 12 steps counted, one model (it updated between chunks, counted none, drifted)
     assert [r["steps"] for r in ranks] == [12, 12] and ranks[0]["final"] == ranks[1]["final"], ranks
     assert [r["ends"] for r in ranks] == [12, 12], "job.sync_gradients: once a step, of 3 chunks each"
+    # torch's AveragedModel updated in the loop body: an EMA of the 12 steps, not of 36 chunks (it
+    # decayed 3 times a step), and one EMA on both ranks
+    assert [r["ema_updates"] for r in ranks] == [12, 12] and ranks[0]["ema"] == ranks[1]["ema"], ranks
     bad = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "x",
                           "--env", "WILD_UNSET_HERE", "--", "--out", out], capture_output=True, text=True,
                          timeout=120, env={k: v for k, v in env.items() if k != "WILD_UNSET_HERE"})

@@ -36,7 +36,7 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision,
+from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision,
                             records, resume, start, validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
@@ -121,6 +121,7 @@ class Job:
                                      mode=mode, scheduler=scheduler, tracked=self._tracked, device=self.device)
         self.strategy = t.strategy
         clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
+        averaging.take_over(self.step_state)  # torch's AveragedModel (an EMA) averages once a step
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
         resumed = elastic.rejoin(t) if t.elastic else None
         if resumed is None and cfg.resume:
@@ -296,6 +297,7 @@ class Job:
         """An elastic reset drops this Job: its files close (the next Job opens them again)."""
         self.records.close()
         clipping.release()  # torch's clip no longer calls this Job's (the next job.prepare takes it over)
+        averaging.release()
 
     def _end_epoch(self, more: bool) -> None:
         if self.training is not None:

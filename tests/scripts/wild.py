@@ -44,6 +44,7 @@ else:
     model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
 with open(os.path.join(args.out, f"init{job.rank}.json"), "w") as f:  # the weights every rank starts from
     json.dump([round(p.double().sum().item(), 12) for p in model.parameters()], f)
+ema = torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
 sizes, norms, ends = [], [], 0
 for epoch in job.epochs(args.epochs):
     if epoch == args.break_at:  # a script's early stop, as in one-device scripts (job.stop() is ours)
@@ -54,12 +55,14 @@ for epoch in job.epochs(args.epochs):
         norms.append(float(job.clip_grad_norm_(5.0)))  # a number on every batch, micro-batches or not
         optimizer.step()
         optimizer.zero_grad()
-        ends += job.sync_gradients  # where an EMA would be updated: once a step, not once a chunk
+        ends += job.sync_gradients  # where an EMA of one's own would be updated: once a step, not once a chunk
+        ema.update_parameters(model)  # torch's EMA: averages once a step (rank/averaging.py)
         if job.is_main and i == 2:
             job.save(model.state_dict(), f"epoch{epoch}-step{i}.pt")
             if args.evaluate_on_rank_0_only:
                 job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"sizes": sizes, "norms": norms, "steps": job.step, "ends": ends,
+    json.dump({"sizes": sizes, "norms": norms, "steps": job.step, "ends": ends, "ema_updates": int(ema.n_averaged),
+               "ema": [round(p.double().sum().item(), 12) for p in ema.module.parameters()],
                "final": [round(p.double().sum().item(), 12) for p in model.parameters()], "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
                "home": os.environ.get("HOME")}, f)
