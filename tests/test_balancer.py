@@ -113,6 +113,28 @@ def test_refine_keeps_the_split_of_ranks_that_measure_alike():
     assert b.refine([0.002 + 150e-6 * 1024] * 2, first) == first == [1024, 1024] and len(b.history) == 1
 
 
+def test_ranks_that_time_alike_within_their_probes_noise_keep_the_split():
+    """A tiny model (0.19 ms a step, launches and Python whatever the share) on two alike CPU
+    ranks, as measured: the two probes' slopes are noise (1.2e-6 and 3.4e-7 s a sample) and
+    moved the split to [21, 43], whose refining probe (0.1935 against 0.1903 ms) moved it on to
+    [39, 25]. The calibration's predicted gain (10 us) is within the probes' standard errors
+    (~10 us), and so is the refining probe's gap between the ranks (3 us): [32, 32] stays. At
+    K=10 the refining probe's 27-ms gap is far outside its noise and still moves."""
+    overhead, per_sample, noise = [0.0001869, 0.0001964], [1.16e-6, 3.41e-7], [1.1e-5, 0.9e-5]
+    assert Balancer(global_batch=64, size=2).calibrate(overhead, per_sample) != [32, 32]  # noise unknown: moved
+    b = Balancer(global_batch=64, size=2)
+    assert b.calibrate(overhead, per_sample, noise=noise) == [32, 32]
+    assert b.refine([0.0001935, 0.0001903], [32, 32], noise=noise) == [32, 32] and b.history == [(0, [32, 32])]
+    unknown = Balancer(global_batch=64, size=2)
+    unknown.calibrate(overhead, per_sample, noise=noise)
+    assert unknown.refine([0.0001935, 0.0001903], [32, 32]) != [32, 32]  # noise unknown: moved
+    k10 = Balancer(global_batch=2048, size=2)
+    k10.calibrate([0.0, 0.0879], [152.2e-6, 1.349e-3], noise=[0.002, 0.003])
+    k10.split = [1917, 131]
+    refined = k10.refine([152.2e-6 * 1917, 0.0879 + 1.349e-3 * 131], [1917, 131], noise=[0.002, 0.003])
+    assert 145 <= refined[1] <= 152, refined
+
+
 def test_a_sustained_imbalance_below_the_threshold_is_corrected_once_averaged():
     """K=10-like ranks whose calibration put the slow rank 3% fast: the job is ~1.5% slower per
     step than it could be, under the 3% threshold, so the moving average alone never moves.

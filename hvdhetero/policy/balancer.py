@@ -197,20 +197,35 @@ class Balancer:
         """Predicted time of a step with `split`: the slowest rank's."""
         return max(a + p * n for a, p, n in zip(self.overheads(split), per_sample or self.seconds_per_sample, split))
 
-    def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0) -> list[int]:
+    def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0,
+                  noise: Sequence[float] | None = None) -> list[int]:
         """Initial split from each rank's measured a_i and p_i (from a short probe). Like every
         later change it must promise a gain above the threshold: ranks that measure alike
-        keep the even split instead of a skew made of probe noise."""
+        keep the even split instead of a skew made of probe noise; so too when the gain is within
+        the probes' `noise` (each rank's standard error, seconds)."""
         self.overhead = [max(0.0, float(a)) for a in overhead]
         self.seconds_per_sample = [max(float(p), 1e-9) for p in seconds_per_sample]
         target = self.target()
         now = self.step_time(self.split)
-        if now - self.step_time(target) > self.threshold * now:
+        predicted = [a + p * n for a, p, n in zip(self.overheads(self.split), self.seconds_per_sample, self.split)]
+        gain = now - self.step_time(target)
+        if gain > self.threshold * now and self._beyond_noise(gain, predicted, noise):
             self.split = target
         self._settled = _Moments(self.size)
         self.history.append((step, list(self.split)))
         self.reason = f"calibrated: model predicts {_s(self.step_time(self.split))} s/step, {_s(now)} at {self.equal}"
         return self.split
+
+    def _beyond_noise(self, gap: float, seconds: Sequence[float], noise: Sequence[float] | None) -> bool:
+        """Whether `gap` (seconds a step: a gain predicted, or the slowest less the fastest rank's
+        time measured) is more than `confidence` / 2 standard errors (`noise`, each rank's; None:
+        none known) of the timing of the slowest and the fastest of the ranks' step `seconds`. A
+        step that hardly depends on its batch (a tiny model) has no split better than another by
+        more than its noise, and no move there pays."""
+        if noise is None:
+            return True
+        slow, fast = max(range(self.size), key=seconds.__getitem__), min(range(self.size), key=seconds.__getitem__)
+        return gap > self.confidence / 2 * (noise[slow] ** 2 + noise[fast] ** 2) ** 0.5
 
     def _measured(self, step_seconds: Sequence[float], sizes: Sequence[int]):
         """(rank, seconds per sample) for each rank whose step shows a per-sample cost: its time
@@ -225,17 +240,22 @@ class Balancer:
             if per_sample > 0:
                 yield rank, per_sample
 
-    def refine(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int = 0) -> list[int]:
+    def refine(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int = 0,
+               noise: Sequence[float] | None = None) -> list[int]:
         """Re-measure at the calibrated split: each rank timed steps of exactly its share, which
         replace its per-sample cost outright (the calibration probes ran other batch sizes, and
         a_i + p_i * n only extrapolates to the share). Moves to the equal-time split of what was
         measured without the hysteresis threshold: a one-off decision cannot oscillate, and at
         K=10 a slow rank short of 20 samples costs the job <3% a step, for ever (measured: 131
-        samples where 149 were due, the slow rank idle 40 ms a step)."""
+        samples where 149 were due, the slow rank idle 40 ms a step: a gain of 0.9%). But not
+        when the ranks timed alike within the probes' `noise` (each rank's standard error): a
+        tiny model's step (0.2 ms, launches and Python whatever the share) moved two alike CPU
+        ranks from [32, 32] to [18, 46] on its noise alone."""
         for rank, per_sample in self._measured(step_seconds, sizes):
             self.seconds_per_sample[rank] = per_sample
         target = self.target()
-        if target != self.split:
+        slow, fast = max(step_seconds), min(step_seconds)
+        if target != self.split and self._beyond_noise(slow - fast, step_seconds, noise):
             self._move(target, step, f"refined: measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
         return self.split
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
+from statistics import stdev
 
 import horovod.torch as hvd
 import torch
@@ -29,14 +30,15 @@ from hvdhetero.rank.worker import Worker, cross_entropy_loss, forward_backward
 
 
 def timings(model, dataset, me: Worker, small: int, big: int, loss_fn: Callable,
-            collate_fn: Callable | None = None) -> tuple[float, float]:
-    """This rank's per-step overhead a and per-sample seconds p, from probes at two batch sizes.
-    Runs the user's model alone (no collective): it may raise whatever the model raises."""
-    t_small = probe_seconds(model, dataset, me, small, loss_fn, collate_fn)
-    t_big = probe_seconds(model, dataset, me, big, loss_fn, collate_fn)
+            collate_fn: Callable | None = None) -> tuple[float, float, float]:
+    """This rank's per-step overhead a and per-sample seconds p, from probes at two batch sizes,
+    and the noise of a probe (the larger standard error of the two). Runs the user's model alone
+    (no collective): it may raise whatever the model raises."""
+    t_small, noise_small = probe_seconds(model, dataset, me, small, loss_fn, collate_fn)
+    t_big, noise_big = probe_seconds(model, dataset, me, big, loss_fn, collate_fn)
     p = (t_big - t_small) / (big - small) if big > small else t_big / big
     p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
-    return max(0.0, t_big - p * big), p
+    return max(0.0, t_big - p * big), p, max(noise_small, noise_big)
 
 
 def calibrate(balancer: Balancer, model, dataset, me: Worker, small: int, big: int,
@@ -46,34 +48,37 @@ def calibrate(balancer: Balancer, model, dataset, me: Worker, small: int, big: i
                loss_fn=loss_fn, collate_fn=collate_fn)
 
 
-def split_from(balancer: Balancer, model, dataset, me: Worker, a: float, p: float, loss_fn: Callable,
-               collate_fn: Callable | None = None) -> None:
+def split_from(balancer: Balancer, model, dataset, me: Worker, a: float, p: float, noise: float,
+               loss_fn: Callable, collate_fn: Callable | None = None) -> None:
     """Set `balancer`'s split from this rank's (a, p) and every other rank's (a collective), then
-    refine it with one probe at exactly that split. A rank whose refining probe fails sends -1:
-    then every rank keeps the two-probe split (the first steps' timings correct it)."""
-    both = allreduce_sum(one_hot(a) + one_hot(p), "hvdhetero.calibrate")
-    balancer.calibrate(both[: hvd.size()], both[hvd.size():])
+    refine it with one probe at exactly that split; each with the probes' noise, so that ranks
+    which time alike within it keep the split they have. A rank whose refining probe fails sends
+    -1: then every rank keeps the two-probe split (the first steps' timings correct it)."""
+    n = hvd.size()
+    every = allreduce_sum(one_hot(a) + one_hot(p) + one_hot(noise), "hvdhetero.calibrate")
+    balancer.calibrate(every[:n], every[n:2 * n], noise=every[2 * n:])
     sizes = list(balancer.split)
     try:
-        mine = probe_seconds(model, dataset, me, sizes[hvd.rank()], loss_fn, collate_fn)
+        mine, noise = probe_seconds(model, dataset, me, sizes[hvd.rank()], loss_fn, collate_fn)
     except Exception as err:  # noqa: BLE001 - the user's model at another batch size (out of memory, say)
-        mine = -1.0
+        mine, noise = -1.0, 0.0
         print(f"hvdhetero: rank {hvd.rank()}: the probe at its share ({sizes[hvd.rank()]} samples) failed "
               f"({probe_error(err)}); every rank keeps the calibrated split, and its first steps may fail alike",
               flush=True)
-    measured = allreduce_sum(one_hot(mine), "hvdhetero.refine")
-    if min(measured) >= 0:
-        balancer.refine(measured, sizes)
+    measured = allreduce_sum(one_hot(mine) + one_hot(noise), "hvdhetero.refine")
+    if min(measured[:n]) >= 0:
+        balancer.refine(measured[:n], sizes, noise=measured[n:])
 
 
 def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_entropy_loss,
-                  collate_fn: Callable | None = None, steps: int = 5) -> float:
+                  collate_fn: Callable | None = None, steps: int = 5) -> tuple[float, float]:
     """This rank's compute time (forward + backward, straggling included) for n samples of the
-    real model: the median of a few probes after one warm-up. The model is left unchanged."""
+    real model: the median of a few probes after one warm-up, and its standard error (the
+    probes' spread). The model is left unchanged."""
     batch = batches.probe(dataset, n, me.device.torch_device, collate_fn)
     times = [forward_backward(model, batch, me, loss_fn=loss_fn)[1] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2], stdev(times) / len(times) ** 0.5
 
 
 def wrong_call(err: Exception) -> bool:
