@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from statistics import fmean, stdev
+from statistics import fmean
 
 from hvdhetero.policy.split import proportional_split, steps_merged
+from hvdhetero.policy.step_times import Moments, typical, typical_se
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Balancer:
     `window` steps is within this fraction of the mean predicted one: 3-10% timing noise
     misses by 1-4%, a busy host's spikes by 10-20% (simulated)."""
     margin: float = 0.03
-    """A probed split takes over only when its typical step time (`_typical`) beats the split in
+    """A probed split takes over only when its typical step time (`step_times.typical`) beats the split in
     force's by this fraction, the model's `threshold`: a smaller lead over 8 steps may be noise."""
     trials: bool = True
     """Whether the moving average's moves are tried before they are kept (`trial_wait`)."""
@@ -133,7 +134,7 @@ class Balancer:
         self.equal = self.target()  # nothing measured yet: every rank alike, within its cap
         self.split = list(self.equal)
         self._steps = self._wanted = 0
-        self._settled = _Moments(self.size)
+        self._settled = Moments(self.size)
         # (measured, predicted) step seconds at the split in force, and at the probed split
         self._held: deque[tuple[float, float]] = deque(maxlen=self.window)
         self._probed: list[tuple[float, float]] = []
@@ -211,7 +212,7 @@ class Balancer:
         gain = now - self.step_time(target)
         if gain > self.threshold * now and self._beyond_noise(gain, predicted, noise):
             self.split = target
-        self._settled = _Moments(self.size)
+        self._settled = Moments(self.size)
         self.history.append((step, list(self.split)))
         self.reason = f"calibrated: model predicts {_s(self.step_time(self.split))} s/step, {_s(now)} at {self.equal}"
         return self.split
@@ -362,7 +363,7 @@ class Balancer:
         return self._steps - self._probe_end >= max(least, cost / self.probe_budget)
 
     def _typical_held(self) -> float:
-        return _typical([m for m, _ in self._held])
+        return typical([m for m, _ in self._held])
 
     def _start_trial(self, target: list[int], step: int, reason: str) -> list[int] | None:
         """The model's move, to be kept only if it measures faster (`trial_wait`); None while the
@@ -385,7 +386,7 @@ class Balancer:
         before, self._trial = self._trial, None
         tried, left, self._probe, self._trial_end = self.split, self._left, None, self._steps
         self._lag = self._steps - self._probe_start - self.probe_steps
-        (ours, ours_se), (theirs, theirs_se) = _typical_se([m for m, _ in self._probed]), _typical_se(before)
+        (ours, ours_se), (theirs, theirs_se) = typical_se([m for m, _ in self._probed]), typical_se(before)
         if theirs - ours > self.confidence / 2 * (ours_se ** 2 + theirs_se ** 2) ** 0.5:
             self._failed_trials = 0
             self._held.extend(self._probed)
@@ -407,7 +408,7 @@ class Balancer:
             return self._trial_verdict(step)
         probed, held, self._probe, self._probe_end = self.split, self._left, None, self._steps
         self._lag = self._steps - self._probe_start - self.probe_steps
-        ours, theirs = _typical([m for m, _ in self._probed]), self._typical_held()
+        ours, theirs = typical([m for m, _ in self._probed]), self._typical_held()
         verdict = f"{_s(ours)} s/step at {probed} against {_s(theirs)} at {held}"
         if ours >= (1 - self.margin) * theirs:
             self._lost_by = ours / theirs - 1
@@ -418,45 +419,11 @@ class Balancer:
 
     def _move(self, target: list[int], step: int, reason: str) -> list[int]:
         self._wanted = 0
-        self._settled = _Moments(self.size)
+        self._settled = Moments(self.size)
         self.split = list(target)
         self.history.append((step, list(target)))
         self.reason = reason
         return self.split
-
-
-class _Moments:
-    """Running mean and standard error of each rank's per-sample cost (Welford)."""
-
-    def __init__(self, size: int):
-        self.count, self.mean, self.m2 = [0] * size, [0.0] * size, [0.0] * size
-
-    def add(self, rank: int, value: float) -> None:
-        self.count[rank] += 1
-        delta = value - self.mean[rank]
-        self.mean[rank] += delta / self.count[rank]
-        self.m2[rank] += delta * (value - self.mean[rank])
-
-    def summary(self) -> list[tuple[float, float, int]] | None:
-        """(mean, standard error of the mean, count) per rank; None until every rank has 2."""
-        if min(self.count) < 2:
-            return None
-        return [(m, (m2 / (n - 1) / n) ** 0.5, n) for m, m2, n in zip(self.mean, self.m2, self.count)]
-
-
-def _typical(seconds: list[float]) -> float:
-    """Mean of the faster three quarters of the step times: a busy host's spikes in up to a
-    quarter of the steps are left out, yet a slower bulk counts in full, as in the mean the job
-    pays. A median ignores a split that is slow in a third of the steps, as a model chasing the
-    spikes makes it (simulated busy hosts, 3000 steps: the worst run 1.8% slower than the better
-    of the equal and the model's split, 2.2% with a median)."""
-    return _typical_se(seconds)[0]
-
-
-def _typical_se(seconds: list[float]) -> tuple[float, float]:
-    """`_typical` and its standard error (from the spread of the values it averages)."""
-    kept = sorted(seconds)[: len(seconds) - len(seconds) // 4]
-    return fmean(kept), (stdev(kept) / len(kept) ** 0.5 if len(kept) > 1 else 0.0)
 
 
 def _s(seconds: float) -> str:
