@@ -128,3 +128,20 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
     # said once; on two CPU ranks it cannot be the devices' rounding: the script's own doing
     said = [line for line in output.splitlines() if "the model differed between rank 0 on cpu" in line]
     assert len(said) == 1 and "ranks on one kind of device compute alike" in said[0], output[-3000:]
+
+
+def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
+    """A script that counts steps, not epochs (no job.epochs), renews the loader's iterator at
+    each pass's end and once mid-pass: every pass deals a new order, the whole passes cover the
+    96 samples once across both ranks, and job.epoch counts the passes (a DataLoader reshuffles
+    at every iter(); each pass dealt the same order before)."""
+    found = two_ranks("api_passes.py", "API_PASSES", tmp_path)
+    ranks = found["passes"]
+    assert [len(passes) for passes in ranks] == [4, 4], ranks
+    joined = [ranks[0][p] + ranks[1][p] for p in range(4)]  # each pass's labels, both ranks'
+    for p in (0, 1, 3):  # whole passes; pass 2 was cut by the step budget (3 of its 6 steps)
+        assert sorted(joined[p]) == list(range(96)), (p, joined[p])
+    assert len(joined[2]) == 48 and len(set(joined[2])) == 48
+    orders = [tuple(ranks[0][p][:8]) for p in range(4)]
+    assert len(set(orders)) == 4, orders
+    assert found["step"] == 15 and found["epoch"] == 3, found

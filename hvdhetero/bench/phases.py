@@ -116,9 +116,8 @@ def api_step(args, build, dataset, host: dict, chunk: int | None, run_dir: str):
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
 
     def batches():
-        while True:
+        while True:  # each pass over the loader outside job.epochs is the next epoch
             yield from loader
-            job.epoch += 1
 
     it = batches()
 

@@ -223,7 +223,8 @@ class Job:
 
     @property
     def epoch(self) -> int:
-        """The epoch in progress (job.epochs sets it)."""
+        """The epoch in progress: job.epochs sets it; a loop of its own over the prepared loader
+        (steps, not epochs) counts its passes, each dealt in a new order."""
         return self.train_state.epoch
 
     @epoch.setter

@@ -60,7 +60,7 @@ class Training:
                                             min_share=batches.fewest_samples(model))
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
                              worker_init_fn=data.worker_init_fn,
-                             on_item=self.on_item, epoch=lambda: self.train.epoch, before_step=self.before_step,
+                             on_item=self.on_item, epoch=self.pass_epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         self.optimizer = JobOptimizer(optimizer, step_state, before_step=self.stepped, after_step=self.after_step)
@@ -92,6 +92,7 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
+        self._passed = False  # a pass over the loader began outside job.epochs
 
     @property
     def elastic(self) -> bool:
@@ -130,6 +131,17 @@ class Training:
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
                 and self.strategy.between_rounds):
             elastic.commit(self)
+
+    def pass_epoch(self) -> int:
+        """The epoch a new pass over the loader deals (the sampler's shuffle and the global step
+        numbers follow it): job.epochs' own; outside it, as a DataLoader reshuffles at every
+        `iter()`, each pass after the first is the next epoch (a loop over steps, not epochs,
+        dealt the same order every pass, and a split decided in its last steps never came)."""
+        if not self.in_epochs:
+            if self._passed:
+                self.train.epoch += 1
+            self._passed = True
+        return self.train.epoch
 
     def merged(self, step: int, left: int) -> int:
         """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
