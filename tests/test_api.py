@@ -145,3 +145,18 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     orders = [tuple(ranks[0][p][:8]) for p in range(4)]
     assert len(set(orders)) == 4, orders
     assert found["step"] == 15 and found["epoch"] == 3, found
+
+
+def test_a_weighted_random_sampler_draws_by_weight_across_the_ranks(tmp_path):
+    """A DataLoader with torch's WeightedRandomSampler (the rare class weighted 9x: half the draws)
+    trains on two ranks as on one device: 200 draws an epoch in 10 steps, the rare samples about
+    half of them, a new draw each epoch (it was refused: "pass its dataset", which drops the
+    weights)."""
+    found = two_ranks("api_draws.py", "API_DRAWS", tmp_path)
+    ranks = found["dealt"]
+    assert found["steps"] == 10
+    for epoch in range(2):
+        drawn = ranks[0][epoch] + ranks[1][epoch]
+        assert len(drawn) == 200 and min(drawn) >= 0 and max(drawn) < 100
+        assert 0.35 < sum(label < 10 for label in drawn) / 200 < 0.65, drawn
+    assert ranks[0][0] != ranks[0][1]

@@ -30,7 +30,7 @@ def messages():
     ("dataset without a global batch", "ConfigError: job.prepare(model, optimizer, dataset): pass global_batch=, "
      "the samples of one step on all ranks together (or pass your training DataLoader: its batch_size is taken)"),
     ("loader with a sampler of its own", "ConfigError: job.prepare(): the DataLoader draws its batches with a "
-     "WeightedRandomSampler of its own, which two ranks cannot share"),
+     "DistributedSampler of its own, which two ranks cannot share"),
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]
@@ -76,7 +76,8 @@ def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     """job.prepare(model, optimizer, train_loader): its dataset, batch_size as the global batch,
     shuffle, drop_last, collate_fn, num_workers and worker_init_fn; what prepare is passed wins."""
     import torch
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+    from torch.utils.data import (BatchSampler, DataLoader, RandomSampler, SubsetRandomSampler, TensorDataset,
+                                  WeightedRandomSampler)
 
     from hvdhetero.errors import ConfigError
     from hvdhetero.rank.validate import Data, data_arguments
@@ -96,3 +97,12 @@ def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     assert data_arguments(own_batches, None, None, None) == Data(ds, 3, None, 0, None, shuffle=True, drop_last=True)
     with pytest.raises(ConfigError, match=r"the DataLoader has batch_size=None \(each item of its dataset is a whole "):
         data_arguments(DataLoader(ds, batch_size=None), None, None, None)
+    # torch's own ways to draw an epoch otherwise are kept, as a Draw every rank makes alike
+    weighted = data_arguments(DataLoader(ds, batch_size=4, sampler=WeightedRandomSampler([1.0] * 9 + [9.0], 30)),
+                              None, None, None).draw
+    assert (weighted.size, weighted.replacement, weighted.weights.tolist()) == (30, True, [1.0] * 9 + [9.0])
+    subset = data_arguments(DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler([1, 3, 5])), None, None, None).draw
+    assert (subset.size, subset.subset.tolist()) == (3, [1, 3, 5])
+    drawn = data_arguments(DataLoader(ds, batch_size=4, sampler=RandomSampler(ds, num_samples=25)), None, None, None)
+    assert (drawn.draw.size, drawn.draw.replacement, drawn.shuffle) == (25, False, True)
+    assert plain.draw is None

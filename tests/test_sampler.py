@@ -1,8 +1,9 @@
 """Weighted sampler and proportional split: coverage, disjointness, equal steps, determinism."""
 
 import pytest
+import torch
 
-from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
+from hvdhetero.rank.sampler import Draw, WeightedBatchSampler, proportional_split
 
 
 def epoch(n, sizes, seed=0, epoch_no=0, drop_last=False):
@@ -150,3 +151,40 @@ def test_a_steps_last_chunk_never_holds_fewer_samples_than_the_model_takes():
         return [len(batch) for batch in loader]
 
     assert chunks(1) == [40, 40, 1] and chunks(2) == [40, 41]
+
+
+def test_a_weighted_draw_is_the_same_sequence_on_every_rank_dealt_by_the_split():
+    """torch's WeightedRandomSampler in the script's DataLoader (an imbalanced dataset: the 10
+    rare samples weighted 9 times the 90 others): each epoch draws num_samples indices by weight
+    from the job's generator, the same on both ranks, and deals them by the split; every epoch
+    draws anew."""
+    weights = torch.tensor([9.0] * 10 + [1.0] * 90, dtype=torch.double)
+    draw = Draw(200, weights=weights, replacement=True)
+    samplers = [WeightedBatchSampler(100, [30, 10], r, seed=3, draw=draw) for r in range(2)]
+    assert len(samplers[0]) == 5  # 200 drawn a epoch, 40 a step
+    epochs = []
+    for epoch in range(2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        steps = [list(s) for s in samplers]
+        assert [len(i) for i in steps[0]] == [30] * 5 and [len(i) for i in steps[1]] == [10] * 5
+        dealt = [i for step in zip(*steps) for part in step for i in part]
+        assert dealt == samplers[0].order().tolist() == samplers[1].order().tolist()
+        epochs.append(dealt)
+    assert epochs[0] != epochs[1]
+    rare = sum(i < 10 for e in epochs for i in e) / 400
+    assert 0.4 < rare < 0.6, rare  # 10 * 9 / (10 * 9 + 90) = half of the draws
+
+
+def test_a_subset_draw_deals_each_of_its_indices_once_an_epoch():
+    """torch's SubsetRandomSampler (a split by indices): each epoch is a new order of the subset."""
+    subset = torch.arange(0, 100, 3)
+    samplers = [WeightedBatchSampler(100, [8, 4], r, seed=1, draw=Draw(len(subset), subset=subset)) for r in range(2)]
+    orders = []
+    for epoch in range(2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        dealt = [i for s in samplers for step in s for i in step]
+        assert sorted(dealt) == subset.tolist()
+        orders.append(samplers[0].order().tolist())
+    assert orders[0] != orders[1]

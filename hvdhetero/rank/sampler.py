@@ -10,27 +10,63 @@ proportion to b (largest remainder), so a rank may get none on that step; with
 loader's: a user's model may not take an empty batch) every rank gets at least one sample of the
 final step, and a final step too small for that is skipped. The split may change between steps
 (the balancer re-splits) as long as every rank sets the same split before the same step.
+
+A script's DataLoader may draw its epochs otherwise (`Draw`): with torch's WeightedRandomSampler
+(an imbalanced dataset's classes drawn by weight), a RandomSampler with replacement or
+num_samples, or a SubsetRandomSampler (a split by indices). Then the epoch is that sequence,
+drawn from the same (seed, epoch) generator on every rank, and dealt the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from hvdhetero.policy.split import proportional_split
 
 
+@dataclass(frozen=True)
+class Draw:
+    """How an epoch's indices are drawn when not as one permutation of the dataset: what torch's
+    WeightedRandomSampler, RandomSampler(replacement=True or num_samples=) or
+    SubsetRandomSampler of the script's DataLoader draws, with the job's generator."""
+
+    size: int
+    """Indices an epoch (the sampler's num_samples; the subset's length)."""
+    weights: torch.Tensor | None = None
+    """WeightedRandomSampler's weights (one a sample); None: every sample alike."""
+    replacement: bool = False
+    subset: torch.Tensor | None = None
+    """SubsetRandomSampler's indices: each epoch a permutation of them."""
+
+    def indices(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """One epoch's indices into a dataset of `n`, drawn from `gen` (the same on every rank)."""
+        if self.subset is not None:
+            return self.subset[torch.randperm(len(self.subset), generator=gen)]
+        if self.weights is not None:
+            return torch.multinomial(self.weights, self.size, self.replacement, generator=gen)
+        if self.replacement:
+            return torch.randint(n, (self.size,), generator=gen)
+        # without replacement, more than n: whole permutations one after another (as torch's)
+        return torch.cat([torch.randperm(n, generator=gen) for _ in range(-(-self.size // n))])[: self.size]
+
+
 class WeightedBatchSampler:
     """Yields this rank's list of dataset indices for each step of an epoch."""
 
     def __init__(self, dataset_size: int, batch_sizes: Sequence[int], rank: int, *,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, min_share: int = 0):
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, min_share: int = 0,
+                 draw: Draw | None = None):
         if dataset_size <= 0:
             raise ValueError(f"dataset is empty (size {dataset_size})")
         if not 0 <= rank < len(batch_sizes):
             raise ValueError(f"rank {rank} outside 0..{len(batch_sizes) - 1}")
-        self.n, self.rank, self.seed = dataset_size, rank, seed
+        self.dataset_size, self.draw = dataset_size, draw
+        self.n = draw.size if draw is not None else dataset_size
+        """Indices an epoch."""
+        self.rank, self.seed = rank, seed
         self.shuffle, self.drop_last, self.min_share = shuffle, drop_last, min_share
         self.epoch = 0
         self.set_batch_sizes(batch_sizes)
@@ -62,10 +98,12 @@ class WeightedBatchSampler:
         return proportional_split(max(0, self.n - start), self.batch_sizes, self.min_share)
 
     def order(self) -> torch.Tensor:
-        """This epoch's permutation of the dataset (the same on every rank)."""
-        if not self.shuffle:
+        """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
+        if not self.shuffle and self.draw is None:
             return torch.arange(self.n)
         gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        if self.draw is not None:
+            return self.draw.indices(self.dataset_size, gen)
         return torch.randperm(self.n, generator=gen)
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -56,7 +56,7 @@ class Training:
         # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
         # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
         self.sampler = WeightedBatchSampler(len(data.dataset), self.balancer.split, self.rank, seed=config.seed,
-                                            shuffle=data.shuffle, drop_last=data.drop_last,
+                                            shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw,
                                             min_share=batches.fewest_samples(model))
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
                              worker_init_fn=data.worker_init_fn,

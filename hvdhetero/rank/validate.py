@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
 
 from hvdhetero.errors import ConfigError
+from hvdhetero.rank.sampler import Draw
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class Data:
     worker_init_fn: Callable | None = None
     shuffle: bool = True
     """Every epoch in a new order (--seed's); False: the dataset's order, dealt by speed."""
+    draw: Draw | None = None
+    """The DataLoader's own way to draw an epoch (WeightedRandomSampler, ...), drawn alike on every rank."""
     drop_last: bool = False
     """An epoch's short last step is left out."""
 
@@ -33,8 +37,10 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
     """What job.prepare was given: a dataset with global_batch=, or the script's training
     DataLoader (as accelerate's prepare takes one), whose dataset, batch_size (the global batch:
     what one device took a step), shuffle, drop_last, collate_fn, num_workers and worker_init_fn
-    are kept; what is passed as well wins. A sampler of its own cannot be shared by ranks that
-    are dealt their parts of every global batch by index: refused, saying so."""
+    are kept; what is passed as well wins. Its sampler's way to draw an epoch is kept too where
+    torch's own samplers say it (`draw`); another sampler of its own (a DistributedSampler, a
+    class of the script's) cannot be shared by ranks that are dealt their parts of every global
+    batch by index: refused, saying so."""
     if not isinstance(data, DataLoader):
         if global_batch is None:
             raise ConfigError("job.prepare(model, optimizer, dataset): pass global_batch=, the samples of one "
@@ -48,19 +54,31 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
                           "batch), but hvdhetero deals the samples of every global batch to the ranks by speed: "
                           "give it a dataset of samples and batch_size=, or pass that dataset with global_batch=")
     sampler = batches.sampler if type(batches) is BatchSampler else batches
-    if type(sampler) not in (RandomSampler, SequentialSampler) or (
-            isinstance(sampler, RandomSampler) and (sampler.replacement or sampler._num_samples is not None)):
-        what = ("RandomSampler with replacement or num_samples" if isinstance(sampler, RandomSampler)
-                else type(sampler).__name__)
-        raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {what} of its own, "
-                          "which two ranks cannot share: hvdhetero deals each rank its part of every global batch "
-                          "(every sample once an epoch, shuffled); pass its dataset and global_batch= instead "
-                          "(job.prepare(model, optimizer, loader.dataset, global_batch=...))")
+    draw = drawn(sampler)
+    if type(sampler) not in (RandomSampler, SequentialSampler) and draw is None:
+        raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {type(sampler).__name__} of its "
+                          "own, which two ranks cannot share: hvdhetero deals each rank its part of every global "
+                          "batch (every sample once an epoch, shuffled; torch's WeightedRandomSampler, "
+                          "SubsetRandomSampler and RandomSampler are drawn alike on every rank); pass its dataset "
+                          "and global_batch= instead (job.prepare(model, optimizer, loader.dataset, global_batch=...))")
     if collate_fn is None and data.collate_fn is not torch.utils.data.default_collate:
         collate_fn = data.collate_fn
     return Data(data.dataset, global_batch if global_batch is not None else batches.batch_size, collate_fn,
                 num_workers if num_workers is not None else data.num_workers, data.worker_init_fn,
-                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last)
+                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw)
+
+
+def drawn(sampler) -> Draw | None:
+    """How torch's `sampler` draws an epoch, where that is not one permutation of the dataset
+    (a RandomSampler without replacement or num_samples, a SequentialSampler: None)."""
+    kind = type(sampler)
+    if kind is WeightedRandomSampler:
+        return Draw(sampler.num_samples, weights=sampler.weights, replacement=sampler.replacement)
+    if kind is SubsetRandomSampler:
+        return Draw(len(sampler.indices), subset=torch.as_tensor(list(sampler.indices), dtype=torch.long))
+    if kind is RandomSampler and (sampler.replacement or sampler._num_samples is not None):
+        return Draw(sampler.num_samples, replacement=sampler.replacement)
+    return None
 
 
 def prepare_arguments(model, optimizer, dataset, global_batch, device: torch.device, ranks: int) -> None:

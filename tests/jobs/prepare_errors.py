@@ -5,7 +5,8 @@ import json
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 import hvdhetero as hh
 
@@ -26,7 +27,7 @@ cases = {
     "iterable dataset": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), Stream()),
     "dataset without a global batch": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), data),
     "loader with a sampler of its own": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), DataLoader(
-        data, batch_size=10, sampler=WeightedRandomSampler([1.0] * 100, 100))),
+        data, batch_size=10, sampler=DistributedSampler(data, num_replicas=2, rank=0))),  # a DDP script's
 }
 batches = {"dataset smaller than the global batch": 101, "global batch below the ranks": 0,
            "dataset without a global batch": None, "loader with a sampler of its own": None}
