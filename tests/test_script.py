@@ -125,6 +125,12 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     # torch's AveragedModel updated in the loop body: an EMA of the 12 steps, not of 36 chunks (it
     # decayed 3 times a step), and one EMA on both ranks
     assert [r["ema_updates"] for r in ranks] == [12, 12] and ranks[0]["ema"] == ranks[1]["ema"], ranks
+    # a per-batch LR scheduler the script steps in the loop body, not passed to job.prepare: once a
+    # step too (36 times before: a OneCycleLR sized for the run's steps raised "Tried to step ...
+    # times"), and the console says once that the checkpoints do not hold it
+    assert [r["warmup_steps"] for r in ranks] == [12, 12], ranks
+    assert proc.stdout.count("hvdhetero: the LambdaLR on the job's optimizer is in no checkpoint: pass it as "
+                             "job.prepare(..., scheduler=)") == 1, proc.stdout
     bad = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "x",
                           "--env", "WILD_UNSET_HERE", "--", "--out", out], capture_output=True, text=True,
                          timeout=120, env={k: v for k, v in env.items() if k != "WILD_UNSET_HERE"})

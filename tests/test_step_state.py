@@ -101,3 +101,54 @@ def test_the_scripts_own_optimizer_steps_as_the_prepared_one_does():
         before.step()
     assert own.param_groups[0]["lr"] == 0.5
     assert prepared.param_groups is own.param_groups
+
+
+def test_every_scheduler_on_the_jobs_optimizer_steps_once_a_step_passed_to_prepare_or_not(capsys):
+    """A warm-up then cosine SequentialLR and a ReduceLROnPlateau built on the script's optimizer,
+    neither passed to job.prepare, stepped in a loop of 4 steps of 3 chunks: the sequence moves
+    once a step (it moved once a chunk, reached its cosine phase at step 4 of 10 and a OneCycleLR
+    raised "Tried to step 41 times"), its two parts as SequentialLR steps them, the plateau once;
+    one on another optimizer is torch's; each of the job's says once that no checkpoint holds it."""
+    import torch
+
+    from hvdhetero.rank import scheduling
+    from hvdhetero.rank.optimizer import JobOptimizer
+
+    weight, other = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    own = torch.optim.SGD([weight], lr=1.0)
+    state = StepState()
+    JobOptimizer(own, state, lambda: True, lambda: None)
+    scheduling.take_over(state, saved=[])
+    try:
+        warm = torch.optim.lr_scheduler.LinearLR(own, 0.1, 1.0, total_iters=10)
+        cos = torch.optim.lr_scheduler.CosineAnnealingLR(own, T_max=30)
+        sequence = torch.optim.lr_scheduler.SequentialLR(own, [warm, cos], milestones=[10])
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(own)
+        another = torch.optim.SGD([other], lr=1.0)
+        elsewhere = torch.optim.lr_scheduler.StepLR(another, step_size=1)
+        for step in range(4):
+            for chunk in range(3):
+                state.chunk_given(item(step, chunk=chunk, chunks=3))
+                state.backward_done(last=chunk == 2)
+                weight.grad = torch.ones(2)
+                own.step()
+                own.zero_grad()
+                sequence.step()
+                another.step()
+                elsewhere.step()
+        plateau.step(1.0)
+    finally:
+        scheduling.release()
+    # as one device: the same schedulers stepped 4 times, once a step
+    alone = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0)
+    one = [torch.optim.lr_scheduler.LinearLR(alone, 0.1, 1.0, total_iters=10),
+           torch.optim.lr_scheduler.CosineAnnealingLR(alone, T_max=30)]
+    one_sequence = torch.optim.lr_scheduler.SequentialLR(alone, one, milestones=[10])
+    for _ in range(4):
+        alone.step()
+        one_sequence.step()
+    assert [s.last_epoch for s in (sequence, warm, cos)] == [s.last_epoch for s in (one_sequence, *one)]
+    assert own.param_groups[0]["lr"] == alone.param_groups[0]["lr"] < 1.0
+    assert plateau.last_epoch == 1 and elsewhere.last_epoch == 12
+    said = capsys.readouterr().out
+    assert said.count("is in no checkpoint") == 2 and "the SequentialLR on" in said and "ReduceLROnPlateau" in said

@@ -37,7 +37,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision,
-                            records, resume, start, validate)
+                            records, resume, scheduling, start, validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.registry import Registry, TrainState
@@ -104,13 +104,14 @@ class Job:
         equal split and balance from the first steps' timings instead.
 
         With micro-batches the loader yields a step's share in chunks and the optimizer steps on
-        the last; an LR scheduler you step every batch must be passed as `scheduler=` so that it
-        too steps once per global step (one stepped per epoch needs nothing)."""
+        the last; an LR scheduler on the optimizer steps once per global step too (one stepped
+        per epoch is stepped once); pass it as `scheduler=` so that checkpoints hold it."""
         if self.training is not None:
             raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
         data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
         validate.prepare_arguments(model, optimizer, data.dataset, data.global_batch, self.device, self.size)
         broadcast_state(model, optimizer)
+        scheduling.install()  # before Training wraps a `scheduler=`: what it steps in turn is torch's
         cfg = self.config
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
         begun = start.calibrate(cfg, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
@@ -122,6 +123,7 @@ class Job:
         self.strategy = t.strategy
         clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
         averaging.take_over(self.step_state)  # torch's AveragedModel (an EMA) averages once a step
+        scheduling.take_over(self.step_state, [scheduler, *self._tracked.parts.values()])  # so do LR schedulers
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
         resumed = elastic.rejoin(t) if t.elastic else None
         if resumed is None and cfg.resume:
@@ -299,6 +301,7 @@ class Job:
         self.records.close()
         clipping.release()  # torch's clip no longer calls this Job's (the next job.prepare takes it over)
         averaging.release()
+        scheduling.release()
 
     def _end_epoch(self, more: bool) -> None:
         if self.training is not None:

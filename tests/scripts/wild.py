@@ -38,6 +38,7 @@ train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1400] / 16.0, dtype=t
 model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                       nn.Linear(8 * 64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))  # per batch, not prepared
 if args.own_optimizer:
     model, _, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size)
 else:
@@ -55,6 +56,7 @@ for epoch in job.epochs(args.epochs):
         norms.append(float(job.clip_grad_norm_(5.0)))  # a number on every batch, micro-batches or not
         optimizer.step()
         optimizer.zero_grad()
+        warmup.step()  # once a step, not once a chunk (rank/scheduling.py)
         ends += job.sync_gradients  # where an EMA of one's own would be updated: once a step, not once a chunk
         ema.update_parameters(model)  # torch's EMA: averages once a step (rank/averaging.py)
         if job.is_main and i == 2:
@@ -62,7 +64,7 @@ for epoch in job.epochs(args.epochs):
             if args.evaluate_on_rank_0_only:
                 job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"sizes": sizes, "norms": norms, "steps": job.step, "ends": ends, "ema_updates": int(ema.n_averaged),
+    json.dump({"sizes": sizes, "norms": norms, "steps": job.step, "ends": ends, "ema_updates": int(ema.n_averaged), "warmup_steps": warmup.last_epoch,
                "ema": [round(p.double().sum().item(), 12) for p in ema.module.parameters()],
                "final": [round(p.double().sum().item(), 12) for p in model.parameters()], "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
                "home": os.environ.get("HOME")}, f)

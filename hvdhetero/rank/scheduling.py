@@ -1,0 +1,93 @@
+"""An LR scheduler on the job's optimizer steps once a global step, passed to job.prepare or not.
+
+A one-device script steps its per-batch scheduler (OneCycleLR, a warm-up LambdaLR, Hugging
+Face's linear schedule) after `optimizer.step()` in the loop body. With micro-batches the loop
+body runs once a chunk: the scheduler ran k times a step, torch warned that it stepped before
+the optimizer, and a OneCycleLR ended the job with "Tried to step 41 times". So every scheduler
+built on the prepared optimizer (or on the script's own object job.prepare took) steps as the
+prepared `scheduler=` does (step_state.OncePerStep): nothing between a step's chunks, and a
+merged step's count of steps. One the checkpoints do not hold (not `scheduler=`, not
+`job.track`ed) is said once: a --resume would start its schedule over.
+
+Replaced on torch's LRScheduler class (and its subclasses' own steps) by job.prepare, before it
+wraps a `scheduler=`; a scheduler on another optimizer, torch's first step in a scheduler's
+__init__, the schedulers a SequentialLR or ChainedScheduler steps, and any stepped without a
+prepared job are torch's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hvdhetero.rank import current
+from hvdhetero.rank.optimizer import prepared_of
+from hvdhetero.rank.step_state import OncePerStep, StepState
+
+
+class _Job:
+    """The prepared job's place inside its step, and the schedulers its checkpoints hold."""
+
+    state: StepState | None = None
+    saved: set[int] = set()
+    said: set[int] = set()
+    nested = 0
+    """Inside torch's step of a scheduler: the schedulers it steps are torch's (SequentialLR's)."""
+
+
+def take_over(state: StepState, saved: list) -> None:
+    """job.prepare: schedulers on its optimizer step once a step from now on; `saved`: the
+    objects its checkpoints hold (the prepared scheduler, job.track's)."""
+    install()
+    _Job.state, _Job.saved = state, {id(obj) for obj in saved if obj is not None}
+
+
+def release() -> None:
+    """The job is over (an elastic reset drops it): every scheduler is torch's again."""
+    _Job.state, _Job.saved = None, set()
+
+
+def install() -> None:
+    """Replace torch's LRScheduler.step, and the step of each of its subclasses that has its own
+    (SequentialLR, ChainedScheduler, CosineAnnealingWarmRestarts, ReduceLROnPlateau; once a process)."""
+    base = torch.optim.lr_scheduler.LRScheduler
+    for cls in (base, *_subclasses(base)):
+        own = cls.__dict__.get("step")
+        if own is not None and getattr(own, "_hvdhetero_torch", None) is None:
+            cls.step = _once_a_step(own)
+
+
+def _once_a_step(torchs):
+    """`torchs` (a scheduler class's own step) as every scheduler on the job's optimizer steps."""
+    def step(self, *args, **kwargs):
+        state = _Job.state
+        if (_Job.nested or state is None or getattr(self, "_is_initial", False)  # torch's first step, in __init__
+                or isinstance(self.__dict__.get("step"), OncePerStep)  # job.prepare(scheduler=)'s own
+                or prepared_of(getattr(self, "optimizer", None)) is None):
+            return _torchs(torchs, self, args, kwargs)
+        if id(self) not in _Job.saved | _Job.said:
+            _Job.said.add(id(self))
+            if current.job is None or current.job.is_main:
+                print(f"hvdhetero: the {type(self).__name__} on the job's optimizer is in no checkpoint: pass it as "
+                      "job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its schedule",
+                      flush=True)
+        return OncePerStep(lambda *a, **k: _torchs(torchs, self, a, k), state)(*args, **kwargs)
+
+    step.__doc__ = torchs.__doc__
+    step._hvdhetero_torch = torchs
+    return step
+
+
+def _torchs(torchs, scheduler, args, kwargs):
+    """torch's step; the schedulers it steps in turn (SequentialLR's, ChainedScheduler's) are torch's too."""
+    _Job.nested += 1
+    try:
+        return torchs(scheduler, *args, **kwargs)
+    finally:
+        _Job.nested -= 1
+
+
+def _subclasses(cls) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
