@@ -96,9 +96,12 @@ class Balancer:
     force's by this fraction, the model's `threshold`: a smaller lead over 8 steps may be noise."""
     trials: bool = True
     """Whether the moving average's moves are tried before they are kept (`trial_wait`)."""
+    trial_steps: int = 8
+    """Steps a trial runs, and steps of the split in force it is measured against (local/diloco:
+    rounds, each the mean of H steps: fewer)."""
     trial_wait: int = 15
     """Least steps, after a trial move that measured no faster, before the next. The moving
-    average's move is tried for `probe_steps` steps and kept only when its typical step time beats
+    average's move is tried for `trial_steps` steps and kept only when its typical step time beats
     that of the split's latest steps before it by `confidence` / 2 standard errors; else that split
     comes back. The moving average takes a busy host's spikes for a slower rank (simulated at
     K=3, the fast host busy: its moves cost 11-14% against the better of the equal and the
@@ -114,6 +117,8 @@ class Balancer:
     solved with the whole a_i every step starves the slow rank: it is cheaper than modelled)."""
     merge_limit: int = 0
     """With `merges`: the most steps a merge spans (H: a merge never passes a round's end; 0: no limit)."""
+    noise: list[float] | None = None
+    """Each rank's timing noise at calibration (its probes' standard error, seconds); None: unknown."""
     history: list[tuple[int, list[int]]] = field(default_factory=list)
     """(step, split) for the initial split and every change, for the metrics."""
     reason: str = field(default="equal split", init=False)
@@ -206,6 +211,9 @@ class Balancer:
         the probes' `noise` (each rank's standard error, seconds)."""
         self.overhead = [max(0.0, float(a)) for a in overhead]
         self.seconds_per_sample = [max(float(p), 1e-9) for p in seconds_per_sample]
+        if noise is not None:
+            self.noise = list(noise)
+        noise = self.noise  # a later calibration (--inner-steps by-speed's) weighs the probes' noise too
         target = self.target()
         now = self.step_time(self.split)
         predicted = [a + p * n for a, p, n in zip(self.overheads(self.split), self.seconds_per_sample, self.split)]
@@ -367,17 +375,17 @@ class Balancer:
 
     def _start_trial(self, target: list[int], step: int, reason: str) -> list[int] | None:
         """The model's move, to be kept only if it measures faster (`trial_wait`); None while the
-        last trial that did not pay still waits out its time. Straight to `target` when too few
-        steps ran the split in force to measure it against."""
+        last trial that did not pay still waits out its time, or while too few steps ran the split
+        in force to measure it against (a move straight away there chained untried moves)."""
         if not self.trials:
             return self._move(target, step, reason)
         failed = self._failed_trials
         if failed and self._steps - self._trial_end < self.trial_wait * 2 ** min(failed - 1, 3):
             return None
         before = [seconds for sizes, seconds in self._recent if sizes == self.split]
-        if len(before) < self.probe_steps:
-            return self._move(target, step, reason)
-        self._trial = before[-self.probe_steps:]  # the latest: the speeds may have just changed
+        if len(before) < self.trial_steps:
+            return None
+        self._trial = before[-self.trial_steps:]  # the latest: the speeds may have just changed
         return self._start_probe(target, step, reason)
 
     def _trial_verdict(self, step: int) -> list[int] | None:
@@ -385,7 +393,7 @@ class Balancer:
         noise), else go back to that one and wait longer before the next trial."""
         before, self._trial = self._trial, None
         tried, left, self._probe, self._trial_end = self.split, self._left, None, self._steps
-        self._lag = self._steps - self._probe_start - self.probe_steps
+        self._lag = self._steps - self._probe_start - self.trial_steps
         (ours, ours_se), (theirs, theirs_se) = typical_se([m for m, _ in self._probed]), typical_se(before)
         if theirs - ours > self.confidence / 2 * (ours_se ** 2 + theirs_se ** 2) ** 0.5:
             self._failed_trials = 0
@@ -402,7 +410,7 @@ class Balancer:
     def _verdict(self, step: int) -> list[int] | None:
         """Once `probe_steps` steps ran the probed split: keep whichever split has the lower
         typical step time (the probed one only by `margin`), and say which and why."""
-        if len(self._probed) < self.probe_steps:
+        if len(self._probed) < (self.trial_steps if self._trial is not None else self.probe_steps):
             return None
         if self._trial is not None:
             return self._trial_verdict(step)

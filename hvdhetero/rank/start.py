@@ -90,6 +90,7 @@ def sync_mode(config: JobConfig, records: RunRecords, begun: Begun,
         # small, sustained imbalance is corrected count as rounds (20 rounds of 32 steps held a
         # 12x-slower rank 9% behind for the whole benchmark).
         balancer.settle = max(3, -(-balancer.settle // every))
+        balancer.trial_steps = 3  # a trial's rounds, each the mean of H steps
         if inner == "by-speed":
             balancer.merge_limit = every
     return kind, every, overlap, inner
