@@ -100,8 +100,15 @@ def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     # torch's own ways to draw an epoch otherwise are kept, as a Draw every rank makes alike
     weighted = data_arguments(DataLoader(ds, batch_size=4, sampler=WeightedRandomSampler([1.0] * 9 + [9.0], 30)),
                               None, None, None).draw
-    assert (weighted.size, weighted.replacement, weighted.weights.tolist()) == (30, True, [1.0] * 9 + [9.0])
-    subset = data_arguments(DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler([1, 3, 5])), None, None, None).draw
+    assert (weighted.size, weighted.replacement, weighted.sampler.weights.tolist()) == (30, True, [1.0] * 9 + [9.0])
+    with pytest.raises(ConfigError, match=r"WeightedRandomSampler has replacement=False, which torch draws through a "
+                                          r"random stream that differs between a Mac's and a PC's build"):
+        data_arguments(DataLoader(ds, batch_size=4, sampler=WeightedRandomSampler([1.0] * 10, 5, replacement=False)),
+                       None, None, None)
+    with pytest.raises(ConfigError, match=r"the DataLoader's SubsetRandomSampler draws 3 samples an epoch, fewer than "
+                                          r"one global batch \(4\)"):
+        data_arguments(DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler([1, 3, 5])), None, None, None)
+    subset = data_arguments(DataLoader(ds, batch_size=2, sampler=SubsetRandomSampler([1, 3, 5])), None, None, None).draw
     assert (subset.size, subset.subset.tolist()) == (3, [1, 3, 5])
     drawn = data_arguments(DataLoader(ds, batch_size=4, sampler=RandomSampler(ds, num_samples=25)), None, None, None)
     assert (drawn.draw.size, drawn.draw.replacement, drawn.shuffle) == (25, False, True)

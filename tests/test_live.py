@@ -174,6 +174,10 @@ def test_a_scripts_cuda_autocast_on_a_rank_without_cuda_is_said_to_run_in_float3
         assert len(said) == 1 and said[0].startswith(f"hvdhetero: rank {rank} runs the script's "
                                                      'torch.autocast("cuda") in float32'), shown.calls
         assert "job.autocast()" in said[0] and "--precision fp16 or bf16" in said[0]
+    other = "UserWarning: In CPU autocast, but the target dtype is not supported. Disabling autocast."
+    shown = Shown()
+    console.relay([f"[1]<stderr>:/venv/torch/amp/autocast_mode.py:299: {other}\n"], shown, hidden_note="held back")
+    assert not [c for c in shown.calls if c[0] == "echo" and "float32" in c[1]], shown.calls
 
 
 def test_all_ranks_output_tags_every_other_ranks_line():

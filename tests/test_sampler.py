@@ -158,8 +158,8 @@ def test_a_weighted_draw_is_the_same_sequence_on_every_rank_dealt_by_the_split()
     rare samples weighted 9 times the 90 others): each epoch draws num_samples indices by weight
     from the job's generator, the same on both ranks, and deals them by the split; every epoch
     draws anew."""
-    weights = torch.tensor([9.0] * 10 + [1.0] * 90, dtype=torch.double)
-    draw = Draw(200, weights=weights, replacement=True)
+    weights = torch.utils.data.WeightedRandomSampler([9.0] * 10 + [1.0] * 90, 200)
+    draw = Draw(200, sampler=weights, replacement=True)
     samplers = [WeightedBatchSampler(100, [30, 10], r, seed=3, draw=draw) for r in range(2)]
     assert len(samplers[0]) == 5  # 200 drawn a epoch, 40 a step
     epochs = []
@@ -188,3 +188,14 @@ def test_a_subset_draw_deals_each_of_its_indices_once_an_epoch():
         assert sorted(dealt) == subset.tolist()
         orders.append(samplers[0].order().tolist())
     assert orders[0] != orders[1]
+
+
+def test_a_weighted_draw_reads_the_samplers_weights_each_epoch():
+    """A script that reweighs its WeightedRandomSampler between epochs (a curriculum) is drawn
+    by the weights it holds then."""
+    weights = torch.utils.data.WeightedRandomSampler([1.0] * 100, 50)
+    s = WeightedBatchSampler(100, [10], 0, seed=0, draw=Draw(50, sampler=weights, replacement=True))
+    assert max(s.order().tolist()) >= 50
+    weights.weights = torch.tensor([1.0] * 50 + [0.0] * 50, dtype=torch.double)
+    s.set_epoch(1)
+    assert max(s.order().tolist()) < 50

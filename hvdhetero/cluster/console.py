@@ -145,15 +145,16 @@ STALLED = re.compile(r"^(\d+)!?: \[(.*)\]$")
 def device_hint(rank: int, warning: str) -> str:
     """What a warning of torch's about the rank's device means for the run, or "": a script's
     `torch.autocast("cuda")` on a rank without CUDA (the Mac's mps, a CPU) runs in float32 there."""
-    if AUTOCAST_OFF not in warning:
+    if not all(words in warning for words in AUTOCAST_OFF):
         return ""
     return (f"hvdhetero: rank {rank} runs the script's torch.autocast(\"cuda\") in float32 (its device is not "
             "CUDA); `with job.autocast():` and --precision fp16 or bf16 give every rank its own device's mixed "
             "precision (docs/api.md)\n")
 
 
-AUTOCAST_OFF = "Disabling autocast"
-"""torch's warning when `torch.autocast("cuda")` runs where CUDA is not."""
+AUTOCAST_OFF = ("CUDA is not available", "Disabling autocast")
+"""torch's warning when `torch.autocast("cuda")` runs where CUDA is not (not its other "Disabling
+autocast", for a dtype the device does not take)."""
 
 
 def stall_hint(rank: int, names: str, seconds: int = 60) -> str:

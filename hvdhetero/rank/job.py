@@ -226,7 +226,8 @@ class Job:
     @property
     def epoch(self) -> int:
         """The epoch in progress: job.epochs sets it; a loop of its own over the prepared loader
-        (steps, not epochs) counts its passes, each dealt in a new order."""
+        (steps, not epochs) counts its passes, each dealt in a new order (a pass begun and left,
+        as `next(iter(loader))` is, counts too)."""
         return self.train_state.epoch
 
     @epoch.setter

@@ -12,15 +12,17 @@ final step, and a final step too small for that is skipped. The split may change
 (the balancer re-splits) as long as every rank sets the same split before the same step.
 
 A script's DataLoader may draw its epochs otherwise (`Draw`): with torch's WeightedRandomSampler
-(an imbalanced dataset's classes drawn by weight), a RandomSampler with replacement or
+(an imbalanced dataset's classes drawn by weight, with replacement), a RandomSampler with replacement or
 num_samples, or a SubsetRandomSampler (a split by indices). Then the epoch is that sequence,
 drawn from the same (seed, epoch) generator on every rank, and dealt the same way.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,25 +32,27 @@ from hvdhetero.policy.split import proportional_split
 @dataclass(frozen=True)
 class Draw:
     """How an epoch's indices are drawn when not as one permutation of the dataset: what torch's
-    WeightedRandomSampler, RandomSampler(replacement=True or num_samples=) or
-    SubsetRandomSampler of the script's DataLoader draws, with the job's generator."""
+    WeightedRandomSampler (with replacement), RandomSampler(replacement=True or num_samples=) or
+    SubsetRandomSampler of the script's DataLoader draws, from the job's (seed, epoch). Draws with
+    replacement come from Python's own generator, the same on every platform (torch's multinomial
+    and exponential_ draw through MKL's stream on x86, not on a Mac's arm64)."""
 
     size: int
     """Indices an epoch (the sampler's num_samples; the subset's length)."""
-    weights: torch.Tensor | None = None
-    """WeightedRandomSampler's weights (one a sample); None: every sample alike."""
+    sampler: Any = None
+    """A WeightedRandomSampler, whose `weights` are read at every epoch (a script may reweigh)."""
     replacement: bool = False
     subset: torch.Tensor | None = None
     """SubsetRandomSampler's indices: each epoch a permutation of them."""
 
-    def indices(self, n: int, gen: torch.Generator) -> torch.Tensor:
-        """One epoch's indices into a dataset of `n`, drawn from `gen` (the same on every rank)."""
+    def indices(self, n: int, seed: int) -> torch.Tensor:
+        """One epoch's indices into a dataset of `n`, drawn from `seed` (the same on every rank)."""
+        if self.replacement:
+            weights = self.sampler.weights.tolist() if self.sampler is not None else None
+            return torch.tensor(random.Random(seed).choices(range(n), weights=weights, k=self.size))
+        gen = torch.Generator().manual_seed(seed)
         if self.subset is not None:
             return self.subset[torch.randperm(len(self.subset), generator=gen)]
-        if self.weights is not None:
-            return torch.multinomial(self.weights, self.size, self.replacement, generator=gen)
-        if self.replacement:
-            return torch.randint(n, (self.size,), generator=gen)
         # without replacement, more than n: whole permutations one after another (as torch's)
         return torch.cat([torch.randperm(n, generator=gen) for _ in range(-(-self.size // n))])[: self.size]
 
@@ -101,10 +105,10 @@ class WeightedBatchSampler:
         """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
         if not self.shuffle and self.draw is None:
             return torch.arange(self.n)
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        seed = self.seed * 100_003 + self.epoch
         if self.draw is not None:
-            return self.draw.indices(self.dataset_size, gen)
-        return torch.randperm(self.n, generator=gen)
+            return self.draw.indices(self.dataset_size, seed)
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self.order()

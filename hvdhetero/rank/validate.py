@@ -54,7 +54,7 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
                           "batch), but hvdhetero deals the samples of every global batch to the ranks by speed: "
                           "give it a dataset of samples and batch_size=, or pass that dataset with global_batch=")
     sampler = batches.sampler if type(batches) is BatchSampler else batches
-    draw = drawn(sampler)
+    draw = drawn(sampler, batches.batch_size if global_batch is None else global_batch)
     if type(sampler) not in (RandomSampler, SequentialSampler) and draw is None:
         raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {type(sampler).__name__} of its "
                           "own, which two ranks cannot share: hvdhetero deals each rank its part of every global "
@@ -68,17 +68,29 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
                 shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw)
 
 
-def drawn(sampler) -> Draw | None:
+def drawn(sampler, global_batch: int | None) -> Draw | None:
     """How torch's `sampler` draws an epoch, where that is not one permutation of the dataset
-    (a RandomSampler without replacement or num_samples, a SequentialSampler: None)."""
+    (a RandomSampler without replacement or num_samples, a SequentialSampler: None). Refused,
+    with the fix: a WeightedRandomSampler without replacement (torch draws it through a random
+    stream that differs between a Mac's and a PC's build), an epoch shorter than a global batch."""
     kind = type(sampler)
     if kind is WeightedRandomSampler:
-        return Draw(sampler.num_samples, weights=sampler.weights, replacement=sampler.replacement)
-    if kind is SubsetRandomSampler:
-        return Draw(len(sampler.indices), subset=torch.as_tensor(list(sampler.indices), dtype=torch.long))
-    if kind is RandomSampler and (sampler.replacement or sampler._num_samples is not None):
-        return Draw(sampler.num_samples, replacement=sampler.replacement)
-    return None
+        if not sampler.replacement:
+            raise ConfigError("job.prepare(): the DataLoader's WeightedRandomSampler has replacement=False, which "
+                              "torch draws through a random stream that differs between a Mac's and a PC's build, "
+                              "so two ranks could not draw one epoch alike: use replacement=True (its default)")
+        draw = Draw(sampler.num_samples, sampler=sampler, replacement=True)
+    elif kind is SubsetRandomSampler:
+        draw = Draw(len(sampler.indices), subset=torch.as_tensor(list(sampler.indices), dtype=torch.long))
+    elif kind is RandomSampler and (sampler.replacement or sampler._num_samples is not None):
+        draw = Draw(sampler.num_samples, replacement=sampler.replacement)
+    else:
+        return None
+    if global_batch and draw.size < global_batch:
+        raise ConfigError(f"job.prepare(): the DataLoader's {kind.__name__} draws {draw.size} samples an epoch, fewer "
+                          f"than one global batch ({global_batch}): no step of the epoch would be whole; draw more "
+                          "(num_samples=, a bigger subset) or take a smaller batch_size")
+    return draw
 
 
 def prepare_arguments(model, optimizer, dataset, global_batch, device: torch.device, ranks: int) -> None:
