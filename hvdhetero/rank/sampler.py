@@ -35,7 +35,7 @@ class Draw:
     WeightedRandomSampler (with replacement), RandomSampler(replacement=True or num_samples=) or
     SubsetRandomSampler of the script's DataLoader draws, from the job's (seed, epoch). Draws with
     replacement come from Python's own generator, the same on every platform (torch's multinomial
-    and exponential_ draw through MKL's stream on x86, not on a Mac's arm64)."""
+    can draw through MKL's stream on x86, which a Mac's arm64 build has not)."""
 
     size: int
     """Indices an epoch (the sampler's num_samples; the subset's length)."""
@@ -49,7 +49,8 @@ class Draw:
         """One epoch's indices into a dataset of `n`, drawn from `seed` (the same on every rank)."""
         if self.replacement:
             weights = self.sampler.weights.tolist() if self.sampler is not None else None
-            return torch.tensor(random.Random(seed).choices(range(n), weights=weights, k=self.size))
+            population = range(len(weights)) if weights is not None else range(n)  # torch's: one index a weight
+            return torch.tensor(random.Random(seed).choices(population, weights=weights, k=self.size))
         gen = torch.Generator().manual_seed(seed)
         if self.subset is not None:
             return self.subset[torch.randperm(len(self.subset), generator=gen)]
