@@ -152,3 +152,40 @@ def test_every_scheduler_on_the_jobs_optimizer_steps_once_a_step_passed_to_prepa
     assert plateau.last_epoch == 1 and elsewhere.last_epoch == 12
     said = capsys.readouterr().out
     assert said.count("is in no checkpoint") == 2 and "the SequentialLR on" in said and "ReduceLROnPlateau" in said
+
+
+def test_two_schedulers_on_the_jobs_optimizer_each_count_a_merged_steps_steps():
+    """--inner-steps by-speed: a merged optimizer step stands for 3 global steps, and each of two
+    per-step schedulers on the optimizer moves 3 (the second moved 1: the first had taken the
+    shared count). Neither holds anything of ours: their state_dict() saves as torch's."""
+    import io
+
+    import torch
+
+    from hvdhetero.rank import scheduling
+    from hvdhetero.rank.optimizer import JobOptimizer
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    own = torch.optim.SGD([weight], lr=1.0)
+    state = StepState()
+
+    def stepped():  # as Training.stepped counts an optimizer step
+        state.updates += 1
+        return True
+
+    JobOptimizer(own, state, stepped, lambda: None)
+    scheduling.take_over(state, saved=[])
+    try:
+        first, second = (torch.optim.lr_scheduler.LambdaLR(own, lambda s: 1.0) for _ in range(2))
+        state.chunk_given(item(0, steps=3))
+        state.backward_done(last=True)
+        weight.grad = torch.ones(2)
+        own.step()
+        first.step()
+        second.step()
+    finally:
+        scheduling.release()
+    assert (first.last_epoch, second.last_epoch) == (3, 3)
+    for scheduler in (first, second):
+        assert not [k for k in scheduler.state_dict() if "hvdhetero" in k]
+        torch.save({k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}, io.BytesIO())

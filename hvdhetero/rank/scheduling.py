@@ -32,18 +32,20 @@ class _Job:
     said: set[int] = set()
     nested = 0
     """Inside torch's step of a scheduler: the schedulers it steps are torch's (SequentialLR's)."""
+    seen: dict[int, int] = {}
+    """Per scheduler (by id): the optimizer steps it had seen at its last step (OncePerStep.seen)."""
 
 
 def take_over(state: StepState, saved: list) -> None:
     """job.prepare: schedulers on its optimizer step once a step from now on; `saved`: the
     objects its checkpoints hold (the prepared scheduler, job.track's)."""
     install()
-    _Job.state, _Job.saved = state, {id(obj) for obj in saved if obj is not None}
+    _Job.state, _Job.saved, _Job.seen = state, {id(obj) for obj in saved if obj is not None}, {}
 
 
 def release() -> None:
     """The job is over (an elastic reset drops it): every scheduler is torch's again."""
-    _Job.state, _Job.saved = None, set()
+    _Job.state, _Job.saved, _Job.seen = None, set(), {}
 
 
 def install() -> None:
@@ -70,7 +72,12 @@ def _once_a_step(torchs):
                 print(f"hvdhetero: the {type(self).__name__} on the job's optimizer is in no checkpoint: pass it as "
                       "job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its schedule",
                       flush=True)
-        return OncePerStep(lambda *a, **k: _torchs(torchs, self, a, k), state)(*args, **kwargs)
+        once = OncePerStep(lambda *a, **k: _torchs(torchs, self, a, k), state)
+        once.seen = _Job.seen.get(id(self), 0)  # the optimizer steps it had seen at its last step
+        try:
+            return once(*args, **kwargs)
+        finally:  # kept here, not on the scheduler: its state_dict() holds every attribute it has
+            _Job.seen[id(self)] = once.seen
 
     step.__doc__ = torchs.__doc__
     step._hvdhetero_torch = torchs

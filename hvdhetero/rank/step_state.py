@@ -29,7 +29,8 @@ class StepState:
     skip: bool = False
     """The step's gradients overflowed (fp16 loss scaling): every rank skips the update alike."""
     updates: int = 0
-    """Optimizer steps since the prepared scheduler last stepped (1: it steps every step)."""
+    """Optimizer steps this rank took (updates or skips); each scheduler's OncePerStep compares it
+    with the count at its own last step (1 more: the scheduler steps every step)."""
 
     def chunk_given(self, item) -> None:
         """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
@@ -51,14 +52,14 @@ class OncePerStep:
     schedule); one stepped once an epoch is stepped once."""
 
     def __init__(self, step: Callable, state: StepState):
-        self.wrapped, self.state = step, state
+        self.wrapped, self.state, self.seen = step, state, state.updates
 
     def __call__(self, *args, **kwargs):
         state = self.state
         if state.accumulating:
             return None
-        merged = state.item.steps if state.item is not None and state.updates == 1 else 1
-        state.updates = 0
+        since, self.seen = state.updates - self.seen, state.updates  # its own count: two schedulers see alike
+        merged = state.item.steps if state.item is not None and since == 1 else 1
         for _ in range(merged - 1):
             self.wrapped(*args, **kwargs)
         return self.wrapped(*args, **kwargs)
