@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from hvdhetero.policy.split import proportional_split, steps_merged
-from hvdhetero.policy.step_times import Moments, typical, typical_se
+from hvdhetero.policy.step_times import Moments, apart, typical, typical_se
 
 
 @dataclass
@@ -199,9 +199,13 @@ class Balancer:
             out.append(m)
         return out
 
+    def rank_times(self, split: Sequence[int], per_sample: Sequence[float] | None = None) -> list[float]:
+        """Each rank's predicted step time with `split`."""
+        return [a + p * n for a, p, n in zip(self.overheads(split), per_sample or self.seconds_per_sample, split)]
+
     def step_time(self, split: Sequence[int], per_sample: Sequence[float] | None = None) -> float:
         """Predicted time of a step with `split`: the slowest rank's."""
-        return max(a + p * n for a, p, n in zip(self.overheads(split), per_sample or self.seconds_per_sample, split))
+        return max(self.rank_times(split, per_sample))
 
     def calibrate(self, overhead: Sequence[float], seconds_per_sample: Sequence[float], step: int = 0,
                   noise: Sequence[float] | None = None) -> list[int]:
@@ -216,9 +220,8 @@ class Balancer:
         noise = self.noise  # a later calibration (--inner-steps by-speed's) weighs the probes' noise too
         target = self.target()
         now = self.step_time(self.split)
-        predicted = [a + p * n for a, p, n in zip(self.overheads(self.split), self.seconds_per_sample, self.split)]
         gain = now - self.step_time(target)
-        if gain > self.threshold * now and self._beyond_noise(gain, predicted, noise):
+        if gain > self.threshold * now and self._beyond_noise(gain, self.rank_times(self.split), noise):
             self.split = target
         self._settled = Moments(self.size)
         self.history.append((step, list(self.split)))
@@ -234,7 +237,7 @@ class Balancer:
         if noise is None:
             return True
         slow, fast = max(range(self.size), key=seconds.__getitem__), min(range(self.size), key=seconds.__getitem__)
-        return gap > self.confidence / 2 * (noise[slow] ** 2 + noise[fast] ** 2) ** 0.5
+        return apart(gap, noise[slow], noise[fast], self.confidence / 2)
 
     def _measured(self, step_seconds: Sequence[float], sizes: Sequence[int]):
         """(rank, seconds per sample) for each rank whose step shows a per-sample cost: its time
@@ -263,8 +266,7 @@ class Balancer:
         for rank, per_sample in self._measured(step_seconds, sizes):
             self.seconds_per_sample[rank] = per_sample
         target = self.target()
-        slow, fast = max(step_seconds), min(step_seconds)
-        if target != self.split and self._beyond_noise(slow - fast, step_seconds, noise):
+        if target != self.split and self._beyond_noise(max(step_seconds) - min(step_seconds), step_seconds, noise):
             self._move(target, step, f"refined: measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
         return self.split
 
@@ -320,7 +322,7 @@ class Balancer:
             return None
         times = [(a + m * n, se * n) for a, (m, se, _), n in zip(self.overheads(self.split), stats, self.split)]
         (slow, slow_se), (fast, fast_se) = max(times), min(times)
-        if slow - fast <= self.confidence * (slow_se ** 2 + fast_se ** 2) ** 0.5:
+        if not apart(slow - fast, slow_se, fast_se, self.confidence):
             return None
         return target, mean
 
@@ -395,7 +397,7 @@ class Balancer:
         tried, left, self._probe, self._trial_end = self.split, self._left, None, self._steps
         self._lag = self._steps - self._probe_start - self.trial_steps
         (ours, ours_se), (theirs, theirs_se) = typical_se([m for m, _ in self._probed]), typical_se(before)
-        if theirs - ours > self.confidence / 2 * (ours_se ** 2 + theirs_se ** 2) ** 0.5:
+        if apart(theirs - ours, theirs_se, ours_se, self.confidence / 2):
             self._failed_trials = 0
             self._held.extend(self._probed)
             return None

@@ -39,3 +39,9 @@ def typical_se(seconds: list[float]) -> tuple[float, float]:
     """`typical` and its standard error (from the spread of the values it averages)."""
     kept = sorted(seconds)[: len(seconds) - len(seconds) // 4]
     return fmean(kept), (stdev(kept) / len(kept) ** 0.5 if len(kept) > 1 else 0.0)
+
+
+def apart(gap: float, se_a: float, se_b: float, errors: float) -> bool:
+    """Whether `gap`, the difference of two estimates with standard errors `se_a` and `se_b`, is
+    more than `errors` standard errors of that difference: beyond the noise they were timed with."""
+    return gap > errors * (se_a ** 2 + se_b ** 2) ** 0.5
