@@ -4,7 +4,10 @@ merged steps (rank/step_state.py), driven here as job.backward and the optimizer
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
+
+import torch
 
 from hvdhetero.rank.step_state import OncePerStep, StepState
 
@@ -103,42 +106,57 @@ def test_the_scripts_own_optimizer_steps_as_the_prepared_one_does():
     assert prepared.param_groups is own.param_groups
 
 
+@contextmanager
+def prepared_sgd():
+    """(the script's SGD over one weight, the StepState) as job.prepare leaves them: the optimizer
+    routed through a JobOptimizer that counts its steps as Training.stepped does, and every LR
+    scheduler on it taken over (rank/scheduling.py) until the block ends."""
+    from hvdhetero.rank import scheduling
+    from hvdhetero.rank.optimizer import JobOptimizer
+
+    own, state = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0), StepState()
+
+    def stepped():
+        state.updates += 1
+        return True
+
+    JobOptimizer(own, state, stepped, lambda: None)
+    scheduling.take_over(state, saved=[])
+    try:
+        yield own, state
+    finally:
+        scheduling.release()
+
+
+def optimizer_step(own, state, step: int, chunk: int = 0, chunks: int = 1, steps: int = 1) -> None:
+    """A chunk's job.backward and the loop's optimizer.step() and zero_grad()."""
+    state.chunk_given(item(step, chunk=chunk, chunks=chunks, steps=steps))
+    state.backward_done(last=chunk == chunks - 1)
+    own.param_groups[0]["params"][0].grad = torch.ones(2)
+    own.step()
+    own.zero_grad()
+
+
 def test_every_scheduler_on_the_jobs_optimizer_steps_once_a_step_passed_to_prepare_or_not(capsys):
     """A warm-up then cosine SequentialLR and a ReduceLROnPlateau built on the script's optimizer,
     neither passed to job.prepare, stepped in a loop of 4 steps of 3 chunks: the sequence moves
     once a step (it moved once a chunk, reached its cosine phase at step 4 of 10 and a OneCycleLR
     raised "Tried to step 41 times"), its two parts as SequentialLR steps them, the plateau once;
     one on another optimizer is torch's; each of the job's says once that no checkpoint holds it."""
-    import torch
-
-    from hvdhetero.rank import scheduling
-    from hvdhetero.rank.optimizer import JobOptimizer
-
-    weight, other = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
-    own = torch.optim.SGD([weight], lr=1.0)
-    state = StepState()
-    JobOptimizer(own, state, lambda: True, lambda: None)
-    scheduling.take_over(state, saved=[])
-    try:
+    with prepared_sgd() as (own, state):
         warm = torch.optim.lr_scheduler.LinearLR(own, 0.1, 1.0, total_iters=10)
         cos = torch.optim.lr_scheduler.CosineAnnealingLR(own, T_max=30)
         sequence = torch.optim.lr_scheduler.SequentialLR(own, [warm, cos], milestones=[10])
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(own)
-        another = torch.optim.SGD([other], lr=1.0)
+        another = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0)
         elsewhere = torch.optim.lr_scheduler.StepLR(another, step_size=1)
         for step in range(4):
             for chunk in range(3):
-                state.chunk_given(item(step, chunk=chunk, chunks=3))
-                state.backward_done(last=chunk == 2)
-                weight.grad = torch.ones(2)
-                own.step()
-                own.zero_grad()
+                optimizer_step(own, state, step, chunk, chunks=3)
                 sequence.step()
                 another.step()
                 elsewhere.step()
         plateau.step(1.0)
-    finally:
-        scheduling.release()
     # as one device: the same schedulers stepped 4 times, once a step
     alone = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0)
     one = [torch.optim.lr_scheduler.LinearLR(alone, 0.1, 1.0, total_iters=10),
@@ -160,31 +178,11 @@ def test_two_schedulers_on_the_jobs_optimizer_each_count_a_merged_steps_steps():
     shared count). Neither holds anything of ours: their state_dict() saves as torch's."""
     import io
 
-    import torch
-
-    from hvdhetero.rank import scheduling
-    from hvdhetero.rank.optimizer import JobOptimizer
-
-    weight = torch.nn.Parameter(torch.ones(2))
-    own = torch.optim.SGD([weight], lr=1.0)
-    state = StepState()
-
-    def stepped():  # as Training.stepped counts an optimizer step
-        state.updates += 1
-        return True
-
-    JobOptimizer(own, state, stepped, lambda: None)
-    scheduling.take_over(state, saved=[])
-    try:
+    with prepared_sgd() as (own, state):
         first, second = (torch.optim.lr_scheduler.LambdaLR(own, lambda s: 1.0) for _ in range(2))
-        state.chunk_given(item(0, steps=3))
-        state.backward_done(last=True)
-        weight.grad = torch.ones(2)
-        own.step()
+        optimizer_step(own, state, 0, steps=3)
         first.step()
         second.step()
-    finally:
-        scheduling.release()
     assert (first.last_epoch, second.last_epoch) == (3, 3)
     for scheduler in (first, second):
         assert not [k for k in scheduler.state_dict() if "hvdhetero" in k]
