@@ -102,6 +102,21 @@ def test_plain_lines_print_a_block_once_every_rank_ended_the_epoch():
         "  rank 1  mac  cpu  share 30/64      600 samples/s  compute 20.0 ms  comm/wait 10.0 ms per step"]
 
 
+def test_a_scripts_own_epoch_loop_shows_its_epochs_without_a_total():
+    """`for epoch in range(6)` rather than job.epochs: the ranks know no total (epochs None), so
+    the line says `epoch 5`, not `epoch 5/1`, and no run ETA (it read `run -1:59` in epoch 5)."""
+    board = live.Board()
+    for i in range(11):
+        board.update(record(0, 100.0 + i, 10 * i, epoch=4, epochs=None, step=10 * i, steps=200, loss=0.5))
+    status = board.status()
+    assert status.eta_epoch_s == pytest.approx(10) and status.eta_run_s is None
+    line = live.status_line(status)
+    assert line.startswith("epoch 5  step 100/200 (50%)  ETA 0:10  loss 0.5000"), line
+    assert live.epoch_line(status).startswith("epoch 5 done: loss 0.5000,")
+    board.update(record(0, 111.0, 110, epoch=4, epochs=6, step=110, steps=200))
+    assert live.status_line(board.status()).startswith("epoch 5/6  step 110/200 (55%)  ETA 0:09 (run 0:29)")
+
+
 class Shown:
     """A display that records what the relay did with it."""
 

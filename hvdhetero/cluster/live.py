@@ -97,7 +97,8 @@ class Status:
     """The job's line: rank 0's position in the run, its loss and logged scalars, and rates."""
 
     epoch: int
-    epochs: int
+    epochs: int | None
+    """None where the script loops over epochs of its own (`range(n)`, not job.epochs): no total."""
     step: int
     steps: int
     loss: float | None
@@ -151,10 +152,12 @@ class Board:
         rates = [r.samples_per_s for r in rows if r.samples_per_s is not None]
         step_rate = rows[0].steps_per_s if rows and rows[0].rank == 0 else None
         left = job["steps"] - job["step"]
-        run_left = left + (job["epochs"] - job["epoch"] - 1) * job["steps"]
-        return Status(job["epoch"], job["epochs"], job["step"], job["steps"], job.get("loss"),
+        epochs = job.get("epochs")
+        run_left = left + max(epochs - job["epoch"] - 1, 0) * job["steps"] if epochs else None
+        return Status(job["epoch"], epochs, job["step"], job["steps"], job.get("loss"),
                       _ordered(job.get("logged") or {}), job.get("logged_epoch"), sum(rates) if rates else None,
-                      left / step_rate if step_rate else None, run_left / step_rate if step_rate else None)
+                      left / step_rate if step_rate else None,
+                      run_left / step_rate if step_rate and run_left is not None else None)
 
 
 def _another_process(last: dict | None, record: dict) -> bool:
@@ -203,9 +206,8 @@ def scalar(value) -> str:
 def status_line(status: Status | None) -> str:
     if status is None:
         return "starting"
-    parts = [f"epoch {status.epoch + 1}/{status.epochs}",
-             f"step {status.step}/{status.steps} ({100 * status.step // max(status.steps, 1)}%)",
-             f"ETA {clock(status.eta_epoch_s)} (run {clock(status.eta_run_s)})"]
+    eta = f"ETA {clock(status.eta_epoch_s)}" + (f" (run {clock(status.eta_run_s)})" if status.epochs else "")
+    parts = [_epoch(status), f"step {status.step}/{status.steps} ({100 * status.step // max(status.steps, 1)}%)", eta]
     if status.loss is not None:
         parts.append(f"loss {status.loss:.4f}")
     parts += [f"{k} {scalar(v)}" for k, v in status.logged.items()]
@@ -219,7 +221,12 @@ def epoch_line(status: Status) -> str:
     """What stays on a terminal of each epoch once it ends (what the script logs after it, such
     as its test accuracy, comes later: the script's own print shows it)."""
     loss = f": loss {status.loss:.4f}," if status.loss is not None else ":"
-    return f"epoch {status.epoch + 1}/{status.epochs} done{loss} {number(status.samples_per_s)} samples/s"
+    return f"{_epoch(status)} done{loss} {number(status.samples_per_s)} samples/s"
+
+
+def _epoch(status: Status) -> str:
+    """`epoch 3/10` under job.epochs; `epoch 3` in a loop of the script's own (or over steps)."""
+    return f"epoch {status.epoch + 1}" + (f"/{status.epochs}" if status.epochs else "")
 
 
 def plain_block(board: Board) -> list[str]:

@@ -83,11 +83,12 @@ class RunRecords:
         self.busy[1] += seconds
 
     def progress(self, *, samples: int, compute_s: float, wait_s: float, exchanged: tuple[int, float],
-                 split: list[int], step: int, steps: int, epoch: int, epochs: int) -> None:
+                 split: list[int], step: int, steps: int, epoch: int, epochs: int | None) -> None:
         """This rank's step for the launcher's live table (progress.Reporter: its running totals,
         its own clock and the epoch's position, about once a second); rank 0 adds its loss and
         the script's last logged scalars. `exchanged`: local/diloco's rounds and the seconds the
-        last exchange blocked this rank (counted once a round)."""
+        last exchange blocked this rank (counted once a round). `epochs`: None outside job.epochs
+        (a script's own `for epoch in range(n)` says no total)."""
         if not self.report_progress:
             return
         rank, host_name, device, size = self.who

@@ -194,7 +194,7 @@ class Training:
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
                               step=item.step % len(self.loader) + 1, steps=len(self.loader), epoch=self.train.epoch,
-                              epochs=self.epochs)
+                              epochs=self.epochs if self.in_epochs else None)  # a loop of the script's own: not known
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 
