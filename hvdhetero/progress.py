@@ -27,7 +27,8 @@ ERROR_TAG = "@@hvdhetero-error "
 RESULT_TAG = "@@hvdhetero-result "
 """A job's answer for the launcher (invoke plan's plan), one JSON line from rank 0."""
 DONE_TAG = "@@hvdhetero-done"
-"""A rank's script has returned: from now on it may be quiet (its heartbeat stops at exit)."""
+"""A rank's script has returned: from now on it may be quiet (its heartbeat stops at exit).
+done_line adds the job's step at that moment."""
 ALIVE_TAG = "@@hvdhetero-alive "
 """Every rank's heartbeat, from a thread of its own: a rank that sends none for SILENT_S is
 frozen (SIGSTOP, a sleeping laptop) or cut off, whatever its training is doing."""
@@ -45,14 +46,30 @@ the live table refreshes about once a second."""
 PREFIX = re.compile(r"^(?:\S+ )?\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 
 
-def failure_line(host: str, error: str, frames: list[str] = (), traceback: str = "") -> str:
+def failure_line(host: str, error: str, frames: list[str] = (), traceback: str = "",
+                 step: int | None = None) -> str:
     """Rank side: the one tagged summary of this rank's failure (rank/runner.py's for a script's
-    error, rank/host.py's for a start that never finished); console.failure_summary says it."""
+    error, rank/host.py's for a start that never finished); console.failure_summary says it.
+    `step`: the job's global step when it failed (None before job.prepare)."""
     import socket
 
     return ERROR_TAG + json.dumps({"rank": int(os.environ.get("HOROVOD_RANK", 0)), "host": host,
                                    "hostname": socket.gethostname(), "error": error, "frames": list(frames),
-                                   "traceback": traceback or error + "\n"})
+                                   "traceback": traceback or error + "\n", "step": step})
+
+
+def done_line(step: int | None) -> str:
+    """Rank side: this rank's script returned, at the job's global `step` (None: no job.prepare)."""
+    return DONE_TAG + (f" {json.dumps({'step': step})}" if step is not None else "")
+
+
+def done_step(body: str) -> int | None:
+    """Launcher side: the step a DONE line (done_line) names, if any."""
+    try:
+        step = json.loads(body[body.index(DONE_TAG) + len(DONE_TAG):].strip() or "null")
+        return int(step["step"]) if isinstance(step, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def heartbeat(rank: int, host: str, every: float = HEARTBEAT_S) -> threading.Thread:

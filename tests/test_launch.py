@@ -192,7 +192,9 @@ def test_jobs_start_horovodrun_without_its_torch_importing_gloo_check():
 
 def fake_job(*steps: str) -> list[str]:
     """A command that prints what horovodrun relays of a job: `steps` are "RANK alive", "RANK done",
-    "RANK error", "sleep S" or "beat RANK S" (rank RANK's heartbeat every 0.2 s for S seconds)."""
+    "RANK error", "sleep S" or "beat RANK S" (rank RANK's heartbeat every 0.2 s for S seconds);
+    "RANK done STEP" says the job's step at the end, "RANK shutdown STEP" fails as a rank whose
+    Horovod was shut down under it at that step."""
     code = ["import json, sys, time", "def say(r, text): print(f'[{r}]<stdout>:' + text, flush=True)"]
     for step in steps:
         word, *rest = step.split()
@@ -203,11 +205,49 @@ def fake_job(*steps: str) -> list[str]:
                         f"json.dumps({{'rank': {rest[0]}, 'host': 'h{rest[0]}'}})); time.sleep(0.2)")
         else:
             rank, what = word, rest[0]
+            step = int(rest[1]) if len(rest) > 1 else None
             text = {"alive": f"{progress.ALIVE_TAG}{{\"rank\": {rank}, \"host\": \"h{rank}\"}}",
-                    "done": progress.DONE_TAG,
-                    "error": progress.failure_line(f"h{rank}", "ValueError: bad batch")}[what]
+                    "done": progress.done_line(step),
+                    "error": progress.failure_line(f"h{rank}", "ValueError: bad batch"),
+                    "shutdown": progress.failure_line(f"h{rank}", SHUT_DOWN, ["train.py:24 in <module>: job.backward(loss)"],
+                                                      step=step)}[what]
             code.append(f"say({rank}, {text!r})")
     return [sys.executable, "-c", "\n".join(code)]
+
+
+SHUT_DOWN = ("HorovodInternalError: Horovod has been shut down. This was caused by an exception on one of the "
+             "ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished execution.")
+
+
+@pytest.mark.parametrize("steps", [(72, 72), (None, 73)])
+def test_a_rank_that_ended_its_script_early_is_named_not_the_rank_left_waiting(steps):
+    """Rank 1 left its loop on a number of its own (an early stop on its own loss) and its script
+    ended; rank 0's next reduction then fails with Horovod's shutdown. The message names rank 1's
+    early end and what to do, not rank 0's HorovodInternalError alone."""
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    ended, failed = steps
+    job = fake_job("0 alive", "1 alive", f"1 done {ended if ended is not None else ''}".strip(), f"0 shutdown {failed}")
+    with pytest.raises(LaunchError) as raised:
+        supervise.run(job, {}, rank_hosts=["h0", "h1"])
+    said = str(raised.value).splitlines()
+    assert said[0].startswith(f"rank 1 on host h1 ended its script{' after 72 steps' if ended else ''} while rank 0 "
+                              f"on host h0 went on{' after 73 steps' if failed != ended else ''}: every rank must take "
+                              "the same steps"), said
+    assert "job.evaluate's sums) and end with job.stop()" in said[0]
+    assert said[1:3] == ["  rank 0 then failed: HorovodInternalError: Horovod has been shut down",
+                         "  train.py:24 in <module>: job.backward(loss)"], said
+
+
+def test_a_ranks_own_error_after_another_ended_is_its_own():
+    """A rank that fails of its own accord (a bug in rank 0's own post-training code) after rank 1
+    ended is said as its failure: rank 1's end explains nothing."""
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="^rank 0 on host h0 failed: ValueError: bad batch"):
+        supervise.run(fake_job("0 alive", "1 alive", "1 done 5", "0 error"), {}, rank_hosts=["h0", "h1"])
 
 
 def test_a_finished_ranks_late_heartbeat_does_not_make_it_silent(monkeypatch):

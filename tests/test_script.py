@@ -83,6 +83,22 @@ def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
     assert leftover.stdout == "", "no rank is left running"
 
 
+def test_a_rank_that_stops_early_on_its_own_loss_is_named_with_the_way_out(tmp_path):
+    """tests/scripts/stops_alone.py: rank 1 leaves its loop after epoch 1 on its own loss, its
+    script ends, and rank 0's next reduction finds Horovod shut down. The console names rank 1's
+    early end (after 8 steps) and job.stop(); rank 0's HorovodInternalError follows it."""
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "stops_alone.py", "--run-dir", run_dir],
+                   check=False, timeout=300)
+    assert proc.returncode == 1
+    said = proc.stderr[proc.stderr.index("error: "):].splitlines()
+    assert said[0].startswith("error: rank 1 on host local ended its script after 8 steps while rank 0 on host "
+                              "local went on: every rank must take the same steps"), proc.stderr
+    assert said[1] == "  rank 0 then failed: HorovodInternalError: Horovod has been shut down", said
+    assert "stops_alone.py" in said[2] and "job.backward(loss)" in said[2], said
+    assert "rank 1: loss" in (run_dir / "rank-1.log").read_text()
+
+
 def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(tmp_path):
     """tests/scripts/wild.py: a BatchNorm CNN whose epoch ends in a 2-sample step (1 + 1 would
     make its BatchNorm1d refuse), a tqdm bar (one console line an epoch, not one a redraw), rank 0

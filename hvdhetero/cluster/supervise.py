@@ -107,6 +107,7 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
     exits: dict[int, int] = {}
     failures: list[dict] = []
     done: set[int] = set()  # ranks that said DONE: _watched sees them first, the relay stops watching them
+    ended: dict[int, tuple[int | None, str]] = {}  # those ranks' (job step, host) when they said it
     lingered = False
     with subprocess.Popen(list(argv), env=forwarded_env(env), cwd=cwd, stdout=subprocess.PIPE,
                           stdin=subprocess.PIPE if stdin_pipe else None,
@@ -116,7 +117,8 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
             # Without a run directory (bench, plan) nothing keeps the other ranks' lines: all shown.
             hidden = (f"hvdhetero: the other ranks' output is in {logs.path(1).parent}/rank-N.log "
                       "(--all-ranks-output shows it here)") if logs is not None else ""
-            console.relay(_watched(proc, alive, exits, silent_s, logs, watch, expected=len(rank_hosts), done=done),
+            console.relay(_watched(proc, alive, exits, silent_s, logs, watch, expected=len(rank_hosts), done=done,
+                                   ended=ended),
                           live.display_for(sys.stdout), results=results, alive=alive,
                           all_ranks=all_ranks or logs is None, hidden_note=hidden, failures=failures, finished=done)
         except _Lingering as lingering:  # every rank is done; what is left of the job is stuck on the way out
@@ -152,7 +154,7 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
         return results  # ranks were dropped and the job went on; or every rank finished its work
     first = next(iter(exits.items()), None)
     if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
-        raise LaunchError(console.failure_summary(failures) + resume_hint(run_dir, rank0_host))
+        raise LaunchError(console.failure_summary(failures, ended) + resume_hint(run_dir, rank0_host))
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         # a rank's host from its heartbeats, else from where horovodrun put it (one that failed
         # before its first heartbeat)
@@ -211,14 +213,17 @@ class _Silent(Exception):
 
 def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
              logs: console.RankLogs | None = None, watch: elastic_hosts.Watch | None = None,
-             expected: int = 0, done: set[int] | None = None):
+             expected: int = 0, done: set[int] | None = None,
+             ended: dict[int, tuple[int | None, str]] | None = None):
     """horovodrun's lines as they come (read by a thread), checking at least once a second that
     no rank seen so far has been silent for `silent_s`; notes the exit codes horovodrun prints;
     every line goes to the rank logs, if kept. Under elastic (`watch`) a silent rank is killed and
     a dead one dropped, until fewer than --min-hosts hosts are left. Once every rank (at least
-    `expected` of them) has said it is done, the command has FINISH_S to exit (_Lingering)."""
+    `expected` of them) has said it is done, the command has FINISH_S to exit (_Lingering).
+    `ended` gets each done rank's job step and host (a rank that ended while others trained)."""
     lines: queue.Queue = queue.Queue()
     done = set() if done is None else done
+    ended = {} if ended is None else ended
     finish_s = float(os.environ.get("HVDHETERO_FINISH_S") or FINISH_S)
     all_done_at: float | None = None
 
@@ -247,6 +252,7 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
                 logs.write(line)
             if progress.DONE_TAG in line and (said := progress.PREFIX.match(line)):
                 done.add(int(said.group(1)))
+                ended[int(said.group(1))] = (progress.done_step(line), alive.get(int(said.group(1)), (0, "?"))[1])
             match = EXIT_LINE.match(line) or MPI_EXIT_LINE.match(line)
             if match:
                 code = int(match.group(2)) * (-1 if match.re is MPI_EXIT_LINE else 1)  # mpirun names the signal

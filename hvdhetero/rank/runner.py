@@ -79,7 +79,17 @@ def ended() -> None:
     which quiet (Horovod's shutdown) is not frozen."""
     left_early_hint()
     never_joined_hint()
-    print(progress.DONE_TAG, flush=True)
+    print(progress.done_line(job_step()), flush=True)
+
+
+def job_step() -> int | None:
+    """The job's global step now (the launcher tells a rank that ended early from the others by it),
+    None before job.prepare."""
+    job = current.job
+    try:
+        return int(job.step) if job is not None and getattr(job, "training", None) is not None else None
+    except Exception:  # noqa: BLE001 - a job half torn down (an elastic reset) says no step
+        return None
 
 
 def left_early_hint() -> None:
@@ -187,7 +197,7 @@ def fail(config: JobConfig, what: str, frames, full: str = "") -> None:
     the rank's log), exit 1 now."""
     print(progress.failure_line(host_name(config), what, [f"{f.filename}:{f.lineno} in {f.name}: "
                                                          f"{(f.line or '').strip()}" for f in shown(frames)],
-                                full), flush=True)
+                                full, step=job_step()), flush=True)
     sys.stderr.flush()
     os._exit(1)  # Horovod's atexit shutdown would wait on peers stuck in a collective with us
 
