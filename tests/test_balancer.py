@@ -138,8 +138,9 @@ def test_ranks_that_time_alike_within_their_probes_noise_keep_the_split():
 def test_a_sustained_imbalance_below_the_threshold_is_corrected_once_averaged():
     """K=10-like ranks whose calibration put the slow rank 3% fast: the job is ~1.5% slower per
     step than it could be, under the 3% threshold, so the moving average alone never moves.
-    Averaged over `settle` steps at that split, the imbalance is clear of 3% noise: one move,
-    to within a sample of the ideal split, which then holds."""
+    Averaged over `settle` steps at that split, the imbalance is clear of 3% noise: one move
+    (within 3 x `settle` steps: 19-59 over 20 seeds), to within a sample of the ideal split,
+    which then holds."""
     true_p, overhead = [150e-6, 1.75e-3], [0.001, 0.015]
     ideal = Balancer(global_batch=2048, size=2).calibrate(overhead, true_p)
     coarse_only = Balancer(global_batch=2048, size=2, fine_threshold=1.0)
@@ -152,7 +153,7 @@ def test_a_sustained_imbalance_below_the_threshold_is_corrected_once_averaged():
         b.calibrate(overhead, [150e-6, 1.70e-3])
         splits = simulate(b, true_p, overhead, steps=200, noise=0.03, seed=seed)
         assert len(b.history) == 2 and abs(b.split[1] - ideal[1]) <= 1, (b.history, ideal)
-        assert b.history[1][0] < 2 * b.settle and splits[-1] == b.split
+        assert b.history[1][0] < 3 * b.settle and splits[-1] == b.split
         assert b.step_time(b.split, true_p) < b.step_time(start, true_p)
 
 
@@ -342,14 +343,17 @@ def test_a_move_that_measures_slower_is_undone_so_a_busy_fast_host_costs_little(
     """K=3, the fast rank's host busy (spikes on a tenth of its steps: a browser on the fast
     machine). Taken as they come, the model's moves chase the spikes and the run is 11-14% slower
     than the better of the equal and the calibrated split held throughout; tried first, a move
-    that measures no faster is undone within its trial, and the run loses 2-6%."""
+    that measures no faster is undone within its trial, and the run loses 2-3%. The averaged
+    (fine) path leaves the spikes out too (step_times.Recent): with plain means it moved samples
+    off the busy fast host in seeds 2 and 3, which lost 5.5% and 3.5%."""
     overhead, per_sample = [0.002, 0.002], [1e-4, 3e-4]
     seconds = timings(overhead, per_sample, busy=0)
     b = calibrated(256, overhead, per_sample)
     best = min(fmean(at_split(split, seconds, 3000, seed)) for split in (b.equal, list(b.split)))
     untried = fmean(drive(calibrated(256, overhead, per_sample, **UNTRIED), seconds, 3000, seed=seed)[0])
     times, reasons = drive(b, seconds, 3000, seed=seed)
-    assert untried > 1.10 * best and fmean(times) < 1.06 * best, (untried / best, fmean(times) / best)
+    assert untried > 1.09 * best and fmean(times) < 1.035 * best, (untried / best, fmean(times) / best)
+    assert not [reason for _, reason in reasons if reason.startswith("model, averaged")], reasons
     undone = [reason for _, reason in reasons if re.fullmatch(
         r"model's split \[\d+, \d+\] measured [\d.]+ s/step against [\d.]+ at \[\d+, \d+\], \[\d+, \d+\] kept", reason)]
     assert undone, reasons[:6]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from hvdhetero.policy.split import proportional_split, steps_merged
-from hvdhetero.policy.step_times import Moments, apart, typical, typical_se
+from hvdhetero.policy.step_times import Recent, apart, typical, typical_se
 
 
 @dataclass
@@ -61,8 +61,8 @@ class Balancer:
     settle: int = 20
     """Steps at one split after which a smaller but sustained imbalance is corrected too."""
     fine_threshold: float = 0.01
-    """The least gain worth a re-split once `settle` steps at the split are averaged (the
-    mean of many steps is far less noisy than the moving average, so a smaller gain is real;
+    """The least gain worth a re-split once `settle` steps at the split are averaged (their
+    typical value is far less noisy than the moving average, so a smaller gain is real;
     at threshold 3% a K=10 job ran with its slow rank 4-5% behind or ahead for good)."""
     confidence: float = 4.0
     """...and the imbalance behind that gain must exceed this many standard errors of the
@@ -139,7 +139,7 @@ class Balancer:
         self.equal = self.target()  # nothing measured yet: every rank alike, within its cap
         self.split = list(self.equal)
         self._steps = self._wanted = 0
-        self._settled = Moments(self.size)
+        self._settled = Recent(self.size)
         # (measured, predicted) step seconds at the split in force, and at the probed split
         self._held: deque[tuple[float, float]] = deque(maxlen=self.window)
         self._probed: list[tuple[float, float]] = []
@@ -223,7 +223,7 @@ class Balancer:
         gain = now - self.step_time(target)
         if gain > self.threshold * now and self._beyond_noise(gain, self.rank_times(self.split), noise):
             self.split = target
-        self._settled = Moments(self.size)
+        self._settled = Recent(self.size)
         self.history.append((step, list(self.split)))
         self.reason = f"calibrated: model predicts {_s(self.step_time(self.split))} s/step, {_s(now)} at {self.equal}"
         return self.split
@@ -308,10 +308,10 @@ class Balancer:
                                         f"{_s(self.step_time(target))} s/step against {_s(self.step_time(self.split))}")
 
     def _settled_target(self) -> tuple[list[int], list[float]] | None:
-        """The split for the mean per-sample costs of the steps at the current split, and those
-        means, if that many steps were seen, the gain is above `fine_threshold` and the imbalance
-        behind it (slowest minus fastest predicted time) is `confidence` standard errors clear
-        of noise."""
+        """The split for the typical per-sample costs of the latest steps at the current split
+        (step_times.Recent: a busy host's spikes left out), and those costs, if that many steps
+        were seen, the gain is above `fine_threshold` and the imbalance behind it (slowest minus
+        fastest predicted time) is `confidence` standard errors clear of noise."""
         stats = self._settled.summary()
         if stats is None or min(count for _, _, count in stats) < self.settle:
             return None
@@ -429,7 +429,7 @@ class Balancer:
 
     def _move(self, target: list[int], step: int, reason: str) -> list[int]:
         self._wanted = 0
-        self._settled = Moments(self.size)
+        self._settled = Recent(self.size)
         self.split = list(target)
         self.history.append((step, list(target)))
         self.reason = reason

@@ -1,29 +1,39 @@
-"""Summaries of measured step times that the balancer decides on: a running mean with its
-standard error (Welford), and the typical step time of a window, which leaves a busy host's
-spikes out. Pure arithmetic, identical on every rank."""
+"""Summaries of measured step times that the balancer decides on: the typical value of a window
+(a busy host's spikes left out) with its standard error, per rank or for the job's steps. Pure
+arithmetic, identical on every rank."""
 
 from __future__ import annotations
 
+from collections import deque
 from statistics import fmean, stdev
 
 
-class Moments:
-    """Running mean and standard error of each rank's per-sample cost (Welford)."""
+class Recent:
+    """Each rank's latest per-sample costs at one split (up to `keep`): their typical value
+    (`typical`: a busy host's spikes, in up to a quarter of its steps, left out) and a standard
+    error from the spread of them all (the spikes count there: a busy host's costs are that much
+    less certain). A plain mean took the spikes in: a busy fast host read as slower per sample,
+    and the averaged move gave it fewer samples for nothing (simulated, K=3, the fast host busy,
+    8 seeds of 3000 steps: 1.8-5.5% lost against the better fixed split; 1.8-3.0% with this)."""
 
-    def __init__(self, size: int):
-        self.count, self.mean, self.m2 = [0] * size, [0.0] * size, [0.0] * size
+    def __init__(self, size: int, keep: int = 200):
+        self.values: list[deque[float]] = [deque(maxlen=keep) for _ in range(size)]
 
     def add(self, rank: int, value: float) -> None:
-        self.count[rank] += 1
-        delta = value - self.mean[rank]
-        self.mean[rank] += delta / self.count[rank]
-        self.m2[rank] += delta * (value - self.mean[rank])
+        self.values[rank].append(value)
 
     def summary(self) -> list[tuple[float, float, int]] | None:
-        """(mean, standard error of the mean, count) per rank; None until every rank has 2."""
-        if min(self.count) < 2:
+        """(typical, standard error, count) per rank; None until every rank has 2."""
+        if min(len(v) for v in self.values) < 2:
             return None
-        return [(m, (m2 / (n - 1) / n) ** 0.5, n) for m, m2, n in zip(self.mean, self.m2, self.count)]
+        return [(typical(list(v)), TYPICAL_SPREAD * stdev(v) / len(v) ** 0.5, len(v)) for v in self.values]
+
+
+TYPICAL_SPREAD = 1.15
+"""How much more the mean of the faster three quarters of n timings varies than their plain mean:
+1.15x for timing noise spread evenly (+-5%), 1.05x for Gaussian (4000 draws of 90 each). With the
+plain mean's standard error alone, two alike K=10 ranks' split moved on noise in 7 of 100 runs of
+300 steps; with this, in 1, as with the plain mean."""
 
 
 def typical(seconds: list[float]) -> float:
