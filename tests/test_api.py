@@ -112,7 +112,7 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
     rounds SGD's last operation twice where torch rounds once (tests/jobs/replicas.py). Before an
     evaluation their models differ in the last bits; from it on, and in every checkpoint and the
     end record, they are one (rank 0's). Ranks that compute alike move nothing."""
-    (same, differ), output = two_ranks("replicas.py", "REPLICAS", tmp_path, with_output=True)
+    (same, differ, lr), output = two_ranks("replicas.py", "REPLICAS", tmp_path, with_output=True)
     assert same["before"][0] == same["before"][1] and same["after"] == same["before"], same
     assert differ["before"][0] != differ["before"][1], "the stand-in for another device's rounding differs"
     assert differ["after"][0] == differ["after"][1] == differ["before"][0], "every rank took rank 0's"
@@ -128,6 +128,17 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
     # said once; on two CPU ranks it cannot be the devices' rounding: the script's own doing
     said = [line for line in output.splitlines() if "the model differed between rank 0 on cpu" in line]
     assert len(said) == 1 and "ranks on one kind of device compute alike" in said[0], output[-3000:]
+    # a scheduler stepped on each rank's own number (ReduceLROnPlateau on its own loss): rank 1's
+    # halved its learning rate after epoch 1; every step ran rank 0's, on both ranks
+    assert lr["lrs"][0] == lr["lrs"][1] == [0.05] * 18, lr["lrs"]
+    records = metrics.records(Path(lr["run_dir"]) / metrics.FILE)
+    taken = [r for r in records if r["event"] == "settings"]
+    assert [(r["step"], r["ranks"]) for r in taken] == [(12, [1])], taken
+    assert taken[0]["differed"] == {"1": ["lr 0.025 (rank 0: 0.05)"]}, taken
+    assert len(set(records[-1]["param_digests"])) == 1 and not [r for r in records if r["event"] == "settle"]
+    said = [line for line in output.splitlines() if "the optimizer's settings differed" in line]
+    assert len(said) == 1 and "step 12: the optimizer's settings differed between the ranks (rank 1's lr 0.025 " \
+                               "(rank 0: 0.05)): a scheduler stepped on a number each rank computed alone" in said[0], said
 
 
 def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):

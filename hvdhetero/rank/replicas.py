@@ -18,6 +18,14 @@ settled: after a reset each survivor goes on from its own, apart by rounding unt
 evaluation or checkpoint settles them.
 Buffers are not compared: BatchNorm's statistics are per rank by design and averaged after
 (reducer.average_buffers).
+
+The optimizer's settings (each param group's lr, momentum, betas, weight decay: what a scheduler
+changes) are compared every step, not only where it shows: a checksum of each rank's rides along
+with the step's gradients (`settings_sum`), and where any differs from rank 0's every rank takes
+rank 0's before the optimizer steps (`same_settings`). A scheduler stepped on a number each rank
+computed alone (ReduceLROnPlateau on its own share's loss, a one-device habit) halved one rank's
+learning rate and not the other's; the replicas then drifted apart by more than rounding at every
+step, and a settle put them together only to see them drift again.
 """
 
 from __future__ import annotations
@@ -35,10 +43,35 @@ class Replicas:
     """The model and optimizer every rank holds a copy of under step sync."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: str,
-                 on_differed: Callable[[int, dict[int, str]], None]):
+                 on_differed: Callable[[int, dict[int, str]], None],
+                 on_settings: Callable[[int, list[list[dict]]], None] | None = None):
         """`on_differed(step, {rank: device})` hears of each settle that moved anything: the
-        ranks whose replica was not rank 0's, and their devices (rank 0's with them)."""
+        ranks whose replica was not rank 0's, and their devices (rank 0's with them);
+        `on_settings(step, every rank's settings)` of each step whose optimizer settings differed."""
         self.model, self.optimizer, self.device, self.on_differed = model, optimizer, device, on_differed
+        self.on_settings = on_settings
+
+    def settings_sum(self) -> float:
+        """A checksum of this rank's optimizer settings, exact in the float32 a reduction carries."""
+        return float(zlib.crc32(repr(settings(self.optimizer)).encode()) & 0xFFFFFF)
+
+    def same_settings(self, sums: list[float], step: int) -> bool:
+        """`sums`: every rank's settings_sum, as the step's reduction brought them (the same on
+        every rank, so every rank enters the collective below alike, or none does). Where any
+        differs from rank 0's, every rank takes rank 0's settings; returns whether any did."""
+        if all(s == sums[0] for s in sums):
+            return False
+        every = collectives.allgather_object(settings(self.optimizer), "hvdhetero.replicas.settings",
+                                             "comparing the optimizer's settings")
+        for group, wanted in zip(self.optimizer.param_groups, every[0]):
+            for key, value in wanted.items():
+                if isinstance(group.get(key), torch.Tensor):  # a tensor lr (capturable, fused): in place
+                    group[key].fill_(value)
+                else:
+                    group[key] = value
+        if self.on_settings is not None:
+            self.on_settings(step, every)
+        return True
 
     def settle(self, step: int) -> list[int]:
         """Every rank holds rank 0's parameters and optimizer state after this (a collective);
@@ -50,6 +83,22 @@ class Replicas:
             broadcast_optimizer_state(self.optimizer, 0, "hvdhetero.replicas.optimizer", "settling the replicas")
             self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
         return differed
+
+
+DEVICE_SWITCHES = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
+"""What of a param group is each rank's own: its parameters, and how its device runs the step."""
+
+
+def settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each param group's settings (lr, momentum, betas, weight_decay, a scheduler's initial_lr)
+    as plain values, but for DEVICE_SWITCHES."""
+    def plain(value):
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return float(value)
+        return value
+
+    return [{key: plain(value) for key, value in sorted(group.items()) if key not in DEVICE_SWITCHES}
+            for group in optimizer.param_groups]
 
 
 def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -66,12 +66,17 @@ class EveryStep:
         if self.overlap_reduce:
             self.reducer.prepare(weight)
 
-    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool) -> Reduced:
+    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0) -> Reduced:
         """Every gradient reduced, weighted by `weight` (this rank's share of the global batch)
         times `unscale` (the loss scale's inverse); this rank's step `seconds` ride along, so
-        every rank gets every rank's."""
+        every rank gets every rank's, and so does a checksum of its optimizer's settings, made
+        rank 0's on every rank where they differ (global `step`: the one about to be taken)."""
         started = time.perf_counter()
-        times = self.reducer.reduce(weight * unscale, extras=one_hot(seconds))
+        settings = [] if self.replicas is None else one_hot(self.replicas.settings_sum())
+        extras = self.reducer.reduce(weight * unscale, extras=one_hot(seconds) + settings)
+        times, sums = extras[:len(extras) - len(settings)], extras[len(extras) - len(settings):]
+        if sums:  # the optimizer's settings alike on every rank before it steps (rank/replicas.py)
+            self.replicas.same_settings(sums, step)
         took = time.perf_counter() - started
         return Reduced(times, took, check_overflow and self.reducer.overflowed())  # a pass over every gradient
 
@@ -159,7 +164,7 @@ class Rounds:
     def before_last_backward(self, weight: float) -> None:
         pass
 
-    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool) -> Reduced:
+    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0) -> Reduced:
         """Nothing crosses the link: this rank's own gradients, multiplied by `unscale` (the
         loss scale's inverse), checked for overflow on their own."""
         scale_gradients(self.sync.params, unscale)

@@ -68,7 +68,8 @@ class Training:
         if scheduler is not None:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
         self.strategy: EveryStep | Rounds = EveryStep(
-            self.reducer, config.overlap, Replicas(model, optimizer, records.who[2], self.replicas_differed)
+            self.reducer, config.overlap, Replicas(model, optimizer, records.who[2], self.replicas_differed,
+                                                      self.settings_differed)
         ) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
                           config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
@@ -89,6 +90,8 @@ class Training:
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
         self.settles = 0
         """How often step sync's replicas differed by rounding and took rank 0's (rank/replicas.py)."""
+        self.settings_taken = 0
+        """How often some rank's optimizer settings were not rank 0's and took them (Replicas.same_settings)."""
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
@@ -112,6 +115,20 @@ class Training:
             print(f"hvdhetero: step {step}: the model differed between rank 0 on {devices[0]} and {others}: {why}. "
                   "Every rank now holds rank 0's, as it will at each evaluation and checkpoint (metrics.jsonl: settle "
                   "records)", flush=True)
+
+    def settings_differed(self, step: int, every: list[list[dict]]) -> None:
+        """Some rank's optimizer settings were not rank 0's and are now (Replicas.same_settings): a
+        record each time, a line the first time."""
+        apart = {rank: _differences(mine, every[0]) for rank, mine in enumerate(every) if rank and mine != every[0]}
+        self.records.write("settings", step=step, ranks=sorted(apart), differed=apart)
+        self.settings_taken += 1
+        if self.is_main and self.settings_taken == 1:
+            said = "; ".join(f"rank {rank}'s {', '.join(what)}" for rank, what in apart.items())
+            print(f"hvdhetero: step {step}: the optimizer's settings differed between the ranks ({said}): a "
+                  "scheduler stepped on a number each rank computed alone, as ReduceLROnPlateau on its own loss? "
+                  "Every rank takes rank 0's settings at each step, so rank 0's numbers decide; step such a "
+                  "scheduler on what every rank gets alike (job.evaluate's sums) (metrics.jsonl: settings records)",
+                  flush=True)
 
     # -- the loader's hooks ------------------------------------------------------------------------
 
@@ -181,7 +198,7 @@ class Training:
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
-        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check)
+        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step)
         scale_gradients(self.reducer.params, rescale)
         self.last_step_seconds = (seconds, reduce_s)
         self.step_state.backward_done(last=True, overflowed=overflowed)
@@ -280,3 +297,12 @@ class Training:
         # the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the next epoch
         self.records.carried = self.strategy.end_epoch(self.train.step, more)
 
+
+def _differences(mine: list[dict], main: list[dict]) -> list[str]:
+    """`mine`'s settings that are not rank 0's (`main`), as "lr 0.025 (rank 0: 0.05)"."""
+    out = []
+    for index, (group, theirs) in enumerate(zip(mine, main)):
+        where = f" (group {index})" if len(main) > 1 else ""
+        out += [f"{key}{where} {group.get(key)!r} (rank 0: {value!r})" for key, value in theirs.items()
+                if group.get(key) != value]
+    return out or ["param groups"]

@@ -9,6 +9,11 @@ Each trains the digits CNN for 2 epochs of 6 steps (an evaluation after the firs
 step); rank 0 prints, as JSON per case, every rank's checksum just before that evaluation and
 just after it, and the run directory.
 
+A third case, "lr", trains 3 epochs with a ReduceLROnPlateau stepped at each epoch's end on a
+number each rank has of its own (a loss over its own share, as one-device scripts step it):
+rank 0's improves, rank 1's does not, so rank 1's scheduler halves its learning rate after
+epoch 1. Every rank's learning rate at each optimizer step is printed.
+
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/replicas.py RUN_DIR
 """
 
@@ -44,24 +49,30 @@ class RoundsTwice(torch.optim.SGD):
 train, test, info = data.load("digits", "unused")
 train = torch.utils.data.Subset(train, range(6 * 64))
 results = []
-for case in ("same", "apart"):
+for case in ("same", "apart", "lr"):
     run_dir = f"{sys.argv[1]}/{case}"
     job = hh.Job(JobConfig(run_dir=run_dir, micro_batch="0", seed=1))
     torch.manual_seed(1)
     model = models.build("cnn", info)
     kind = RoundsTwice if case == "apart" and hvd.rank() == 1 else torch.optim.SGD
     optimizer = kind(model.parameters(), lr=0.05, momentum=0.9)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
     model, optimizer, loader = job.prepare(model, optimizer, train, global_batch=64)
-    sums = {}
-    for epoch in job.epochs(2):
+    sums, lrs = {}, []
+    for epoch in job.epochs(3 if case == "lr" else 2):
         for x, y in loader:
             job.backward(F.cross_entropy(model(x), y))
+            lrs.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if epoch == 0 and job.step == 3:
+            if epoch == 0 and job.step == 3 and case != "lr":
                 sums["before"] = hvd.allgather_object(checksum(model, optimizer.optimizer), name=f"{case}.before")
                 job.evaluate(lambda b: {"n": len(b[1])}, test, batch_size=64)
                 sums["after"] = hvd.allgather_object(checksum(model, optimizer.optimizer), name=f"{case}.after")
+        if case == "lr":
+            plateau.step(1.0 / (epoch + 1) if job.rank == 0 else 1.0 + epoch)  # rank 1's "own loss" never improves
+    if case == "lr":
+        sums["lrs"] = hvd.allgather_object(lrs, name="lr.lrs")
     results.append({"case": case, "run_dir": run_dir, **sums})
     job.close()
 if hvd.rank() == 0:
