@@ -31,6 +31,8 @@ def messages():
      "the samples of one step on all ranks together (or pass your training DataLoader: its batch_size is taken)"),
     ("loader with a sampler of its own", "ConfigError: job.prepare(): the DataLoader draws its batches with a "
      "DistributedSampler of its own, which two ranks cannot share"),
+    ("a second model prepared", "ConfigError: job.prepare() was already called: one model, optimizer and dataset "
+     "per job (two models each with its own optimizer, stepped in turn as a GAN's, are not supported yet"),
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]

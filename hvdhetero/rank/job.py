@@ -107,7 +107,9 @@ class Job:
         the last; an LR scheduler on the optimizer steps once per global step too (one stepped
         per epoch is stepped once); pass it as `scheduler=` so that checkpoints hold it."""
         if self.training is not None:
-            raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job")
+            raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job (two "
+                              "models each with its own optimizer, stepped in turn as a GAN's, are not supported "
+                              "yet; two models under one optimizer are: wrap them in one nn.ModuleDict)")
         data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
         validate.prepare_arguments(model, optimizer, data.dataset, data.global_batch, self.device, self.size)
         broadcast_state(model, optimizer)

@@ -40,4 +40,12 @@ for name, make in cases.items():
         out[name] = "accepted"
     except Exception as err:  # noqa: BLE001
         out[name] = f"{type(err).__name__}: {err}"
+# a GAN's habit: its discriminator prepared, then its generator with their own optimizer
+disc, gen = nn.Linear(4, 1), nn.Linear(2, 4)
+job.prepare(disc, torch.optim.Adam(disc.parameters()), data, global_batch=10)
+try:
+    job.prepare(gen, torch.optim.Adam(gen.parameters()), data, global_batch=10)
+    out["a second model prepared"] = "accepted"
+except Exception as err:  # noqa: BLE001
+    out["a second model prepared"] = f"{type(err).__name__}: {err}"
 print("PREPARE_ERRORS " + json.dumps(out), flush=True)
