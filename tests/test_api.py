@@ -46,6 +46,15 @@ def test_two_unequal_ranks_step_like_one_process_on_the_joined_batch(exactness, 
         assert r["chunks"] > 2, "micro-batches really ran"
 
 
+def test_a_sparse_embedding_and_a_lazy_head_step_like_one_process(exactness):
+    """nn.Embedding(sparse=True) gives sparse gradients (the reducer packed only dense ones:
+    "reshape is not implemented for sparse tensors"), and nn.LazyLinear has no shape until its
+    first forward (prepare's broadcast: "Attempted to use an uninitialized parameter"): prepare
+    shapes it, and the reduced sparse gradient, sparse again, steps like one process."""
+    r = next(r for r in exactness if r["optimizer"] == "sparse")
+    assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and r["sparse_grad"] is True, r
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_scripts_own_torch_clip_grad_norm_over_micro_batches_clips_the_steps_gradient(exactness, optimizer):
     """torch.nn.utils.clip_grad_norm_(model.parameters(), ...) kept from a one-device script, called

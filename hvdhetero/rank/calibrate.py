@@ -81,6 +81,38 @@ def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_
     return sorted(times)[len(times) // 2], stdev(times) / len(times) ** 0.5
 
 
+def materialize(model, dataset, device, collate_fn: Callable | None = None, loss_fn: Callable | None = None) -> None:
+    """A model with lazy modules (nn.LazyLinear, nn.LazyConv2d: parameters shaped by the first
+    forward) gets that forward now, on two samples of the dataset, in eval mode and without
+    gradients, called by `loss_fn` if given, else as a training loop calls it (`ways`): job.prepare
+    gives every rank rank 0's parameters, which torch refuses for one not yet shaped
+    ("Attempted to use an uninitialized parameter"), as a script that prepared its model before
+    its first forward found. The optimizer made before holds the same parameters, shaped now."""
+    if not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+        return
+    from hvdhetero.errors import ConfigError
+
+    batch = batches.probe(dataset, min(2, len(dataset)), device, collate_fn)
+    was_training = model.training
+    model.eval()  # BatchNorm's running statistics untouched, no dropout
+    first: Exception | None = None
+    try:
+        with torch.no_grad():
+            for way in [loss_fn] if loss_fn is not None else ways(model, batch):
+                try:
+                    way(model, batch)
+                    return
+                except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
+                    if loss_fn is None and not wrong_call(err):
+                        raise
+                    first = first or err
+    finally:
+        model.train(was_training)
+    raise ConfigError(f"job.prepare(): the model has lazy modules (nn.LazyLinear, ...) whose parameters its first "
+                      f"forward shapes, and calling it on two samples failed ({type(first).__name__}: {first}): call "
+                      "the model once on a batch before job.prepare(), or pass loss_fn=") from first
+
+
 def wrong_call(err: Exception) -> bool:
     """Whether `err` is what a model raises when called the wrong way (an argument missing, a
     dict where a tensor goes, shapes that do not multiply): the probe tries the next way. Out of

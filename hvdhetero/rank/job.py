@@ -36,8 +36,8 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation, host, precision,
-                            records, resume, scheduling, start, validate)
+from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
+                            host, precision, records, resume, scheduling, start, validate)
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
 from hvdhetero.rank.registry import Registry, TrainState
@@ -111,6 +111,7 @@ class Job:
                               "models each with its own optimizer, stepped in turn as a GAN's, are not supported "
                               "yet; two models under one optimizer are: wrap them in one nn.ModuleDict)")
         data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
+        calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
         validate.prepare_arguments(model, optimizer, data.dataset, data.global_batch, self.device, self.size)
         broadcast_state(model, optimizer)
         scheduling.install()  # before Training wraps a `scheduler=`: what it steps in turn is torch's

@@ -40,6 +40,8 @@ class _Bucket:
         for p, chunk in zip(self.params, chunks):
             if p.grad is None:
                 chunk.zero_()  # e.g. a rank that had no samples this step: contributes nothing
+            elif p.grad.is_sparse:  # nn.Embedding(sparse=True): the rows it touched; summed as a whole table
+                chunk.copy_(p.grad.detach().to_dense().reshape(-1))
             else:
                 chunk.copy_(p.grad.detach().reshape(-1))
         self.buffer.mul_(weight)
@@ -58,6 +60,9 @@ class _Bucket:
         if self.wire is not None:
             self.buffer.copy_(self.wire)
         for p, chunk in zip(self.params, self.buffer.split([p.numel() for p in self.params])):
+            if p.grad is not None and p.grad.is_sparse:  # back as sparse: the rows any rank touched (SparseAdam wants so)
+                p.grad = chunk.view_as(p).to_sparse(p.grad.sparse_dim()).to(p.device)
+                continue
             if p.grad is None:
                 p.grad = torch.empty_like(p)
             p.grad.copy_(chunk.view_as(p))

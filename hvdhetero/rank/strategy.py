@@ -168,7 +168,7 @@ class Rounds:
         """Nothing crosses the link: this rank's own gradients, multiplied by `unscale` (the
         loss scale's inverse), checked for overflow on their own."""
         scale_gradients(self.sync.params, unscale)
-        grads = [q.grad for q in self.sync.params if q.grad is not None]
+        grads = [q.grad._values() if q.grad.is_sparse else q.grad for q in self.sync.params if q.grad is not None]
         return Reduced(None, 0.0, check_overflow and not all(bool(torch.isfinite(g).all()) for g in grads))
 
     def clip(self, max_norm: float, norm_type: float) -> torch.Tensor:

@@ -2,8 +2,9 @@
 the balancer gives it less) take two steps of `job.prepare`/`job.backward`/`optimizer.step()`;
 rank 0 replays them in one process on the joined batches and prints the relative errors as JSON.
 Cases: SGD with momentum, two param groups and a per-batch StepLR; AdamW; with and without
-gradient clipping, overlap and micro-batches of 8; and two that clip with the script's own
-torch.nn.utils.clip_grad_norm_ over micro-batches.
+gradient clipping, overlap and micro-batches of 8; two that clip with the script's own
+torch.nn.utils.clip_grad_norm_ over micro-batches; and a model of an nn.Embedding(sparse=True)
+(sparse gradients) and an nn.LazyLinear (shaped by its first forward, in job.prepare), plain SGD.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
@@ -29,7 +30,24 @@ GLOBAL_BATCH = 48
 MAX_NORM = 0.5  # below the CNN's first gradient norms (~1-2): clipping really happens
 
 
+class Tokens(torch.nn.Module):
+    """Each pixel a token: above its image's mean or not, at its position; a sparse embedding and a
+    lazy head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(128, 4, sparse=True)
+        self.head = torch.nn.LazyLinear(10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        tokens = (x > x.mean(1, keepdim=True)).long() + 2 * torch.arange(x.shape[1], device=x.device)
+        return self.head(self.emb(tokens).flatten(1))
+
+
 def build(name, model):
+    if name == "sparse":
+        return torch.optim.SGD(model.parameters(), lr=0.5), None
     if name == "sgd":
         head = list(model[-1].parameters())
         rest = [p for p in model.parameters() if all(p is not h for h in head)]
@@ -52,18 +70,19 @@ run_dir = sys.argv[1]
 train, _, info = data.load("digits", "unused")
 results = []
 CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 8]),
-         ("sgd", "torch", True, 8), ("adamw", "torch", False, 8)]  # the script's torch.nn.utils.clip_grad_norm_
+         ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
+         ("sparse", False, True, 8)]
 for i, (name, clip, overlap, micro) in enumerate(CASES):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
                            hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
     torch.manual_seed(i + hvd.rank())  # different initial weights per rank: prepare must broadcast rank 0's
-    model = models.build("cnn", info).to(job.device).eval()  # eval: no dropout, the same function on every rank
+    model = (Tokens() if name == "sparse" else models.build("cnn", info)).to(job.device).eval()  # eval: no dropout
     optimizer, scheduler = build(name, model)
     model, optimizer, loader = job.prepare(model, optimizer, train, global_batch=GLOBAL_BATCH, scheduler=scheduler,
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     ref = copy.deepcopy(model)
     ref_opt, ref_sched = build(name, ref)
-    seen, chunks, sizes = [], 0, None
+    seen, chunks, sizes, sparse = [], 0, None, None
     for x, y in loader:
         seen.append((x, y))
         chunks += 1
@@ -74,6 +93,8 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
         elif clip:
             job.clip_grad_norm_(MAX_NORM)
         before = job.step
+        if name == "sparse":
+            sparse = model.emb.weight.grad.is_sparse
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
@@ -94,6 +115,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
         if job.step == STEPS:
             break
     results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": sizes,
+                    "sparse_grad": sparse,
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
                     "ref_lr": [g["lr"] for g in ref_opt.param_groups],
                     "param_rel_err": rel(model.parameters(), ref.parameters()),
