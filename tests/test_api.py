@@ -55,6 +55,15 @@ def test_a_sparse_embedding_and_a_lazy_head_step_like_one_process(exactness):
     assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and r["sparse_grad"] is True, r
 
 
+def test_a_backbone_unfrozen_after_prepare_has_its_gradients_reduced(exactness):
+    """Fine-tuning: all but the head frozen at job.prepare, unfrozen after the first step with a
+    param group of its own. Its gradients were never reduced (the reducer held the parameters
+    trainable at prepare), each rank's backbone trained on its own share; now the second step is
+    one process's on the joined batch, overlapped and in micro-batches."""
+    r = next(r for r in exactness if r["optimizer"] == "unfreeze")
+    assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and len(r["lr"]) == 2, r
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_scripts_own_torch_clip_grad_norm_over_micro_batches_clips_the_steps_gradient(exactness, optimizer):
     """torch.nn.utils.clip_grad_norm_(model.parameters(), ...) kept from a one-device script, called

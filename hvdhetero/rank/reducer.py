@@ -84,17 +84,36 @@ class Reducer:
             raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
         self.params = [p for p in params if p.requires_grad]
         self.wire_dtype = WIRE_DTYPES[compression]
-        self.overlap = overlap
-        groups = _buckets(self.params[::-1], bucket_mb) if overlap else [self.params]
-        self.buckets = [self._bucket(group, f"hvdhetero.grads.{i}") for i, group in enumerate(groups)]
+        self.overlap, self.bucket_mb = overlap, bucket_mb
         self.weight = 1.0
         self.steps = 0
         self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
         self.armed = False  # hooks launch buckets only after prepare(), until reduce()
-        if overlap:
-            for bucket in self.buckets:
-                for p in bucket.params:
-                    p.register_post_accumulate_grad_hook(self._hook(bucket))
+        self._hooks: list = []
+        self._build()
+
+    def _build(self) -> None:
+        """The buckets for `params`, and with overlap each parameter's hook into its bucket."""
+        for hook in self._hooks:
+            hook.remove()
+        groups = _buckets(self.params[::-1], self.bucket_mb) if self.overlap else [self.params]
+        self.buckets = [self._bucket(group, f"hvdhetero.grads.{i}") for i, group in enumerate(groups)]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(bucket))
+                       for bucket in self.buckets if self.overlap for p in bucket.params]
+
+    def follow(self, params: Iterable[torch.nn.Parameter]) -> int:
+        """`params`: the model's parameters now. Where the trainable ones are not those reduced so
+        far (a frozen backbone unfrozen after job.prepare, as fine-tuning scripts do, or a part
+        frozen), the buckets are made again for them (`params` keeps its identity: clipping holds
+        it). Returns the change in their number (0: none). Every rank changes alike, as its script
+        does; a rank that did not would send buffers of other sizes, which Horovod refuses."""
+        now = [p for p in params if p.requires_grad]
+        if len(now) == len(self.params) and all(a is b for a, b in zip(now, self.params)):
+            return 0
+        change = len(now) - len(self.params)
+        self.params[:] = now
+        self._build()
+        return change or len(now)
 
     def _bucket(self, params, name) -> _Bucket:
         buffer = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)

@@ -22,6 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.config import JobConfig
+from hvdhetero.errors import ConfigError
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.loader import Item, Loader
@@ -167,9 +168,29 @@ class Training:
 
     # -- job.backward ------------------------------------------------------------------------------
 
+    def follow_trainable(self) -> None:
+        """Before a step's first backward: the parameters that now need a gradient are the ones
+        reduced (step sync: Reducer.follow); a fine-tuning script that unfreezes its backbone after
+        job.prepare had its gradients never reduced, the ranks' backbones apart. Under local/diloco
+        a round's exchange holds the parameters trainable at prepare: a change is refused."""
+        before = len(self.reducer.params)
+        if self.strategy.kind != "step":
+            now, then = [p for p in self.model.parameters() if p.requires_grad], self.strategy.sync.params
+            if len(now) != len(then) or any(a is not b for a, b in zip(now, then)):
+                raise ConfigError(f"the model's trainable parameters changed after job.prepare (requires_grad set "
+                                  f"or cleared, as when a frozen backbone is unfrozen) under --sync {self.strategy.name}, "
+                                  "whose exchanges hold those of job.prepare: unfreeze before job.prepare, or use "
+                                  "--sync step")
+            return
+        if self.reducer.follow(self.model.parameters()):
+            self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
+                               elements=sum(p.numel() for p in self.reducer.params))
+
     def backward(self, loss: torch.Tensor, item: Item) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
+        if item.chunk == 0:
+            self.follow_trainable()
         theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
         self.records.loss(float(loss.detach()) / theirs_scale, item.n)

@@ -4,7 +4,9 @@ rank 0 replays them in one process on the joined batches and prints the relative
 Cases: SGD with momentum, two param groups and a per-batch StepLR; AdamW; with and without
 gradient clipping, overlap and micro-batches of 8; two that clip with the script's own
 torch.nn.utils.clip_grad_norm_ over micro-batches; and a model of an nn.Embedding(sparse=True)
-(sparse gradients) and an nn.LazyLinear (shaped by its first forward, in job.prepare), plain SGD.
+(sparse gradients) and an nn.LazyLinear (shaped by its first forward, in job.prepare), plain SGD;
+and fine-tuning's habit: all but the head frozen at prepare, unfrozen after the first step (a
+param group added to the optimizer), overlapped, in micro-batches.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
@@ -48,6 +50,10 @@ class Tokens(torch.nn.Module):
 def build(name, model):
     if name == "sparse":
         return torch.optim.SGD(model.parameters(), lr=0.5), None
+    if name == "unfreeze":
+        for part in list(model)[:-1]:
+            part.requires_grad_(False)
+        return torch.optim.SGD(model[-1].parameters(), lr=0.1, momentum=0.9), None
     if name == "sgd":
         head = list(model[-1].parameters())
         rest = [p for p in model.parameters() if all(p is not h for h in head)]
@@ -71,7 +77,7 @@ train, _, info = data.load("digits", "unused")
 results = []
 CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 8]),
          ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
-         ("sparse", False, True, 8)]
+         ("sparse", False, True, 8), ("unfreeze", False, True, 8)]
 for i, (name, clip, overlap, micro) in enumerate(CASES):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
                            hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
@@ -82,8 +88,16 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     ref = copy.deepcopy(model)
     ref_opt, ref_sched = build(name, ref)
+    frozen = name == "unfreeze"
     seen, chunks, sizes, sparse = [], 0, None, None
     for x, y in loader:
+        if frozen and job.step == 1:  # the backbone joins after the first step, here and in the replay
+            frozen = False
+            for m, opt in ((model, optimizer), (ref, ref_opt)):
+                body = [p for part in list(m)[:-1] for p in part.parameters()]
+                for p in body:
+                    p.requires_grad_(True)
+                opt.add_param_group({"params": body, "lr": 0.05})
         seen.append((x, y))
         chunks += 1
         loss = F.cross_entropy(model(x), y)
