@@ -64,6 +64,15 @@ def test_a_backbone_unfrozen_after_prepare_has_its_gradients_reduced(exactness):
     assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and len(r["lr"]) == 2, r
 
 
+def test_two_losses_backpropagated_in_turn_step_like_their_sum(exactness):
+    """`job.backward(loss, retain_graph=True)` then `job.backward(penalty)` in each micro-batch
+    (job.backward took no keywords: a one-device script's two backward calls could not port):
+    the step is one process's on the sum of both losses, counted once (its samples once)."""
+    r = next(r for r in exactness if r["optimizer"] == "twoloss")
+    assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and r["global_steps"] == 2, r
+    assert r["samples"] == r["taken"], "each step's samples counted once (the throughput the table shows)"
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_scripts_own_torch_clip_grad_norm_over_micro_batches_clips_the_steps_gradient(exactness, optimizer):
     """torch.nn.utils.clip_grad_norm_(model.parameters(), ...) kept from a one-device script, called

@@ -137,13 +137,16 @@ class Job:
             elastic.commit(t, check_hosts=False)
         return model, t.optimizer, t.loader
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the
-        step's last chunk, the weighted exact reduction of every gradient across ranks."""
+        step's last chunk, the weighted exact reduction of every gradient across ranks. `kwargs`
+        go to torch's `loss.backward` (`retain_graph=True` for a second backward through the same
+        graph; each call reduces what it added, so two losses backpropagated in turn sum as on one
+        device)."""
         item = self.step_state.item
         if self.training is None or item is None:
             raise RuntimeError("job.backward() needs a batch from the loader that job.prepare() returned")
-        self.training.backward(loss, item)
+        self.training.backward(loss, item, **kwargs)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the reduced gradients to `max_norm`, identically on every rank (the norm comes from

@@ -186,7 +186,7 @@ class Training:
             self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
                                elements=sum(p.numel() for p in self.reducer.params))
 
-    def backward(self, loss: torch.Tensor, item: Item) -> None:
+    def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
         if item.chunk == 0:
@@ -208,19 +208,29 @@ class Training:
         unscale /= rescale
         if item.last:
             self.strategy.before_last_backward(weight * unscale)
-        (loss * scale if scale != 1.0 else loss).backward()
+        (loss * scale if scale != 1.0 else loss).backward(**kwargs)
         if not item.last:
             self.step_state.backward_done(last=False)
             return
-        self.me.device.synchronize()
-        began, busy0, slept = self._began
-        self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
-        seconds = time.perf_counter() - began
+        # A second job.backward of a step already reduced (two losses backpropagated in turn, the
+        # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
+        # so the first's reduced part stays as it is), but the step is timed and counted once.
+        again = self.step_state.reduced
+        if not again:
+            self.me.device.synchronize()
+            began, busy0, slept = self._began
+            self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
+        seconds = time.perf_counter() - self._began[0]
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
         times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step)
         scale_gradients(self.reducer.params, rescale)
+        if again:
+            if overflowed and not self.step_state.skip and self.loss_scale is not None:
+                self.loss_scale.update(True)
+            self.step_state.backward_done(last=True, overflowed=overflowed or self.step_state.skip)
+            return
         self.last_step_seconds = (seconds, reduce_s)
         self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None:

@@ -5,8 +5,9 @@ Cases: SGD with momentum, two param groups and a per-batch StepLR; AdamW; with a
 gradient clipping, overlap and micro-batches of 8; two that clip with the script's own
 torch.nn.utils.clip_grad_norm_ over micro-batches; and a model of an nn.Embedding(sparse=True)
 (sparse gradients) and an nn.LazyLinear (shaped by its first forward, in job.prepare), plain SGD;
-and fine-tuning's habit: all but the head frozen at prepare, unfrozen after the first step (a
-param group added to the optimizer), overlapped, in micro-batches.
+fine-tuning's habit: all but the head frozen at prepare, unfrozen after the first step (a
+param group added to the optimizer), overlapped, in micro-batches; and two losses backpropagated
+in turn (`job.backward(loss, retain_graph=True)`, then a penalty's), overlapped, in micro-batches.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
@@ -50,6 +51,8 @@ class Tokens(torch.nn.Module):
 def build(name, model):
     if name == "sparse":
         return torch.optim.SGD(model.parameters(), lr=0.5), None
+    if name == "twoloss":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
     if name == "unfreeze":
         for part in list(model)[:-1]:
             part.requires_grad_(False)
@@ -77,7 +80,8 @@ train, _, info = data.load("digits", "unused")
 results = []
 CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 8]),
          ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
-         ("sparse", False, True, 8), ("unfreeze", False, True, 8)]
+         ("sparse", False, True, 8), ("unfreeze", False, True, 8), ("twoloss", False, True, 8)]
+PENALTY = 0.01  # "twoloss": the outputs' mean square, its own backward after the loss's
 for i, (name, clip, overlap, micro) in enumerate(CASES):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
                            hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
@@ -89,7 +93,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
     ref = copy.deepcopy(model)
     ref_opt, ref_sched = build(name, ref)
     frozen = name == "unfreeze"
-    seen, chunks, sizes, sparse = [], 0, None, None
+    seen, chunks, sizes, sparse, taken = [], 0, None, None, 0
     for x, y in loader:
         if frozen and job.step == 1:  # the backbone joins after the first step, here and in the replay
             frozen = False
@@ -99,9 +103,14 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                     p.requires_grad_(True)
                 opt.add_param_group({"params": body, "lr": 0.05})
         seen.append((x, y))
-        chunks += 1
-        loss = F.cross_entropy(model(x), y)
-        job.backward(loss)
+        chunks, taken = chunks + 1, taken + len(y)
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        if name == "twoloss":
+            job.backward(loss, retain_graph=True)
+            job.backward(PENALTY * out.pow(2).mean())
+        else:
+            job.backward(loss)
         if clip == "torch":  # as one-device scripts clip, kept in a port (rank/clipping.py)
             torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         elif clip:
@@ -119,7 +128,8 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             sizes = [len(b) for _, b in both]
             xb, yb = torch.cat([a.to(x.device) for a, _ in both]), torch.cat([b.to(x.device) for _, b in both])
             ref_opt.zero_grad(set_to_none=True)
-            F.cross_entropy(ref(xb), yb).backward()
+            out = ref(xb)
+            (F.cross_entropy(out, yb) + (PENALTY * out.pow(2).mean() if name == "twoloss" else 0)).backward()
             if clip:
                 torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
             ref_opt.step()
@@ -129,7 +139,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
         if job.step == STEPS:
             break
     results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": sizes,
-                    "sparse_grad": sparse,
+                    "sparse_grad": sparse, "global_steps": job.step, "samples": job.training.records.samples, "taken": taken,
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
                     "ref_lr": [g["lr"] for g in ref_opt.param_groups],
                     "param_rel_err": rel(model.parameters(), ref.parameters()),
