@@ -88,7 +88,9 @@ def materialize(model, dataset, device, collate_fn: Callable | None = None, loss
     gives every rank rank 0's parameters, which torch refuses for one not yet shaped
     ("Attempted to use an uninitialized parameter"), as a script that prepared its model before
     its first forward found. The optimizer made before holds the same parameters, shaped now."""
-    if not any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in model.parameters()):
+    from torch.nn.parameter import is_lazy
+
+    if not any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):  # LazyBatchNorm's may be buffers only
         return
     from hvdhetero.errors import ConfigError
 

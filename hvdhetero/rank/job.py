@@ -39,7 +39,7 @@ from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
                             host, precision, records, resume, scheduling, start, validate)
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state
+from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state, sparse_params
 from hvdhetero.rank.registry import Registry, TrainState
 from hvdhetero.rank.step_state import StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
@@ -111,12 +111,12 @@ class Job:
                               "models each with its own optimizer, stepped in turn as a GAN's, are not supported "
                               "yet; two models under one optimizer are: wrap them in one nn.ModuleDict)")
         data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
-        calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
         validate.prepare_arguments(model, optimizer, data.dataset, data.global_batch, self.device, self.size)
+        calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
         broadcast_state(model, optimizer)
         scheduling.install()  # before Training wraps a `scheduler=`: what it steps in turn is torch's
         cfg = self.config
-        reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap)
+        reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap, sparse=sparse_params(model))
         begun = start.calibrate(cfg, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
                                 data.collate_fn)
         mode = start.sync_mode(cfg, self.records, begun, model)

@@ -32,6 +32,8 @@ class _Bucket:
     buffer: torch.Tensor
     wire: torch.Tensor | None
     name: str
+    sparse: frozenset = frozenset()
+    """ids of the parameters whose gradients go back sparse (sparse_params)."""
     waiting: int = 0
     handle: object = None
 
@@ -60,8 +62,8 @@ class _Bucket:
         if self.wire is not None:
             self.buffer.copy_(self.wire)
         for p, chunk in zip(self.params, self.buffer.split([p.numel() for p in self.params])):
-            if p.grad is not None and p.grad.is_sparse:  # back as sparse: the rows any rank touched (SparseAdam wants so)
-                p.grad = chunk.view_as(p).to_sparse(p.grad.sparse_dim()).to(p.device)
+            if id(p) in self.sparse:  # back as sparse on every rank (SparseAdam wants so), the rows any rank touched
+                p.grad = chunk.view_as(p).to_sparse(1).to(p.device)
                 continue
             if p.grad is None:
                 p.grad = torch.empty_like(p)
@@ -79,12 +81,15 @@ class Reducer:
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none",
-                 overlap: bool = False, bucket_mb: float = 0.5):
+                 overlap: bool = False, bucket_mb: float = 0.5, sparse: frozenset = frozenset()):
         if compression not in WIRE_DTYPES:
             raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
+        params = list(params)
         self.params = [p for p in params if p.requires_grad]
+        self.known = {id(p) for p in params}
+        """Every parameter prepare saw (and gave every rank rank 0's of), trainable or not."""
         self.wire_dtype = WIRE_DTYPES[compression]
-        self.overlap, self.bucket_mb = overlap, bucket_mb
+        self.overlap, self.bucket_mb, self.sparse = overlap, bucket_mb, sparse
         self.weight = 1.0
         self.steps = 0
         self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
@@ -101,24 +106,27 @@ class Reducer:
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(bucket))
                        for bucket in self.buckets if self.overlap for p in bucket.params]
 
-    def follow(self, params: Iterable[torch.nn.Parameter]) -> int:
-        """`params`: the model's parameters now. Where the trainable ones are not those reduced so
-        far (a frozen backbone unfrozen after job.prepare, as fine-tuning scripts do, or a part
-        frozen), the buckets are made again for them (`params` keeps its identity: clipping holds
-        it). Returns the change in their number (0: none). Every rank changes alike, as its script
-        does; a rank that did not would send buffers of other sizes, which Horovod refuses."""
-        now = [p for p in params if p.requires_grad]
+    def follow(self, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+        """Where the model's trainable parameters are not those reduced so far (a frozen backbone
+        unfrozen after job.prepare, as fine-tuning scripts do, a part frozen, a new head), the
+        buckets are made again for them (`params` keeps its identity: clipping holds it) and the
+        parameters prepare never saw are returned (each rank's own initial values: the caller
+        gives every rank rank 0's); None where nothing changed. Every rank changes alike, as its
+        script does; a rank that did not would send buffers of other sizes, which Horovod refuses."""
+        now = [p for p in model.parameters() if p.requires_grad]
         if len(now) == len(self.params) and all(a is b for a, b in zip(now, self.params)):
-            return 0
-        change = len(now) - len(self.params)
+            return None
+        new = [p for p in now if id(p) not in self.known]
+        self.known.update(id(p) for p in new)
         self.params[:] = now
+        self.sparse = sparse_params(model)
         self._build()
-        return change or len(now)
+        return new
 
     def _bucket(self, params, name) -> _Bucket:
         buffer = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
         wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(buffer, dtype=self.wire_dtype)
-        return _Bucket(params, buffer, wire, name)
+        return _Bucket(params, buffer, wire, name, self.sparse)
 
     def _hook(self, bucket: _Bucket):
         def on_grad(_param):
@@ -180,6 +188,15 @@ class Reducer:
 
 
 @torch.no_grad()
+def sparse_params(model: torch.nn.Module) -> frozenset:
+    """ids of the parameters torch gives sparse gradients: an nn.Embedding's or nn.EmbeddingBag's
+    weight with sparse=True. Their reduced gradient goes back sparse on every rank, also on one
+    whose share touched none of the table this step (its .grad None: it would come back dense
+    there, sparse elsewhere)."""
+    return frozenset(id(m.weight) for m in model.modules()
+                     if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse)
+
+
 def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None:
     """Multiply every gradient of `params` by `factor`, in place (a loss scale's inverse, a
     clipping coefficient); nothing for 1."""

@@ -20,7 +20,7 @@ Buffers are not compared: BatchNorm's statistics are per rank by design and aver
 (reducer.average_buffers).
 
 The optimizer's settings (each param group's lr, momentum, betas, weight decay: what a scheduler
-changes) are compared every step, not only where it shows: a checksum of each rank's rides along
+changes; to 12 significant digits) are compared every step, not only where it shows: a checksum of each rank's rides along
 with the step's gradients (`settings_sum`), and where any differs from rank 0's every rank takes
 rank 0's before the optimizer steps (`same_settings`). A scheduler stepped on a number each rank
 computed alone (ReduceLROnPlateau on its own share's loss, a one-device habit) halved one rank's
@@ -53,7 +53,8 @@ class Replicas:
 
     def settings_sum(self) -> float:
         """A checksum of this rank's optimizer settings, exact in the float32 a reduction carries."""
-        return float(zlib.crc32(repr(settings(self.optimizer)).encode()) & 0xFFFFFF)
+        mine = [{key: _rounded(value) for key, value in group.items()} for group in settings(self.optimizer)]
+        return float(zlib.crc32(repr(mine).encode()) & 0xFFFFFF)
 
     def same_settings(self, sums: list[float], step: int) -> bool:
         """`sums`: every rank's settings_sum, as the step's reduction brought them (the same on
@@ -67,7 +68,7 @@ class Replicas:
             for key, value in wanted.items():
                 if isinstance(group.get(key), torch.Tensor):  # a tensor lr (capturable, fused): in place
                     group[key].fill_(value)
-                else:
+                elif key in group:
                     group[key] = value
         if self.on_settings is not None:
             self.on_settings(step, every)
@@ -85,20 +86,35 @@ class Replicas:
         return differed
 
 
-DEVICE_SWITCHES = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
-"""What of a param group is each rank's own: its parameters, and how its device runs the step."""
+STEP_SETTINGS = ("lr", "momentum", "betas", "weight_decay", "eps", "dampening")
+"""The param group settings an optimizer's step reads that schedulers change (OneCycleLR and
+CyclicLR cycle momentum or betas too). Keys a torch version adds (Adam's decoupled_weight_decay)
+or a scheduler keeps for itself (initial_lr) are left out: a Mac pinned to an older torch than the
+PC's would differ in them at every step for nothing."""
 
 
 def settings(optimizer: torch.optim.Optimizer) -> list[dict]:
-    """Each param group's settings (lr, momentum, betas, weight_decay, a scheduler's initial_lr)
-    as plain values, but for DEVICE_SWITCHES."""
-    def plain(value):
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            return float(value)
-        return value
+    """Each param group's STEP_SETTINGS, as plain floats (a tensor lr, a numpy scalar: numbers)."""
+    return [{key: _plain(group[key]) for key in STEP_SETTINGS if key in group} for group in optimizer.param_groups]
 
-    return [{key: plain(value) for key, value in sorted(group.items()) if key not in DEVICE_SWITCHES}
-            for group in optimizer.param_groups]
+
+def _plain(value):
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, bool) or value is None:
+        return value
+    try:
+        return float(value)  # float, int, a one-element tensor, a numpy scalar
+    except (TypeError, ValueError, RuntimeError):
+        return repr(value)
+
+
+def _rounded(value):
+    """A setting to 12 significant digits: the last bits a schedule's math.cos or pow rounds apart
+    on a Mac's libm and a PC's glibc are no difference; a learning rate halved is."""
+    if isinstance(value, tuple):
+        return tuple(_rounded(v) for v in value)
+    return float(f"{value:.12g}") if isinstance(value, float) else value
 
 
 def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

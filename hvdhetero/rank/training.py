@@ -28,7 +28,7 @@ from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, average_buffers, scale_gradients
+from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_tensors, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.replicas import Replicas
 from hvdhetero.rank.sampler import WeightedBatchSampler
@@ -97,6 +97,10 @@ class Training:
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
         self._passed = False  # a pass over the loader began outside job.epochs
+        self._grads_scaled = False
+        """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
+        self._unshared: list[torch.nn.Parameter] = []
+        """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
 
     @property
     def elastic(self) -> bool:
@@ -137,6 +141,8 @@ class Training:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
         self.step_state.chunk_given(item)
         if item.chunk == 0:
+            self.follow_trainable(before_forward=True)
+            self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
             slept = self.me.straggle(item.share)
             self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
 
@@ -168,11 +174,15 @@ class Training:
 
     # -- job.backward ------------------------------------------------------------------------------
 
-    def follow_trainable(self) -> None:
-        """Before a step's first backward: the parameters that now need a gradient are the ones
-        reduced (step sync: Reducer.follow); a fine-tuning script that unfreezes its backbone after
-        job.prepare had its gradients never reduced, the ranks' backbones apart. Under local/diloco
-        a round's exchange holds the parameters trainable at prepare: a change is refused."""
+    def follow_trainable(self, before_forward: bool) -> None:
+        """As a step's first chunk is handed out (`before_forward`), and again at its first backward
+        (a change the loop body made in between): the parameters that now need a gradient are the
+        ones reduced (step sync: Reducer.follow); a fine-tuning script that unfreezes its backbone
+        after job.prepare had its gradients never reduced, the ranks' backbones apart. Parameters
+        prepare never saw (a new head) take rank 0's values: before the forward where the change
+        came between steps, else after this step's reduction (the forward used each rank's own
+        then; autograd forbids changing them before its backward). Under local/diloco a round's
+        exchange holds the parameters trainable at prepare: a change is refused."""
         before = len(self.reducer.params)
         if self.strategy.kind != "step":
             now, then = [p for p in self.model.parameters() if p.requires_grad], self.strategy.sync.params
@@ -182,23 +192,32 @@ class Training:
                                   "whose exchanges hold those of job.prepare: unfreeze before job.prepare, or use "
                                   "--sync step")
             return
-        if self.reducer.follow(self.model.parameters()):
-            self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
-                               elements=sum(p.numel() for p in self.reducer.params))
+        new = self.reducer.follow(self.model)
+        if new is None:
+            return
+        if new and before_forward:  # a head made after prepare: each rank's own initial values until now
+            broadcast_tensors(new, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
+        elif new:
+            self._unshared = new
+        self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
+                           new=len(new), elements=sum(p.numel() for p in self.reducer.params))
 
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
-        if item.chunk == 0:
-            self.follow_trainable()
+        if item.chunk == 0 and not self.step_state.reduced:
+            self.follow_trainable(before_forward=False)
         theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
         self.records.loss(float(loss.detach()) / theirs_scale, item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0
         if self.loss_scale is not None:
             scale *= self.loss_scale.scale
-            if item.chunk == 0:  # gradients the script kept from earlier steps (it accumulates): scaled alike
+            # gradients kept from earlier steps (a script that accumulates), or this step's reduced
+            # ones (a second job.backward of the step), unscaled: scaled alike before this backward adds
+            if not self._grads_scaled:
                 scale_gradients(self.reducer.params, self.loss_scale.scale)
+                self._grads_scaled = True
         weight = item.share / sum(item.sizes)
         unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
         # Step sync sums the ranks' gradients: each rank's own scale out before, in again after (rank/scaler.py).
@@ -226,6 +245,10 @@ class Training:
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
         times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step)
         scale_gradients(self.reducer.params, rescale)
+        self._grads_scaled = False  # the loss scale is out of the reduced gradients
+        if self._unshared:  # parameters made inside this step's loop body (follow_trainable)
+            broadcast_tensors(self._unshared, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
+            self._unshared = []
         if again:
             if overflowed and not self.step_state.skip and self.loss_scale is not None:
                 self.loss_scale.update(True)

@@ -6,8 +6,10 @@ gradient clipping, overlap and micro-batches of 8; two that clip with the script
 torch.nn.utils.clip_grad_norm_ over micro-batches; and a model of an nn.Embedding(sparse=True)
 (sparse gradients) and an nn.LazyLinear (shaped by its first forward, in job.prepare), plain SGD;
 fine-tuning's habit: all but the head frozen at prepare, unfrozen after the first step (a
-param group added to the optimizer), overlapped, in micro-batches; and two losses backpropagated
-in turn (`job.backward(loss, retain_graph=True)`, then a penalty's), overlapped, in micro-batches.
+param group added to the optimizer), overlapped, in micro-batches; then a new head made on every
+rank from a seed of its own after the first step (rank 0's must train everywhere); and two losses
+backpropagated in turn (`job.backward(loss, retain_graph=True)`, then a penalty's), overlapped, in
+micro-batches, also under a dynamic loss scale.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 import hvdhetero as hh
 from hvdhetero.config import JobConfig
+from hvdhetero.rank import precision
 from hvdhetero.recipes import data, models
 
 STEPS = 2
@@ -52,6 +55,8 @@ def build(name, model):
     if name == "sparse":
         return torch.optim.SGD(model.parameters(), lr=0.5), None
     if name == "twoloss":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
+    if name == "newhead":
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
     if name == "unfreeze":
         for part in list(model)[:-1]:
@@ -80,11 +85,14 @@ train, _, info = data.load("digits", "unused")
 results = []
 CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 8]),
          ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
-         ("sparse", False, True, 8), ("unfreeze", False, True, 8), ("twoloss", False, True, 8)]
+         ("sparse", False, True, 8), ("unfreeze", False, True, 8), ("twoloss", False, True, 8),
+         ("twoloss", "scaled", False, 8), ("newhead", False, True, 8)]  # a dynamic loss scale (fp16 on CUDA/MPS), switched on by hand
 PENALTY = 0.01  # "twoloss": the outputs' mean square, its own backward after the loss's
 for i, (name, clip, overlap, micro) in enumerate(CASES):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
                            hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
+    if clip == "scaled":
+        job.loss_scale = precision.LossScale(scale=2.0 ** 10)
     torch.manual_seed(i + hvd.rank())  # different initial weights per rank: prepare must broadcast rank 0's
     model = (Tokens() if name == "sparse" else models.build("cnn", info)).to(job.device).eval()  # eval: no dropout
     optimizer, scheduler = build(name, model)
@@ -92,7 +100,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     ref = copy.deepcopy(model)
     ref_opt, ref_sched = build(name, ref)
-    frozen = name == "unfreeze"
+    frozen, headless = name == "unfreeze", name == "newhead"
     seen, chunks, sizes, sparse, taken = [], 0, None, None, 0
     for x, y in loader:
         if frozen and job.step == 1:  # the backbone joins after the first step, here and in the replay
@@ -113,7 +121,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             job.backward(loss)
         if clip == "torch":  # as one-device scripts clip, kept in a port (rank/clipping.py)
             torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        elif clip:
+        elif clip is True:
             job.clip_grad_norm_(MAX_NORM)
         before = job.step
         if name == "sparse":
@@ -130,7 +138,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             ref_opt.zero_grad(set_to_none=True)
             out = ref(xb)
             (F.cross_entropy(out, yb) + (PENALTY * out.pow(2).mean() if name == "twoloss" else 0)).backward()
-            if clip:
+            if clip in (True, "torch"):
                 torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
             ref_opt.step()
             if ref_sched is not None:
@@ -138,6 +146,13 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             seen = []
         if job.step == STEPS:
             break
+        if headless and job.step == 1:  # a new head between steps: each rank's own initial values
+            headless = False
+            torch.manual_seed(100 + hvd.rank())
+            model[-1] = torch.nn.Linear(model[-1].in_features, model[-1].out_features).to(job.device)
+            ref[-1] = copy.deepcopy(model[-1])  # the replay: this rank's (rank 0 reports its own)
+            optimizer.add_param_group({"params": list(model[-1].parameters())})
+            ref_opt.add_param_group({"params": list(ref[-1].parameters())})
     results.append({"optimizer": name, "clip": clip, "overlap": overlap, "micro_batch": micro, "sizes": sizes,
                     "sparse_grad": sparse, "global_steps": job.step, "samples": job.training.records.samples, "taken": taken,
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
