@@ -99,22 +99,28 @@ def test_a_rank_that_stops_early_on_its_own_loss_is_named_with_the_way_out(tmp_p
     assert "rank 1: loss" in (run_dir / "rank-1.log").read_text()
 
 
-def test_a_backbone_unfrozen_mid_run_trains_as_one_model_or_is_refused_where_it_cannot(tmp_path):
+@pytest.mark.parametrize("sync", ["step", "diloco:4"])
+def test_a_backbone_unfrozen_mid_run_trains_as_one_model(tmp_path, sync):
     """tests/scripts/unfreezes.py unfreezes its backbone after the first epoch. Under step sync
     its gradients are reduced from then on: the ranks end with one model and no settle had to
     make them one (its gradients stayed each rank's own: they differed at every epoch's end).
-    Under --sync local:4, whose exchanges hold the parameters trainable at prepare, it is refused."""
-    run_dir = tmp_path / "step"
-    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "unfreezes.py", "--run-dir", run_dir], timeout=300)
+    Under diloco:4 the rounds exchange it from then on (they carried the parameters trainable at
+    prepare: the backbones ended apart, each rank's own)."""
+    run_dir = tmp_path / "run"
+    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "unfreezes.py", "--sync", sync,
+             "--run-dir", run_dir], timeout=300)
     records = metrics.records(run_dir / "metrics.jsonl")
     assert len(set(records[-1]["param_digests"])) == 1 and not [r for r in records if r["event"] == "settle"]
     trainable = [r for r in records if r["event"] == "trainable"]
     assert [(r["step"], r["before"], r["now"]) for r in trainable] == [(12, 2, 6)], trainable
+
+
+def test_a_backbone_unfrozen_inside_the_loop_body_is_refused_by_rounds(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "unfreezes.py", "--sync", "local:4",
-                    "--run-dir", tmp_path / "local"], check=False, timeout=300)
-    assert proc.returncode == 1 and "ConfigError: the model's trainable parameters changed after job.prepare " \
-                                   "(requires_grad set or cleared, as when a frozen backbone is unfrozen) under " \
-                                   "--sync local:4" in proc.stderr, proc.stderr[-2000:]
+                    "--env", "UNFREEZE_IN_LOOP=1", "--run-dir", tmp_path / "run"], check=False, timeout=300)
+    assert proc.returncode == 1 and "ConfigError: the model's trainable parameters changed inside a step's loop " \
+                                   "body (requires_grad set or cleared after the batch came) under --sync local:4" \
+                                   in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(tmp_path):

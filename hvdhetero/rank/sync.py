@@ -138,6 +138,29 @@ class ParameterSync:
         self._mark = time.perf_counter()
         return times
 
+    def retarget(self, model: torch.nn.Module) -> None:
+        """The model's trainable parameters changed (a backbone unfrozen, a new head), with the
+        ranks holding one model (a flush just now, nothing in flight): the exchange carries those
+        from here on, each round starting at the model as it is. The outer optimizer's momentum
+        stays with each parameter it had; a new one starts without."""
+        if self.unsettled:
+            raise RuntimeError("ParameterSync.retarget() with a round in flight: flush() first")
+        kept = {}
+        if self.outer is not None:
+            for p, start in zip(self.params, self.start):
+                state = self.outer.state.get(start)
+                if state:
+                    kept[id(p)] = state
+        self.params, self.buffers = exchanged_tensors(model)
+        self.start, self.start_buffers = _cpu(self.params), _cpu(self.buffers)
+        self.local_start = self._local_buffers = None
+        if self.outer is not None:
+            group = {k: v for k, v in self.outer.param_groups[0].items() if k != "params"}
+            self.outer = torch.optim.SGD(self.start, **group)
+            for p, start in zip(self.params, self.start):
+                if id(p) in kept:
+                    self.outer.state[start] = kept[id(p)]
+
     @property
     def round_steps(self) -> int:
         """Global steps taken in the round in progress (0: between rounds)."""

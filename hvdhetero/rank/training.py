@@ -181,21 +181,28 @@ class Training:
         after job.prepare had its gradients never reduced, the ranks' backbones apart. Parameters
         prepare never saw (a new head) take rank 0's values: before the forward where the change
         came between steps, else after this step's reduction (the forward used each rank's own
-        then; autograd forbids changing them before its backward). Under local/diloco a round's
-        exchange holds the parameters trainable at prepare: a change is refused."""
+        then; autograd forbids changing them before its backward). Under local/diloco the ranks
+        first exchange what they have (one model), then the rounds carry the new set
+        (ParameterSync.retarget); a change inside a step's loop body is refused there."""
         before = len(self.reducer.params)
         if self.strategy.kind != "step":
             now, then = [p for p in self.model.parameters() if p.requires_grad], self.strategy.sync.params
-            if len(now) != len(then) or any(a is not b for a, b in zip(now, then)):
-                raise ConfigError(f"the model's trainable parameters changed after job.prepare (requires_grad set "
-                                  f"or cleared, as when a frozen backbone is unfrozen) under --sync {self.strategy.name}, "
-                                  "whose exchanges hold those of job.prepare: unfreeze before job.prepare, or use "
-                                  "--sync step")
-            return
+            if len(now) == len(then) and all(a is b for a, b in zip(now, then)):
+                return
+            if not before_forward:
+                raise ConfigError(f"the model's trainable parameters changed inside a step's loop body (requires_grad "
+                                  f"set or cleared after the batch came) under --sync {self.strategy.name}, whose "
+                                  "rounds follow such a change only between steps: make it before the loop over the "
+                                  "batches (at an epoch's start), or use --sync step")
         new = self.reducer.follow(self.model)
         if new is None:
             return
-        if new and before_forward:  # a head made after prepare: each rank's own initial values until now
+        if self.strategy.kind != "step":  # rounds: one model now, then exchanges over the new set
+            self.strategy.one_model(self.train.step)
+            if new:
+                broadcast_tensors(new, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
+            self.strategy.sync.retarget(self.model)
+        elif new and before_forward:  # a head made after prepare: each rank's own initial values until now
             broadcast_tensors(new, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
         elif new:
             self._unshared = new

@@ -1,10 +1,14 @@
 """Fine-tuning as one-device scripts do it: a pretrained backbone frozen for the first epoch while
 the new head trains, then unfrozen with a smaller learning rate of its own (a param group added
 to the optimizer). Run by tests/test_script.py under --sync step (the backbone's gradients are
-reduced from the second epoch on: one model on every rank) and --sync local:4 (refused, saying so).
+reduced from the second epoch on) and --sync diloco:4 (the rounds exchange it from then on): one
+model on every rank at the end. UNFREEZE_IN_LOOP=1 unfreezes inside the loop body instead, which
+the rounds refuse, saying so.
 
     invoke train --script tests/scripts/unfreezes.py
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -23,11 +27,15 @@ backbone.requires_grad_(False)
 optimizer = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)
 loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
 model, optimizer, loader = job.prepare(model, optimizer, loader)
+in_loop = os.environ.get("UNFREEZE_IN_LOOP") == "1"
 for epoch in job.epochs(3):
-    if epoch == 1:
+    if epoch == 1 and not in_loop:
         backbone.requires_grad_(True)
         optimizer.add_param_group({"params": backbone.parameters(), "lr": 0.01})
     for inputs, labels in loader:
+        if epoch == 1 and in_loop and not backbone[0].weight.requires_grad:
+            backbone.requires_grad_(True)
+            optimizer.add_param_group({"params": backbone.parameters(), "lr": 0.01})
         loss = F.cross_entropy(model(inputs), labels)
         optimizer.zero_grad()
         job.backward(loss)
