@@ -56,11 +56,13 @@ class _Bucket:
         self.handle = hvd.allreduce_async_(self.wire if self.wire is not None else self.buffer,
                                            op=hvd.Sum, name=self.name)
 
-    def finish(self) -> None:
+    def finish(self, after: float = 1.0) -> None:
         wait(self.handle, "its gradients' reduction")
         self.handle = None
         if self.wire is not None:
             self.buffer.copy_(self.wire)
+        if after != 1.0:
+            self.buffer.mul_(after)
         for p, chunk in zip(self.params, self.buffer.split([p.numel() for p in self.params])):
             if id(p) in self.sparse:  # back as sparse on every rank (SparseAdam wants so), the rows any rank touched
                 p.grad = chunk.view_as(p).to_sparse(1).to(p.device)
@@ -139,15 +141,18 @@ class Reducer:
         return on_grad
 
     def prepare(self, weight: float) -> None:
-        """Set this rank's weight n_i / sum(n) for the coming backward (overlap mode)."""
+        """Set this rank's weight n_i / sum(n) (times what `reduce`'s `after` takes out again) for
+        the coming backward (overlap mode)."""
         self.weight = weight
         self.armed = True
         for bucket in self.buckets:
             bucket.waiting = len(bucket.params)
 
-    def reduce(self, weight: float, extras: list[float] | None = None) -> list[float] | None:
-        """Replace each .grad with sum over ranks of weight_i * grad_i (in place, same device).
-        `extras`, if given, are summed across ranks in the same round and returned."""
+    def reduce(self, weight: float, extras: list[float] | None = None, after: float = 1.0) -> list[float] | None:
+        """Replace each .grad with sum over ranks of weight_i * grad_i, times `after` (in place,
+        same device). `extras`, if given, are summed across ranks in the same round and returned.
+        `after`: a factor common to every rank, applied once the sum is in (a loss scale's inverse
+        kept off an fp16 wire, where the unscaled small gradients would flush to zero)."""
         self.weight = weight
         extra = None
         if extras is not None:
@@ -158,7 +163,7 @@ class Reducer:
             if bucket.handle is None:  # not started during backward (or no overlap at all)
                 bucket.launch(weight)
         for bucket in self.buckets:
-            bucket.finish()
+            bucket.finish(after)
         self.armed = False
         self.steps += 1
         if extra is None:

@@ -61,19 +61,31 @@ class EveryStep:
     def name(self) -> str:
         return "step"
 
-    def before_last_backward(self, weight: float) -> None:
+    def before_last_backward(self, weight: float, unscale: float = 1.0, common: bool = False) -> None:
         """The step's last backward is next: overlapped, its gradients are reduced as they come."""
         if self.overlap_reduce:
-            self.reducer.prepare(weight)
+            self.reducer.prepare(self._on_wire(weight, unscale, common)[0])
 
-    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0) -> Reduced:
+    def _on_wire(self, weight: float, unscale: float, common: bool) -> tuple[float, float]:
+        """(before, after) the sum: the loss scale's inverse `unscale` goes after it where every
+        rank's scale is the same (`common`: the job's own) and the wire is fp16, so the scaled
+        gradients cross it (as DDP's fp16 hook gets AMP's scaled ones): unscaled first, the small
+        ones (under 6e-8, and under 6e-5 with fewer bits) flushed to zero there. Else before."""
+        if common and unscale != 1.0 and self.reducer.wire_dtype != torch.float32:
+            return weight, unscale
+        return weight * unscale, 1.0
+
+    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0,
+               common: bool = False) -> Reduced:
         """Every gradient reduced, weighted by `weight` (this rank's share of the global batch)
-        times `unscale` (the loss scale's inverse); this rank's step `seconds` ride along, so
-        every rank gets every rank's, and so does a checksum of its optimizer's settings, made
-        rank 0's on every rank where they differ (global `step`: the one about to be taken)."""
+        times `unscale` (the loss scale's inverse; `common`: every rank's the same, see _on_wire);
+        this rank's step `seconds` ride along, so every rank gets every rank's, and so does a
+        checksum of its optimizer's settings, made rank 0's on every rank where they differ
+        (global `step`: the one about to be taken)."""
         started = time.perf_counter()
         settings = [] if self.replicas is None else one_hot(self.replicas.settings_sum())
-        extras = self.reducer.reduce(weight * unscale, extras=one_hot(seconds) + settings)
+        before, after = self._on_wire(weight, unscale, common)
+        extras = self.reducer.reduce(before, extras=one_hot(seconds) + settings, after=after)
         times, sums = extras[:len(extras) - len(settings)], extras[len(extras) - len(settings):]
         if sums:  # the optimizer's settings alike on every rank before it steps (rank/replicas.py)
             self.replicas.same_settings(sums, step)
@@ -161,10 +173,11 @@ class Rounds:
         """Whether the ranks' models may differ: a partial round, or a round still in flight."""
         return self.sync.unsettled
 
-    def before_last_backward(self, weight: float) -> None:
+    def before_last_backward(self, weight: float, unscale: float = 1.0, common: bool = False) -> None:
         pass
 
-    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0) -> Reduced:
+    def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0,
+               common: bool = False) -> Reduced:
         """Nothing crosses the link: this rank's own gradients, multiplied by `unscale` (the
         loss scale's inverse), checked for overflow on their own."""
         scale_gradients(self.sync.params, unscale)

@@ -232,8 +232,9 @@ class Training:
         summed = theirs is not None and self.strategy.kind == "step"
         rescale = theirs_scale if summed else 1.0
         unscale /= rescale
+        common = theirs is None  # the job's own loss scale, every rank's: it may stay on the wire (strategy._on_wire)
         if item.last:
-            self.strategy.before_last_backward(weight * unscale)
+            self.strategy.before_last_backward(weight, unscale, common)
         (loss * scale if scale != 1.0 else loss).backward(**kwargs)
         if not item.last:
             self.step_state.backward_done(last=False)
@@ -250,7 +251,7 @@ class Training:
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
-        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step)
+        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step, common)
         scale_gradients(self.reducer.params, rescale)
         self._grads_scaled = False  # the loss scale is out of the reduced gradients
         if self._unshared:  # parameters made inside this step's loop body (follow_trainable)

@@ -9,7 +9,9 @@ fine-tuning's habit: all but the head frozen at prepare, unfrozen after the firs
 param group added to the optimizer), overlapped, in micro-batches; then a new head made on every
 rank from a seed of its own after the first step (rank 0's must train everywhere); and two losses
 backpropagated in turn (`job.backward(loss, retain_graph=True)`, then a penalty's), overlapped, in
-micro-batches, also under a dynamic loss scale.
+micro-batches, also under a dynamic loss scale; and "tiny": a loss 1e-4 of the usual (gradients
+of 1e-9 to 1e-5) under a dynamic loss scale with fp16 on the wire, compared by each step's change
+of the parameters (the wire's 11 bits against one process's float32).
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
@@ -54,7 +56,7 @@ class Tokens(torch.nn.Module):
 def build(name, model):
     if name == "sparse":
         return torch.optim.SGD(model.parameters(), lr=0.5), None
-    if name == "twoloss":
+    if name in ("twoloss", "tiny"):
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
     if name == "newhead":
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
@@ -86,10 +88,12 @@ results = []
 CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 8]),
          ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
          ("sparse", False, True, 8), ("unfreeze", False, True, 8), ("twoloss", False, True, 8),
-         ("twoloss", "scaled", False, 8), ("newhead", False, True, 8)]  # a dynamic loss scale (fp16 on CUDA/MPS), switched on by hand
+         ("twoloss", "scaled", False, 8), ("newhead", False, True, 8), ("tiny", "scaled", True, 0)]
+TINY = 1e-4  # a dynamic loss scale (fp16 on CUDA/MPS), switched on by hand
 PENALTY = 0.01  # "twoloss": the outputs' mean square, its own backward after the loss's
 for i, (name, clip, overlap, micro) in enumerate(CASES):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{i}", slowdown=3.0, overlap=overlap, micro_batch=str(micro),
+                           compression="fp16" if name == "tiny" else "none",
                            hosts=json.loads(os.environ.get("HVDHETERO_TEST_HOSTS") or "{}")))
     if clip == "scaled":
         job.loss_scale = precision.LossScale(scale=2.0 ** 10)
@@ -100,6 +104,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     ref = copy.deepcopy(model)
     ref_opt, ref_sched = build(name, ref)
+    initial = [p.detach().clone() for p in model.parameters()]
     frozen, headless = name == "unfreeze", name == "newhead"
     seen, chunks, sizes, sparse, taken = [], 0, None, None, 0
     for x, y in loader:
@@ -113,7 +118,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
         seen.append((x, y))
         chunks, taken = chunks + 1, taken + len(y)
         out = model(x)
-        loss = F.cross_entropy(out, y)
+        loss = F.cross_entropy(out, y) * (TINY if name == "tiny" else 1.0)
         if name == "twoloss":
             job.backward(loss, retain_graph=True)
             job.backward(PENALTY * out.pow(2).mean())
@@ -137,7 +142,8 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             xb, yb = torch.cat([a.to(x.device) for a, _ in both]), torch.cat([b.to(x.device) for _, b in both])
             ref_opt.zero_grad(set_to_none=True)
             out = ref(xb)
-            (F.cross_entropy(out, yb) + (PENALTY * out.pow(2).mean() if name == "twoloss" else 0)).backward()
+            (F.cross_entropy(out, yb) * (TINY if name == "tiny" else 1.0)
+             + (PENALTY * out.pow(2).mean() if name == "twoloss" else 0)).backward()
             if clip in (True, "torch"):
                 torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
             ref_opt.step()
@@ -158,6 +164,8 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
                     "ref_lr": [g["lr"] for g in ref_opt.param_groups],
                     "param_rel_err": rel(model.parameters(), ref.parameters()),
+                    "change_rel_err": rel([p - p0 for p, p0 in zip(model.parameters(), initial)],
+                                          [p - p0 for p, p0 in zip(ref.parameters(), initial)]),
                     "devices": hvd.allgather_object(str(job.device), name=f"api.devices.{i}")})
 if hvd.rank() == 0:
     print("API_EXACTNESS " + json.dumps(results), flush=True)
