@@ -5,7 +5,7 @@ and the job falls back (tests/test_ported.py trains the shapes on real ranks).""
 
 from __future__ import annotations
 
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, UserDict, defaultdict, namedtuple
 from dataclasses import dataclass
 
 import pytest
@@ -190,3 +190,52 @@ def test_an_error_that_is_no_wrong_call_ends_the_probe_at_once():
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         ProbeLoss()(model, (torch.randn(5, 4), torch.ones(5), torch.zeros(5)))
     assert model.calls == 1
+
+
+# -- batches of other kinds: a UserDict (transformers' BatchEncoding), a dataclass, an object with .to
+
+class Encoding(UserDict):
+    """As transformers' BatchEncoding: a UserDict (no dict subclass) read by attribute too."""
+
+    def __getattr__(self, name):
+        try:
+            return self.data[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclass
+class Pair:
+    pixels: torch.Tensor
+    label: torch.Tensor
+
+
+class Graph:
+    """A batch class of the script's own that moves itself (as torch_geometric's Batch)."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def to(self, device):
+        return Graph(self.x.to(device))
+
+
+def test_a_userdict_or_a_dataclass_batch_is_probed_moved_and_sliced_as_a_dict():
+    """A collate_fn returning a UserDict (transformers' DataCollatorWithPadding) or a dataclass
+    left the probe with "a batch must hold at least one tensor (got Encoding)", and the batch on
+    the CPU of an MPS or CUDA rank: moved, sliced and counted now, its type kept."""
+    from hvdhetero.rank import batches
+
+    encoding = Encoding({"input_ids": torch.zeros(6, 3, dtype=torch.long), "pixels": torch.randn(6, 4)})
+    pair = Pair(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
+    for batch in (encoding, pair):
+        assert batches.size(batch) == 6
+        moved = batches.to_device(batch, torch.device("meta"))
+        assert type(moved) is type(batch) and batches.first_tensor(moved).device.type == "meta"
+        part = batches.take(batch, 1, 3)
+        assert type(part) is type(batch) and batches.size(part) == 2
+    assert batches.to_device(encoding, torch.device("meta")).pixels.device.type == "meta"  # attribute access kept
+    assert batches.to_device(Graph(torch.randn(2, 4)), torch.device("meta")).x.device.type == "meta"
+    assert batches.to_device(defaultdict(list, a=torch.ones(2)), torch.device("meta"))["a"].device.type == "meta"
+    model = Counting()
+    assert grads(model, ProbeLoss()(model, pair)) and model.calls == [("x", (6, 4))]  # model(batch.pixels)

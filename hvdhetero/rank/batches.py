@@ -1,11 +1,14 @@
-"""Batches as users have them: a tensor, a tuple or list of tensors (inputs, targets, ...), or
-a dict of tensors, at any nesting. What the loader and the timing probes need of them: how many
-samples one holds, a slice of it (a micro-batch), and a copy on the rank's device.
+"""Batches as users have them: a tensor, a tuple or list of tensors (inputs, targets, ...), a
+dict of tensors, at any nesting; also any other mapping (transformers' BatchEncoding is a
+UserDict), a dataclass of tensors, or an object of the script's own with a `.to(device)`. What
+the loader and the timing probes need of them: how many samples one holds, a slice of it (a
+micro-batch), and a copy on the rank's device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch.utils.data import TensorDataset, default_collate
@@ -22,26 +25,38 @@ def size(batch) -> int:
 
 def take(batch, start: int, stop: int):
     """Samples start..stop of every tensor in `batch` (other values as they are)."""
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop]
-    if isinstance(batch, dict):
-        return {k: take(v, start, stop) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        items = [take(v, start, stop) for v in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
-    return batch
+    return _map(batch, lambda t: t[start:stop], lambda b: take(b, start, stop))
 
 
 def to_device(batch, device: torch.device):
     """`batch` with every tensor on `device`. Blocking copies: non_blocking CPU->MPS copies have
-    returned wrong data in other projects."""
-    if isinstance(batch, torch.Tensor):
+    returned wrong data in other projects. An object of the script's own that is none of the
+    kinds `_map` knows moves by its own `.to(device)` (as transformers' BatchEncoding does)."""
+    if not isinstance(batch, (torch.Tensor, dict, list, tuple)) and callable(getattr(batch, "to", None)):
         return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
+    return _map(batch, lambda t: t.to(device), lambda b: to_device(b, device))
+
+
+def _map(batch, tensor: Callable, inner: Callable):
+    """`batch` with `tensor` applied to a tensor, `inner` to each value of a container (a dict or
+    other mapping, a list, a tuple or namedtuple, a dataclass), rebuilt as its own type where
+    that takes the values back (a mapping that does not: a dict); anything else as it is."""
+    if isinstance(batch, torch.Tensor):
+        return tensor(batch)
+    if isinstance(batch, Mapping):
+        values = {k: inner(v) for k, v in batch.items()}
+        if type(batch) is dict:
+            return values
+        try:
+            return type(batch)(values)
+        except Exception:  # noqa: BLE001 - a mapping type that is not built from a dict (defaultdict)
+            return values
     if isinstance(batch, (list, tuple)):
-        items = [to_device(v, device) for v in batch]
+        items = [inner(v) for v in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: inner(getattr(batch, f.name))
+                                             for f in dataclasses.fields(batch) if f.init})
     return batch
 
 
@@ -62,7 +77,14 @@ def probe(dataset, n: int, device: torch.device, collate_fn: Callable | None = N
 def first_tensor(batch):
     if isinstance(batch, torch.Tensor):
         return batch
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    if isinstance(batch, Mapping):
+        values = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    else:
+        values = ()
     for v in values:
         found = first_tensor(v)
         if found is not None:

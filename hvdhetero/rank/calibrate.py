@@ -166,8 +166,17 @@ def ways(model, batch) -> list[Callable]:
       first and targets last ({"pixels": ..., "label": ...} -> `model(batch["pixels"])`);
     - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then all but the last
       (`model(x, lengths)`), then all of it;
+    - a dataclass: as a dict of its fields (`model(**fields)`, `model(batch)`, `model(batch.x)`);
     - a tensor: `model(batch)`."""
     found: list[Callable] = []
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):  # a dataclass batch: as a dict of its fields
+        names = [f.name for f in dataclasses.fields(batch)]
+        if _takes(model, names):
+            found.append(lambda m, b: m(**{k: getattr(b, k) for k in names}))
+        found.append(lambda m, b: m(b))
+        tensors = [k for k in names if isinstance(getattr(batch, k), torch.Tensor)]
+        tensors.sort(key=lambda k: (not getattr(batch, k).is_floating_point(), k.lower() in TARGETS))
+        return found + [lambda m, b, k=k: m(getattr(b, k)) for k in tensors]
     if isinstance(batch, Mapping):
         if _takes(model, batch.keys()):
             found.append(lambda m, b: m(**b))
