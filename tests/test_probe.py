@@ -6,7 +6,7 @@ and the job falls back (tests/test_ported.py trains the shapes on real ranks).""
 from __future__ import annotations
 
 from collections import OrderedDict, UserDict, defaultdict, namedtuple
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -210,6 +210,12 @@ class Pair:
     label: torch.Tensor
 
 
+@dataclass
+class Masked:
+    x: torch.Tensor
+    mask: torch.Tensor | None = field(init=False, default=None)
+
+
 class Graph:
     """A batch class of the script's own that moves itself (as torch_geometric's Batch)."""
 
@@ -235,6 +241,12 @@ def test_a_userdict_or_a_dataclass_batch_is_probed_moved_and_sliced_as_a_dict():
         part = batches.take(batch, 1, 3)
         assert type(part) is type(batch) and batches.size(part) == 2
     assert batches.to_device(encoding, torch.device("meta")).pixels.device.type == "meta"  # attribute access kept
+    encoding.n_sequences = 1  # BatchEncoding's own attributes stay with a slice
+    assert batches.take(encoding, 0, 2).n_sequences == 1
+    masked = Masked(torch.randn(6, 4))
+    masked.mask = torch.ones(6)  # a field set after construction (init=False): moved and sliced too
+    assert batches.to_device(masked, torch.device("meta")).mask.device.type == "meta"
+    assert batches.take(masked, 0, 2).mask.shape == (2,)
     assert batches.to_device(Graph(torch.randn(2, 4)), torch.device("meta")).x.device.type == "meta"
     assert batches.to_device(defaultdict(list, a=torch.ones(2)), torch.device("meta"))["a"].device.type == "meta"
     model = Counting()

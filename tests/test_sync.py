@@ -174,3 +174,21 @@ def test_inner_steps_by_speed_needs_local_or_diloco(tmp_path):
                   check=False, timeout=60)
     assert out.returncode == 2 and "--inner-steps by-speed needs --sync local:H or diloco:H" in out.stderr, out
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_whose_rounds_carried_other_parameters_is_refused_by_name():
+    """A run that unfroze its backbone mid-way checkpoints rounds that carry it; resumed by a script
+    that freezes it before job.prepare (unfreezing only at epoch k, which the resume is past), the
+    saved round starts do not fit: refused with what to do, not copied slot by slot (a buffer's
+    start into a parameter's, or a shape error from torch)."""
+    import torch
+
+    from hvdhetero.errors import ConfigError
+    from hvdhetero.rank.sync import ParameterSync
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    saved = ParameterSync(model, "diloco", 4, 64).state_dict()
+    model[0].requires_grad_(False)
+    with pytest.raises(ConfigError, match=r"the checkpoint's rounds carried 6 trainable parameters, this run's 4: .* "
+                                          r"make the same parameters trainable before job.prepare"):
+        ParameterSync(model, "diloco", 4, 64).load_state_dict(saved)

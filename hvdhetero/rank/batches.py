@@ -7,7 +7,9 @@ micro-batch), and a copy on the rank's device.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections import UserDict
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -25,39 +27,60 @@ def size(batch) -> int:
 
 def take(batch, start: int, stop: int):
     """Samples start..stop of every tensor in `batch` (other values as they are)."""
-    return _map(batch, lambda t: t[start:stop], lambda b: take(b, start, stop))
+    def one(b):
+        return b[start:stop] if isinstance(b, torch.Tensor) else _rebuilt(b, one)
+    return one(batch)
 
 
 def to_device(batch, device: torch.device):
     """`batch` with every tensor on `device`. Blocking copies: non_blocking CPU->MPS copies have
-    returned wrong data in other projects. An object of the script's own that is none of the
-    kinds `_map` knows moves by its own `.to(device)` (as transformers' BatchEncoding does)."""
-    if not isinstance(batch, (torch.Tensor, dict, list, tuple)) and callable(getattr(batch, "to", None)):
-        return batch.to(device)
-    return _map(batch, lambda t: t.to(device), lambda b: to_device(b, device))
+    returned wrong data in other projects. An object that moves itself (`.to(device)`: transformers'
+    BatchEncoding, a PackedSequence, a batch class of the script's own) does so."""
+    def one(b):
+        if isinstance(b, torch.Tensor):
+            return b.to(device)
+        if type(b) not in _BUILTIN and not isinstance(b, _LEAVES) and callable(getattr(b, "to", None)):
+            return b.to(device)
+        return _rebuilt(b, one)
+    return one(batch)
 
 
-def _map(batch, tensor: Callable, inner: Callable):
-    """`batch` with `tensor` applied to a tensor, `inner` to each value of a container (a dict or
-    other mapping, a list, a tuple or namedtuple, a dataclass), rebuilt as its own type where
-    that takes the values back (a mapping that does not: a dict); anything else as it is."""
-    if isinstance(batch, torch.Tensor):
-        return tensor(batch)
-    if isinstance(batch, Mapping):
-        values = {k: inner(v) for k, v in batch.items()}
-        if type(batch) is dict:
-            return values
+_BUILTIN = (dict, list, tuple)
+_LEAVES = (str, bytes, int, float, bool, type(None))
+
+
+def _rebuilt(b, one: Callable):
+    """A container `b` (a dict or other mapping, a list, a tuple or namedtuple, a dataclass) with
+    `one` applied to each value, as its own type (a mapping not built from a dict: a dict); any
+    other value as it is."""
+    kind = type(b)
+    if kind in _BUILTIN or isinstance(b, _LEAVES):
+        if kind is dict:
+            return {k: one(v) for k, v in b.items()}
+        if kind is list:
+            return [one(v) for v in b]
+        return tuple(one(v) for v in b) if kind is tuple else b
+    if isinstance(b, tuple) and hasattr(b, "_fields"):
+        return kind(*[one(v) for v in b])
+    if isinstance(b, (list, tuple)):
+        return kind([one(v) for v in b])
+    if isinstance(b, UserDict):  # its other attributes kept (BatchEncoding's encodings)
+        new = copy.copy(b)
+        new.data = {k: one(v) for k, v in b.data.items()}
+        return new
+    if isinstance(b, Mapping):
+        values = {k: one(v) for k, v in b.items()}
         try:
-            return type(batch)(values)
+            return kind(values)
         except Exception:  # noqa: BLE001 - a mapping type that is not built from a dict (defaultdict)
             return values
-    if isinstance(batch, (list, tuple)):
-        items = [inner(v) for v in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{f.name: inner(getattr(batch, f.name))
-                                             for f in dataclasses.fields(batch) if f.init})
-    return batch
+    if dataclasses.is_dataclass(b) and not isinstance(b, type):  # every field, init or not, frozen or not
+        new = copy.copy(b)
+        for f in dataclasses.fields(b):
+            if hasattr(b, f.name):
+                object.__setattr__(new, f.name, one(getattr(b, f.name)))
+        return new
+    return b
 
 
 def collate(dataset, indices: Sequence[int], collate_fn: Callable | None = None):
@@ -82,7 +105,7 @@ def first_tensor(batch):
     elif isinstance(batch, (list, tuple)):
         values = batch
     elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+        values = [getattr(batch, f.name, None) for f in dataclasses.fields(batch)]
     else:
         values = ()
     for v in values:

@@ -188,8 +188,17 @@ class ParameterSync:
                 "applied": self.applied, "outer": self.outer.state_dict() if self.outer is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
-        for mine, saved in zip(self.start + self.start_buffers, state["start"] + state["start_buffers"]):
-            mine.copy_(saved)
+        mine, saved = self.start + self.start_buffers, state["start"] + state["start_buffers"]
+        if len(mine) != len(saved) or any(m.shape != s.shape for m, s in zip(mine, saved)):
+            from hvdhetero.errors import ConfigError
+
+            raise ConfigError(f"the checkpoint's rounds carried {len(state['start'])} trainable parameters, this run's "
+                              f"{len(self.start)}: the model's trainable parameters changed during the run (a backbone "
+                              "unfrozen, a head made) and are not so at job.prepare now; make the same parameters "
+                              "trainable before job.prepare as at the checkpoint (a script that unfreezes at epoch k "
+                              "does so before job.prepare when it resumes past k)")
+        for m, s in zip(mine, saved):
+            m.copy_(s)
         self.rounds, self.applied = state["rounds"], state["applied"]
         if self.outer is not None and state["outer"] is not None:
             self.outer.load_state_dict(state["outer"])

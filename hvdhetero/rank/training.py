@@ -194,6 +194,12 @@ class Training:
                                   f"set or cleared after the batch came) under --sync {self.strategy.name}, whose "
                                   "rounds follow such a change only between steps: make it before the loop over the "
                                   "batches (at an epoch's start), or use --sync step")
+            item = self.step_state.item
+            if self.config.inner_steps == "by-speed" and item is not None and item.step % len(self.loader):
+                raise ConfigError(f"the model's trainable parameters changed in the middle of an epoch under --sync "
+                                  f"{self.strategy.name} --inner-steps by-speed, where a rank that merges steps "
+                                  "reaches the change at another step than the others: make it at an epoch's start "
+                                  "(before the loop over the batches)")
         new = self.reducer.follow(self.model)
         if new is None:
             return

@@ -3,7 +3,8 @@ the new head trains, then unfrozen with a smaller learning rate of its own (a pa
 to the optimizer). Run by tests/test_script.py under --sync step (the backbone's gradients are
 reduced from the second epoch on) and --sync diloco:4 (the rounds exchange it from then on): one
 model on every rank at the end. UNFREEZE_IN_LOOP=1 unfreezes inside the loop body instead, which
-the rounds refuse, saying so.
+the rounds refuse, saying so; UNFREEZE_MID_EPOCH=1 after the epoch's 6th step, between steps,
+which --inner-steps by-speed refuses (a merging rank would reach it at another step).
 
     invoke train --script tests/scripts/unfreezes.py
 """
@@ -28,8 +29,9 @@ optimizer = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)
 loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
 model, optimizer, loader = job.prepare(model, optimizer, loader)
 in_loop = os.environ.get("UNFREEZE_IN_LOOP") == "1"
+mid_epoch = os.environ.get("UNFREEZE_MID_EPOCH") == "1"
 for epoch in job.epochs(3):
-    if epoch == 1 and not in_loop:
+    if epoch == 1 and not in_loop and not mid_epoch:
         backbone.requires_grad_(True)
         optimizer.add_param_group({"params": backbone.parameters(), "lr": 0.01})
     for inputs, labels in loader:
@@ -40,4 +42,7 @@ for epoch in job.epochs(3):
         optimizer.zero_grad()
         job.backward(loss)
         optimizer.step()
+        if mid_epoch and job.step == 18:  # the 6th step of epoch 1, at the loop body's end
+            backbone.requires_grad_(True)
+            optimizer.add_param_group({"params": backbone.parameters(), "lr": 0.01})
     print(f"epoch {epoch}: loss {loss.item():.4f}")
