@@ -192,7 +192,6 @@ class Reducer:
         return float(sum(float(f.abs().pow(norm_type).sum()) for f in flat) ** (1.0 / norm_type))
 
 
-@torch.no_grad()
 def sparse_params(model: torch.nn.Module) -> frozenset:
     """ids of the parameters torch gives sparse gradients: an nn.Embedding's or nn.EmbeddingBag's
     weight with sparse=True. Their reduced gradient goes back sparse on every rank, also on one
@@ -202,6 +201,7 @@ def sparse_params(model: torch.nn.Module) -> frozenset:
                      if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse)
 
 
+@torch.no_grad()
 def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None:
     """Multiply every gradient of `params` by `factor`, in place (a loss scale's inverse, a
     clipping coefficient); nothing for 1."""
