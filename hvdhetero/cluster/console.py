@@ -284,10 +284,10 @@ def failure_summary(failures: list[dict], ended: dict[int, tuple[int | None, str
         rank, (step, host) = min(early.items())
         theirs = first.get("step")
         lines = [f"rank {rank} on host {host} ended its script{_after(step)} while rank {first['rank']} on host "
-                 f"{first['host']} went on{_after(theirs) if theirs != step else ''}: every rank must take the same steps and make the "
-                 "same job calls; a loop that stops early on one rank's own numbers (its loss, an evaluation of "
-                 "its own) stops that rank alone: decide on what every rank gets alike (job.evaluate's sums) and "
-                 "end with job.stop() (docs/api.md)",
+                 f"{first['host']} went on{_after(theirs) if theirs != step else ''}: every rank must take the same "
+                 "steps and make the same job calls; a loop that stops early on one rank's own numbers (its loss, an "
+                 "evaluation of its own) stops that rank alone: decide on what every rank gets alike "
+                 "(job.evaluate's sums) and end with job.stop() (docs/api.md)",
                  f"  rank {first['rank']} then failed: {first['error'].split('. ')[0]}"]
     else:
         lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]

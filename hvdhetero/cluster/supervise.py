@@ -251,8 +251,9 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
             if logs is not None:
                 logs.write(line)
             if progress.DONE_TAG in line and (said := progress.PREFIX.match(line)):
-                done.add(int(said.group(1)))
-                ended[int(said.group(1))] = (progress.done_step(line), alive.get(int(said.group(1)), (0, "?"))[1])
+                rank = int(said.group(1))
+                done.add(rank)
+                ended[rank] = (progress.done_step(line), alive.get(rank, (0, "?"))[1])
             match = EXIT_LINE.match(line) or MPI_EXIT_LINE.match(line)
             if match:
                 code = int(match.group(2)) * (-1 if match.re is MPI_EXIT_LINE else 1)  # mpirun names the signal

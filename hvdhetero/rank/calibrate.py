@@ -21,7 +21,9 @@ from statistics import stdev
 
 import horovod.torch as hvd
 import torch
+from torch.nn.parameter import is_lazy
 
+from hvdhetero.errors import ConfigError
 from hvdhetero.rank import batches
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
@@ -88,31 +90,22 @@ def materialize(model, dataset, device, collate_fn: Callable | None = None, loss
     gives every rank rank 0's parameters, which torch refuses for one not yet shaped
     ("Attempted to use an uninitialized parameter"), as a script that prepared its model before
     its first forward found. The optimizer made before holds the same parameters, shaped now."""
-    from torch.nn.parameter import is_lazy
-
     if not any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):  # LazyBatchNorm's may be buffers only
         return
-    from hvdhetero.errors import ConfigError
-
     batch = batches.probe(dataset, min(2, len(dataset)), device, collate_fn)
     was_training = model.training
     model.eval()  # BatchNorm's running statistics untouched, no dropout
-    first: Exception | None = None
     try:
         with torch.no_grad():
-            for way in [loss_fn] if loss_fn is not None else ways(model, batch):
-                try:
-                    way(model, batch)
-                    return
-                except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
-                    if loss_fn is None and not wrong_call(err):
-                        raise
-                    first = first or err
+            loss_fn(model, batch) if loss_fn is not None else first_way(model, batch)
+    except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
+        if loss_fn is None and not wrong_call(err):
+            raise
+        raise ConfigError(f"job.prepare(): the model has lazy modules (nn.LazyLinear, ...) whose parameters its "
+                          f"first forward shapes, and calling it on two samples failed ({type(err).__name__}: {err}): "
+                          "call the model once on a batch before job.prepare(), or pass loss_fn=") from err
     finally:
         model.train(was_training)
-    raise ConfigError(f"job.prepare(): the model has lazy modules (nn.LazyLinear, ...) whose parameters its first "
-                      f"forward shapes, and calling it on two samples failed ({type(first).__name__}: {first}): call "
-                      "the model once on a batch before job.prepare(), or pass loss_fn=") from first
 
 
 def wrong_call(err: Exception) -> bool:
@@ -139,18 +132,23 @@ class ProbeLoss:
     def __call__(self, model, batch) -> torch.Tensor:
         if self.way is not None:
             return output_loss(self.way(model, batch))
-        first: Exception | None = None
-        for way in ways(model, batch):
-            try:
-                loss = output_loss(way(model, batch))
-            except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
-                if not wrong_call(err):
-                    raise
-                first = first or err.with_traceback(None)  # keeps no activations of the failed call
-                continue
-            self.way = way
-            return loss
-        raise first
+        self.way, loss = first_way(model, batch, output_loss)
+        return loss
+
+
+def first_way(model, batch, then: Callable = lambda out: out) -> tuple[Callable, object]:
+    """The first of `ways` that runs, `then` applied to what the model returns (a way whose call or
+    `then` fails as a wrong call does gives way to the next), and that result. Any other error is
+    raised at once, as is the first way's error if none runs."""
+    first: Exception | None = None
+    for way in ways(model, batch):
+        try:
+            return way, then(way(model, batch))
+        except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
+            if not wrong_call(err):
+                raise
+            first = first or err.with_traceback(None)  # keeps no activations of the failed call
+    raise first
 
 
 TARGETS = {"label", "labels", "target", "targets", "y"}

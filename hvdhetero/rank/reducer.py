@@ -108,6 +108,11 @@ class Reducer:
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(bucket))
                        for bucket in self.buckets if self.overlap for p in bucket.params]
 
+    def trainable_changed(self, model: torch.nn.Module) -> bool:
+        """Whether the model's trainable parameters are not the ones reduced (every step: cheap)."""
+        now = [p for p in model.parameters() if p.requires_grad]
+        return len(now) != len(self.params) or any(a is not b for a, b in zip(now, self.params))
+
     def follow(self, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
         """Where the model's trainable parameters are not those reduced so far (a frozen backbone
         unfrozen after job.prepare, as fine-tuning scripts do, a part frozen, a new head), the
@@ -115,9 +120,9 @@ class Reducer:
         parameters prepare never saw are returned (each rank's own initial values: the caller
         gives every rank rank 0's); None where nothing changed. Every rank changes alike, as its
         script does; a rank that did not would send buffers of other sizes, which Horovod refuses."""
-        now = [p for p in model.parameters() if p.requires_grad]
-        if len(now) == len(self.params) and all(a is b for a, b in zip(now, self.params)):
+        if not self.trainable_changed(model):
             return None
+        now = [p for p in model.parameters() if p.requires_grad]
         new = [p for p in now if id(p) not in self.known]
         self.known.update(id(p) for p in new)
         self.params[:] = now

@@ -20,9 +20,9 @@ Buffers are not compared: BatchNorm's statistics are per rank by design and aver
 (reducer.average_buffers).
 
 The optimizer's settings (each param group's lr, momentum, betas, weight decay: what a scheduler
-changes; to 12 significant digits) are compared every step, not only where it shows: a checksum of each rank's rides along
-with the step's gradients (`settings_sum`), and where any differs from rank 0's every rank takes
-rank 0's before the optimizer steps (`same_settings`). A scheduler stepped on a number each rank
+changes; to 12 significant digits) are compared every step, not only where it shows: a checksum
+of each rank's rides along with the step's gradients (`settings_sum`), and where any differs from
+rank 0's every rank takes rank 0's before the optimizer steps (`same_settings`). A scheduler stepped on a number each rank
 computed alone (ReduceLROnPlateau on its own share's loss, a one-device habit) halved one rank's
 learning rate and not the other's; the replicas then drifted apart by more than rounding at every
 step, and a settle put them together only to see them drift again.

@@ -53,6 +53,7 @@ from collections.abc import Callable
 import horovod.torch as hvd
 import torch
 
+from hvdhetero.errors import ConfigError
 from hvdhetero.policy.round_clock import RoundClock
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.collectives import wait
@@ -76,14 +77,8 @@ class ParameterSync:
     def __init__(self, model: torch.nn.Module, kind: str, every: int, global_batch: int, compression: str = "none",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, overlap: bool = False):
         self.kind, self.every, self.overlap, self.global_batch = kind, every, overlap, global_batch
-        self.params, self.buffers = exchanged_tensors(model)
         self.wire = WIRE_DTYPES[compression]
-        self.start = _cpu(self.params)
-        """The round's start: the global model (without overlap, also this rank's round start)."""
-        self.start_buffers = _cpu(self.buffers)
-        self.local_start: list[torch.Tensor] | None = None
-        self._local_buffers: list[torch.Tensor] | None = None
-        """Overlap: this rank's own round start (global model minus its unexchanged progress)."""
+        self._carry(model)
         self.outer = None
         if kind == "diloco":
             self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=True)
@@ -138,6 +133,17 @@ class ParameterSync:
         self._mark = time.perf_counter()
         return times
 
+    def _carry(self, model: torch.nn.Module) -> None:
+        """What the exchange carries from now on: `model`'s trainable parameters and floating-point
+        buffers, each round starting at them as they are."""
+        self.params, self.buffers = exchanged_tensors(model)
+        self.start = _cpu(self.params)
+        """The round's start: the global model (without overlap, also this rank's round start)."""
+        self.start_buffers = _cpu(self.buffers)
+        self.local_start: list[torch.Tensor] | None = None
+        self._local_buffers: list[torch.Tensor] | None = None
+        """Overlap: this rank's own round start (global model minus its unexchanged progress)."""
+
     def retarget(self, model: torch.nn.Module) -> None:
         """The model's trainable parameters changed (a backbone unfrozen, a new head), with the
         ranks holding one model (a flush just now, nothing in flight): the exchange carries those
@@ -151,9 +157,7 @@ class ParameterSync:
                 state = self.outer.state.get(start)
                 if state:
                     kept[id(p)] = state
-        self.params, self.buffers = exchanged_tensors(model)
-        self.start, self.start_buffers = _cpu(self.params), _cpu(self.buffers)
-        self.local_start = self._local_buffers = None
+        self._carry(model)
         if self.outer is not None:
             group = {k: v for k, v in self.outer.param_groups[0].items() if k != "params"}
             self.outer = torch.optim.SGD(self.start, **group)
@@ -190,8 +194,6 @@ class ParameterSync:
     def load_state_dict(self, state: dict) -> None:
         mine, saved = self.start + self.start_buffers, state["start"] + state["start_buffers"]
         if len(mine) != len(saved) or any(m.shape != s.shape for m, s in zip(mine, saved)):
-            from hvdhetero.errors import ConfigError
-
             raise ConfigError(f"the checkpoint's rounds carried {len(state['start'])} trainable parameters, this run's "
                               f"{len(self.start)}: the model's trainable parameters changed during the run (a backbone "
                               "unfrozen, a head made) and are not so at job.prepare now; make the same parameters "

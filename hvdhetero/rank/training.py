@@ -184,11 +184,10 @@ class Training:
         then; autograd forbids changing them before its backward). Under local/diloco the ranks
         first exchange what they have (one model), then the rounds carry the new set
         (ParameterSync.retarget); a change inside a step's loop body is refused there."""
+        if not self.reducer.trainable_changed(self.model):  # the reducer follows them under every sync mode
+            return
         before = len(self.reducer.params)
         if self.strategy.kind != "step":
-            now, then = [p for p in self.model.parameters() if p.requires_grad], self.strategy.sync.params
-            if len(now) == len(then) and all(a is b for a, b in zip(now, then)):
-                return
             if not before_forward:
                 raise ConfigError(f"the model's trainable parameters changed inside a step's loop body (requires_grad "
                                   f"set or cleared after the batch came) under --sync {self.strategy.name}, whose "
@@ -201,16 +200,13 @@ class Training:
                                   "reaches the change at another step than the others: make it at an epoch's start "
                                   "(before the loop over the batches)")
         new = self.reducer.follow(self.model)
-        if new is None:
-            return
         if self.strategy.kind != "step":  # rounds: one model now, then exchanges over the new set
             self.strategy.one_model(self.train.step)
-            if new:
-                broadcast_tensors(new, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
+            _share(new)
             self.strategy.sync.retarget(self.model)
-        elif new and before_forward:  # a head made after prepare: each rank's own initial values until now
-            broadcast_tensors(new, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
-        elif new:
+        elif before_forward:  # a head made after prepare: each rank's own initial values until now
+            _share(new)
+        else:
             self._unshared = new
         self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
                            new=len(new), elements=sum(p.numel() for p in self.reducer.params))
@@ -260,9 +256,8 @@ class Training:
         times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step, common)
         scale_gradients(self.reducer.params, rescale)
         self._grads_scaled = False  # the loss scale is out of the reduced gradients
-        if self._unshared:  # parameters made inside this step's loop body (follow_trainable)
-            broadcast_tensors(self._unshared, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
-            self._unshared = []
+        _share(self._unshared)  # parameters made inside this step's loop body (follow_trainable)
+        self._unshared = []
         if again:
             if overflowed and not self.step_state.skip and self.loss_scale is not None:
                 self.loss_scale.update(True)
@@ -364,6 +359,11 @@ class Training:
         # Overlapped, a round of H steps or more ends with the epoch, its exchange launched after
         # the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the next epoch
         self.records.carried = self.strategy.end_epoch(self.train.step, more)
+
+
+def _share(params: list[torch.nn.Parameter]) -> None:
+    """Parameters made after job.prepare (each rank's own initial values) take rank 0's."""
+    broadcast_tensors(params, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
 
 
 def _differences(mine: list[dict], main: list[dict]) -> list[str]:
