@@ -223,3 +223,25 @@ def test_a_checkpoint_written_before_the_registry_resumes_to_the_same_end(tmp_pa
     a, b = (torch.tensor(run["params"], dtype=torch.float64) for run in (whole, resumed))
     relative = float((a - b).norm() / a.norm())
     assert resumed["digest"] == whole["digest"] or relative <= 1e-6, relative
+
+
+def test_a_gpu_ranks_random_state_is_saved_and_put_back(monkeypatch, tmp_path):
+    """A CUDA rank's generator (its dropout draws from it) is in the rank's saved random states,
+    loads with weights_only and is set back on resume (a resume was not bit-exact on an H200:
+    it was missing; issue 32). torch.cuda is stood in for here, which has no GPU; tests/gpu runs
+    the real one. A CPU rank, which never made a CUDA context, saves none and asks for none."""
+    states = [torch.arange(16, dtype=torch.uint8)]
+    put = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert "cuda" not in checkpoint.rng_state()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states])
+    saved = checkpoint.rng_state()
+    path = tmp_path / "rng.pt"
+    checkpoint.save_object({"rng": [saved]}, path)
+    loaded = torch.load(path, weights_only=True)["rng"][0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: put.append((state, index)))
+    checkpoint.set_rng_state(loaded)
+    assert len(put) == 1 and torch.equal(put[0][0], states[0]) and put[0][1] == 0

@@ -176,3 +176,37 @@ def test_a_cpu_rank_beside_a_cuda_rank_takes_the_cores_the_cuda_rank_leaves(monk
         assert torch.get_num_threads() == 16 and "cores" not in pinned
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("device, local_rank, hidden", [
+    ("cuda,cpu", 1, True), ("cuda,cpu", 0, False), ("cpu", 0, True), ("auto", 0, False), ("cuda", 0, False)])
+def test_a_cpu_rank_on_a_gpu_machine_sees_no_gpu(monkeypatch, device, local_rank, hidden):
+    """device: cuda,cpu: the CPU rank's torch sees no CUDA device (CUDA_VISIBLE_DEVICES empty,
+    before its first CUDA call), so a script's GradScaler("cuda") is off there and its
+    `"cuda" if torch.cuda.is_available()` picks the CPU (on the GPU machine its GradScaler was
+    on; issue 32). A GPU rank, or one whose device is chosen for it, keeps what it had."""
+    from hvdhetero.rank import host as rank_host
+
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    rank_host.hide_gpus({"device": device})
+    assert (os.environ["CUDA_VISIBLE_DEVICES"] == "") is hidden
+
+
+def test_a_cpu_rank_started_by_the_runner_sees_no_gpu_before_the_script_runs(tmp_path):
+    """The runner hides the GPU before the script's first line (which may ask torch for CUDA
+    before hh.init()); a real rank process, its script printing what it sees."""
+    import json
+    import subprocess
+    import sys
+
+    from hvdhetero.config import JobConfig
+
+    script = tmp_path / "sees.py"
+    script.write_text("import os\nprint('SEES', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
+    config = JobConfig(run_dir=str(tmp_path), hosts={"localhost": {"name": "gpu", "device": "cuda,cpu"}})
+    env = {**os.environ, "HOROVOD_HOSTNAME": "localhost", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_RANK": "1",
+           "CUDA_VISIBLE_DEVICES": "0"}
+    out = subprocess.run([sys.executable, "-m", "hvdhetero.rank.runner", "--job-json", config.to_json(),
+                          "--script", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert "SEES ''" in out.stdout, (out.stdout, out.stderr, json.dumps(env.get("HOROVOD_HOSTNAME")))

@@ -26,7 +26,7 @@ from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.calibrate import calibrate
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.job import Job
-from hvdhetero.rank.collectives import allreduce_sum
+from hvdhetero.rank.collectives import allgather_object, allreduce_sum
 from hvdhetero.rank.reducer import Reducer, broadcast_state
 from hvdhetero.rank.worker import Worker, forward_backward
 from hvdhetero.rank.strategy import Rounds
@@ -66,18 +66,31 @@ def solo_step(args, build, dataset, me: Worker):
 
 
 def horovod_step(args, build, dataset, me: Worker):
-    """Plain Horovod: DistributedOptimizer averaging gradients, equal batches."""
+    """Plain Horovod: DistributedOptimizer averaging gradients, equal batches. Where a rank
+    computes on a GPU, each rank's gradients go through the CPU instead (one averaging
+    allreduce of them all after the backward): Horovod's ops take CPU tensors only in a build
+    without that GPU's support (ours: a CUDA rank beside a CPU or MPS one), and the
+    DistributedOptimizer's per-parameter allreduces of CUDA tensors abort the process."""
     model, optimizer = build()
-    # Horovod: the stock recipe. Our Horovod is CPU-only, which suits the CPU ranks a
-    # benchmark on this machine has.
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    staged = any(name != "cpu" for name in allgather_object(me.device.name, "bench.horovod.devices"))
+    if staged:
+        state = {k: v.cpu() for k, v in model.state_dict().items()}
+        hvd.broadcast_parameters(state, root_rank=0)
+        model.load_state_dict(state)
+    else:  # the stock recipe
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     local = args.batch_size // hvd.size()
     draw = sampler(dataset, seed=100 + hvd.rank())
 
     def step():
         optimizer.zero_grad()
         forward_backward(model, take(dataset, draw(local), me), me)
+        if staged:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            averaged = hvd.grouped_allreduce([g.cpu() for g in grads], op=hvd.Average, name="bench.horovod.grads")
+            for g, a in zip(grads, averaged):
+                g.copy_(a)
         optimizer.step()
 
     step.split = [local] * hvd.size()

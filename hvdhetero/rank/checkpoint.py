@@ -96,16 +96,27 @@ def keep_newest(run_dir: str | Path, keep: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random states (torch, numpy, random) as tensors and plain values."""
+    """This process's random states (torch's CPU generator and, where this process uses one,
+    its GPU's: dropout on a CUDA or MPS rank draws from that; numpy, random) as tensors and
+    plain values."""
     import random
 
     import numpy as np
 
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
-                                                      gauss],
-            "random": [version, list(internal), gauss_next]}
+    state = {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                       gauss],
+             "random": [version, list(internal), gauss_next]}
+    if torch.cuda.is_initialized():  # not on a CPU rank: asking would make it a CUDA context
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if _mps_in_use():
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def _mps_in_use() -> bool:
+    return torch.backends.mps.is_available() and torch.mps.current_allocated_memory() > 0
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -114,6 +125,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
 
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
+    if "mps" in state and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     version, internal, gauss_next = state["random"]

@@ -24,6 +24,7 @@ def join(host: dict, pin: bool = True) -> None:
     """Set this host's Gloo NIC, give a CPU rank its cores, then rendezvous (idempotent)."""
     if hvd.is_initialized():
         return
+    hide_gpus(host)
     set_gloo_interface(host)
     if pin:
         pin_cpu_rank(host)
@@ -90,6 +91,17 @@ def slot_device(host: dict, local_rank: int) -> str:
     """The device the inventory names for local rank `local_rank` of this host."""
     named = str(host.get("device") or "auto").split(",")
     return named[local_rank % len(named)]
+
+
+def hide_gpus(host: dict) -> None:
+    """A CPU rank on a machine with a GPU (`device: cuda,cpu`, or `device: cpu` there) sees no
+    CUDA device, as on a machine without one: a script's `"cuda" if torch.cuda.is_available()
+    else "cpu"` keeps its model on the CPU, its GradScaler("cuda") and autocast("cuda") are off
+    there as on the Mac, and the rank makes no CUDA context in the GPU rank's memory. Only
+    before this process's first CUDA call (the driver reads CUDA_VISIBLE_DEVICES once): the
+    runner calls it before the script runs, join before Horovod starts."""
+    if rank_device(host).strip().lower() == "cpu" and not torch.cuda.is_initialized():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def pin_cpu_rank(host: dict) -> None:

@@ -51,11 +51,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.mpi_host:
         as_horovodrun_would(args.mpi_host, config)
     progress.heartbeat(int(os.environ.get("HOROVOD_RANK", 0)), host_name(config))
+    from hvdhetero.rank import host
+
+    host.hide_gpus(host.settings(config.hosts))  # before the script asks torch for CUDA
     if args.workdir:
         os.chdir(os.path.expanduser(args.workdir))
     try:
         if config.elastic:  # Horovod elastic: the script runs again from the top after every reset
-            from hvdhetero.rank import elastic, host
+            from hvdhetero.rank import elastic
 
             host.set_gloo_interface(host.settings(config.hosts))  # Horovod's notification service binds it
             elastic.run(lambda: run_script(args))

@@ -15,7 +15,8 @@ of the parameters (the wire's 11 bits against one process's float32).
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
-different devices (tests/gpu: a CUDA rank and a CPU rank); the replay runs on rank 0's device.
+different devices (tests/gpu: a CUDA rank and a CPU rank); the replay runs on rank 0's device
+(and, on a GPU, the plain cases' on the CPU too: device_rel_err, the two devices' own distance).
 """
 
 import copy
@@ -104,6 +105,11 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     ref = copy.deepcopy(model)
     ref_opt, ref_sched = build(name, ref)
+    # On a GPU rank the plain cases' replay runs on the CPU too: how far one process on the CPU
+    # lands from one on the GPU, the floor under the job's distance from the replay (AdamW's
+    # first steps, lr * g / |g|, turn a near-zero gradient's last bits into a whole step).
+    cpu_ref = copy.deepcopy(ref).cpu() if job.device.type != "cpu" and name in ("sgd", "adamw") else None
+    cpu_opt, cpu_sched = build(name, cpu_ref) if cpu_ref is not None else (None, None)
     initial = [p.detach().clone() for p in model.parameters()]
     frozen, headless = name == "unfreeze", name == "newhead"
     seen, chunks, sizes, sparse, taken = [], 0, None, None, 0
@@ -149,6 +155,14 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             ref_opt.step()
             if ref_sched is not None:
                 ref_sched.step()
+            if cpu_ref is not None:
+                cpu_opt.zero_grad(set_to_none=True)
+                F.cross_entropy(cpu_ref(xb.cpu()), yb.cpu()).backward()
+                if clip in (True, "torch"):
+                    torch.nn.utils.clip_grad_norm_(cpu_ref.parameters(), MAX_NORM)
+                cpu_opt.step()
+                if cpu_sched is not None:
+                    cpu_sched.step()
             seen = []
         if job.step == STEPS:
             break
@@ -164,6 +178,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                     "chunks": chunks, "lr": [g["lr"] for g in optimizer.param_groups],
                     "ref_lr": [g["lr"] for g in ref_opt.param_groups],
                     "param_rel_err": rel(model.parameters(), ref.parameters()),
+                    "device_rel_err": rel(cpu_ref.parameters(), ref.parameters()) if cpu_ref is not None else None,
                     "change_rel_err": rel([p - p0 for p, p0 in zip(model.parameters(), initial)],
                                           [p - p0 for p, p0 in zip(ref.parameters(), initial)]),
                     "devices": hvd.allgather_object(str(job.device), name=f"api.devices.{i}")})
