@@ -142,7 +142,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
         if scheduler is not None:
             scheduler.step()
         if job.step > before:  # the step ended on this chunk: replay it in one process on both ranks' samples
-            mine = (torch.cat([a for a, _ in seen]), torch.cat([b for _, b in seen]))
+            mine = (torch.cat([a for a, _ in seen]).cpu(), torch.cat([b for _, b in seen]).cpu())  # CPU: no CUDA there
             both = hvd.allgather_object(mine, name=f"api.joined.{i}.{job.step}")
             sizes = [len(b) for _, b in both]
             xb, yb = torch.cat([a.to(x.device) for a, _ in both]), torch.cat([b.to(x.device) for _, b in both])
