@@ -196,3 +196,15 @@ def test_a_device_per_slot_puts_each_rank_of_the_host_on_its_own(tmp_path):
     start = metrics.records(tmp_path / "run" / "metrics.jsonl")[0]
     assert [d.split(" ")[0] for d in start["devices"]] == ["cpu", "cpu"], start["devices"]
     assert start["config"]["hosts"]["localhost"]["device"] == "auto,cpu"
+
+
+def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
+    """A rank 30x slower (as a CPU rank beside a GPU: 82x on the H200 machine) holds every step of
+    step sync, even at one sample, for a job slower than the fast rank alone: one line says so,
+    with the two ways out, and metrics.jsonl has its record."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--epochs", "2", "--batch-size", "32", "--slowdown", "30",
+                    "--run-dir", tmp_path], timeout=600)
+    said = metrics.records(tmp_path / "metrics.jsonl", "slower_than_alone")
+    assert len(said) == 1 and said[0]["rank"] == 0 and said[0]["slowest"] == 1 and said[0]["ratio"] < 0.5, said
+    line = next(ln for ln in proc.stdout.splitlines() if "slower ranks" in ln)
+    assert "where rank 0 (local) alone would train at least" in line and "--sync diloco:32 --overlap-sync" in line, line

@@ -23,6 +23,7 @@ import torch
 
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
+from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.loader import Item, Loader
@@ -101,6 +102,8 @@ class Training:
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
+        self.alone = AloneWatch()
+        """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
 
     @property
     def elastic(self) -> bool:
@@ -270,11 +273,33 @@ class Training:
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
             self.rebalance(times, list(item.sizes), item)
+            if self.is_main and self.strategy.kind == "step":
+                self._against_alone(seconds + reduce_s, times, list(item.sizes))
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
                               step=item.step % len(self.loader) + 1, steps=len(self.loader), epoch=self.train.epoch,
                               epochs=self.epochs if self.in_epochs else None)  # a loop of the script's own: not known
+
+    def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
+        """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would
+        be alone (policy/alone.py), a record and a line saying what to do instead."""
+        verdict = self.alone.observe(step_s, times, sizes)
+        if verdict is None:
+            return
+        batch, fast = sum(sizes), verdict.fastest
+        slow = max(range(len(times)), key=times.__getitem__)
+        step = self.train.step + 1
+        self.records.write("slower_than_alone", step=step, rank=fast, alone_s=round(verdict.alone_s, 5),
+                           job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
+        samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"
+        print(f"hvdhetero: step {step}: the job trains {batch / verdict.job_s:,.0f} samples/s, where rank {fast} "
+              f"({self.host_names[fast]}) alone would train at least {batch / verdict.alone_s:,.0f} (from its step "
+              f"times here; the job at {verdict.ratio:.2f}x of it or less): each step waits for rank {slow} "
+              f"({self.host_names[slow]}), {times[slow] * 1e3:,.0f} ms for its {samples}, and for the gradients' "
+              "exchange. Train without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot "
+              "alone), or exchange every H steps (--sync diloco:32 --overlap-sync); `invoke plan` predicts each "
+              "(metrics.jsonl: slower_than_alone)", flush=True)
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 

@@ -1,0 +1,39 @@
+"""policy/alone.py: a step-sync job clearly slower than its fastest rank alone is said once."""
+
+from __future__ import annotations
+
+from hvdhetero.policy.alone import MARGIN, SETTLE, AloneWatch
+
+
+def watch(steps: int, step_s: float, times: list[float], sizes: list[int]) -> list:
+    w = AloneWatch()
+    return [v for v in (w.observe(step_s, times, sizes) for _ in range(steps)) if v is not None]
+
+
+def test_a_rank_far_slower_than_the_other_is_said_once_after_the_split_settles():
+    """The H200 machine's bench: the CUDA rank 29.3 ms for 254 samples, the CPU rank 143 ms for 2,
+    the job's step 168 ms: at most 29.5 ms for the whole 256 alone, 0.18x."""
+    said = watch(SETTLE + 40, 0.168, [0.0293, 0.1434], [254, 2])
+    assert len(said) == 1, said
+    v = said[0]
+    assert v.fastest == 0 and abs(v.alone_s - 0.0293 * 256 / 254) < 1e-12 and v.job_s == 0.168
+    assert 0.17 < v.ratio < 0.18
+    assert watch(SETTLE - 1, 0.168, [0.0293, 0.1434], [254, 2]) == [], "not before the split has settled"
+
+
+def test_a_pair_faster_than_either_rank_alone_is_not_said():
+    """Two equal ranks, each 16 ms for its 32 samples, the job 24 ms a step: one alone would take
+    up to 32 ms for the 64."""
+    assert watch(SETTLE + 40, 0.024, [0.016, 0.0165], [32, 32]) == []
+
+
+def test_the_bound_is_the_ranks_own_step_scaled_up_not_a_fitted_model():
+    """A rank's fixed costs do not grow with the batch, so t * B / n bounds it alone from above:
+    a job just under MARGIN of that bound is said, one just over it is not."""
+    bound = 0.020 * 64 / 58
+    assert watch(SETTLE, bound / (MARGIN * 0.99), [0.020, 0.019], [58, 6])[0].fastest == 0
+    assert watch(SETTLE, bound / (MARGIN * 1.01), [0.020, 0.019], [58, 6]) == []
+
+
+def test_a_rank_without_samples_or_time_tells_nothing():
+    assert watch(SETTLE + 5, 0.5, [0.0, 0.0], [0, 64]) == []
