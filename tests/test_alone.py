@@ -17,7 +17,7 @@ def test_a_rank_far_slower_than_the_other_is_said_once_after_the_split_settles()
     assert len(said) == 1, said
     v = said[0]
     assert v.fastest == 0 and abs(v.alone_s - 0.0293 * 256 / 254) < 1e-12 and v.job_s == 0.168
-    assert 0.17 < v.ratio < 0.18
+    assert 0.17 < v.ratio < 0.18 and v.batch == 256
     assert watch(SETTLE - 1, 0.168, [0.0293, 0.1434], [254, 2]) == [], "not before the split has settled"
 
 
@@ -35,5 +35,9 @@ def test_the_bound_is_the_ranks_own_step_scaled_up_not_a_fitted_model():
     assert watch(SETTLE, bound / (MARGIN * 1.01), [0.020, 0.019], [58, 6]) == []
 
 
-def test_a_rank_without_samples_or_time_tells_nothing():
+def test_a_rank_without_samples_is_left_out_of_the_bound():
+    """A rank given no samples this step (its time tells nothing of its speed) is not the
+    fastest alone, and nothing divides by its zero."""
+    said = watch(SETTLE, 0.1, [0.02, 0.0], [64, 0])
+    assert len(said) == 1 and said[0].fastest == 0 and said[0].alone_s == 0.02, said
     assert watch(SETTLE + 5, 0.5, [0.0, 0.0], [0, 64]) == []

@@ -207,4 +207,4 @@ def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
     said = metrics.records(tmp_path / "metrics.jsonl", "slower_than_alone")
     assert len(said) == 1 and said[0]["rank"] == 0 and said[0]["slowest"] == 1 and said[0]["ratio"] < 0.5, said
     line = next(ln for ln in proc.stdout.splitlines() if "slower ranks" in ln)
-    assert "where rank 0 (local) alone would train at least" in line and "--sync diloco:32 --overlap-sync" in line, line
+    assert "where rank 0 (local) alone would train about" in line and "--sync diloco:32 --overlap-sync" in line, line

@@ -95,10 +95,10 @@ def keep_newest(run_dir: str | Path, keep: int) -> None:
                 pass
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's random states (torch's CPU generator and, where this process uses one,
-    its GPU's: dropout on a CUDA or MPS rank draws from that; numpy, random) as tensors and
-    plain values."""
+def rng_state(device: str = "cpu") -> dict[str, Any]:
+    """This process's random states (torch's CPU generator, numpy's, random's) as tensors and
+    plain values, and on a CUDA or MPS rank (`device`, its device's name) that device's own, which
+    its dropout draws from (of the current CUDA device: the rank's, set up before any step)."""
     import random
 
     import numpy as np
@@ -108,15 +108,11 @@ def rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
                                                        gauss],
              "random": [version, list(internal), gauss_next]}
-    if torch.cuda.is_initialized():  # not on a CPU rank: asking would make it a CUDA context
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    if _mps_in_use():
+    if device == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    elif device == "mps":
         state["mps"] = torch.mps.get_rng_state()
     return state
-
-
-def _mps_in_use() -> bool:
-    return torch.backends.mps.is_available() and torch.mps.current_allocated_memory() > 0
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -125,9 +121,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
 
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, index)
+    if "cuda" in state and torch.cuda.is_available():  # the rank's device (a CPU rank sees none)
+        torch.cuda.set_rng_state(state["cuda"])
     if "mps" in state and torch.backends.mps.is_available():
         torch.mps.set_rng_state(state["mps"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]

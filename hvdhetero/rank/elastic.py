@@ -115,7 +115,7 @@ def commit(t: Training, epoch_done: bool = False, check_hosts: bool = True) -> N
     strategy = t.strategy
     landing = strategy.unsettled  # overlapped: the round just ended is in flight
     assert strategy.between_rounds, "an elastic commit in the middle of a local/diloco round"
-    state = resume.snapshot(t, rng=checkpoint.rng_state(), optimizer=t.optimizer.state_dict(),
+    state = resume.snapshot(t, rng=checkpoint.rng_state(t.me.device.name), optimizer=t.optimizer.state_dict(),
                             epoch_done=epoch_done, landing=landing)
     state["metrics_host"] = socket.gethostname() if t.is_main else None  # whose metrics_offset it is
     t.train.last_commit = t.train.step

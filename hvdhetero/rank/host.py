@@ -90,7 +90,7 @@ def rank_device(host: dict) -> str:
 def slot_device(host: dict, local_rank: int) -> str:
     """The device the inventory names for local rank `local_rank` of this host."""
     named = str(host.get("device") or "auto").split(",")
-    return named[local_rank % len(named)]
+    return named[local_rank % len(named)].strip().lower()
 
 
 def hide_gpus(host: dict) -> None:
@@ -99,8 +99,10 @@ def hide_gpus(host: dict) -> None:
     else "cpu"` keeps its model on the CPU, its GradScaler("cuda") and autocast("cuda") are off
     there as on the Mac, and the rank makes no CUDA context in the GPU rank's memory. Only
     before this process's first CUDA call (the driver reads CUDA_VISIBLE_DEVICES once): the
-    runner calls it before the script runs, join before Horovod starts."""
-    if rank_device(host).strip().lower() == "cpu" and not torch.cuda.is_initialized():
+    runner calls it before the script runs, join before Horovod starts. A script started without
+    the runner (plain horovodrun) that asks torch about CUDA before hh.init() keeps seeing the GPU
+    (torch.cuda.is_initialized() does not tell that the driver has read the variable)."""
+    if rank_device(host) == "cpu" and not torch.cuda.is_initialized():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 

@@ -72,7 +72,7 @@ def save_checkpoint(t: Training, epoch_done: bool) -> None:
         return
     started, step = time.perf_counter(), t.train.step
     t.strategy.one_model(step)
-    rngs = collectives.allgather_object(checkpoint.rng_state(), "hvdhetero.ckpt.rng", "a checkpoint")
+    rngs = collectives.allgather_object(checkpoint.rng_state(t.me.device.name), "hvdhetero.ckpt.rng", "a checkpoint")
     # step sync: every rank's optimizer state is the same; local/diloco: each rank's own
     optimizer = t.optimizer.state_dict()
     if t.strategy.own_optimizers:

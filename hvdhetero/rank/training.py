@@ -273,7 +273,7 @@ class Training:
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
             self.rebalance(times, list(item.sizes), item)
-            if self.is_main and self.strategy.kind == "step":
+            if self.is_main and self.size > 1 and self.strategy.kind == "step":
                 self._against_alone(seconds + reduce_s, times, list(item.sizes))
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
@@ -287,19 +287,22 @@ class Training:
         verdict = self.alone.observe(step_s, times, sizes)
         if verdict is None:
             return
-        batch, fast = sum(sizes), verdict.fastest
-        slow = max(range(len(times)), key=times.__getitem__)
+        batch, fast = verdict.batch, verdict.fastest
+        slow = max((r for r in range(len(times)) if r != fast), key=times.__getitem__)  # the one waited for
         step = self.train.step + 1
         self.records.write("slower_than_alone", step=step, rank=fast, alone_s=round(verdict.alone_s, 5),
                            job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
+        ways = ["without --equal-split"] if self.config.equal_split else []
+        ways.append("without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot alone)")
+        if self.config.sync != "auto":
+            ways.append("with an exchange every H steps (--sync diloco:32 --overlap-sync)")
         samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"
-        print(f"hvdhetero: step {step}: the job trains {batch / verdict.job_s:,.0f} samples/s, where rank {fast} "
-              f"({self.host_names[fast]}) alone would train at least {batch / verdict.alone_s:,.0f} (from its step "
-              f"times here; the job at {verdict.ratio:.2f}x of it or less): each step waits for rank {slow} "
+        print(f"hvdhetero: step {step}: the job trains about {batch / verdict.job_s:,.0f} samples/s, where rank "
+              f"{fast} ({self.host_names[fast]}) alone would train about {batch / verdict.alone_s:,.0f} (its own "
+              f"steps here, scaled to the whole batch): {verdict.ratio:.2f}x. Each step waits for rank {slow} "
               f"({self.host_names[slow]}), {times[slow] * 1e3:,.0f} ms for its {samples}, and for the gradients' "
-              "exchange. Train without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot "
-              "alone), or exchange every H steps (--sync diloco:32 --overlap-sync); `invoke plan` predicts each "
-              "(metrics.jsonl: slower_than_alone)", flush=True)
+              f"exchange. Train {', or '.join(ways)}; `invoke plan` predicts each (metrics.jsonl: "
+              "slower_than_alone)", flush=True)
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 
