@@ -41,3 +41,15 @@ def test_a_rank_without_samples_is_left_out_of_the_bound():
     said = watch(SETTLE, 0.1, [0.02, 0.0], [64, 0])
     assert len(said) == 1 and said[0].fastest == 0 and said[0].alone_s == 0.02, said
     assert watch(SETTLE + 5, 0.5, [0.0, 0.0], [0, 64]) == []
+
+
+def test_the_line_names_the_rank_waited_for_and_the_ways_out_that_fit_the_options():
+    """The rank waited for is another than the fast one, even where the balancer made their
+    times alike; --equal-split is named only where it is set, DiLoCo not under --sync auto."""
+    v = watch(SETTLE, 0.05, [0.030, 0.029], [60, 4])[0]
+    assert v.fastest == 0 and v.waited_for([0.030, 0.029]) == 1
+    plain = v.line(61, ["pc", "mac"], [0.030, 0.029], [60, 4], equal_split=False, auto=False)
+    assert "waits for rank 1 (mac), 29 ms for its 4 samples" in plain and "--sync diloco:32" in plain
+    assert "--equal-split" not in plain
+    forced = v.line(61, ["pc", "mac"], [0.030, 0.029], [60, 4], equal_split=True, auto=True)
+    assert "Train without --equal-split, or without the slower ranks" in forced and "diloco" not in forced

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from statistics import median
+from statistics import median, mode
 
 MARGIN = 0.8
 """Said when the job's samples/s are below this fraction of the fastest rank's alone."""
@@ -45,6 +45,25 @@ class Verdict:
     def ratio(self) -> float:
         """The job's samples/s as a fraction of the fastest rank's alone."""
         return self.alone_s / self.job_s
+
+    def waited_for(self, times: Sequence[float]) -> int:
+        """The rank the steps wait for: the slowest of the others (the balancer evens their times)."""
+        return max((r for r in range(len(times)) if r != self.fastest), key=times.__getitem__)
+
+    def line(self, step: int, hosts: Sequence[str], times: Sequence[float], sizes: Sequence[int], *,
+             equal_split: bool, auto: bool) -> str:
+        """What the console says, with the ways out that fit the job's options."""
+        fast, slow = self.fastest, self.waited_for(times)
+        ways = ["without --equal-split"] if equal_split else []
+        ways.append("without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot alone)")
+        if not auto:
+            ways.append("with an exchange every H steps (--sync diloco:32 --overlap-sync)")
+        samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"
+        return (f"hvdhetero: step {step}: the job trains about {self.batch / self.job_s:,.0f} samples/s, where rank "
+                f"{fast} ({hosts[fast]}) alone would train about {self.batch / self.alone_s:,.0f} (its own steps "
+                f"here, scaled to the whole batch): {self.ratio:.2f}x. Each step waits for rank {slow} "
+                f"({hosts[slow]}), {times[slow] * 1e3:,.0f} ms for its {samples}, and for the gradients' exchange. "
+                f"Train {', or '.join(ways)}; `invoke plan` predicts each (metrics.jsonl: slower_than_alone)")
 
 
 @dataclass
@@ -75,5 +94,4 @@ class AloneWatch:
         if job_s <= 0 or alone_s / job_s >= MARGIN:
             return None
         self.said = True
-        fastest = max(set(r for _, r in self.alone), key=[r for _, r in self.alone].count)
-        return Verdict(fastest, alone_s, job_s, int(median(self.batches)))
+        return Verdict(mode(r for _, r in self.alone), alone_s, job_s, int(median(self.batches)))

@@ -287,22 +287,12 @@ class Training:
         verdict = self.alone.observe(step_s, times, sizes)
         if verdict is None:
             return
-        batch, fast = verdict.batch, verdict.fastest
-        slow = max((r for r in range(len(times)) if r != fast), key=times.__getitem__)  # the one waited for
         step = self.train.step + 1
-        self.records.write("slower_than_alone", step=step, rank=fast, alone_s=round(verdict.alone_s, 5),
-                           job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
-        ways = ["without --equal-split"] if self.config.equal_split else []
-        ways.append("without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot alone)")
-        if self.config.sync != "auto":
-            ways.append("with an exchange every H steps (--sync diloco:32 --overlap-sync)")
-        samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"
-        print(f"hvdhetero: step {step}: the job trains about {batch / verdict.job_s:,.0f} samples/s, where rank "
-              f"{fast} ({self.host_names[fast]}) alone would train about {batch / verdict.alone_s:,.0f} (its own "
-              f"steps here, scaled to the whole batch): {verdict.ratio:.2f}x. Each step waits for rank {slow} "
-              f"({self.host_names[slow]}), {times[slow] * 1e3:,.0f} ms for its {samples}, and for the gradients' "
-              f"exchange. Train {', or '.join(ways)}; `invoke plan` predicts each (metrics.jsonl: "
-              "slower_than_alone)", flush=True)
+        self.records.write("slower_than_alone", step=step, rank=verdict.fastest, alone_s=round(verdict.alone_s, 5),
+                           job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4),
+                           slowest=verdict.waited_for(times))
+        print(verdict.line(step, self.host_names, times, sizes, equal_split=self.config.equal_split,
+                           auto=self.config.sync == "auto"), flush=True)
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 

@@ -109,7 +109,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
     # lands from one on the GPU, the floor under the job's distance from the replay (AdamW's
     # first steps, lr * g / |g|, turn a near-zero gradient's last bits into a whole step).
     cpu_ref = copy.deepcopy(ref).cpu() if job.device.type != "cpu" and name in ("sgd", "adamw") else None
-    cpu_opt, cpu_sched = build(name, cpu_ref) if cpu_ref is not None else (None, None)
+    replays = [(ref, ref_opt, ref_sched), *([(cpu_ref, *build(name, cpu_ref))] if cpu_ref is not None else [])]
     initial = [p.detach().clone() for p in model.parameters()]
     frozen, headless = name == "unfreeze", name == "newhead"
     seen, chunks, sizes, sparse, taken = [], 0, None, None, 0
@@ -146,23 +146,17 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             both = hvd.allgather_object(mine, name=f"api.joined.{i}.{job.step}")
             sizes = [len(b) for _, b in both]
             xb, yb = torch.cat([a.to(x.device) for a, _ in both]), torch.cat([b.to(x.device) for _, b in both])
-            ref_opt.zero_grad(set_to_none=True)
-            out = ref(xb)
-            (F.cross_entropy(out, yb) * (TINY if name == "tiny" else 1.0)
-             + (PENALTY * out.pow(2).mean() if name == "twoloss" else 0)).backward()
-            if clip in (True, "torch"):
-                torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
-            ref_opt.step()
-            if ref_sched is not None:
-                ref_sched.step()
-            if cpu_ref is not None:
-                cpu_opt.zero_grad(set_to_none=True)
-                F.cross_entropy(cpu_ref(xb.cpu()), yb.cpu()).backward()
+            for r, r_opt, r_sched in replays:
+                r_opt.zero_grad(set_to_none=True)
+                at = next(r.parameters()).device
+                out = r(xb.to(at))
+                (F.cross_entropy(out, yb.to(at)) * (TINY if name == "tiny" else 1.0)
+                 + (PENALTY * out.pow(2).mean() if name == "twoloss" else 0)).backward()
                 if clip in (True, "torch"):
-                    torch.nn.utils.clip_grad_norm_(cpu_ref.parameters(), MAX_NORM)
-                cpu_opt.step()
-                if cpu_sched is not None:
-                    cpu_sched.step()
+                    torch.nn.utils.clip_grad_norm_(r.parameters(), MAX_NORM)
+                r_opt.step()
+                if r_sched is not None:
+                    r_sched.step()
             seen = []
         if job.step == STEPS:
             break
