@@ -31,8 +31,14 @@ def messages():
      "the samples of one step on all ranks together (or pass your training DataLoader: its batch_size is taken)"),
     ("loader with a sampler of its own", "ConfigError: job.prepare(): the DataLoader draws its batches with a "
      "DistributedSampler of its own, which two ranks cannot share"),
-    ("a second model prepared", "ConfigError: job.prepare() was already called: one model, optimizer and dataset "
-     "per job (two models each with its own optimizer, stepped in turn as a GAN's, are not supported yet"),
+    ("a second model prepared", "ConfigError: job.prepare() was already called: one prepare per job (a GAN's two "
+     "models, each with its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data))"),
+    ("several optimizers in micro-batches", "ConfigError: --micro-batch 8 with several optimizers: a GAN's loop "
+     "steps its discriminator before its generator's backward"),
+    ("several optimizers in rounds", "ConfigError: --sync local:4 with several optimizers (stepped in turn, as a "
+     "GAN's): local and diloco rounds count one optimizer's steps; use --sync step (the default)"),
+    ("a tuple holding no model", "ConfigError: job.prepare(model, ...): expected a torch.nn.Module (or a tuple of "
+     "them, a GAN's generator and discriminator), got str"),
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvdhetero.rank import calibrate
 from hvdhetero.rank.calibrate import ProbeLoss, fallback_message, output_loss, probe_error
 
 
@@ -166,10 +167,18 @@ def test_the_fallback_is_said_in_one_line_naming_the_rank_and_what_helps():
     err = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail on a second line " + "x" * 300)
     line = probe_error(err)
     assert line == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    message = fallback_message(["", line], own_loss_fn=False)
+    message = fallback_message(["", line], None)
     assert "\n" not in message and "(rank 1: RuntimeError: CUDA out of memory" in message
     assert message.endswith("pass job.prepare(..., loss_fn=lambda model, batch: <your loss>)")
-    assert fallback_message([line, ""], own_loss_fn=True).endswith("check the loss_fn given to job.prepare")
+    assert fallback_message([line, ""], lambda m, b: 0).endswith("check the loss_fn given to job.prepare")
+    several = calibrate.SeveralModels(2)
+    with pytest.raises(NotImplementedError) as raised:  # a GAN's two models and no loss_fn
+        several(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]), torch.zeros(3, 2))
+    message = fallback_message([probe_error(raised.value), ""], several)
+    assert ("(rank 0: NotImplementedError: job.prepare got 2 models, which no default probe calls as your step "
+            "does)" in message), message
+    assert message.endswith("loss_fn=lambda models, batch: <a step's losses summed>), the models in the order you "
+                            "gave them")
     assert len(probe_error(ValueError("y" * 500))) <= len("ValueError: ") + 160
 
 

@@ -136,6 +136,19 @@ class ProbeLoss:
         return loss
 
 
+class SeveralModels:
+    """Calibration's probe when job.prepare got several models (a GAN's) and no `loss_fn`: no
+    default way calls them as the script's step does, so it says so (prepare starts from an equal
+    split and balances from the first steps' timings)."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __call__(self, model, batch) -> torch.Tensor:
+        raise NotImplementedError(f"job.prepare got {self.count} models, which no default probe calls as your "
+                                  "step does")
+
+
 def first_way(model, batch, then: Callable = lambda out: out) -> tuple[Callable, object]:
     """The first of `ways` that runs, `then` applied to what the model returns (a way whose call or
     `then` fails as a wrong call does gives way to the next), and that result. Any other error is
@@ -242,12 +255,17 @@ def probe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def fallback_message(failed: list[str], own_loss_fn: bool) -> str:
+def fallback_message(failed: list[str], loss_fn) -> str:
     """The one line rank 0 prints when a probe failed: on which rank, why, what follows, and
-    how the script can help."""
+    how the script can help (`loss_fn`: job.prepare's, or None)."""
     rank = next(i for i, error in enumerate(failed) if error)
-    help_ = ("check the loss_fn given to job.prepare" if own_loss_fn else
-             "to time your real step, pass job.prepare(..., loss_fn=lambda model, batch: <your loss>)")
+    if isinstance(loss_fn, SeveralModels):
+        help_ = ("to time your real step, pass job.prepare(..., loss_fn=lambda models, batch: <a step's losses "
+                 "summed>), the models in the order you gave them")
+    elif loss_fn is not None:
+        help_ = "check the loss_fn given to job.prepare"
+    else:
+        help_ = "to time your real step, pass job.prepare(..., loss_fn=lambda model, batch: <your loss>)"
     return (f"hvdhetero: could not time the model before training (rank {rank}: {failed[rank]}); starting from "
             f"an equal split, balanced from the first steps' timings; {help_}")
 

@@ -26,6 +26,7 @@ them imports the Job; docs/layout.md walks one step through them).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -107,26 +108,34 @@ class Job:
         the last; an LR scheduler on the optimizer steps once per global step too (one stepped
         per epoch is stepped once); pass it as `scheduler=` so that checkpoints hold it."""
         if self.training is not None:
-            raise ConfigError("job.prepare() was already called: one model, optimizer and dataset per job (two "
-                              "models each with its own optimizer, stepped in turn as a GAN's, are not supported "
-                              "yet; two models under one optimizer are: wrap them in one nn.ModuleDict)")
-        data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
-        validate.prepare_arguments(model, optimizer, data.dataset, data.global_batch, self.device, self.size)
-        calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
-        broadcast_state(model, optimizer)
-        scheduling.install()  # before Training wraps a `scheduler=`: what it steps in turn is torch's
+            raise ConfigError("job.prepare() was already called: one prepare per job (a GAN's two models, each with "
+                              "its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data))")
+        parts = validate.parts_arguments(model, optimizer, scheduler)
         cfg = self.config
+        if parts.several:
+            validate.several_optimizers(cfg)
+        data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
+        model = parts.model
+        validate.prepare_arguments(model, parts.optimizers, data.dataset, data.global_batch, self.device, self.size)
+        calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
+        broadcast_state(model, parts.optimizers)
+        scheduling.install()  # before Training wraps a `scheduler=`: what it steps in turn is torch's
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap, sparse=sparse_params(model))
-        begun = start.calibrate(cfg, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
+        # several optimizers (a GAN's): each rank's share in one piece, step sync (validate.several_optimizers)
+        timed_as = dataclasses.replace(cfg, micro_batch="0", sync="step") if parts.several else cfg
+        if loss_fn is None and isinstance(parts.given[0], (tuple, list)):
+            loss_fn = calibrate.SeveralModels(len(parts.given[0]))
+        begun = start.calibrate(timed_as, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
                                 data.collate_fn)
-        mode = start.sync_mode(cfg, self.records, begun, model)
+        mode = start.sync_mode(timed_as, self.records, begun, model)
         t = self.training = Training(cfg, self.me, self.records, self.train_state, self.step_state, self.loss_scale,
-                                     model=model, optimizer=optimizer, reducer=reducer, data=data, begun=begun,
-                                     mode=mode, scheduler=scheduler, tracked=self._tracked, device=self.device)
+                                     model=model, optimizers=parts.optimizers, reducer=reducer, data=data,
+                                     begun=begun, mode=mode, schedulers=parts.schedulers, tracked=self._tracked,
+                                     device=self.device)
         self.strategy = t.strategy
         clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
         averaging.take_over(self.step_state)  # torch's AveragedModel (an EMA) averages once a step
-        scheduling.take_over(self.step_state, [scheduler, *self._tracked.parts.values()])  # so do LR schedulers
+        scheduling.take_over(self.step_state, [*parts.schedulers, *self._tracked.parts.values()])  # so do LR schedulers
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
         resumed = elastic.rejoin(t) if t.elastic else None
         if resumed is None and cfg.resume:
@@ -135,7 +144,10 @@ class Job:
         start.record(self.records, cfg, self.me, self.precision, begun.balancer, t.host_names, resumed, self.step)
         if t.elastic:
             elastic.commit(t, check_hosts=False)
-        return model, t.optimizer, t.loader
+        given_model, given_optimizer = parts.given
+        if isinstance(given_optimizer, (tuple, list)):  # as passed: a tuple (optG, optD) comes back as one
+            return given_model, (list if isinstance(given_optimizer, list) else tuple)(t.optimizers), t.loader
+        return given_model, t.optimizer, t.loader
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the

@@ -42,18 +42,19 @@ from hvdhetero.rank.reducer import broadcast_optimizer_state, broadcast_tensors
 class Replicas:
     """The model and optimizer every rank holds a copy of under step sync."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: str,
+    def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], device: str,
                  on_differed: Callable[[int, dict[int, str]], None],
                  on_settings: Callable[[int, list[list[dict]]], None] | None = None):
         """`on_differed(step, {rank: device})` hears of each settle that moved anything: the
         ranks whose replica was not rank 0's, and their devices (rank 0's with them);
-        `on_settings(step, every rank's settings)` of each step whose optimizer settings differed."""
-        self.model, self.optimizer, self.device, self.on_differed = model, optimizer, device, on_differed
+        `on_settings(step, every rank's settings)` of each step whose optimizer settings differed.
+        `optimizers`: the model's (several: a GAN's two, compared and settled alike)."""
+        self.model, self.optimizers, self.device, self.on_differed = model, optimizers, device, on_differed
         self.on_settings = on_settings
 
     def settings_sum(self) -> float:
         """A checksum of this rank's optimizer settings, exact in the float32 a reduction carries."""
-        mine = [{key: _rounded(value) for key, value in group.items()} for group in settings(self.optimizer)]
+        mine = [{key: _rounded(value) for key, value in group.items()} for group in self.settings()]
         return float(zlib.crc32(repr(mine).encode()) & 0xFFFFFF)
 
     def same_settings(self, sums: list[float], step: int) -> bool:
@@ -62,9 +63,9 @@ class Replicas:
         differs from rank 0's, every rank takes rank 0's settings; returns whether any did."""
         if all(s == sums[0] for s in sums):
             return False
-        every = collectives.allgather_object(settings(self.optimizer), "hvdhetero.replicas.settings",
+        every = collectives.allgather_object(self.settings(), "hvdhetero.replicas.settings",
                                              "comparing the optimizer's settings")
-        for group, wanted in zip(self.optimizer.param_groups, every[0]):
+        for group, wanted in zip([g for o in self.optimizers for g in o.param_groups], every[0]):
             for key, value in wanted.items():
                 if isinstance(group.get(key), torch.Tensor):  # a tensor lr (capturable, fused): in place
                     group[key].fill_(value)
@@ -77,13 +78,20 @@ class Replicas:
     def settle(self, step: int) -> list[int]:
         """Every rank holds rank 0's parameters and optimizer state after this (a collective);
         returns the ranks that did not before."""
-        sums = collectives.allgather_object((checksum(self.model, self.optimizer), self.device), "hvdhetero.replicas")
+        sums = collectives.allgather_object((checksum(self.model, *self.optimizers), self.device),
+                                            "hvdhetero.replicas")
         differed = [r for r, (s, _) in enumerate(sums) if s != sums[0][0]]
         if differed:
             broadcast_tensors(list(self.model.parameters()), 0, "hvdhetero.replicas.params", "settling the replicas")
-            broadcast_optimizer_state(self.optimizer, 0, "hvdhetero.replicas.optimizer", "settling the replicas")
+            for i, optimizer in enumerate(self.optimizers):
+                broadcast_optimizer_state(optimizer, 0, "hvdhetero.replicas.optimizer" + (f".{i}" if i else ""),
+                                          "settling the replicas")
             self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
         return differed
+
+    def settings(self) -> list[dict]:
+        """Every param group's settings, the optimizers' in turn."""
+        return [group for optimizer in self.optimizers for group in settings(optimizer)]
 
 
 STEP_SETTINGS = ("lr", "momentum", "betas", "weight_decay", "eps", "dampening")
@@ -117,19 +125,20 @@ def _rounded(value):
     return float(f"{value:.12g}") if isinstance(value, float) else value
 
 
-def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """CRC-32 of the bytes of every parameter and every tensor in the optimizer's state, in a
+def checksum(model: torch.nn.Module, *optimizers: torch.optim.Optimizer) -> int:
+    """CRC-32 of the bytes of every parameter and every tensor in the optimizers' state, in a
     fixed order: one flipped bit anywhere changes it."""
     crc = 0
-    for t in _tensors(model, optimizer):
+    for t in _tensors(model, optimizers):
         crc = zlib.crc32(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), crc)
     return crc
 
 
-def _tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+def _tensors(model: torch.nn.Module, optimizers: tuple[torch.optim.Optimizer, ...]) -> Iterator[torch.Tensor]:
     yield from model.parameters()
-    state = optimizer.state_dict()["state"]
-    for index in sorted(state):
-        for key in sorted(state[index]):
-            if isinstance(state[index][key], torch.Tensor):
-                yield state[index][key]
+    for optimizer in optimizers:
+        state = optimizer.state_dict()["state"]
+        for index in sorted(state):
+            for key in sorted(state[index]):
+                if isinstance(state[index][key], torch.Tensor):
+                    yield state[index][key]

@@ -64,7 +64,7 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
         if measured is not None and not any(failed):
             split_from(balancer, model, dataset, me, *measured, loss_fn=probe, collate_fn=collate_fn)
     if any(failed) and hvd.rank() == 0:
-        print(fallback_message(failed, loss_fn is not None), flush=True)
+        print(fallback_message(failed, loss_fn), flush=True)
     return Begun(balancer, failed, timed=not (config.equal_split or any(failed)))
 
 

@@ -5,7 +5,8 @@ GradientState), instead of each reading the Job's private fields.
     loader hands out a chunk     -> state.item (a step's first chunk: reduced = False)
     job.backward, not the last   -> accumulating = True (optimizer, zero_grad, scheduler wait)
     job.backward, the last       -> accumulating = False, reduced = True, skip = overflowed
-    optimizer.step()             -> steps unless skip; updates += 1
+    optimizer.step()             -> steps unless skip; updates += 1 (with several optimizers, a
+                                    GAN's, once a global step: `stepped` says one stepped in it)
     scheduler.step()             -> steps once per global step (a merged step: once per step it spans)
 """
 
@@ -28,6 +29,9 @@ class StepState:
     """job.backward has reduced this step's gradients (the optimizer may step)."""
     skip: bool = False
     """The step's gradients overflowed (fp16 loss scaling): every rank skips the update alike."""
+    stepped: bool = False
+    """Several optimizers (a GAN's): one of them stepped in this global step already; the next
+    one's step and job.backward belong to the same step (counted and timed once)."""
     updates: int = 0
     """Optimizer steps this rank took (updates or skips); each scheduler's OncePerStep compares it
     with the count at its own last step (1 more: the scheduler steps every step)."""
@@ -36,7 +40,7 @@ class StepState:
         """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
         self.item = item
         if item.chunk == 0:
-            self.reduced = False
+            self.reduced = self.stepped = False
 
     def backward_done(self, last: bool, overflowed: bool = False) -> None:
         """job.backward of a chunk: the step's last one was reduced (`overflowed`: skip it)."""

@@ -46,8 +46,9 @@ class Training:
     hooks the loader and the optimizer call."""
 
     def __init__(self, config: JobConfig, me: Worker, records: RunRecords, train: TrainState, step_state: StepState,
-                 loss_scale, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reducer: Reducer, data: Data,
-                 begun: Begun, mode: tuple[str, int, bool, str], scheduler, tracked: Registry, device: torch.device):
+                 loss_scale, *, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], reducer: Reducer,
+                 data: Data, begun: Begun, mode: tuple[str, int, bool, str], schedulers: list, tracked: Registry,
+                 device: torch.device):
         self.config, self.me, self.records, self.train, self.step_state = config, me, records, train, step_state
         self.loss_scale = loss_scale
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -65,21 +66,28 @@ class Training:
                              on_item=self.on_item, epoch=self.pass_epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
-        self.optimizer = JobOptimizer(optimizer, step_state, before_step=self.stepped, after_step=self.after_step)
+        self.optimizers = [JobOptimizer(o, step_state, before_step=self.stepped, after_step=self.after_step)
+                           for o in optimizers]
+        """The prepared optimizers: one, or several stepped in turn within each global step (a GAN's)."""
+        self.optimizer = self.optimizers[0]
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
-        if scheduler is not None:  # the user steps their own object: its step goes through the state
+        for scheduler in schedulers:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
         self.strategy: EveryStep | Rounds = EveryStep(
-            self.reducer, config.overlap, Replicas(model, optimizer, records.who[2], self.replicas_differed,
+            self.reducer, config.overlap, Replicas(model, optimizers, records.who[2], self.replicas_differed,
                                                       self.settings_differed)
         ) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
                           config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
         if kind != "step" and inner == "by-speed" and data.num_workers:
             self.loader.lag = 2 * data.num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
-        self.parts = Registry(model=model, optimizer=PerRank(optimizer, self.rank),
-                              scheduler=Scheduler(scheduler) if scheduler is not None else None,
+        self.parts = Registry(model=model, optimizer=PerRank(optimizers[0], self.rank),
+                              scheduler=Scheduler(schedulers[0]) if schedulers else None,
                               loss_scale=loss_scale, sync=self.strategy, tracked=tracked)
+        for i, optimizer in enumerate(optimizers[1:], start=2):  # a GAN's: step sync, rank 0's state kept
+            self.parts.add(f"optimizer_{i}", PerRank(optimizer, self.rank))
+        for i, scheduler in enumerate(schedulers[1:], start=2):
+            self.parts.add(f"scheduler_{i}", Scheduler(scheduler))
         """What a checkpoint or a commit holds, by name (rank/registry.py)."""
         self.host_names: list[str] = collectives.allgather_object(records.who[1], "hvdhetero.host_names")
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
@@ -104,6 +112,9 @@ class Training:
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
         self.alone = AloneWatch()
         """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
+        self.reduced_again = False
+        """A step reduced more than once (two losses backpropagated in turn, a GAN's three): the step
+        times the ranks exchange cover its first backward only, no measure of the job against one rank."""
 
     @property
     def elastic(self) -> bool:
@@ -247,7 +258,7 @@ class Training:
         # A second job.backward of a step already reduced (two losses backpropagated in turn, the
         # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
         # so the first's reduced part stays as it is), but the step is timed and counted once.
-        again = self.step_state.reduced
+        again = self.step_state.reduced or self.step_state.stepped  # (or a GAN's generator after its discriminator)
         if not again:
             self.me.device.synchronize()
             began, busy0, slept = self._began
@@ -262,6 +273,7 @@ class Training:
         _share(self._unshared)  # parameters made inside this step's loop body (follow_trainable)
         self._unshared = []
         if again:
+            self.reduced_again = True
             if overflowed and not self.step_state.skip and self.loss_scale is not None:
                 self.loss_scale.update(True)
             self.step_state.backward_done(last=True, overflowed=overflowed or self.step_state.skip)
@@ -273,7 +285,7 @@ class Training:
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
             self.rebalance(times, list(item.sizes), item)
-            if self.is_main and self.size > 1 and self.strategy.kind == "step":
+            if self.is_main and self.size > 1 and self.strategy.kind == "step" and not self.reduced_again:
                 self._against_alone(seconds + reduce_s, times, list(item.sizes))
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
@@ -301,13 +313,16 @@ class Training:
         overflowed (every rank skips alike). Called only once a step's last micro-batch is in
         (the prepared optimizer does nothing between them)."""
         state = self.step_state
-        if state.item is not None and not state.reduced:
+        if state.item is not None and not (state.reduced or state.stepped):
             raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
         state.reduced = False
+        if state.stepped:  # a GAN's generator after its discriminator: the same global step
+            return not state.skip
         state.updates += 1
         self.train.step += state.item.steps if state.item is not None else 1
+        state.stepped = len(self.optimizers) > 1 and state.item is not None
         return not state.skip
 
     def after_step(self) -> None:

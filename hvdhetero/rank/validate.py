@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler,
                               SubsetRandomSampler, WeightedRandomSampler)
 
+from hvdhetero.config import check_sync
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank.sampler import Draw
 
@@ -93,20 +94,74 @@ def drawn(sampler, global_batch: int | None) -> Draw | None:
     return draw
 
 
-def prepare_arguments(model, optimizer, dataset, global_batch, device: torch.device, ranks: int) -> None:
+@dataclass(frozen=True)
+class Parts:
+    """What job.prepare trains: one model, or several (a GAN's generator and discriminator) as one
+    module, and their optimizers and schedulers; `given` as the script passed them, to return."""
+
+    model: torch.nn.Module
+    """The model, or the models as one nn.ModuleList: broadcast, reduced and checkpointed as one."""
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list
+    given: tuple[Any, Any]
+    """(model, optimizer) as passed: a tuple of models or optimizers comes back as one."""
+
+    @property
+    def several(self) -> bool:
+        """Several optimizers, stepped in turn within each global step (a GAN's)."""
+        return len(self.optimizers) > 1
+
+
+def parts_arguments(model, optimizer, scheduler) -> Parts:
+    """job.prepare's model, optimizer and scheduler: each one object, or a tuple or list of them
+    (a GAN's two models, each with its optimizer), refused with the fix where not torch's kinds."""
+    models = list(model) if isinstance(model, (tuple, list)) else [model]
+    optimizers = list(optimizer) if isinstance(optimizer, (tuple, list)) else [optimizer]
+    for m in models:
+        if not isinstance(m, torch.nn.Module):
+            raise ConfigError(f"job.prepare(model, ...): expected a torch.nn.Module (or a tuple of them, a GAN's "
+                              f"generator and discriminator), got {type(m).__name__}")
+    for o in optimizers:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise ConfigError(f"job.prepare(model, optimizer, ...): expected a torch.optim.Optimizer (or a tuple of "
+                              f"them, one per model, stepped in turn as a GAN's), got {type(o).__name__}")
+    if not models or not optimizers:
+        raise ConfigError("job.prepare(): give it a model and its optimizer (an empty tuple was passed)")
+    if len({id(o) for o in optimizers}) < len(optimizers):
+        raise ConfigError("job.prepare(): the same optimizer is in the tuple twice: pass each optimizer once")
+    schedulers = [s for s in (scheduler if isinstance(scheduler, (tuple, list)) else [scheduler]) if s is not None]
+    whole = models[0] if len(models) == 1 and not isinstance(model, (tuple, list)) else torch.nn.ModuleList(models)
+    return Parts(whole, optimizers, schedulers, (model, optimizer))
+
+
+def several_optimizers(config) -> None:
+    """Several optimizers stepped in turn (a GAN's): what the job cannot do with them, refused
+    before anything is broadcast or timed, with the fix."""
+    if config.micro_batch.isdigit() and int(config.micro_batch):
+        raise ConfigError(f"--micro-batch {config.micro_batch} with several optimizers: a GAN's loop steps its "
+                          "discriminator before its generator's backward, which cannot wait for a step's last chunk "
+                          "(the generator's loss would add to the discriminator's gradients being accumulated): "
+                          "use --micro-batch 0 (each rank's share in one piece; a smaller global batch where it does "
+                          "not fit)")
+    if check_sync(config.sync)[0] not in ("step", "auto"):
+        raise ConfigError(f"--sync {config.sync} with several optimizers (stepped in turn, as a GAN's): local and "
+                          "diloco rounds count one optimizer's steps; use --sync step (the default)")
+
+
+def prepare_arguments(model, optimizers, dataset, global_batch, device: torch.device, ranks: int) -> None:
     """Refuse, with the fix, what would go wrong later or silently."""
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"job.prepare(model, ...): expected a torch.nn.Module, got {type(model).__name__}")
     elsewhere = {str(p.device) for p in model.parameters()
                  if (p.device.type, p.device.index or 0) != (device.type, device.index or 0)}
     if elsewhere:
         raise ConfigError(f"job.prepare(): the model has parameters on {', '.join(sorted(elsewhere))}, but this "
                           f"rank computes on {device}: call model.to(job.device) before prepare()")
     mine = {id(p) for p in model.parameters()}
-    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
-    if foreign:
-        raise ConfigError(f"job.prepare(): the optimizer holds {foreign} parameter(s) that are not the model's: "
-                          "build it from model.parameters() after model.to(job.device)")
+    for optimizer in optimizers:
+        foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
+        if foreign:
+            raise ConfigError(f"job.prepare(): the optimizer holds {foreign} parameter(s) that are not the model's: "
+                              "build it from model.parameters() after model.to(job.device)"
+                              + (" (and pass every model it steps)" if len(optimizers) > 1 else ""))
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__") \
             or not hasattr(dataset, "__len__"):
         raise ConfigError(f"job.prepare(): the dataset must be map-style (__len__ and __getitem__), got "

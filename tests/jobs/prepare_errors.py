@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import hvdhetero as hh
+from hvdhetero.config import JobConfig
 
 job = hh.init(run_dir="/tmp/hvdhetero-prepare-errors")
 data = TensorDataset(torch.randn(100, 4), torch.randint(2, (100,)))
@@ -37,6 +38,18 @@ for name, make in cases.items():
     args = make(model)
     try:
         job.prepare(*args, global_batch=batches.get(name, 10))
+        out[name] = "accepted"
+    except Exception as err:  # noqa: BLE001
+        out[name] = f"{type(err).__name__}: {err}"
+# a GAN's two models, each with its optimizer: what the job cannot do with them, and a tuple of no modules
+for name, setting in {"several optimizers in micro-batches": {"micro_batch": "8"},
+                      "several optimizers in rounds": {"sync": "local:4"},
+                      "a tuple holding no model": {}}.items():
+    gen, disc = nn.Linear(2, 4), nn.Linear(4, 1)
+    pair = (gen, disc) if setting else (gen, "disc")
+    try:
+        hh.Job(JobConfig(run_dir="/tmp/hvdhetero-prepare-errors", **setting)).prepare(
+            pair, (torch.optim.Adam(gen.parameters()), torch.optim.Adam(disc.parameters())), data, global_batch=10)
         out[name] = "accepted"
     except Exception as err:  # noqa: BLE001
         out[name] = f"{type(err).__name__}: {err}"
