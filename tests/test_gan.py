@@ -18,7 +18,7 @@ def gan(tmp_path_factory):
     return two_ranks("api_gan.py", "API_GAN", tmp_path_factory.mktemp("gan"))
 
 
-@pytest.mark.parametrize("case", ["after-backward", "overlapped"])
+@pytest.mark.parametrize("case", ["after-backward", "overlapped", "loss-scaled"])
 def test_a_gans_two_optimizers_step_like_one_process_on_the_joined_batch(gan, case):
     """Discriminator's two losses, its step, then the generator's loss (through the
     discriminator, whose gradients it adds to) and its step: three reductions a step, on two
@@ -26,10 +26,11 @@ def test_a_gans_two_optimizers_step_like_one_process_on_the_joined_batch(gan, ca
     r = gan[case]
     assert r["sizes"][0] != r["sizes"][1] and sum(r["sizes"]) == 48, r  # calibrated by the loss_fn given
     assert r["rel_err"] <= 1e-5 and r["same_on_ranks"], r
-    assert r["d_moved"] > 0.01, "the discriminator trained"
+    assert r["d_moved"] > 1e-3, "the discriminator trained"
     assert r["steps"] == [1, 2, 3], "one global step a batch, though two optimizers stepped in it"
-    assert r["adam_steps"] == [3.0, 3.0], "each optimizer stepped once a step"
-    assert r["lr"] == [2e-3 * 0.5 ** 3] * 2, "each scheduler (scheduler=[...]) stepped once a step"
+    if case != "loss-scaled":  # (that case's SGD keeps no step count)
+        assert r["adam_steps"] == [3.0, 3.0], "each optimizer stepped once a step"
+    assert r["lr"] == [r["lr0"] * 0.5 ** 3] * 2, "each scheduler (scheduler=[...]) stepped once a step"
 
 
 def test_a_checkpoint_holds_both_optimizers_and_a_resume_goes_on_bit_for_bit(gan):

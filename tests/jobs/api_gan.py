@@ -5,9 +5,12 @@ two unequal ranks against one process on the joined batch, through the public AP
     netD.zero_grad(); job.backward(errD_real); job.backward(errD_fake); optD.step()
     netG.zero_grad(); job.backward(errG); optG.step()
 
-Each sample carries its own noise vector, so the replay draws the same fakes. Cases: after the
-backward or overlapped, the last rank 3x slower (calibration times `step_loss` on both models); then one that checkpoints after step 2 and a run resumed from it, whose
-step 3 must give the uninterrupted run's models and both optimizers' states bit for bit.
+Each sample carries its own noise vector, so the replay draws the same fakes. Cases, the last
+rank 3x slower (calibration times `step_loss` on both models): after the backward, overlapped,
+and overlapped under a loss scale (fp16's, set by hand; with SGD, whose steps a scale left in
+would move, where Adam's would not); then one that checkpoints after step 2 and a run resumed
+from it, whose step 3 must give the uninterrupted run's models and both optimizers' states bit
+for bit.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_gan.py RUN_DIR
 """
@@ -22,7 +25,7 @@ from torch import nn
 
 import hvdhetero as hh
 from hvdhetero.config import JobConfig
-from hvdhetero.rank import checkpoint
+from hvdhetero.rank import checkpoint, precision
 from hvdhetero.recipes import data
 
 STEPS = 3
@@ -51,9 +54,13 @@ def models(seed):
     return net_g, net_d
 
 
-def optimizers(net_g, net_d):
-    opt_g = torch.optim.Adam(net_g.parameters(), lr=2e-3, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(net_d.parameters(), lr=2e-3, betas=(0.5, 0.999))
+def optimizers(net_g, net_d, sgd=False):
+    """DCGAN's Adams; or SGD, whose steps scale with the gradient (a loss scale left in shows; Adam's would not)."""
+    if sgd:
+        opt_g, opt_d = (torch.optim.SGD(n.parameters(), lr=2e-2, momentum=0.5) for n in (net_g, net_d))
+    else:
+        opt_g = torch.optim.Adam(net_g.parameters(), lr=2e-3, betas=(0.5, 0.999))
+        opt_d = torch.optim.Adam(net_d.parameters(), lr=2e-3, betas=(0.5, 0.999))
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (opt_g, opt_d)]
     return opt_g, opt_d, scheds
 
@@ -96,15 +103,17 @@ run_dir = sys.argv[1]
 train, _, _ = data.load("digits", "unused")
 dataset = Noisy(train.tensors[0])
 results = {}
-for case, overlap in (("after-backward", False), ("overlapped", True)):
+for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-scaled", True)):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{case}", slowdown=3.0, overlap=overlap))
+    if case == "loss-scaled":  # --precision fp16's dynamic loss scale (on CUDA/MPS), switched on by hand
+        job.loss_scale = precision.LossScale(scale=2.0 ** 10)
     net_g, net_d = models(1 + hvd.rank())  # each rank its own initial weights: prepare gives rank 0's
-    opt_g, opt_d, scheds = optimizers(net_g, net_d)
+    opt_g, opt_d, scheds = optimizers(net_g, net_d, sgd=case == "loss-scaled")
     (net_g, net_d), (opt_g, opt_d), loader = job.prepare((net_g, net_d), (opt_g, opt_d), dataset,
                                                          global_batch=GLOBAL_BATCH, scheduler=scheds,
                                                          loss_fn=step_loss)
     ref_g, ref_d = copy.deepcopy(net_g), copy.deepcopy(net_d)
-    ref_opt_g, ref_opt_d, ref_scheds = optimizers(ref_g, ref_d)
+    ref_opt_g, ref_opt_d, ref_scheds = optimizers(ref_g, ref_d, sgd=case == "loss-scaled")
     steps, sizes = [], None
     for real, z in loader:
         gan_step(net_g, net_d, opt_g, opt_d, real, z, job.backward)
@@ -119,10 +128,10 @@ for case, overlap in (("after-backward", False), ("overlapped", True)):
             s.step()
         if job.step == STEPS:
             break
-    results[case] = {"sizes": sizes, "steps": steps, "rel_err": rel(flat(net_g, net_d), flat(ref_g, ref_d)),
+    results[case] = {"sizes": sizes, "lr0": ref_opt_g.defaults["lr"], "steps": steps, "rel_err": rel(flat(net_g, net_d), flat(ref_g, ref_d)),
                      "d_moved": rel(flat(net_d), flat(models(1)[1])),
                      "lr": [opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"]],
-                     "adam_steps": [float(opt.state_dict()["state"][0]["step"]) for opt in (opt_g, opt_d)],
+                     "adam_steps": [float(opt.state_dict()["state"][0].get("step", STEPS)) for opt in (opt_g, opt_d)],
                      "same_on_ranks": len(set(hvd.allgather_object(flat(net_g, net_d).sum().item(),
                                                                    name=f"gan.digest.{case}"))) == 1}
 
