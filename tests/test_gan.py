@@ -18,11 +18,11 @@ def gan(tmp_path_factory):
     return two_ranks("api_gan.py", "API_GAN", tmp_path_factory.mktemp("gan"))
 
 
-@pytest.mark.parametrize("case", ["after-backward", "overlapped", "loss-scaled"])
+@pytest.mark.parametrize("case", ["after-backward", "overlapped", "loss-scaled", "d-frozen"])
 def test_a_gans_two_optimizers_step_like_one_process_on_the_joined_batch(gan, case):
     """Discriminator's two losses, its step, then the generator's loss (through the
-    discriminator, whose gradients it adds to) and its step: three reductions a step, on two
-    ranks with unequal shares, match one process to float32 rounding."""
+    discriminator, whose gradients it adds to, or with it frozen: "d-frozen") and its step: three
+    reductions a step, on two ranks with unequal shares, match one process to float32 rounding."""
     r = gan[case]
     assert r["sizes"][0] != r["sizes"][1] and sum(r["sizes"]) == 48, r  # calibrated by the loss_fn given
     assert r["rel_err"] <= 1e-5 and r["same_on_ranks"], r
@@ -31,6 +31,10 @@ def test_a_gans_two_optimizers_step_like_one_process_on_the_joined_batch(gan, ca
     if case != "loss-scaled":  # (that case's SGD keeps no step count)
         assert r["adam_steps"] == [3.0, 3.0], "each optimizer stepped once a step"
     assert r["lr"] == [r["lr0"] * 0.5 ** 3] * 2, "each scheduler (scheduler=[...]) stepped once a step"
+    if case == "d-frozen":  # D frozen for G's backward, thawed for its own, every step: G's set said once, not 5 times
+        assert r["trainable_records"] == 1, r
+    else:
+        assert r["trainable_records"] == 0, r
 
 
 def test_a_checkpoint_holds_both_optimizers_and_a_resume_goes_on_bit_for_bit(gan):

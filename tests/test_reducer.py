@@ -92,3 +92,28 @@ def test_a_second_clip_of_a_step_finds_it_clipped():
     assert float(every.clip(1.0, 2.0)) == pytest.approx(1.0, rel=1e-5)
     assert torch.allclose(w.grad, clipped, rtol=1e-5) and float(w.grad.norm()) == pytest.approx(1.0, rel=1e-5), \
         "not clipped twice (1/5 of 1/5)"
+
+
+def test_a_trainable_set_trained_again_takes_its_buckets_back():
+    """A GAN script that freezes its discriminator for the generator's backward and thaws it for
+    its own (pix2pix's set_requires_grad) changes the trainable set twice a step: each set's
+    buckets are made once and taken back after, hooks on the set's parameters only."""
+    import torch
+
+    from hvdhetero.rank.reducer import Reducer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    reducer = Reducer(model.parameters(), overlap=True)
+    whole, params = reducer.buckets, reducer.params
+    for _ in range(3):
+        model[1].requires_grad_(False)
+        assert reducer.follow(model) == [] and len(reducer.params) == 2 and reducer.params is params
+        assert sum(b.buffer.numel() for b in reducer.buckets) == 20
+        frozen = reducer.buckets
+        model[1].requires_grad_(True)
+        reducer.follow(model)
+        assert reducer.returned and reducer.buckets is whole and len(reducer._hooks) == 4
+    assert reducer.follow(model) is None, "nothing changed"
+    model[1].requires_grad_(False)
+    reducer.follow(model)
+    assert reducer.returned and reducer.buckets is frozen

@@ -72,6 +72,10 @@ class _Bucket:
             p.grad.copy_(chunk.view_as(p))
 
 
+LAYOUTS_KEPT = 4
+"""Trainable sets whose buckets a Reducer keeps (the newest)."""
+
+
 class Reducer:
     """Weighted allreduce of all gradients of `params` through fused CPU buffers.
 
@@ -97,14 +101,27 @@ class Reducer:
         self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
         self.armed = False  # hooks launch buckets only after prepare(), until reduce()
         self._hooks: list = []
+        self._layouts: dict[tuple, list[_Bucket]] = {}
+        """Buckets by trainable set (the parameters' ids, in order): a set trained again, as a GAN
+        script's discriminator frozen for the generator's backward and thawed for its own every
+        step (pix2pix's set_requires_grad), takes its buffers back instead of new ones."""
+        self.returned = False
+        """The last `follow` went back to a trainable set reduced before."""
         self._build()
 
     def _build(self) -> None:
-        """The buckets for `params`, and with overlap each parameter's hook into its bucket."""
+        """The buckets for `params` (those of a set reduced before, kept), and with overlap each
+        parameter's hook into its bucket."""
         for hook in self._hooks:
             hook.remove()
-        groups = _buckets(self.params[::-1], self.bucket_mb) if self.overlap else [self.params]
-        self.buckets = [self._bucket(group, f"hvdhetero.grads.{i}") for i, group in enumerate(groups)]
+        key = (tuple(id(p) for p in self.params), self.sparse)
+        self.returned = key in self._layouts
+        if not self.returned:
+            groups = _buckets(self.params[::-1], self.bucket_mb) if self.overlap else [self.params]
+            if len(self._layouts) >= LAYOUTS_KEPT:
+                self._layouts.pop(next(iter(self._layouts)))
+            self._layouts[key] = [self._bucket(group, f"hvdhetero.grads.{i}") for i, group in enumerate(groups)]
+        self.buckets = self._layouts[key]
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(bucket))
                        for bucket in self.buckets if self.overlap for p in bucket.params]
 

@@ -222,8 +222,9 @@ class Training:
             _share(new)
         else:
             self._unshared = new
-        self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
-                           new=len(new), elements=sum(p.numel() for p in self.reducer.params))
+        if not self.reducer.returned:  # a set trained before (a GAN's D thawed and frozen every step): said once
+            self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
+                               new=len(new), elements=sum(p.numel() for p in self.reducer.params))
 
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or

@@ -8,7 +8,8 @@ two unequal ranks against one process on the joined batch, through the public AP
 Each sample carries its own noise vector, so the replay draws the same fakes. Cases, the last
 rank 3x slower (calibration times `step_loss` on both models): after the backward, overlapped,
 and overlapped under a loss scale (fp16's, set by hand; with SGD, whose steps a scale left in
-would move, where Adam's would not); then one that checkpoints after step 2 and a run resumed
+would move, where Adam's would not), and overlapped with D frozen for G's backward and thawed
+for its own every step, as pix2pix's set_requires_grad does; then one that checkpoints after step 2 and a run resumed
 from it, whose step 3 must give the uninterrupted run's models and both optimizers' states bit
 for bit.
 
@@ -65,15 +66,18 @@ def optimizers(net_g, net_d, sgd=False):
     return opt_g, opt_d, scheds
 
 
-def gan_step(net_g, net_d, opt_g, opt_d, real, z, backward):
-    """DCGAN's loop body (real label 1, fake 0, the generator trained to make D say 1)."""
+def gan_step(net_g, net_d, opt_g, opt_d, real, z, backward, freeze_d=False):
+    """DCGAN's loop body (real label 1, fake 0, the generator trained to make D say 1);
+    `freeze_d`: D's parameters need no gradient during G's backward (pix2pix's set_requires_grad)."""
     criterion = nn.BCELoss()
     ones, zeros = torch.ones(len(real), 1), torch.zeros(len(real), 1)
+    net_d.requires_grad_(True)
     net_d.zero_grad()
     backward(criterion(net_d(real), ones))
     fake = net_g(z)
     backward(criterion(net_d(fake.detach()), zeros))
     opt_d.step()
+    net_d.requires_grad_(not freeze_d)
     net_g.zero_grad()
     backward(criterion(net_d(fake), ones))
     opt_g.step()
@@ -103,7 +107,7 @@ run_dir = sys.argv[1]
 train, _, _ = data.load("digits", "unused")
 dataset = Noisy(train.tensors[0])
 results = {}
-for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-scaled", True)):
+for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-scaled", True), ("d-frozen", True)):
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/{case}", slowdown=3.0, overlap=overlap))
     if case == "loss-scaled":  # --precision fp16's dynamic loss scale (on CUDA/MPS), switched on by hand
         job.loss_scale = precision.LossScale(scale=2.0 ** 10)
@@ -116,7 +120,7 @@ for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-sc
     ref_opt_g, ref_opt_d, ref_scheds = optimizers(ref_g, ref_d, sgd=case == "loss-scaled")
     steps, sizes = [], None
     for real, z in loader:
-        gan_step(net_g, net_d, opt_g, opt_d, real, z, job.backward)
+        gan_step(net_g, net_d, opt_g, opt_d, real, z, job.backward, freeze_d=case == "d-frozen")
         for s in scheds:
             s.step()
         steps.append(job.step)
@@ -133,7 +137,9 @@ for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-sc
                      "lr": [opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"]],
                      "adam_steps": [float(opt.state_dict()["state"][0].get("step", STEPS)) for opt in (opt_g, opt_d)],
                      "same_on_ranks": len(set(hvd.allgather_object(flat(net_g, net_d).sum().item(),
-                                                                   name=f"gan.digest.{case}"))) == 1}
+                                                                   name=f"gan.digest.{case}"))) == 1,
+                     "trainable_records": sum('"trainable"' in line for line in open(f"{run_dir}/{case}/metrics.jsonl"))
+                     if hvd.rank() == 0 else None}
 
 
 def run(resume):
