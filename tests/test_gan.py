@@ -42,3 +42,18 @@ def test_a_checkpoint_holds_both_optimizers_and_a_resume_goes_on_bit_for_bit(gan
     assert r["checkpoint_step"] == 2 and r["started_at"] == 2, r
     assert r["optimizers_saved"] == [4, 4], "Adam state for the generator's 4 parameters and the discriminator's 4"
     assert r["bit_exact"], "both models and both optimizers' states equal the uninterrupted run's after step 3"
+
+
+def test_an_overflow_in_the_generators_reduction_skips_its_step_alone(gan):
+    """fp16 loss scaling: G's reduced gradients overflow at step 1. G skips that step and D does
+    not (each optimizer on its own gradients, as torch's GradScaler decides); the scale halves once;
+    step 2 is whole, though G's gradients still held step 1's infs while D's losses were reduced."""
+    moved = gan["overflow"]["moved"]
+    assert moved == [[False, True, 512.0], [True, True, 512.0], [True, True, 512.0]], moved
+    assert gan["overflow"]["skipped"] == 1
+
+
+def test_a_generator_stepped_on_its_own_backward_is_refused(gan):
+    """`errG.backward()` for `job.backward(errG)` (a port's line forgotten): G's gradients are each
+    rank's own; its step says so instead of letting the ranks' generators drift apart."""
+    assert gan["forgotten"].startswith("optimizer.step() without job.backward(loss) since the last step"), gan

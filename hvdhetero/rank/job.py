@@ -123,7 +123,7 @@ class Job:
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap, sparse=sparse_params(model))
         # several optimizers (a GAN's): each rank's share in one piece, step sync (validate.several_optimizers)
         timed_as = dataclasses.replace(cfg, micro_batch="0", sync="step") if parts.several else cfg
-        if loss_fn is None and isinstance(parts.given[0], (tuple, list)):
+        if loss_fn is None and isinstance(parts.given[0], (tuple, list)) and len(parts.given[0]) > 1:
             loss_fn = calibrate.SeveralModels(len(parts.given[0]))
         begun = start.calibrate(timed_as, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
                                 data.collate_fn)

@@ -15,6 +15,7 @@ step is in `step_state` (rank/step_state.py); how their models stay one is `stra
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.start import Begun
 from hvdhetero.rank.worker import Worker
 from hvdhetero.rank.step_state import OncePerStep, StepState
+from hvdhetero.rank.turns import InTurn
 from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.validate import Data
 from hvdhetero.rank.sync import ParameterSync
@@ -66,10 +68,12 @@ class Training:
                              on_item=self.on_item, epoch=self.pass_epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
-        self.optimizers = [JobOptimizer(o, step_state, before_step=self.stepped, after_step=self.after_step)
-                           for o in optimizers]
+        self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
+                                        after_step=self.after_step) for index, o in enumerate(optimizers)]
         """The prepared optimizers: one, or several stepped in turn within each global step (a GAN's)."""
         self.optimizer = self.optimizers[0]
+        self.in_turn = InTurn(optimizers, model) if len(optimizers) > 1 else None
+        """Several optimizers (a GAN's): each skips on its own overflow, refuses unreduced gradients (rank/turns.py)."""
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
         for scheduler in schedulers:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
@@ -112,9 +116,9 @@ class Training:
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
         self.alone = AloneWatch()
         """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
-        self.reduced_again = False
-        """A step reduced more than once (two losses backpropagated in turn, a GAN's three): the step
-        times the ranks exchange cover its first backward only, no measure of the job against one rank."""
+        self.again_at = -2
+        """The last step reduced more than once (two losses backpropagated in turn, a GAN's three): the
+        step times the ranks exchange cover its first backward only, no measure of the job against one rank."""
 
     @property
     def elastic(self) -> bool:
@@ -268,25 +272,30 @@ class Training:
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
-        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check, self.train.step, common)
+        turns = self.in_turn  # several optimizers: each decides on its own gradients as it steps
+        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check and turns is None,
+                                                           self.train.step, common)
+        if turns is not None:
+            turns.reduced(check)
         scale_gradients(self.reducer.params, rescale)
         self._grads_scaled = False  # the loss scale is out of the reduced gradients
         _share(self._unshared)  # parameters made inside this step's loop body (follow_trainable)
         self._unshared = []
         if again:
-            self.reduced_again = True
+            self.again_at = self.train.step
             if overflowed and not self.step_state.skip and self.loss_scale is not None:
                 self.loss_scale.update(True)
             self.step_state.backward_done(last=True, overflowed=overflowed or self.step_state.skip)
             return
         self.last_step_seconds = (seconds, reduce_s)
         self.step_state.backward_done(last=True, overflowed=overflowed)
-        if self.loss_scale is not None:
+        if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
             self.rebalance(times, list(item.sizes), item)
-            if self.is_main and self.size > 1 and self.strategy.kind == "step" and not self.reduced_again:
+            if (self.is_main and self.size > 1 and self.strategy.kind == "step"
+                    and self.train.step - self.again_at > 1):  # the last step's times were whole
                 self._against_alone(seconds + reduce_s, times, list(item.sizes))
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
@@ -309,22 +318,29 @@ class Training:
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 
-    def stepped(self) -> bool:
-        """The prepared optimizer asks whether to step: not when the step's reduced gradients
-        overflowed (every rank skips alike). Called only once a step's last micro-batch is in
-        (the prepared optimizer does nothing between them)."""
-        state = self.step_state
-        if state.item is not None and not (state.reduced or state.stepped):
+    def stepped(self, index: int = 0) -> bool:
+        """Prepared optimizer `index` asks whether to step: not when the step's reduced gradients
+        overflowed (every rank skips alike; with several optimizers, its own: rank/turns.py).
+        Called only once a step's last micro-batch is in (the prepared optimizer does nothing
+        between them)."""
+        state, turns = self.step_state, self.in_turn
+        if state.item is not None and (not (state.reduced or state.stepped) or (turns and turns.unreduced(index))):
             raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
         state.reduced = False
+        skip = state.skip
+        if turns is not None and state.item is not None:  # a GAN's: each optimizer on its own gradients
+            skip = turns.overflowed(index)
+            if self.loss_scale is not None and (not state.stepped or (skip and not state.skip)):
+                self.loss_scale.update(skip)  # once a step: grown after a whole step, backed off once
+            state.skip = state.skip or skip
         if state.stepped:  # a GAN's generator after its discriminator: the same global step
-            return not state.skip
+            return not skip
         state.updates += 1
         self.train.step += state.item.steps if state.item is not None else 1
-        state.stepped = len(self.optimizers) > 1 and state.item is not None
-        return not state.skip
+        state.stepped = turns is not None and state.item is not None
+        return not skip
 
     def after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step

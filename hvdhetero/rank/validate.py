@@ -130,7 +130,7 @@ def parts_arguments(model, optimizer, scheduler) -> Parts:
     if len({id(o) for o in optimizers}) < len(optimizers):
         raise ConfigError("job.prepare(): the same optimizer is in the tuple twice: pass each optimizer once")
     schedulers = [s for s in (scheduler if isinstance(scheduler, (tuple, list)) else [scheduler]) if s is not None]
-    whole = models[0] if len(models) == 1 and not isinstance(model, (tuple, list)) else torch.nn.ModuleList(models)
+    whole = models[0] if len(models) == 1 else torch.nn.ModuleList(models)  # (a tuple of one: that model)
     return Parts(whole, optimizers, schedulers, (model, optimizer))
 
 

@@ -142,6 +142,49 @@ for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-sc
                      if hvd.rank() == 0 else None}
 
 
+# An overflow in G's reduction at step 1 (its loss x1e38 on rank 0, scaled by 1024: inf): G skips
+# step 1 alone, as one device's GradScaler would, and step 2 is whole, though G's gradients still
+# hold step 1's infs while D's losses are reduced (DCGAN clears them only before errG).
+job = hh.Job(JobConfig(run_dir=f"{run_dir}/overflow", equal_split=True))
+job.loss_scale = precision.LossScale(scale=2.0 ** 10)
+net_g, net_d = models(3)
+opt_g, opt_d, _ = optimizers(net_g, net_d, sgd=True)
+_, (opt_g, opt_d), loader = job.prepare((net_g, net_d), (opt_g, opt_d), dataset, global_batch=GLOBAL_BATCH)
+moved = []
+for real, z in loader:
+    before = flat(net_g), flat(net_d)
+    blow = 1e38 if job.step == 0 and hvd.rank() == 0 else 1.0
+    criterion, ones, zeros = nn.BCELoss(), torch.ones(len(real), 1), torch.zeros(len(real), 1)
+    net_d.zero_grad()
+    job.backward(criterion(net_d(real), ones) + criterion(net_d(net_g(z).detach()), zeros))
+    opt_d.step()
+    net_g.zero_grad()
+    job.backward(criterion(net_d(net_g(z)), ones) * blow)
+    opt_g.step()
+    moved.append([not torch.equal(before[0], flat(net_g)), not torch.equal(before[1], flat(net_d)),
+                  job.loss_scale.scale])
+    if job.step == STEPS:
+        break
+results["overflow"] = {"moved": moved, "skipped": job.loss_scale.skipped}
+
+# G's loss backpropagated with torch's own backward (a port's line forgotten): refused at its step.
+job = hh.Job(JobConfig(run_dir=f"{run_dir}/forgotten", equal_split=True))
+net_g, net_d = models(4)
+opt_g, opt_d, _ = optimizers(net_g, net_d)
+_, (opt_g, opt_d), loader = job.prepare((net_g, net_d), (opt_g, opt_d), dataset, global_batch=GLOBAL_BATCH)
+real, z = next(iter(loader))
+net_d.zero_grad()
+job.backward(nn.BCELoss()(net_d(real), torch.ones(len(real), 1)))
+opt_d.step()
+net_g.zero_grad()
+nn.BCELoss()(net_d(net_g(z)), torch.ones(len(real), 1)).backward()
+try:
+    opt_g.step()
+    results["forgotten"] = "stepped"
+except RuntimeError as err:
+    results["forgotten"] = str(err)
+
+
 def run(resume):
     """Three steps at an equal split, a checkpoint after step 2 (or resumed from it)."""
     job = hh.Job(JobConfig(run_dir=f"{run_dir}/resume", equal_split=True, checkpoint_every=2, resume=resume))
