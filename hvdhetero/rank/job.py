@@ -106,7 +106,11 @@ class Job:
 
         With micro-batches the loader yields a step's share in chunks and the optimizer steps on
         the last; an LR scheduler on the optimizer steps once per global step too (one stepped
-        per epoch is stepped once); pass it as `scheduler=` so that checkpoints hold it."""
+        per epoch is stepped once); pass it as `scheduler=` so that checkpoints hold it.
+
+        A GAN's two models, each with its optimizer: tuples of both, `job.prepare((netG, netD),
+        (optD, optG), loader, scheduler=[...])`, each returned as passed; the optimizers step in
+        turn within each global step (rank/turns.py), under step sync, in whole shares."""
         if self.training is not None:
             raise ConfigError("job.prepare() was already called: one prepare per job (a GAN's two models, each with "
                               "its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data))")
