@@ -167,7 +167,7 @@ def engine_step(args, build, dataset, me: Worker):
     """The engine alone: calibrated split, online re-balancing, one fused weighted allreduce per
     step, driven directly (what hvdhetero measured before the public API existed)."""
     model, optimizer = build()
-    broadcast_state(model, optimizer)
+    broadcast_state(model, [optimizer])
     reducer = Reducer(model.parameters(), overlap=args.overlap)
     balancer = Balancer(args.batch_size, hvd.size())
     small = max(1, args.batch_size // (4 * hvd.size()))

@@ -244,17 +244,22 @@ def _buckets(params: list[torch.nn.Parameter], bucket_mb: float) -> list[list[to
     return groups
 
 
-def broadcast_state(model: torch.nn.Module, optimizers: torch.optim.Optimizer | list | None = None,
+def broadcast_state(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer] = (),
                     root_rank: int = 0) -> None:
-    """Make every rank start from rank 0's parameters, buffers and optimizer state (`optimizers`:
-    one, or a list: a GAN's two): job.prepare's first collective, which waits for whatever each
-    rank's script did before (a download on a slow host), so its bound is the patient one."""
+    """Make every rank start from rank 0's parameters, buffers and optimizers' state (a GAN's
+    two): job.prepare's first collective, which waits for whatever each rank's script did before
+    (a download on a slow host), so its bound is the patient one."""
     what, limit = "job.prepare()'s model broadcast", patient_timeout_s()
     broadcast_tensors(list(model.state_dict().values()), root_rank, "hvdhetero.state", what, limit)
-    if isinstance(optimizers, torch.optim.Optimizer):
-        optimizers = [optimizers]
-    for i, optimizer in enumerate(optimizers or []):
-        broadcast_optimizer_state(optimizer, root_rank, "hvdhetero.optimizer" + (f".{i}" if i else ""), what, limit)
+    broadcast_optimizers(optimizers, root_rank, "hvdhetero.optimizer", what, limit)
+
+
+def broadcast_optimizers(optimizers: list[torch.optim.Optimizer], root_rank: int, name: str, what: str = "",
+                         limit: float | None = None) -> None:
+    """Each optimizer takes `root_rank`'s state (broadcast_optimizer_state): the first under
+    `name`, the next ones under name.1, name.2 (a GAN's)."""
+    for i, optimizer in enumerate(optimizers):
+        broadcast_optimizer_state(optimizer, root_rank, name + (f".{i}" if i else ""), what, limit)
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from hvdhetero.rank import collectives
-from hvdhetero.rank.reducer import broadcast_optimizer_state, broadcast_tensors
+from hvdhetero.rank.reducer import broadcast_optimizers, broadcast_tensors
 
 
 class Replicas:
@@ -83,9 +83,7 @@ class Replicas:
         differed = [r for r, (s, _) in enumerate(sums) if s != sums[0][0]]
         if differed:
             broadcast_tensors(list(self.model.parameters()), 0, "hvdhetero.replicas.params", "settling the replicas")
-            for i, optimizer in enumerate(self.optimizers):
-                broadcast_optimizer_state(optimizer, 0, "hvdhetero.replicas.optimizer" + (f".{i}" if i else ""),
-                                          "settling the replicas")
+            broadcast_optimizers(self.optimizers, 0, "hvdhetero.replicas.optimizer", "settling the replicas")
             self.on_differed(step, {r: sums[r][1] for r in [0, *differed]})
         return differed
 
