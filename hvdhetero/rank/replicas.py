@@ -92,6 +92,55 @@ class Replicas:
         return [group for optimizer in self.optimizers for group in settings(optimizer)]
 
 
+class Told:
+    """What Replicas found and moved, told: a metrics record each time, rank 0's line the first time."""
+
+    def __init__(self, records, is_main: bool):
+        self.records, self.is_main = records, is_main
+        self.settles = 0
+        """How often step sync's replicas differed by rounding and took rank 0's."""
+        self.settings_taken = 0
+        """How often some rank's optimizer settings were not rank 0's and took them (Replicas.same_settings)."""
+
+    def differed(self, step: int, devices: dict[int, str]) -> None:
+        """Replicas.settle gave some ranks rank 0's model: a record each time, a line the first time."""
+        self.settles += 1
+        self.records.write("settle", step=step, ranks=sorted(devices)[1:], devices=devices)
+        if self.is_main and self.settles == 1:
+            others = ", ".join(f"rank {r} on {d}" for r, d in devices.items() if r)
+            kinds = {d.split()[0].split(":")[0] for d in devices.values()}
+            why = ("their devices round the optimizer's arithmetic differently" if len(kinds) > 1 else
+                   "ranks on one kind of device compute alike, so the script changed one rank's model or optimizer "
+                   "alone (an optimizer other than the one job.prepare returned, stepped on its own?)")
+            print(f"hvdhetero: step {step}: the model differed between rank 0 on {devices[0]} and {others}: {why}. "
+                  "Every rank now holds rank 0's, as it will at each evaluation and checkpoint (metrics.jsonl: settle "
+                  "records)", flush=True)
+
+    def settings(self, step: int, every: list[list[dict]]) -> None:
+        """Some rank's optimizer settings were not rank 0's and are now (Replicas.same_settings): a
+        record each time, a line the first time."""
+        apart = {rank: _differences(mine, every[0]) for rank, mine in enumerate(every) if rank and mine != every[0]}
+        self.records.write("settings", step=step, ranks=sorted(apart), differed=apart)
+        self.settings_taken += 1
+        if self.is_main and self.settings_taken == 1:
+            said = "; ".join(f"rank {rank}'s {', '.join(what)}" for rank, what in apart.items())
+            print(f"hvdhetero: step {step}: the optimizer's settings differed between the ranks ({said}): a "
+                  "scheduler stepped on a number each rank computed alone, as ReduceLROnPlateau on its own loss? "
+                  "Every rank takes rank 0's settings at each step, so rank 0's numbers decide; step such a "
+                  "scheduler on what every rank gets alike (job.evaluate's sums) (metrics.jsonl: settings records)",
+                  flush=True)
+
+
+def _differences(mine: list[dict], main: list[dict]) -> list[str]:
+    """`mine`'s settings that are not rank 0's (`main`), as "lr 0.025 (rank 0: 0.05)"."""
+    out = []
+    for index, (group, theirs) in enumerate(zip(mine, main)):
+        where = f" (group {index})" if len(main) > 1 else ""
+        out += [f"{key}{where} {group.get(key)!r} (rank 0: {value!r})" for key, value in theirs.items()
+                if group.get(key) != value]
+    return out or ["param groups"]
+
+
 STEP_SETTINGS = ("lr", "momentum", "betas", "weight_decay", "eps", "dampening")
 """The param group settings an optimizer's step reads that schedulers change (OneCycleLR and
 CyclicLR cycle momentum or betas too). Keys a torch version adds (Adam's decoupled_weight_decay)

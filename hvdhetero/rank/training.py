@@ -32,7 +32,7 @@ from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_tensors, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
-from hvdhetero.rank.replicas import Replicas
+from hvdhetero.rank.replicas import Replicas, Told
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.start import Begun
 from hvdhetero.rank.worker import Worker
@@ -77,9 +77,9 @@ class Training:
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
         for scheduler in schedulers:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
+        told = Told(records, self.is_main)  # what a settle or a settings check moved: records, a line once
         self.strategy: EveryStep | Rounds = EveryStep(
-            self.reducer, config.overlap, Replicas(model, optimizers, records.who[2], self.replicas_differed,
-                                                      self.settings_differed)
+            self.reducer, config.overlap, Replicas(model, optimizers, records.who[2], told.differed, told.settings)
         ) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
                           config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
@@ -102,10 +102,6 @@ class Training:
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
-        self.settles = 0
-        """How often step sync's replicas differed by rounding and took rank 0's (rank/replicas.py)."""
-        self.settings_taken = 0
-        """How often some rank's optimizer settings were not rank 0's and took them (Replicas.same_settings)."""
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
@@ -124,34 +120,6 @@ class Training:
     def elastic(self) -> bool:
         """Under --elastic, launched by the runner (which keeps the commits across resets)."""
         return elastic.running(self.config) is not None
-
-    def replicas_differed(self, step: int, devices: dict[int, str]) -> None:
-        """Replicas.settle gave some ranks rank 0's model: a record each time, a line the first time."""
-        self.settles += 1
-        self.records.write("settle", step=step, ranks=sorted(devices)[1:], devices=devices)
-        if self.is_main and self.settles == 1:
-            others = ", ".join(f"rank {r} on {d}" for r, d in devices.items() if r)
-            kinds = {d.split()[0].split(":")[0] for d in devices.values()}
-            why = ("their devices round the optimizer's arithmetic differently" if len(kinds) > 1 else
-                   "ranks on one kind of device compute alike, so the script changed one rank's model or optimizer "
-                   "alone (an optimizer other than the one job.prepare returned, stepped on its own?)")
-            print(f"hvdhetero: step {step}: the model differed between rank 0 on {devices[0]} and {others}: {why}. "
-                  "Every rank now holds rank 0's, as it will at each evaluation and checkpoint (metrics.jsonl: settle "
-                  "records)", flush=True)
-
-    def settings_differed(self, step: int, every: list[list[dict]]) -> None:
-        """Some rank's optimizer settings were not rank 0's and are now (Replicas.same_settings): a
-        record each time, a line the first time."""
-        apart = {rank: _differences(mine, every[0]) for rank, mine in enumerate(every) if rank and mine != every[0]}
-        self.records.write("settings", step=step, ranks=sorted(apart), differed=apart)
-        self.settings_taken += 1
-        if self.is_main and self.settings_taken == 1:
-            said = "; ".join(f"rank {rank}'s {', '.join(what)}" for rank, what in apart.items())
-            print(f"hvdhetero: step {step}: the optimizer's settings differed between the ranks ({said}): a "
-                  "scheduler stepped on a number each rank computed alone, as ReduceLROnPlateau on its own loss? "
-                  "Every rank takes rank 0's settings at each step, so rank 0's numbers decide; step such a "
-                  "scheduler on what every rank gets alike (job.evaluate's sums) (metrics.jsonl: settings records)",
-                  flush=True)
 
     # -- the loader's hooks ------------------------------------------------------------------------
 
@@ -414,13 +382,3 @@ class Training:
 def _share(params: list[torch.nn.Parameter]) -> None:
     """Parameters made after job.prepare (each rank's own initial values) take rank 0's."""
     broadcast_tensors(params, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
-
-
-def _differences(mine: list[dict], main: list[dict]) -> list[str]:
-    """`mine`'s settings that are not rank 0's (`main`), as "lr 0.025 (rank 0: 0.05)"."""
-    out = []
-    for index, (group, theirs) in enumerate(zip(mine, main)):
-        where = f" (group {index})" if len(main) > 1 else ""
-        out += [f"{key}{where} {group.get(key)!r} (rank 0: {value!r})" for key, value in theirs.items()
-                if group.get(key) != value]
-    return out or ["param groups"]

@@ -132,7 +132,8 @@ for case, overlap in (("after-backward", False), ("overlapped", True), ("loss-sc
             s.step()
         if job.step == STEPS:
             break
-    results[case] = {"sizes": sizes, "lr0": ref_opt_g.defaults["lr"], "steps": steps, "rel_err": rel(flat(net_g, net_d), flat(ref_g, ref_d)),
+    results[case] = {"sizes": sizes, "lr0": ref_opt_g.defaults["lr"], "steps": steps,
+                     "rel_err": rel(flat(net_g, net_d), flat(ref_g, ref_d)),
                      "d_moved": rel(flat(net_d), flat(models(1)[1])),
                      "lr": [opt_g.param_groups[0]["lr"], opt_d.param_groups[0]["lr"]],
                      "adam_steps": [float(opt.state_dict()["state"][0].get("step", STEPS)) for opt in (opt_g, opt_d)],
