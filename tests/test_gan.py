@@ -57,3 +57,12 @@ def test_a_generator_stepped_on_its_own_backward_is_refused(gan):
     """`errG.backward()` for `job.backward(errG)` (a port's line forgotten): G's gradients are each
     rank's own; its step says so instead of letting the ranks' generators drift apart."""
     assert gan["forgotten"].startswith("optimizer.step() without job.backward(loss) since the last step"), gan
+
+
+def test_invoke_plan_on_a_gan_weighs_step_sync_only_and_says_why(gan):
+    """`invoke plan` on a script with two optimizers: local/diloco, which its job.prepare refuses,
+    are neither advised nor listed, and the plan says why."""
+    plan = gan["plan"]
+    assert plan["syncs"] == ["alone", "step"] and plan["advised"] in ("alone", "step"), plan
+    assert plan["step_only"] == "2 optimizers: local and diloco rounds count one optimizer's steps", plan
+    assert plan["lines"][0] == f"local/diloco: not weighed: {plan['step_only']}", plan

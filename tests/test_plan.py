@@ -9,7 +9,7 @@ import pytest
 
 from conftest import VENV_BIN, run_cmd
 from hvdhetero import metrics
-from hvdhetero.policy.plan import Measured, advise, predict
+from hvdhetero.policy.plan import Measured, advise, make, predict, render
 
 
 def pc_and_mac(exchange_s: float, global_batch: int = 512) -> Measured:
@@ -146,6 +146,18 @@ def test_one_host_with_two_ranks_weighs_each_rank_alone():
                  global_batch=64, wire_bytes=600_000, latency_s=0.001, exchange_s=0.002, copy_s=0.0)
     labels = {p.label for p in predict(m)}
     assert {"local[0] alone", "local[1] alone", "local[0]+local[1] step"} <= labels
+
+
+def test_a_job_that_cannot_run_rounds_is_planned_in_step_sync_and_the_plan_says_why():
+    """Several optimizers (a GAN's): prepare refuses local/diloco, so the plan neither lists nor
+    advises them, though at this link they would win."""
+    m = pc_and_mac(exchange_s=0.6)
+    assert advise(predict(m))[0].sync.startswith("diloco"), "the case: rounds would be advised"
+    full = make(m, step_only="2 optimizers: local and diloco rounds count one optimizer's steps")
+    assert {p.sync for p in full.predictions} == {"alone", "step"} and full.advice.sync in ("alone", "step")
+    said = render(full).splitlines()
+    assert "local/diloco: not weighed: 2 optimizers: local and diloco rounds count one optimizer's steps" in said
+    assert full.to_json()["step_only"].startswith("2 optimizers"), "in `invoke plan --out`'s file"
 
 
 @pytest.mark.slow

@@ -151,17 +151,19 @@ class Plan:
     predictions: list[Prediction]
     advice: Prediction
     reason: str
-    extra: dict = field(default_factory=dict)
+    step_only: str = ""
+    """Why local/diloco rounds were not weighed (the job cannot run them); "" when they were."""
 
     def to_json(self) -> dict:
         return {"measured": asdict(self.measured), "predictions": [asdict(p) | {"label": p.label}
                                                                    for p in self.predictions],
                 "advice": asdict(self.advice) | {"label": self.advice.label, "flags": self.advice.flags},
-                "reason": self.reason}
+                "reason": self.reason, "step_only": self.step_only}
 
 
-def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
-    """Every subset of hosts (or only all of them) in every mode, from the measurements."""
+def predict(m: Measured, subsets: bool = True, rounds: bool = True) -> list[Prediction]:
+    """Every subset of hosts (or only all of them) in every mode (`rounds` False: alone and step
+    only), from the measurements."""
     names = list(dict.fromkeys(m.hosts))
     if len(names) > 1:
         units = [(h, tuple(r for r, x in enumerate(m.hosts) if x == h)) for h in names]
@@ -186,7 +188,7 @@ def predict(m: Measured, subsets: bool = True) -> list[Prediction]:
         a, p = [m.overhead[r] for r in ranks], [m.per_sample[r] for r in ranks]
         t = balancer.step_time(balancer.calibrate(a, p))
         out.append(_made(labels, ranks, "step", False, t + m.exchange_s, 0, m))
-        for h in EVERY:
+        for h in EVERY if rounds else ():
             out += _rounds(labels, ranks, h, t, "same", m)
             # --inner-steps by-speed: a slower rank merges its shares into steps about the largest
             # share's size, paying its fixed cost once a merge (policy/balancer.py `merges`)
@@ -275,6 +277,8 @@ def render(plan: Plan) -> str:
     for p in shown:
         mark = "  <- advised" if p is plan.advice else ""
         lines.append(f"{p.label:48}{p.samples_per_s:11,.0f}{p.vs_fastest:11.2f}x{p.step_s * 1e3:9.1f}{mark}")
+    if plan.step_only:
+        lines.append(f"local/diloco: not weighed: {plan.step_only}")
     lines.append(f"advice: {plan.reason}")
     lines.append(f"  invoke train {plan.advice.flags} ...")
     return "\n".join(lines)
@@ -303,7 +307,9 @@ def _freshest(predictions: list[Prediction]) -> Prediction:
                key=lambda p: (p.staleness, -p.samples_per_s))
 
 
-def make(m: Measured, subsets: bool = True) -> Plan:
-    predictions = predict(m, subsets)
+def make(m: Measured, subsets: bool = True, step_only: str = "") -> Plan:
+    """The plan; `step_only`, where the job cannot run local/diloco rounds, says why (the plan
+    then weighs alone and step sync only, and says so)."""
+    predictions = predict(m, subsets, rounds=not step_only)
     advice, reason = advise(predictions)
-    return Plan(m, predictions, advice, reason)
+    return Plan(m, predictions, advice, reason, step_only)

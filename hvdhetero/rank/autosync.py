@@ -27,9 +27,10 @@ from hvdhetero.rank.sync import exchanged_tensors
 
 
 def choose(config: JobConfig, records: RunRecords, balancer: Balancer, model: torch.nn.Module,
-           probe_failed: bool) -> tuple[str, int, bool, str]:
+           probe_failed: bool, step_only: str = "") -> tuple[str, int, bool, str]:
     """`invoke plan`: print the plan and end the job here. --sync auto: the advised mode for
-    these hosts (step when the ranks could not be timed): (kind, H, overlapped, inner steps)."""
+    these hosts (step when the ranks could not be timed, or `step_only` says why local/diloco
+    cannot run): (kind, H, overlapped, inner steps)."""
     if probe_failed or config.equal_split:
         why = "the calibration probe failed (pass loss_fn=... to prepare)" if probe_failed else "--equal-split"
         if config.plan_only:
@@ -40,7 +41,7 @@ def choose(config: JobConfig, records: RunRecords, balancer: Balancer, model: to
     params, buffers = exchanged_tensors(model)
     _, host, device, size = records.who
     measured = measure(balancer, params + buffers, WIRE_DTYPES[config.compression], host, device)
-    full = plan.make(measured)
+    full = plan.make(measured, step_only=step_only)
     if config.plan_only:
         if records.is_main:
             print(plan.render(full), flush=True)

@@ -131,7 +131,9 @@ class Job:
             loss_fn = calibrate.SeveralModels(len(parts.given[0]))
         begun = start.calibrate(timed_as, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
                                 data.collate_fn)
-        mode = start.sync_mode(timed_as, self.records, begun, model)
+        mode = start.sync_mode(timed_as, self.records, begun, model,
+                               step_only=f"{len(parts.optimizers)} optimizers: {validate.SEVERAL_STEP_ONLY}"
+                               if parts.several else "")
         t = self.training = Training(cfg, self.me, self.records, self.train_state, self.step_state, self.loss_scale,
                                      model=model, optimizers=parts.optimizers, reducer=reducer, data=data,
                                      begun=begun, mode=mode, schedulers=parts.schedulers, tracked=self._tracked,

@@ -68,17 +68,18 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
     return Begun(balancer, failed, timed=not (config.equal_split or any(failed)))
 
 
-def sync_mode(config: JobConfig, records: RunRecords, begun: Begun,
-              model: torch.nn.Module) -> tuple[str, int, bool, str]:
+def sync_mode(config: JobConfig, records: RunRecords, begun: Begun, model: torch.nn.Module,
+              step_only: str = "") -> tuple[str, int, bool, str]:
     """(kind, H, overlapped, inner steps): the --sync setting's, or with --sync auto (and in
-    `invoke plan`) what the plan advises for these ranks (rank/autosync.py). The balancer is
-    set for the rounds the mode has."""
+    `invoke plan`) what the plan advises for these ranks (rank/autosync.py; `step_only`: why
+    local/diloco cannot run, the plan then weighing step sync alone). The balancer is set for
+    the rounds the mode has."""
     balancer = begun.balancer
     kind, every = check_sync(config.sync)
     overlap, inner = config.overlap_sync, config.inner_steps
     if config.plan_only or kind == "auto":
         kind, every, overlap, inner = autosync.choose(config, records, balancer, model,
-                                                      probe_failed=any(begun.failed))
+                                                      probe_failed=any(begun.failed), step_only=step_only)
         if inner == "by-speed":  # the split balanced for merged steps, as the plan predicted it
             balancer.merges, balancer.merge_limit = True, every
             balancer.calibrate(balancer.overhead, balancer.seconds_per_sample)

@@ -144,8 +144,12 @@ def several_optimizers(config) -> None:
                           "use --micro-batch 0 (each rank's share in one piece; a smaller global batch where it does "
                           "not fit)")
     if check_sync(config.sync)[0] not in ("step", "auto"):
-        raise ConfigError(f"--sync {config.sync} with several optimizers (stepped in turn, as a GAN's): local and "
-                          "diloco rounds count one optimizer's steps; use --sync step (the default)")
+        raise ConfigError(f"--sync {config.sync} with several optimizers (stepped in turn, as a GAN's): "
+                          f"{SEVERAL_STEP_ONLY}; use --sync step (the default)")
+
+
+SEVERAL_STEP_ONLY = "local and diloco rounds count one optimizer's steps"
+"""Why a job with several optimizers trains in step sync (its refusal, its plan's line)."""
 
 
 def prepare_arguments(model, optimizers, dataset, global_batch, device: torch.device, ranks: int) -> None:

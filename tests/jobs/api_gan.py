@@ -11,12 +11,15 @@ and overlapped under a loss scale (fp16's, set by hand; with SGD, whose steps a 
 would move, where Adam's would not), and overlapped with D frozen for G's backward and thawed
 for its own every step, as pix2pix's set_requires_grad does; then one that checkpoints after step 2 and a run resumed
 from it, whose step 3 must give the uninterrupted run's models and both optimizers' states bit
-for bit.
+for bit. Last, `invoke plan`'s job on this GAN (plan_only): the plan weighs alone and step sync
+only, and says why (a local/diloco mode it advised would be refused at prepare).
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_gan.py RUN_DIR
 """
 
+import contextlib
 import copy
+import io
 import json
 import sys
 
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 import hvdhetero as hh
+from hvdhetero import progress
 from hvdhetero.config import JobConfig
 from hvdhetero.rank import checkpoint, precision
 from hvdhetero.recipes import data
@@ -209,5 +213,17 @@ if saved is not None:
     state = saved[1]
     results["resume"]["checkpoint_step"] = state["step"]
     results["resume"]["optimizers_saved"] = [len(state[k]["state"]) for k in ("optimizer", "optimizer_2")]
+job = hh.Job(JobConfig(run_dir=f"{run_dir}/plan", plan_only=True, slowdown=3.0))
+net_g, net_d = models(7)
+opt_g, opt_d, _ = optimizers(net_g, net_d)
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):  # the plan ends the job: exit 0
+    job.prepare((net_g, net_d), (opt_g, opt_d), dataset, global_batch=GLOBAL_BATCH, loss_fn=step_loss)
 if hvd.rank() == 0:
+    said = printed.getvalue()
+    full = json.loads(next(line for line in said.splitlines() if line.startswith(progress.RESULT_TAG))
+                      [len(progress.RESULT_TAG):])
+    results["plan"] = {"syncs": sorted({p["sync"] for p in full["predictions"]}), "step_only": full["step_only"],
+                       "advised": full["advice"]["sync"],
+                       "lines": [line for line in said.splitlines() if line.startswith(("local/diloco", "advice"))]}
     print("API_GAN " + json.dumps(results), flush=True)
