@@ -45,6 +45,22 @@ requires_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: creates network namespaces and runs sshd (CI runs as root)")
 
 
+EXACT = ["--epochs", "3", "--equal-split", "--micro-batch", "0", "--checkpoint-every", "25", "--checkpoint-minutes",
+         "0", "--seed", "3"]
+"""`invoke train EXACT -- --repeat 4` (90 steps an epoch): a run whose resume ends bit for bit as
+an uninterrupted one; equal split and whole-share micro-batches, so nothing timing-dependent
+decides what a step computes."""
+
+
+@pytest.fixture(scope="session")
+def exact_whole(tmp_path_factory) -> Path:
+    """The run directory of EXACT trained undisturbed: what a killed and resumed run must end as
+    (test_checkpoint, test_failures)."""
+    run_dir = tmp_path_factory.mktemp("exact") / "whole"
+    run_cmd([VENV_BIN / "invoke", "train", *EXACT, "--run-dir", run_dir, "--", "--repeat", "4"], timeout=600)
+    return run_dir
+
+
 # -- the namespaced test hosts (ci/testhosts), shared by every root test of the session ----------
 
 LAUNCH_NS = "hvdt-launch"

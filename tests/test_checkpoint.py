@@ -13,14 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, VENV_BIN, run_cmd
+from conftest import EXACT, ROOT, VENV_BIN, run_cmd
 from hvdhetero import metrics
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import checkpoint
 
-# equal split and whole-share micro-batches: nothing timing-dependent decides what a step computes
-EXACT = ["--epochs", "3", "--equal-split", "--micro-batch", "0", "--checkpoint-every", "25", "--checkpoint-minutes",
-         "0", "--seed", "3"]
 
 
 @pytest.mark.parametrize("every_steps, minutes, keep, step_s, expected", [
@@ -74,9 +71,12 @@ def end_record(run_dir: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [[], ["--sync", "diloco:4"]], ids=["step", "diloco"])
-def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path, mode):
+def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path, mode, request):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    train(*EXACT, *mode, run_dir=whole)
+    if mode:
+        train(*EXACT, *mode, run_dir=whole)
+    else:  # step sync: the session's undisturbed EXACT run (test_failures' reference too)
+        whole = request.getfixturevalue("exact_whole")
     killed_after_step([*EXACT, *mode], cut, 50)
     newest = checkpoint.newest(cut)
     assert newest is not None and 50 <= newest[1]["step"] < 270 and not newest[1]["epoch_done"], newest[0]

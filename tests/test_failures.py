@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
+from conftest import EXACT, ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
 from hvdhetero import metrics
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
@@ -27,9 +27,6 @@ def leftover(run_dir: Path) -> list[int]:
 
 LONG = ["--epochs", "50", "--checkpoint-every", "20"]
 """A run that outlasts any test: 50 epochs of 90 steps, a checkpoint every 20 steps."""
-EXACT = ["--epochs", "3", "--checkpoint-every", "20", "--checkpoint-minutes", "0", "--equal-split",
-         "--micro-batch", "0", "--seed", "3"]
-"""A short run whose resume ends bit for bit as an uninterrupted one (tests/test_checkpoint.py)."""
 
 
 def started(run_dir: Path, args=LONG) -> subprocess.Popen:
@@ -54,7 +51,8 @@ def ended(proc: subprocess.Popen, within: float) -> tuple[str, float]:
     return out, time.monotonic() - t0
 
 
-def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_which_ends_as_undisturbed(tmp_path):
+def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_which_ends_as_undisturbed(tmp_path,
+                                                                                                     exact_whole):
     run_dir = tmp_path / "run"
     proc = started(run_dir, EXACT)
     os.kill(job_pids(run_dir)[1], signal.SIGKILL)
@@ -68,9 +66,7 @@ def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_whic
     assert not leftover(run_dir)
     # the command it printed, run: the resumed run ends as one never interrupted (same parameters)
     run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=600)
-    whole = tmp_path / "whole"
-    run_cmd([VENV_BIN / "invoke", "train", *EXACT, "--run-dir", whole, "--", "--repeat", "4"], timeout=600)
-    a, b = (metrics.records(d / "metrics.jsonl")[-1] for d in (whole, run_dir))
+    a, b = (metrics.records(d / "metrics.jsonl")[-1] for d in (exact_whole, run_dir))
     assert a["event"] == b["event"] == "end", (a, b)
     assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
 
