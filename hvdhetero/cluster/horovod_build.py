@@ -42,6 +42,27 @@ PATCH_ROOT = Path(__file__).resolve().parents[1] / "patches"
 # Written into the horovod package so the installed build can say what it carries.
 MARKER_MODULE = "hvdhetero_build"
 
+VERIFY_PY = r"""
+import json, sys
+wanted = json.loads(sys.argv[1])
+try:
+    import horovod.torch as hvd
+except Exception as e:  # noqa: BLE001 - the build is unusable, whatever the reason
+    sys.exit(f"import horovod.torch failed: {type(e).__name__}: {e}")
+built = {"Gloo": hvd.gloo_built(), "MPI": hvd.mpi_built()}
+missing = [name for name in ["Gloo", *(["MPI"] if wanted["mpi"] else [])] if not built[name]]
+if missing:
+    sys.exit(f"Horovod's torch extension in {sys.prefix} was built without {' and '.join(missing)}")
+if wanted.get("devices"):
+    from hvdhetero.rank import devices
+    print(*(devices.select(d).describe() for d in wanted["devices"]))
+"""
+"""Run by an env's python with {"mpi": bool, "devices": [...]}: exit 0 where the installed Horovod
+loads with torch and has Gloo (and MPI), and each device is usable; else it says what is wrong.
+One process, one import of torch: `horovodrun --check-build` imported torch in a new process
+for each framework it asks about, 17 s on a one-core host (a provision that changed nothing took
+32 s, half of it there)."""
+
 BUILD_ENV = {
     "HOROVOD_WITH_PYTORCH": "1",
     "HOROVOD_WITH_GLOO": "1",

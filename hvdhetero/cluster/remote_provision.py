@@ -18,6 +18,7 @@ import posixpath
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,8 @@ SAME_PY = ("import sys; from importlib import metadata as m\n"
 
 @dataclass(frozen=True)
 class Step:
-    """One idempotent step: skipped when `check` exits 0, else `action` runs (and must succeed)."""
+    """One idempotent step: skipped when `check` exits 0, else `action` runs (and must succeed).
+    No action: a verification, whose check failing fails the host with what the check said."""
 
     name: str
     action: tuple[str, ...]
@@ -157,13 +159,9 @@ def plan(host: Host, pins: Pins, facts: dict, digest: str, wheel: str, sdist: st
         Step(f"horovod {pins.horovod} ({pins.transport}{', mpi' if pins.mpi else ''})",
              check=(py, "-m", "hvdhetero.cluster.horovod_build", "--check", *build),
              action=(py, "-m", "hvdhetero.cluster.horovod_build", "--install", *build), env=penv),
-        Step("verify build", check=(posixpath.join(env, "bin", "horovodrun"), "--check-build"), action=("false",)),
-        *([Step("verify mpi", action=("false",), check=(
-            py, "-c", "import sys, horovod.torch as hvd; sys.exit(0 if hvd.mpi_built() and hvd.gloo_built() else 1)"))]
-          if pins.mpi else []),
-        Step(f"verify device {host.device}", action=("false",), check=(
-            py, "-c", "from hvdhetero.rank import devices; print(*(devices.select(d).describe() for d in "
-                      f"{list(dict.fromkeys(host.device.split(',')))!r}))")),
+        Step(f"verify build{' (mpi)' if pins.mpi else ''} and device {host.device}", action=(), check=(
+            py, "-c", horovod_build.VERIFY_PY,
+            json.dumps({"mpi": pins.mpi, "devices": list(dict.fromkeys(host.device.split(",")))}))),
     ]
 
 
@@ -221,9 +219,15 @@ UPLOAD_IDLE_S = 120
 
 
 def _do(conn, host: Host, step: Step, report: HostReport, log) -> None:
-    if step.check is not None and ssh.run(conn, step.check, env=dict(step.env)).exited == 0:
-        return
+    if step.check is not None:
+        checked = ssh.run(conn, step.check, env=dict(step.env))
+        if checked.exited == 0:
+            return
+        if not step.action:
+            said = (checked.stderr or checked.stdout).strip().splitlines()[-15:]
+            raise BuildError(f"{host.name}: {step.name} failed (exit {checked.exited}):\n" + "\n".join(said))
     log(f"{host.name}: {step.name} ...")
+    started = time.monotonic()
     if step.upload:
         local, remote = step.upload
         ssh.run(conn, ["mkdir", "-p", posixpath.dirname(remote)])
@@ -235,6 +239,7 @@ def _do(conn, host: Host, step: Step, report: HostReport, log) -> None:
         raise BuildError(f"{host.name}: step '{step.name}' failed (exit {r.exited}):\n" + "\n".join(detail))
     report.status = "changed"
     report.changes.append(step.name)
+    log(f"{host.name}: {step.name}: done in {time.monotonic() - started:.0f} s")
 
 
 def provision(inventory: Inventory, hosts: list[Host], *, accept_new: bool = False,
