@@ -37,6 +37,10 @@ def test_provision_installs_both_hosts(provisioned):
     table = first.stdout[first.stdout.index("host "):]
     assert re.search(r"^h1\s+changed\s+venv, torch 2\.14\.1, hvdhetero", table, re.M), table
     assert re.search(r"^h2\s+changed\s+venv, torch 2\.14\.1, hvdhetero", table, re.M), table
+    # each step says how long it took (a Mac's first provision takes minutes: where they went)
+    took = {m[1]: int(m[2]) for m in re.finditer(r"^(h[12]: torch 2\.14\.1): done in (\d+) s$", first.stdout, re.M)}
+    assert took.keys() == {"h1: torch 2.14.1", "h2: torch 2.14.1"} and all(s > 0 for s in took.values()), first.stdout
+    print("provision's steps:", *re.findall(r"^h\d: .*: done in \d+ s$", first.stdout, re.M), sep="\n  ")
 
 
 def test_provision_again_changes_nothing(provisioned):
@@ -54,12 +58,24 @@ def test_check_is_green(provisioned):
     assert "check: all hosts ready" in proc.stdout
 
 
-def test_train_across_two_hosts_with_different_nic_names(provisioned, tmp_path):
+ACROSS = ["--hosts", "h1,h2", "--epochs", "10", "--equal-split"]
+"""Digits across h1,h2 at an equal split: the balanced one follows timings, which differ between
+runs; this way a run is a pure function of the seed and of what the transport delivers."""
+
+
+@pytest.fixture(scope="module")
+def across(provisioned, tmp_path_factory):
+    """One run of ACROSS on the uv transport (the hosts' as provisioned): (its output, its run
+    directory), for the NIC test and as the uv side of the uv/tcp comparison."""
+    run_dir = tmp_path_factory.mktemp("across") / "uv" / "run"  # rank 0 runs on h1; /tmp is shared with the hosts
+    proc = invoke("train", *ACROSS, "--run-dir", run_dir, "--verbose", inventory=provisioned[0], timeout=900,
+                  check=True)
+    return proc, run_dir
+
+
+def test_train_across_two_hosts_with_different_nic_names(across):
     """h1's NIC is en0 and its hostname resolves to 127.0.1.1; h2's NIC is enp3s0."""
-    inventory, _ = provisioned
-    run_dir = tmp_path / "run"  # rank 0 runs on h1; /tmp is shared with the test hosts
-    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--run-dir", run_dir, "--verbose",
-                  inventory=inventory, timeout=900, check=True)
+    proc, run_dir = across
     assert "--network-interfaces hvdtbr0 " in proc.stdout  # the launcher's NIC; ranks set their own
     records = metrics.records(run_dir / "metrics.jsonl")
     start, end = records[0], records[-1]
@@ -220,12 +236,10 @@ def test_torch_differing_on_one_host_stops_check_and_train(provisioned, tmp_path
         assert back.returncode == 0, back.stdout[-3000:]
 
 
-def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str) -> tuple[dict, dict]:
-    """One training run across h1,h2 and one allreduce job: (end record, digests). Equal split:
-    the balanced one follows timings, which differ between runs; this way the run is a pure
-    function of the seed and of what the transport delivers."""
-    proc = invoke("train", "--hosts", "h1,h2", "--epochs", "10", "--equal-split", "--run-dir", run_dir,
-                  inventory=inventory, timeout=900, check=True)
+def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str, trained=None) -> tuple[dict, dict]:
+    """One ACROSS training run (or `trained`: the output of one in `run_dir`) and one allreduce
+    job: (end record, digests)."""
+    proc = trained or invoke("train", *ACROSS, "--run-dir", run_dir, inventory=inventory, timeout=900, check=True)
     assert f"transport {transport}" in proc.stdout  # the pre-flight's report of both hosts
     end = metrics.records(run_dir / "metrics.jsonl")[-1]
     out = run_dir.parent / f"allreduce-{transport}.json"
@@ -236,13 +250,13 @@ def _train_and_allreduce(inventory: Path, run_dir: Path, transport: str) -> tupl
     return end, {mb: row["sha256"] for mb, row in result["transports"][transport]["sizes"].items()}
 
 
-def test_uv_and_tcp_builds_train_alike_and_allreduce_bit_identically(provisioned, tmp_path):
+def test_uv_and_tcp_builds_train_alike_and_allreduce_bit_identically(provisioned, across, tmp_path):
     """The hosts run the uv transport (the inventory's default). Switching pins.transport to tcp:
     check names the host still on uv, then with both rebuilt the same job ends with bit-identical
     parameters (so the same accuracy) and the allreduce of the same inputs gives the same bits. Last: it re-provisions
     both hosts back to uv."""
     inventory, _ = provisioned
-    uv_end, uv_sums = _train_and_allreduce(inventory, tmp_path / "uv" / "run", "uv")
+    uv_end, uv_sums = _train_and_allreduce(inventory, across[1], "uv", trained=across[0])
     tcp_inventory = variant(inventory, tmp_path, lambda d: d["pins"].update(transport="tcp"))
     try:
         one = invoke("provision", "--hosts", "h1", inventory=tcp_inventory, timeout=1800)
