@@ -33,7 +33,7 @@ WHOLE = ["--script", PACED, "--", "20", "0"]
 
 
 def run_long(stop_file):
-    """Across the namespaced hosts: up to 70 paced epochs (outlasting 90 s frozen, or 60 s of
+    """Across the namespaced hosts: up to 70 paced epochs (outlasting 60 s frozen, or 60 s of
     link down, and the rejoin after it), ended at the first epoch's end once `stop_file` exists:
     the test writes it when it has seen the rejoin."""
     return ["--script", PACED, "--", "70", "0.05", str(stop_file)]
@@ -290,10 +290,11 @@ def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
 
 @requires_root
 @pytest.mark.slow
-def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejoins(provisioned, tmp_path):
+def test_across_namespaced_hosts_a_rank_frozen_60_s_is_dropped_and_its_host_rejoins(provisioned, tmp_path):
     """h1 and h2 (ci/testhosts), launched from a third namespace. The rank on h2 is stopped for
-    90 s (a laptop asleep): the watchdog kills it over SSH, h1 goes on within 60 s of the stop,
-    and h2, still answering, is started again and rejoins at a commit."""
+    60 s (a laptop asleep; as long as h1 may take to go on, so it goes on while h2 sleeps): the
+    watchdog kills it over SSH, h1 goes on within 60 s of the stop, and h2, still answering, is
+    started again and rejoins at a commit."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes the metrics here
     proc = train_across(inventory, run_dir, "--elastic", *run_long(tmp_path / "stop"))
@@ -303,7 +304,7 @@ def test_across_namespaced_hosts_a_rank_frozen_90_s_is_dropped_and_its_host_rejo
         sent = time.time()
         os.kill(frozen, signal.SIGSTOP)
         went_on = recovered(run_dir, sent, within=60)
-        time.sleep(max(0.0, sent + 90 - time.time()))
+        time.sleep(max(0.0, sent + 60 - time.time()))
         try:
             os.kill(frozen, signal.SIGCONT)
         except ProcessLookupError:
