@@ -149,23 +149,34 @@ def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_a
     train("--epochs", "1", "--checkpoint-every", "5", "--checkpoint-minutes", "0", run_dir=run)
     rng = random.Random(7)
     done, unsaved_kills, saves = checkpoint.newest(run)[1]["step"], 0, 0
-    for kill in range(20):
-        proc = subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "tests/scripts/save_loop.py"), str(run)],
-                                cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 0.5))
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
-        reported = [int(line.split()[1]) for line in out.split("\n") if line.startswith("saved")]
-        saves += len(reported)
-        unsaved_kills = 0 if reported else unsaved_kills + 1
-        done = reported[-1] if reported else done
-        path, state = checkpoint.newest(run)
-        assert state["step"] in (done, done + 1), (kill, path, done)  # +1: killed after the rename
-        done = state["step"]
-        assert len(checkpoint.listed(run)) <= 4, checkpoint.listed(run)  # 3 kept, + 1 before keep_newest ran
-        temporary = list((run / checkpoint.FOLDER).glob(".step-*.tmp"))
-        assert len(temporary) <= unsaved_kills + 1, (kill, temporary)
+    # save_loop.py forks each saver from one process that imported torch once (see there)
+    server = subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "tests/scripts/save_loop.py"), str(run)],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for kill in range(20):
+            server.stdin.write("go\n")
+            server.stdin.flush()
+            ready = server.stdout.readline().split()
+            assert ready[0] == "ready", ready
+            time.sleep(rng.uniform(0.0, 0.5))
+            os.kill(int(ready[1]), signal.SIGKILL)
+            said = []  # by the saver, before it died
+            while (line := server.stdout.readline()) not in ("ended\n", ""):  # "": the server died
+                said.append(line)
+            assert line == "ended\n", said
+            reported = [int(line.split()[1]) for line in said if line.startswith("saved")]
+            saves += len(reported)
+            unsaved_kills = 0 if reported else unsaved_kills + 1
+            done = reported[-1] if reported else done
+            path, state = checkpoint.newest(run)
+            assert state["step"] in (done, done + 1), (kill, path, done)  # +1: killed after the rename
+            done = state["step"]
+            assert len(checkpoint.listed(run)) <= 4, checkpoint.listed(run)  # 3 kept, + 1 before keep_newest ran
+            temporary = list((run / checkpoint.FOLDER).glob(".step-*.tmp"))
+            assert len(temporary) <= unsaved_kills + 1, (kill, temporary)
+    finally:
+        server.kill()
+        server.wait(timeout=30)
     assert saves >= 5, f"only {saves} saves completed in 20 runs: the kills did not interleave with saves"
     out = run_cmd([VENV_BIN / "invoke", "train", "--resume", run], timeout=600)
     assert f"step {done})" in out.stdout and "nothing left to train" in out.stdout, out.stdout[-2000:]
