@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -159,6 +161,21 @@ def provisioned(hosts):
     # identical big files from here on (ci/testhosts dedupe; each host still replaces its own).
     subprocess.run([ROOT / "ci/testhosts", "dedupe", "--state", STATE], check=True, timeout=600)
     return hosts, first
+
+
+LAYER = ("import pathlib, sys, sysconfig; base = sysconfig.get_path('purelib', vars={'base': sys.argv[1]}); "
+         "pathlib.Path(sysconfig.get_path('purelib'), 'zz-layer-on-venv.pth')"
+         ".write_text(f'import site; site.addsitedir({base!r})\\n')")
+"""Run by an env's python with another env's path: that env's packages come after its own."""
+
+
+def layered_env(inventory: Path, host: str, env: str, on: str = "/srv/hvdhost/venv") -> None:
+    """A new venv `env` on test host `host` that sees the env `on` (the Gloo tests' env, holding
+    torch) behind its own site-packages, as .venv-mpi sees .venv: what is installed in it comes
+    first, the rest (torch's 5.5 GB) is not installed again."""
+    python = yaml.safe_load(Path(inventory).read_text())["hosts"][host]["python"]
+    for argv in ([python, "-m", "venv", env], [f"{env}/bin/python", "-c", LAYER, on]):
+        launcher("ssh", "-F", STATE / "ssh_config", host, shlex.join(argv), timeout=120, check=True)
 
 
 # -- backend mpi on this machine: an env with PyPI's Open MPI, mpi4py and our MPI Horovod build ---

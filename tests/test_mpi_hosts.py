@@ -6,7 +6,6 @@ namespace; a rank killed or frozen there. Needs root (CI runs as root)."""
 from __future__ import annotations
 
 import re
-import shlex
 import signal
 import subprocess
 import time
@@ -14,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from conftest import MPI_ENV, ROOT, STATE, left_in_namespaces, launcher, requires_root
+from conftest import MPI_ENV, ROOT, layered_env, left_in_namespaces, launcher, requires_root
 from hvdhetero import metrics
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
@@ -44,12 +43,6 @@ GLOO_ENV = "/srv/hvdhost/venv"
 """The Gloo tests' env on each host (conftest's `provisioned`), holding torch."""
 
 
-LAYER = ("import pathlib, sys, sysconfig; base = sysconfig.get_path('purelib', vars={'base': sys.argv[1]}); "
-         "pathlib.Path(sysconfig.get_path('purelib'), 'zz-layer-on-venv.pth')"
-         ".write_text(f'import site; site.addsitedir({base!r})\\n')")
-"""Run by an env's python with another env's path: that env's packages come after its own."""
-
-
 @pytest.fixture(scope="module")
 def mpi_hosts(provisioned, mpi_env, tmp_path_factory):
     """The test hosts under an MPI inventory, provisioned; and what `invoke provision` said.
@@ -59,10 +52,8 @@ def mpi_hosts(provisioned, mpi_env, tmp_path_factory):
     (two 5.5 GB installs on the hosts' one core each, test_multihost's `provisioned` does that)
     took 342 s of CI, one host at a time to keep the disk's peak down."""
     inventory = edited(provisioned[0], tmp_path_factory.mktemp("mpi-hosts") / "inventory.yaml")
-    hosts = yaml.safe_load(inventory.read_text())["hosts"]
     for host, env in ENVS.items():
-        for argv in ([hosts[host]["python"], "-m", "venv", env], [f"{env}/bin/python", "-c", LAYER, GLOO_ENV]):
-            launcher("ssh", "-F", STATE / "ssh_config", host, shlex.join(argv), timeout=120, check=True)
+        layered_env(inventory, host, env, on=GLOO_ENV)
     proc = mpi_invoke("provision", inventory=inventory, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return inventory, proc.stdout
