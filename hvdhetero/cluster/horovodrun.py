@@ -6,8 +6,8 @@ self-check.
 Before each job horovodrun asks whether its build has Gloo by importing horovod.torch, all of
 torch, in a forked child: 1.4-1.8 s of every job's start here, before any rank exists. Our own
 build answers that question without torch: it is only ever built with HOROVOD_WITH_GLOO=1
-(cluster/horovod_build.py; the build fails without Gloo, and `invoke provision` checks
-`horovodrun --check-build`), and it carries a marker module saying it is ours. So where the
+(cluster/horovod_build.py; the build fails without Gloo, and `invoke provision` verifies
+`hvd.gloo_built()`: horovod_build.VERIFY_PY), and it carries a marker module saying it is ours. So where the
 marker is there the answer is yes; a Horovod without it (stock, or the user's own) is asked the
 slow way, as horovodrun would. Everything else is horovodrun's own code, run from its script.
 
