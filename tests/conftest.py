@@ -201,11 +201,7 @@ def mpi_env(tmp_path_factory) -> Path:
     python = MPI_ENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", MPI_ENV], check=True, timeout=300)
-    base = subprocess.run([VENV_BIN / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    Path(own, "zz-layer-on-venv.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+    subprocess.run([python, "-c", LAYER, VENV_BIN.parent], check=True, timeout=60)
     inventory = mpi_inventory(tmp_path_factory.mktemp("mpi") / "inventory.yaml")
     setup = subprocess.run([python, "-m", "hvdhetero.cluster.provision", "--local", "--inventory", inventory],
                            capture_output=True, text=True, timeout=1800, cwd=ROOT,

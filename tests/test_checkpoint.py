@@ -19,7 +19,6 @@ from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import checkpoint
 
 
-
 @pytest.mark.parametrize("every_steps, minutes, keep, step_s, expected", [
     (25, 0, 3, 0.5, 25),      # --checkpoint-every alone
     (0, 1, 3, 0.5, 120),      # one minute at 0.5 s a step

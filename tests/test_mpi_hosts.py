@@ -39,10 +39,6 @@ def edited(inventory, path, mpi_ops="mpi", **envs):
     return path
 
 
-GLOO_ENV = "/srv/hvdhost/venv"
-"""The Gloo tests' env on each host (conftest's `provisioned`), holding torch."""
-
-
 @pytest.fixture(scope="module")
 def mpi_hosts(provisioned, mpi_env, tmp_path_factory):
     """The test hosts under an MPI inventory, provisioned; and what `invoke provision` said.
@@ -53,7 +49,7 @@ def mpi_hosts(provisioned, mpi_env, tmp_path_factory):
     took 342 s of CI, one host at a time to keep the disk's peak down."""
     inventory = edited(provisioned[0], tmp_path_factory.mktemp("mpi-hosts") / "inventory.yaml")
     for host, env in ENVS.items():
-        layered_env(inventory, host, env, on=GLOO_ENV)
+        layered_env(inventory, host, env)  # on the Gloo tests' env (conftest's `provisioned`)
     proc = mpi_invoke("provision", inventory=inventory, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return inventory, proc.stdout

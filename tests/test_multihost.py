@@ -228,8 +228,9 @@ def test_torch_differing_on_one_host_stops_check_and_train(provisioned, tmp_path
     on_h2 = ["ssh", "-F", STATE / "ssh_config", "h2"]
     launcher(*on_h2, "env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=/opt/wheels", "/srv/hvdhost/venv/bin/python", "-m",
              "pip", "install", "--quiet", "--no-deps", "--target", shadow, "torch==2.13.0", timeout=600, check=True)
-    launcher(*on_h2, shlex.join(["/srv/hvdhost/venv/bin/python", "-c", "import pathlib, sys; pathlib.Path(sys.argv[1])"
-                                 ".write_text(sys.argv[2] + '\\n')", pth, f"import sys; sys.path.insert(0, {shadow!r})"]),
+    first = f"import sys; sys.path.insert(0, {shadow!r})"
+    launcher(*on_h2, shlex.join(["/srv/hvdhost/venv/bin/python", "-c", "import pathlib, sys; "
+                                 "pathlib.Path(sys.argv[1]).write_text(sys.argv[2] + '\\n')", pth, first]),
              timeout=30, check=True)
     try:
         proc = invoke("check", inventory=inventory, timeout=120)
