@@ -155,7 +155,7 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
     rounds SGD's last operation twice where torch rounds once (tests/jobs/replicas.py). Before an
     evaluation their models differ in the last bits; from it on, and in every checkpoint and the
     end record, they are one (rank 0's). Ranks that compute alike move nothing."""
-    (same, differ, lr), output = two_ranks("replicas.py", "REPLICAS", tmp_path, with_output=True)
+    (same, differ, lr, *rounds), output = two_ranks("replicas.py", "REPLICAS", tmp_path, with_output=True)
     assert same["before"][0] == same["before"][1] and same["after"] == same["before"], same
     assert differ["before"][0] != differ["before"][1], "the stand-in for another device's rounding differs"
     assert differ["after"][0] == differ["after"][1] == differ["before"][0], "every rank took rank 0's"
@@ -180,8 +180,19 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
     assert taken[0]["differed"] == {"1": ["lr 0.025 (rank 0: 0.05)"]}, taken
     assert len(set(records[-1]["param_digests"])) == 1 and not [r for r in records if r["event"] == "settle"]
     said = [line for line in output.splitlines() if "the optimizer's settings differed" in line]
-    assert len(said) == 1 and "step 12: the optimizer's settings differed between the ranks (rank 1's lr 0.025 " \
+    assert len(said) == 3 and "step 12: the optimizer's settings differed between the ranks (rank 1's lr 0.025 " \
                                "(rank 0: 0.05)): a scheduler stepped on a number each rank computed alone" in said[0], said
+    # under local:2 each rank steps its own optimizer between the exchanges: rank 1 ran its halved
+    # learning rate until the next round landed (steps 13-14), then rank 0's again; overlapped, the
+    # round that ended at step 12 (after the scheduler's step) lands at step 14's exchange, and the
+    # last one (after rank 1's scheduler halved it again) in the run's end
+    for case, at, line in zip(rounds, ([14], [12, 18]), said[1:]):
+        assert case["lrs"][0] == [0.05] * 18 and case["lrs"][1] == [0.05] * 12 + [0.025] * 2 + [0.05] * 4, case
+        records = metrics.records(Path(case["run_dir"]) / metrics.FILE)
+        taken = [(r["step"], r["ranks"], r["differed"]) for r in records if r["event"] == "settings"]
+        assert taken == [(step, [1], {"1": ["lr 0.025 (rank 0: 0.05)"]}) for step in at], (case["run_dir"], taken)
+        assert len(set(records[-1]["param_digests"])) == 1, records[-1]
+        assert f"step {at[0]}: " in line and "rank 0's settings at each round's exchange" in line, line
 
 
 def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):

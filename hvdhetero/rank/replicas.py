@@ -22,7 +22,9 @@ Buffers are not compared: BatchNorm's statistics are per rank by design and aver
 The optimizer's settings (each param group's lr, momentum, betas, weight decay: what a scheduler
 changes; to 12 significant digits) are compared every step, not only where it shows: a checksum
 of each rank's rides along with the step's gradients (`settings_sum`), and where any differs from
-rank 0's every rank takes rank 0's before the optimizer steps (`same_settings`). A scheduler stepped on a number each rank
+rank 0's every rank takes rank 0's before the optimizer steps (`same_settings`); under local/diloco
+a checksum rides with each round's counts and the settings are made alike where the round lands
+(rank/sync.py). A scheduler stepped on a number each rank
 computed alone (ReduceLROnPlateau on its own share's loss, a one-device habit) halved one rank's
 learning rate and not the other's; the replicas then drifted apart by more than rounding at every
 step, and a settle put them together only to see them drift again.
@@ -95,8 +97,9 @@ class Replicas:
 class Told:
     """What Replicas found and moved, told: a metrics record each time, rank 0's line the first time."""
 
-    def __init__(self, records, is_main: bool):
-        self.records, self.is_main = records, is_main
+    def __init__(self, records, is_main: bool, when: str = "step"):
+        """`when`: where the settings are compared ("step", "round's exchange")."""
+        self.records, self.is_main, self.when = records, is_main, when
         self.settles = 0
         """How often step sync's replicas differed by rounding and took rank 0's."""
         self.settings_taken = 0
@@ -126,7 +129,7 @@ class Told:
             said = "; ".join(f"rank {rank}'s {', '.join(what)}" for rank, what in apart.items())
             print(f"hvdhetero: step {step}: the optimizer's settings differed between the ranks ({said}): a "
                   "scheduler stepped on a number each rank computed alone, as ReduceLROnPlateau on its own loss? "
-                  "Every rank takes rank 0's settings at each step, so rank 0's numbers decide; step such a "
+                  f"Every rank takes rank 0's settings at each {self.when}, so rank 0's numbers decide; step such a "
                   "scheduler on what every rank gets alike (job.evaluate's sums) (metrics.jsonl: settings records)",
                   flush=True)
 

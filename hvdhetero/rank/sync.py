@@ -75,7 +75,7 @@ class ParameterSync:
     """Counts a rank's steps and samples; every `every` steps, the exchange."""
 
     def __init__(self, model: torch.nn.Module, kind: str, every: int, global_batch: int, compression: str = "none",
-                 outer_lr: float = 0.7, outer_momentum: float = 0.9, overlap: bool = False):
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, overlap: bool = False, settings=None):
         self.kind, self.every, self.overlap, self.global_batch = kind, every, overlap, global_batch
         self.wire = WIRE_DTYPES[compression]
         self._carry(model)
@@ -107,6 +107,10 @@ class ParameterSync:
         self.on_landed: Callable[[], None] | None = None
         """Called each time a round has been applied, on every rank at the same step, with
         nothing in flight (an elastic commit taken with a round in flight completes there)."""
+        self.settings = settings
+        """The optimizer's settings (rank/replicas.py's Replicas): a checksum of each rank's rides
+        with the round's counts, and where any differs from rank 0's when the round lands, every
+        rank takes rank 0's (a scheduler stepped on a rank's own loss halved its lr alone)."""
 
     def after_step(self, samples: int, seconds: float, steps: int = 1,
                    epoch_left: int | None = None) -> tuple[list[float], list[float]] | None:
@@ -245,8 +249,9 @@ class ParameterSync:
             # round (normalized averaging, as FedNova's), and `_apply_pending` adds it to the
             # other ranks' instead of averaging it in. Buffers (running statistics) as they are.
             flat[:sum(p.numel() for p in self.params)].mul_(steps / updates)
+            settings = one_hot(self.settings.settings_sum()) if self.settings is not None else []
             self._launch(flat, [float(self.samples), *one_hot(self.seconds / steps), *one_hot(self.samples / steps),
-                                *one_hot(updates), *one_hot(self.steps)], steps)
+                                *one_hot(updates), *one_hot(self.steps), *settings], steps, self.clock.origin + steps)
             self.rounds += 1
             self.samples, self.seconds = 0, 0.0
             # the next round's counts start at 0; its origin is set by the job, which knows the
@@ -294,12 +299,13 @@ class ParameterSync:
         bnow = [b.detach().to("cpu", torch.float32) for b in self.buffers]
         return [s - p for s, p in zip(starts, now)] + [s - b for s, b in zip(bstarts, bnow)]
 
-    def _launch(self, flat: torch.Tensor, counts: list[float], round_steps: int) -> None:
+    def _launch(self, flat: torch.Tensor, counts: list[float], round_steps: int, end: int) -> None:
+        """`end`: the global step the round ends at."""
         # Horovod's background thread reduces both (overlapped: while the next round computes).
         counts_handle = hvd.allreduce_async_(torch.tensor(counts, dtype=torch.float64), op=hvd.Sum,
                                              name=f"hvdhetero.sync.counts.{self.rounds}")
         handle = hvd.allreduce_async_(flat.to(self.wire), op=hvd.Sum, name=f"hvdhetero.sync.params.{self.rounds}")
-        self._pending = (counts_handle, handle, round_steps)
+        self._pending = (counts_handle, handle, round_steps, end)
 
     def _apply_pending(self) -> tuple[list[float], list[float]] | None:
         """Wait for the previous round's exchange and step the global model with it; returns
@@ -307,13 +313,13 @@ class ParameterSync:
         nothing was in flight)."""
         if self._pending is None:
             return None
-        (counts_handle, handle, round_steps), self._pending = self._pending, None
+        (counts_handle, handle, round_steps, end), self._pending = self._pending, None
         self.link_late = not hvd.poll(handle)
         waited = time.perf_counter()
         total, *rest = wait(counts_handle, "a parameter exchange").tolist()
-        n = len(rest) // 4
+        n = len(rest) // (4 if self.settings is None else 5)
         self.inner_steps = [int(u) for u in rest[2 * n:3 * n]]
-        steps = [int(s) for s in rest[3 * n:]]
+        steps = [int(s) for s in rest[3 * n:4 * n]]
         if len(set(steps)) > 1:
             raise RuntimeError(f"the ranks reached round {self.applied + 1}'s exchange at different global steps "
                                f"{steps}: with --inner-steps by-speed the ranks meet only at a round's or an epoch's "
@@ -321,6 +327,8 @@ class ParameterSync:
                                "not every N steps")
         flat = wait(handle, "a parameter exchange").to(torch.float32)
         self.wait_s = time.perf_counter() - waited
+        if self.settings is not None:  # alike on every rank, so every rank enters its collective or none does
+            self.settings.same_settings(rest[4 * n:], end)
         # Parameters: the ranks that took every step of the round split each global batch between
         # them, as step sync does, and their changes average (by samples, weights summing to 1);
         # a rank that merged steps took steps of its own on samples they never saw, and its change

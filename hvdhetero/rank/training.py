@@ -77,12 +77,11 @@ class Training:
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
         for scheduler in schedulers:  # the user steps their own object: its step goes through the state
             scheduler.step = OncePerStep(scheduler.step, step_state)
-        told = Told(records, self.is_main)  # what a settle or a settings check moved: records, a line once
-        self.strategy: EveryStep | Rounds = EveryStep(
-            self.reducer, config.overlap, Replicas(model, optimizers, records.who[2], told.differed, told.settings)
-        ) if kind == "step" else Rounds(
+        told = Told(records, self.is_main, "step" if kind == "step" else "round's exchange")
+        replicas = Replicas(model, optimizers, records.who[2], told.differed, told.settings)
+        self.strategy: EveryStep | Rounds = EveryStep(self.reducer, config.overlap, replicas) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
-                          config.outer_momentum, overlap_sync), on_exchange=self.exchanged)
+                          config.outer_momentum, overlap_sync, settings=replicas), on_exchange=self.exchanged)
         if kind != "step" and inner == "by-speed" and data.num_workers:
             self.loader.lag = 2 * data.num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
         self.parts = Registry(model=model, optimizer=PerRank(optimizers[0], self.rank),
