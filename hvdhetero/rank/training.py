@@ -79,7 +79,9 @@ class Training:
             scheduler.step = OncePerStep(scheduler.step, step_state)
         told = Told(records, self.is_main, "step" if kind == "step" else "round's exchange")
         replicas = Replicas(model, optimizers, records.who[2], told.differed, told.settings)
-        self.strategy: EveryStep | Rounds = EveryStep(self.reducer, config.overlap, replicas) if kind == "step" else Rounds(
+        self.strategy: EveryStep | Rounds = EveryStep(
+            self.reducer, config.overlap, replicas
+        ) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
                           config.outer_momentum, overlap_sync, settings=replicas), on_exchange=self.exchanged)
         if kind != "step" and inner == "by-speed" and data.num_workers:
