@@ -7,6 +7,7 @@ trained once for the module."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 import shutil
@@ -118,7 +119,7 @@ def test_a_torn_last_line_is_left_out_and_any_other_bad_line_named(tmp_path):
 
 @pytest.mark.parametrize("records, problem", [
     ([], "has no start record (the file is empty)"),
-    (TWO_EPOCHS[:2], "has no finished epoch yet"),
+    (TWO_EPOCHS[:2], "has no finished epoch and no job.log record yet: nothing to plot. job.epochs(n) writes"),
     ([{"event": "start", "time": 1.0}], "a start record lacks ranks"),
 ])
 def test_a_metrics_file_without_what_the_report_needs_is_named(tmp_path, records, problem):
@@ -144,6 +145,40 @@ def test_a_run_without_the_step_times_is_named_not_drawn(tmp_path):
     bars = drawn["step_time.png"].series["where each rank's step goes"]
     assert bars == ["compute", "communication", "other", "new (step)\nrank 0: mac, mps", "new (step)\nrank 1: pc, cuda"]
     assert "Not timed" in drawn["step_time.png"].caption and "old (step)" in drawn["step_time.png"].caption
+
+
+LOOPED = [  # nanoGPT's loop: no job.epochs, job.log every 10 iterations
+    _start(host_names=["mac", "pc"]),
+    {"event": "split", "time": 100.0, "epoch": 0, "step": 0, "split": [16, 48]},
+    *({"event": "log", "time": 100.0 + step / 10, "epoch": 0, "step": step, "loss": 4.0 - step / 10, "lr": 6e-4}
+      for step in (10, 20, 30)),
+    {"event": "split", "time": 102.5, "step": 25, "split": [20, 44]},
+]
+
+
+def test_a_run_that_loops_on_its_own_is_drawn_from_what_it_logged(tmp_path):
+    """A script that loops over steps without job.epochs (nanoGPT's while loop) has no epoch
+    records: its job.log scalars are drawn against time and steps, the split over time, and the
+    headline says why no epoch is counted; beside a run with epochs the steps axis serves both."""
+    looped = runs.read_run(write_run(tmp_path / "looped", LOOPED))
+    head = report.headline(looped)
+    assert head["epochs"] == "none recorded (the script loops on its own, without job.epochs)", head
+    assert head["steps"] == "30 at the last job.log" and head["final split"] == "20/44" and head["final loss"] == "1"
+    assert head["finished"] == "not recorded: a loop of the script's own writes no end record (last record at 3.0 s)"
+    loss, = series.scalar_series(looped, series.is_loss)
+    assert (loss.steps, loss.values, loss.seconds) == ([10, 20, 30], [3.0, 2.0, 1.0], pytest.approx([1.0, 2.0, 3.0]))
+    drawn = {f.path.name: f for f in figures.draw_all([looped], tmp_path / "looped")}
+    assert sorted(drawn) == ["loss.png", "split.png"], sorted(drawn)
+    assert drawn["loss.png"].series == {"loss against time": ["loss"], "loss against steps": ["loss"]}
+    assert "No epoch records in looped (step)" in drawn["loss.png"].caption
+    assert drawn["split.png"].series["samples per step"] == ["rank 0: mac, mps", "rank 1: pc, cuda"]
+    both = runs.read_runs([write_run(tmp_path / "epochs", TWO_EPOCHS), tmp_path / "looped"])
+    drawn = {f.path.name: f for f in figures.draw_all(both, tmp_path / "epochs")}
+    assert sorted(drawn) == sorted(FIGURES), sorted(drawn)
+    assert drawn["loss.png"].series["loss against steps"] == ["epochs (step): train loss (epoch mean)",
+                                                              "epochs (step): test loss", "looped (step): loss"]
+    assert drawn["samples_per_s.png"].series["whole job"] == ["epochs (step): all ranks"]
+    assert "looped (step)" in drawn["step_time.png"].caption and "Not timed" not in drawn["step_time.png"].caption
 
 
 # -- the command on real runs ------------------------------------------------------------------------
@@ -192,6 +227,24 @@ def test_report_on_one_run_writes_the_figures_and_a_self_contained_page(two_runs
     assert f"{end['test_accuracy']:.2%}" in page and "--dataset digits --epochs 2" in page
     assert "<th>sync</th><td>step</td>" in page and f"report: {out / 'report.html'}" in proc.stdout
     assert "src=\"report" not in page and "<img src=\"data:image/png;base64," in page  # nothing beside it needed
+
+
+def test_a_script_looping_over_iterations_is_reported_from_what_it_logged(tmp_path):
+    """tests/scripts/step_loop.py trains as nanoGPT's train.py does (a while loop over iterations,
+    the loader's iterator renewed, no job.epochs) and logs its loss every 5 iterations: `invoke
+    report` draws that and the split, and says why there is no epoch (it refused the run before)."""
+    run_dir = tmp_path / "looped"
+    run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "step_loop.py",
+             "--run-dir", run_dir, "--", "--max-iters", "30"], timeout=300)
+    logged = runs.read_run(run_dir).logs
+    assert [r["step"] for r in logged] == [5, 10, 15, 20, 25, 30] and logged[-1]["loss"] < logged[0]["loss"] / 10
+    proc = report_cmd(run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (run_dir / "report").iterdir()) == ["loss.png", "report.html", "split.png"]
+    page = html.unescape((run_dir / "report" / "report.html").read_text())
+    assert "none recorded (the script loops on its own, without job.epochs)" in page
+    assert "30 at the last job.log" in page and "No epoch records in looped (step)" in page
+    assert "not recorded: a loop of the script's own writes no end record" in page
 
 
 @pytest.mark.slow

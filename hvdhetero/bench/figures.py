@@ -49,7 +49,10 @@ def accuracy(runs: list[Run], out: Path) -> Figure | None:
                               "What the script passed to job.log with 'acc' in the name, at the step it logged them."))
 
 
-def samples_per_s(runs: list[Run], out: Path) -> Figure:
+def samples_per_s(runs: list[Run], out: Path) -> Figure | None:
+    """Per epoch: none where no run has an epoch record (loops of the scripts' own)."""
+    if not any(r.epochs for r in runs):
+        return None
     fig, axes = new_figure()
     unit = _time_axis(runs)
     _lines(axes[0], runs, lambda r: [throughput(r)[0]], "time", unit)
@@ -62,7 +65,7 @@ def samples_per_s(runs: list[Run], out: Path) -> Figure:
     return _save(fig, out / "samples_per_s.png", f"Samples/s: {_names(runs)}", (
         "Training samples over each epoch's wall time (its evaluation included), a point at each epoch's end; per "
         "rank, the samples that rank computed. The balancer sizes each rank's share by its speed, so a slower rank "
-        "computes fewer samples while every rank's step takes about as long."))
+        "computes fewer samples while every rank's step takes about as long." + _looped(runs)))
 
 
 def split(runs: list[Run], out: Path) -> Figure:
@@ -108,30 +111,40 @@ def step_time(runs: list[Run], out: Path) -> Figure | None:
                "allreduce every step, or with local/diloco each exchange spread over its round's steps, waiting "
                "for the slower ranks included. Other: the optimizer step, data loading, evaluation and logging "
                "(the epoch's wall time less the two).")
-    missing = [r.label for r in runs if step_times(r) is None]
+    missing = [r.label for r in runs if step_times(r) is None and r.epochs]
     if missing:
         caption += f" Not timed (their metrics were written before these times were): {', '.join(missing)}."
+    caption += _looped(runs)
     return _save(fig, out / "step_time.png", f"Step time: {_names(runs)}", caption)
 
 
 # -- drawing helpers -------------------------------------------------------------------------------
 
 def _scalar_figure(runs: list[Run], path: Path, match, name: str, percent: bool, caption: str) -> Figure | None:
-    """`name` against time and against epochs, side by side; None if no run has such a series."""
+    """`name` against time and against epochs (steps, where a run has no epoch records: a loop of
+    the script's own), side by side; None if no run has such a series."""
     if not any(scalar_series(r, match) for r in runs):
         return None
     fig, axes = new_figure()
     unit = _time_axis(runs)
-    for ax, x in zip(axes, ("time", "epoch")):
+    by = "epoch" if all(r.epochs for r in runs) else "step"
+    for ax, x in zip(axes, ("time", by)):
         _lines(ax, runs, lambda r: scalar_series(r, match), x, unit)
-        ax.set_title(f"{name} against {'time' if x == 'time' else 'epochs'}")
+        ax.set_title(f"{name} against {'time' if x == 'time' else x + 's'}")
         ax.set_ylabel(name)
         if percent:
             from matplotlib.ticker import PercentFormatter
 
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     _legend_below(fig, axes[0])
-    return _save(fig, path, f"{name.capitalize()}: {_names(runs)}", caption)
+    return _save(fig, path, f"{name.capitalize()}: {_names(runs)}", caption + _looped(runs))
+
+
+def _looped(runs: list[Run]) -> str:
+    """What a caption says of the runs without epoch records."""
+    looped = [r.label for r in runs if not r.epochs]
+    return (f" No epoch records in {', '.join(looped)}: its script loops on its own, without job.epochs, so only "
+            "what it passed to job.log is drawn, against time and steps." if looped else "")
 
 
 def new_figure(cols: int = 2, height: float = 4.2, width: float = 12.4):
@@ -160,7 +173,7 @@ def _names(runs: list[Run]) -> str:
 
 def _time_axis(runs: list[Run]) -> tuple[float, str]:
     """Seconds, minutes or hours, whichever keeps the ticks short for the longest run."""
-    longest = max(r.epochs[-1]["time"] - r.t0 for r in runs)
+    longest = max(r.last_time - r.t0 for r in runs)
     return (1.0, "s") if longest < 600 else (60.0, "min") if longest < 3 * 3600 else (3600.0, "h")
 
 
@@ -176,12 +189,15 @@ def _lines(ax, runs: list[Run], per_run, x: str, unit: tuple[float, str]) -> Non
     """Draw `per_run(run) -> [Series]` for every run against time or epochs completed."""
     for i, run in enumerate(runs):
         for j, s in enumerate(per_run(run)):
-            xs = [t / unit[0] for t in s.seconds] if x == "time" else s.epochs
+            if not s.values:  # a run with no epoch records has no per-epoch series
+                continue
+            xs = [t / unit[0] for t in s.seconds] if x == "time" else s.steps if x == "step" else s.epochs
             ax.plot(xs, s.values, STYLES[j % len(STYLES)], color=_color(i), label=_label(runs, run, s.label),
                     marker="o" if len(xs) <= 40 else None, markersize=4)
     ax.grid(alpha=0.3)
-    ax.set_xlabel(f"time since training started ({unit[1]})" if x == "time" else "epochs completed")
-    if x == "epoch":
+    ax.set_xlabel(f"time since training started ({unit[1]})" if x == "time" else
+                  "steps" if x == "step" else "epochs completed")
+    if x != "time":
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -24,25 +24,37 @@ from hvdhetero.bench.series import epoch_steps, is_accuracy
 
 def headline(run: Run) -> dict[str, str]:
     """The numbers a reader compares first, formatted."""
-    s, epochs, last = run.start, run.epochs, run.epochs[-1]
+    s, epochs = run.start, run.epochs
     samples, seconds = sum(e["samples"] for e in epochs), sum(e["seconds"] for e in epochs)
     final = {**{k: v for r in run.logs for k, v in r.items() if k not in ("event", "time", "epoch", "step")}}
     out = {
         "run directory": str(run.path),
-        "finished": "yes" if run.end else f"no (last record at {records_end(run):.1f} s)",
+        "finished": "yes" if run.end else ("no" if run.epochs else "not recorded: a loop of the script's own writes "
+                                           "no end record") + f" (last record at {records_end(run):.1f} s)",
         "sync": run.sync,
         "hosts": ", ".join(dict.fromkeys(s.get("host_names") or s.get("hostnames") or [])),
         "ranks": "; ".join(run.ranks),
         "global batch": str(sum(run.splits[0]["split"])) if run.splits else "?",
-        "final split": "/".join(str(n) for n in last.get("split") or []),
-        "epochs": str(len(epochs)),
-        "steps": str(epoch_steps(run)[-1][1]),
-        "wall time": duration(run.end["seconds"]) if run.end else "-",
-        "training time (epochs)": duration(seconds),
-        "samples/s (all epochs)": f"{samples / seconds:,.0f}" if seconds else "-",
-        "samples/s (last epoch)": f"{last['samples'] / last['seconds']:,.0f}",
-        "final train loss": f"{last['loss']:.4g}",
     }
+    if epochs:
+        last = epochs[-1]
+        out.update({
+            "final split": "/".join(str(n) for n in last.get("split") or []),
+            "epochs": str(len(epochs)),
+            "steps": str(epoch_steps(run)[-1][1]),
+            "wall time": duration(run.end["seconds"]) if run.end else "-",
+            "training time (epochs)": duration(seconds),
+            "samples/s (all epochs)": f"{samples / seconds:,.0f}" if seconds else "-",
+            "samples/s (last epoch)": f"{last['samples'] / last['seconds']:,.0f}",
+            "final train loss": f"{last['loss']:.4g}",
+        })
+    else:  # a loop of the script's own: what job.log and the balancer recorded
+        out.update({
+            "final split": "/".join(str(n) for n in run.splits[-1]["split"]) if run.splits else "?",
+            "epochs": "none recorded (the script loops on its own, without job.epochs)",
+            "steps": f"{max(r.get('step', 0) for r in run.logs)} at the last job.log",
+            "wall time": duration(run.end["seconds"]) if run.end else "-",
+        })
     for k, v in final.items():
         if isinstance(v, float):
             out[f"final {k.replace('_', ' ')}"] = f"{v:.2%}" if is_accuracy(k) and 0 <= v <= 1 else f"{v:.4g}"
@@ -64,8 +76,7 @@ def duration(seconds: float) -> str:
 
 
 def records_end(run: Run) -> float:
-    last = max([run.epochs[-1]["time"], *(r["time"] for r in run.logs + run.splits + run.exchanges)])
-    return last - run.t0
+    return run.last_time - run.t0
 
 
 def config_rows(run: Run) -> dict[str, str]:

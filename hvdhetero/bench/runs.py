@@ -45,6 +45,12 @@ class Run:
         return self.start["time"]
 
     @property
+    def last_time(self) -> float:
+        """Wall time (s) of the run's last record (its end record, if it has one)."""
+        return max(r["time"] for r in [self.start, *self.epochs, *self.logs, *self.splits, *self.exchanges,
+                                        *([self.end] if self.end and "time" in self.end else [])])
+
+    @property
     def sync(self) -> str:
         """The sync mode, `auto -> diloco:32 overlapped` for the one --sync auto chose (no plan
         record: it could not time the ranks and took step)."""
@@ -105,8 +111,11 @@ def read_run(folder: str | Path) -> Run:
             if missing := [k for k in keys if k not in record]:
                 raise ConfigError(f"{metrics}: a {kind} record lacks {', '.join(missing)} ({json.dumps(record)[:100]}"
                                   "...): not a metrics file of this hvdhetero version")
-    if not by["epoch"]:
-        raise ConfigError(f"{metrics} has no finished epoch yet: nothing to plot (report again once one ends)")
+    if not by["epoch"] and not by["log"]:
+        raise ConfigError(f"{metrics} has no finished epoch and no job.log record yet: nothing to plot. job.epochs(n) "
+                          "writes a record at each epoch's end (report again once one ends); a loop of the script's "
+                          "own (over steps, without job.epochs) writes none: call job.log(loss=...) in it every N "
+                          "steps, and the report plots what it logs")
     run = Run(path=folder, label="", start=by["start"][0], epochs=by["epoch"], logs=by["log"], splits=by["split"],
               exchanges=by["exchange"], end=(by["end"] or [None])[-1], resumes=by["start"][1:],
               plan=(by["plan"] or [None])[0], launch=launch, torn_last_line=torn)

@@ -4,7 +4,7 @@ goes. Pure: a test feeds it a hand-written metrics file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hvdhetero.bench.runs import Run
 
@@ -17,6 +17,8 @@ class Series:
     epochs: list[float]
     """Epochs completed at each point (fractions for a job.log between epochs' ends)."""
     values: list[float]
+    steps: list[float] = field(default_factory=list)
+    """The global step at each point (scalars: a run that loops on its own has no epochs to draw them against)."""
 
 
 def epoch_steps(run: Run) -> list[tuple[int, int]]:
@@ -44,9 +46,10 @@ def scalar_series(run: Run, match) -> list[Series]:
     """The epochs' train loss (when `match('loss')`) and every job.log scalar whose name matches,
     each one Series."""
     out = []
-    if match("loss"):
+    if match("loss") and run.epochs:
         out.append(Series("train loss (epoch mean)", [e["time"] - run.t0 for e in run.epochs],
-                          [e["epoch"] + 1.0 for e in run.epochs], [e["loss"] for e in run.epochs]))
+                          [e["epoch"] + 1.0 for e in run.epochs], [e["loss"] for e in run.epochs],
+                          [last for _, last in epoch_steps(run)]))
     names = sorted({k for r in run.logs for k, v in r.items()
                     if k not in ("event", "time", "epoch", "step") and isinstance(v, (int, float))
                     and not isinstance(v, bool) and match(k)})
@@ -54,7 +57,7 @@ def scalar_series(run: Run, match) -> list[Series]:
         points = [r for r in run.logs if isinstance(r.get(name), (int, float))]
         out.append(Series(name.replace("_", " "), [r["time"] - run.t0 for r in points],
                           [_at_epoch(run, r.get("epoch", 0), r.get("step", 0)) for r in points],
-                          [r[name] for r in points]))
+                          [r[name] for r in points], [r.get("step", 0) for r in points]))
     return out
 
 
@@ -84,8 +87,8 @@ def throughput(run: Run) -> tuple[Series, list[Series]]:
 
 def split_series(run: Run) -> list[Series]:
     """Each rank's samples per step, as a step function over time: a point at every re-split and
-    one at the last epoch's end (the split held until then)."""
-    end = run.epochs[-1]["time"] - run.t0
+    one at the last epoch's end, or the last record of a run with none (the split held until then)."""
+    end = (run.epochs[-1]["time"] if run.epochs else run.last_time) - run.t0
     out = []
     for i, name in enumerate(run.ranks):
         t = [max(0.0, s["time"] - run.t0) for s in run.splits] + [end]
