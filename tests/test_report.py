@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT, VENV_BIN, run_cmd
 from hvdhetero.bench import figures, report, runs, series
 from hvdhetero.errors import ConfigError
+from test_sweep import trials
 
 FIGURES = ["loss.png", "accuracy.png", "samples_per_s.png", "split.png", "step_time.png"]
 
@@ -164,7 +165,7 @@ def test_a_run_that_loops_on_its_own_is_drawn_from_what_it_logged(tmp_path):
     head = report.headline(looped)
     assert head["epochs"] == "none recorded (the script loops on its own, without job.epochs)", head
     assert head["steps"] == "30 at the last job.log" and head["final split"] == "20/44" and head["final loss"] == "1"
-    assert head["finished"] == "not recorded: a loop of the script's own writes no end record (last record at 3.0 s)"
+    assert head["finished"] == "no (last record at 3.0 s)"
     loss, = series.scalar_series(looped, series.is_loss)
     assert (loss.steps, loss.values, loss.seconds) == ([10, 20, 30], [3.0, 2.0, 1.0], pytest.approx([1.0, 2.0, 3.0]))
     drawn = {f.path.name: f for f in figures.draw_all([looped], tmp_path / "looped")}
@@ -229,22 +230,32 @@ def test_report_on_one_run_writes_the_figures_and_a_self_contained_page(two_runs
     assert "src=\"report" not in page and "<img src=\"data:image/png;base64," in page  # nothing beside it needed
 
 
-def test_a_script_looping_over_iterations_is_reported_from_what_it_logged(tmp_path):
+def test_a_script_looping_over_iterations_is_swept_and_reported_from_what_it_logged(tmp_path):
     """tests/scripts/step_loop.py trains as nanoGPT's train.py does (a while loop over iterations,
-    the loader's iterator renewed, no job.epochs) and logs its loss every 5 iterations: `invoke
-    report` draws that and the split, and says why there is no epoch (it refused the run before)."""
-    run_dir = tmp_path / "looped"
-    run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "step_loop.py",
-             "--run-dir", run_dir, "--", "--max-iters", "30"], timeout=300)
-    logged = runs.read_run(run_dir).logs
-    assert [r["step"] for r in logged] == [5, 10, 15, 20, 25, 30] and logged[-1]["loss"] < logged[0]["loss"] / 10
+    the loader's iterator renewed, no job.epochs) and logs its loss every 5 iterations. A sweep of
+    it takes each trial's last logged loss (it ended "without logging --metric loss" before: the
+    values came only with job.epochs' end), the trial's run ends with rank 0's end record, and
+    `invoke report` on it draws the log and the split and says why there is no epoch (it refused
+    the run before)."""
+    space, folder = tmp_path / "space.yaml", tmp_path / "sweep"
+    space.write_text("log-interval: {choice: [5]}\n")
+    proc = run_cmd([VENV_BIN / "invoke", "sweep", "--script", ROOT / "tests" / "scripts" / "step_loop.py", "--space",
+                    space, "--trials", "1", "--metric", "loss", "--mode", "min", "--run-dir", folder, "--",
+                    "--max-iters", "30"], timeout=300)
+    trial, = trials(folder)
+    run_dir = folder / trial["run_dir"]
+    run = runs.read_run(run_dir)
+    assert [r["step"] for r in run.logs] == [5, 10, 15, 20, 25, 30] and run.logs[-1]["loss"] < run.logs[0]["loss"] / 10
+    assert trial["state"] == "complete" and trial["value"] == run.logs[-1]["loss"], (trial, proc.stdout[-2000:])
+    # rank 0's end record when the script returned: its seconds and last scalars, no digests (no collective)
+    assert run.end["loss"] == run.logs[-1]["loss"] and run.end["seconds"] > 0 and "param_digests" not in run.end
     proc = report_cmd(run_dir)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (run_dir / "report").iterdir()) == ["loss.png", "report.html", "split.png"]
     page = html.unescape((run_dir / "report" / "report.html").read_text())
     assert "none recorded (the script loops on its own, without job.epochs)" in page
-    assert "30 at the last job.log" in page and "No epoch records in looped (step)" in page
-    assert "not recorded: a loop of the script's own writes no end record" in page
+    assert "30 at the last job.log" in page and "No epoch records in 000 (step)" in page
+    assert "<th>finished</th><td>yes</td>" in page, page[:3000]
 
 
 @pytest.mark.slow

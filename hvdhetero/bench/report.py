@@ -29,8 +29,7 @@ def headline(run: Run) -> dict[str, str]:
     final = {**{k: v for r in run.logs for k, v in r.items() if k not in ("event", "time", "epoch", "step")}}
     out = {
         "run directory": str(run.path),
-        "finished": "yes" if run.end else ("no" if run.epochs else "not recorded: a loop of the script's own writes "
-                                           "no end record") + f" (last record at {records_end(run):.1f} s)",
+        "finished": "yes" if run.end else f"no (last record at {records_end(run):.1f} s)",
         "sync": run.sync,
         "hosts": ", ".join(dict.fromkeys(s.get("host_names") or s.get("hostnames") or [])),
         "ranks": "; ".join(run.ranks),

@@ -82,7 +82,9 @@ class Job:
         self._stopping = False
         self._last_norm = torch.tensor(0.0)
         self.left_epochs: int | None = None
-        """The epoch whose loop body the script left early (break): it has no record, the run no end."""
+        """The epoch whose loop body the script left early (break): it has no record, the run's end no digests."""
+        self.ended = self.closed = False
+        """Whether the run's end record is written; whether `close` ran."""
         if current.runner_seed is None or torch.initial_seed() == current.runner_seed:
             torch.manual_seed(config.seed)  # else the script seeded torch itself: its seed stands
 
@@ -321,8 +323,20 @@ class Job:
             checkpoint.save_object(obj, path)
         return path
 
+    def finish(self) -> None:
+        """The script returned on this rank without job.epochs' end: a loop of its own over
+        iterations (nanoGPT's), or a `break` out of job.epochs. Rank 0 writes the run's end record
+        from what it holds (its seconds, the last logged scalars; no parameter digests) and tells
+        the launcher every job.log, which a sweep's trial value and bench's figures are read
+        from. No collective: a rank whose script ended early must not wait on the others, which
+        then fail at their next step and say so."""
+        if self.is_main and self.training is not None and not self.ended and not self.closed:
+            self.records.end(None)
+            self.ended = True
+
     def close(self) -> None:
         """An elastic reset drops this Job: its files close (the next Job opens them again)."""
+        self.closed = True
         self.records.close()
         clipping.release()  # torch's clip no longer calls this Job's (the next job.prepare takes it over)
         averaging.release()
@@ -343,3 +357,4 @@ class Job:
         digest = evaluation.param_digest(model) if model is not None else ""
         digests = collectives.allgather_object(digest, "hvdhetero.digests", "the run's end record")
         self.records.end(digests)
+        self.ended = True

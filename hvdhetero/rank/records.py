@@ -121,10 +121,13 @@ class RunRecords:
                    comm_s=[round(t, 4) for t in comm_s], split=split, skipped_steps=skipped_steps, step=step)
         return step_s
 
-    def end(self, digests: list[str]) -> None:
-        """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy)."""
+    def end(self, digests: list[str] | None) -> None:
+        """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy,
+        a sweep's trial value). `digests`: every rank's parameter digest (job.epochs' end), or None
+        where the script's own loop ended it (Job.finish: no collective, no digests)."""
         seconds = round(time.perf_counter() - self.started, 3)
-        self.write("end", seconds=seconds, param_digests=digests, **self.last_scalars)
+        self.write("end", seconds=seconds, **({"param_digests": digests} if digests is not None else {}),
+                   **self.last_scalars)
         if self.is_main and self.report_progress:
             print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "logs": self.logged}),
                   flush=True)

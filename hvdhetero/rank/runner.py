@@ -56,25 +56,29 @@ def main(argv: list[str] | None = None) -> None:
     host.hide_gpus(host.settings(config.hosts))  # before the script asks torch for CUDA
     if args.workdir:
         os.chdir(os.path.expanduser(args.workdir))
+    exit_with = None
     try:
-        if config.elastic:  # Horovod elastic: the script runs again from the top after every reset
-            from hvdhetero.rank import elastic
+        try:
+            if config.elastic:  # Horovod elastic: the script runs again from the top after every reset
+                from hvdhetero.rank import elastic
 
-            host.set_gloo_interface(host.settings(config.hosts))  # Horovod's notification service binds it
-            elastic.run(lambda: run_script(args))
-        else:
-            run_script(args)
-    except SystemExit as done:
-        if done.code not in (None, 0):
-            fail(config, f"SystemExit: {done.code}", [])
-        ended()
-        raise
+                host.set_gloo_interface(host.settings(config.hosts))  # Horovod's notification service binds it
+                elastic.run(lambda: run_script(args))
+            else:
+                run_script(args)
+        except SystemExit as done:
+            if done.code not in (None, 0):
+                fail(config, f"SystemExit: {done.code}", [])
+            exit_with = done
+        if current.job is not None:  # a loop of the script's own: rank 0's end record and its job.log values
+            current.job.finish()
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
         frames = [f for f in traceback.extract_tb(err.__traceback__)
                   if not f.filename.startswith("<frozen") and f.filename != __file__]
         fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
-    else:
-        ended()
+    ended()
+    if exit_with is not None:
+        raise exit_with
 
 
 def ended() -> None:
@@ -101,7 +105,7 @@ def left_early_hint() -> None:
     job = current.job
     if job is not None and getattr(job, "left_epochs", None) is not None and job.is_main:
         print(f"hvdhetero: the script left job.epochs' loop in epoch {job.left_epochs} (break or return): that epoch "
-              "has no record and the run no end record (parameter digests); call job.stop() instead to end after "
+              "has no record and the run's end record no parameter digests; call job.stop() instead to end after "
               "the epoch with both", flush=True)
 
 
