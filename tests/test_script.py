@@ -11,6 +11,7 @@ import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
 from hvdhetero import metrics
+from hvdhetero.cluster import console
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -51,6 +52,25 @@ def test_a_script_outside_its_workdir_is_refused(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--workdir", tmp_path,
                     "--dry-run"], check=False, timeout=60)
     assert proc.returncode == 2 and "is not inside --workdir" in proc.stderr
+
+
+def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
+    """tests/scripts/ddp_habit.py calls init_process_group as a torchrun script does: torch's
+    error (no RANK to start from), where, and what to remove. DDP or a DistributedSampler without
+    it fail with torch's other error, which says the same (console.failure_summary, unit-checked)."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "ddp_habit.py", "--run-dir", tmp_path / "run"],
+                   check=False, timeout=120)
+    assert proc.returncode == 1
+    said = proc.stderr[proc.stderr.index("error: "):].splitlines()
+    assert said[0].startswith("error: rank ") and "ValueError: Error initializing torch.distributed using env:// " \
+                                                    "rendezvous: environment variable RANK expected" in said[0], said
+    assert 'ddp_habit.py:14 in <module>: dist.init_process_group(backend="gloo")' in said[1], said
+    hint = next(line for line in said if "starts torch.distributed itself" in line)
+    assert "remove init_process_group, the DistributedDataParallel wrapper and the DistributedSampler" in hint
+    ddp = {"rank": 1, "host": "pc", "frames": [], "error": "ValueError: Default process group has not been "
+           "initialized, please make sure to call init_process_group."}
+    assert "starts torch.distributed itself" in console.failure_summary([ddp])
+    assert "starts torch.distributed itself" not in console.failure_summary([{**ddp, "error": "ValueError: boom"}])
 
 
 def test_dry_run_shows_the_runner_and_the_scripts_arguments(tmp_path):

@@ -292,6 +292,11 @@ def failure_summary(failures: list[dict], ended: dict[int, tuple[int | None, str
     else:
         lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
     lines += [f"  {frame}" for frame in first["frames"]]
+    if _own_distributed(first):
+        lines.append("  the script starts torch.distributed itself (a DDP or torchrun habit), which hvdhetero does "
+                     "for it: remove init_process_group, the DistributedDataParallel wrapper and the "
+                     "DistributedSampler, and pass the model, optimizer and DataLoader to job.prepare "
+                     "(docs/api.md, 'From a DDP script')")
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
     others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
@@ -304,6 +309,15 @@ def failure_summary(failures: list[dict], ended: dict[int, tuple[int | None, str
 LEFT_ALONE = ("HorovodInternalError", "Horovod has been shut down", "StalledCollective")
 """A rank's failure that a peer's absence explains: its Horovod was shut down under it (the peer's
 process ended), or one of our collectives waited for it in vain (rank/collectives.py)."""
+
+
+DISTRIBUTED = ("using env:// rendezvous", "Default process group has not been initialized")
+"""torch.distributed's errors for a process group the script would start (init_process_group without
+torchrun's variables) or assumes started (DDP, DistributedSampler, dist.get_rank())."""
+
+
+def _own_distributed(failure: dict) -> bool:
+    return any(words in failure["error"] for words in DISTRIBUTED)
 
 
 def _left_alone(error: str) -> bool:
