@@ -49,7 +49,7 @@ PREFIX = re.compile(r"^(?:\S+ )?\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 def failure_line(host: str, error: str, frames: list[str] = (), traceback: str = "",
                  step: int | None = None) -> str:
     """Rank side: the one tagged summary of this rank's failure (rank/runner.py's for a script's
-    error, rank/host.py's for a start that never finished); console.failure_summary says it.
+    error, rank/host.py's for a start that never finished); cluster/failure.py says it.
     `step`: the job's global step when it failed (None before job.prepare)."""
     import socket
 

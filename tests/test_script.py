@@ -11,7 +11,7 @@ import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
 from hvdhetero import metrics
-from hvdhetero.cluster import console
+from hvdhetero.cluster import failure
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -57,7 +57,7 @@ def test_a_script_outside_its_workdir_is_refused(tmp_path):
 def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
     """tests/scripts/ddp_habit.py calls init_process_group as a torchrun script does: torch's
     error (no RANK to start from), where, and what to remove. DDP or a DistributedSampler without
-    it fail with torch's other error, which says the same (console.failure_summary, unit-checked)."""
+    it fail with torch's other error, which says the same (failure.summary, unit-checked)."""
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "ddp_habit.py", "--run-dir", tmp_path / "run"],
                    check=False, timeout=120)
     assert proc.returncode == 1
@@ -69,8 +69,8 @@ def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
     assert "remove init_process_group, the DistributedDataParallel wrapper and the DistributedSampler" in hint
     ddp = {"rank": 1, "host": "pc", "frames": [], "error": "ValueError: Default process group has not been "
            "initialized, please make sure to call init_process_group."}
-    assert "starts torch.distributed itself" in console.failure_summary([ddp])
-    assert "starts torch.distributed itself" not in console.failure_summary([{**ddp, "error": "ValueError: boom"}])
+    assert "starts torch.distributed itself" in failure.summary([ddp])
+    assert "starts torch.distributed itself" not in failure.summary([{**ddp, "error": "ValueError: boom"}])
 
 
 def test_dry_run_shows_the_runner_and_the_scripts_arguments(tmp_path):

@@ -273,61 +273,6 @@ class RankLogs:
             file.close()
 
 
-def failure_summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | None = None) -> str:
-    """One message for the console: the first rank that failed, where, what, its last frames.
-    Where that failure is a collective left without a peer and a peer had ended its script
-    (`ended`: rank -> (its job step then, its host)), the message is that peer's early end: the
-    failure only follows from it."""
-    first = failures[0]
-    early = {r: e for r, e in (ended or {}).items() if r != first["rank"]}
-    if early and _left_alone(first["error"]):
-        rank, (step, host) = min(early.items())
-        theirs = first.get("step")
-        lines = [f"rank {rank} on host {host} ended its script{_after(step)} while rank {first['rank']} on host "
-                 f"{first['host']} went on{_after(theirs) if theirs != step else ''}: every rank must take the same "
-                 "steps and make the same job calls; a loop that stops early on one rank's own numbers (its loss, an "
-                 "evaluation of its own) stops that rank alone: decide on what every rank gets alike "
-                 "(job.evaluate's sums) and end with job.stop() (docs/api.md)",
-                 f"  rank {first['rank']} then failed: {first['error'].split('. ')[0]}"]
-    else:
-        lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
-    lines += [f"  {frame}" for frame in first["frames"]]
-    if _own_distributed(first):
-        lines.append("  the script starts torch.distributed itself (a DDP or torchrun habit), which hvdhetero does "
-                     "for it: remove init_process_group, the DistributedDataParallel wrapper and the "
-                     "DistributedSampler, and pass the model, optimizer and DataLoader to job.prepare "
-                     "(docs/api.md, 'From a DDP script')")
-    if first.get("log"):
-        lines.append(f"  full traceback and output: {first['log']}")
-    others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
-    if others:
-        lines.append(f"  then also: {', '.join(others)}")
-    lines.append("  the other ranks were stopped")
-    return "\n".join(lines)
-
-
-LEFT_ALONE = ("HorovodInternalError", "Horovod has been shut down", "StalledCollective")
-"""A rank's failure that a peer's absence explains: its Horovod was shut down under it (the peer's
-process ended), or one of our collectives waited for it in vain (rank/collectives.py)."""
-
-
-DISTRIBUTED = ("using env:// rendezvous", "Default process group has not been initialized")
-"""torch.distributed's errors for a process group the script would start (init_process_group without
-torchrun's variables) or assumes started (DDP, DistributedSampler, dist.get_rank())."""
-
-
-def _own_distributed(failure: dict) -> bool:
-    return any(words in failure["error"] for words in DISTRIBUTED)
-
-
-def _left_alone(error: str) -> bool:
-    return any(words in error for words in LEFT_ALONE)
-
-
-def _after(steps: int | None) -> str:
-    return f" after {steps} steps" if steps is not None else ""
-
-
 def settled(line: str) -> list[str]:
     """A line as it reached the launcher, less the progress bar's updates in it: tqdm and its
     kind redraw a line with "\r" many times a second, and horovodrun passes on each redraw with

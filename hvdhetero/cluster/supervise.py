@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hvdhetero import progress
-from hvdhetero.cluster import console, elastic_hosts, live
+from hvdhetero.cluster import console, elastic_hosts, failure, live
 from hvdhetero.errors import LaunchError
 
 # What horovodrun may forward to remote ranks: it copies its own environment into every rank's
@@ -140,21 +140,21 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
                               f"stopped" + _ended(watch) + resume_hint(run_dir, rank0_host)) from None
         except elastic_hosts.ScriptFailed as failed:  # a script's own error is no host failure: the job ends
             _stop(proc)
-            raise LaunchError(console.failure_summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
+            raise LaunchError(failure.summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
         except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
             _stop(proc)
             raise
         finally:
             if logs is not None:
                 logs.close()
-    for failure in failures:
-        if logs is not None and logs.has(failure["rank"]):
-            failure["log"] = str(logs.path(failure["rank"]))
+    for failed in failures:
+        if logs is not None and logs.has(failed["rank"]):
+            failed["log"] = str(logs.path(failed["rank"]))
     if (watch is not None and proc.returncode == 0) or (lingered and not failures):
         return results  # ranks were dropped and the job went on; or every rank finished its work
     first = next(iter(exits.items()), None)
     if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
-        raise LaunchError(console.failure_summary(failures, ended) + resume_hint(run_dir, rank0_host))
+        raise LaunchError(failure.summary(failures, ended) + resume_hint(run_dir, rank0_host))
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         # a rank's host from its heartbeats, else from where horovodrun put it (one that failed
         # before its first heartbeat)

@@ -324,12 +324,9 @@ class Job:
         return path
 
     def finish(self) -> None:
-        """The script returned on this rank without job.epochs' end: a loop of its own over
-        iterations (nanoGPT's), or a `break` out of job.epochs. Rank 0 writes the run's end record
-        from what it holds (its seconds, the last logged scalars; no parameter digests) and tells
-        the launcher every job.log, which a sweep's trial value and bench's figures are read
-        from. No collective: a rank whose script ended early must not wait on the others, which
-        then fail at their next step and say so."""
+        """The script returned without job.epochs' end (a loop of its own, a `break`): rank 0's end
+        record from what it holds (no digests) and every job.log for the launcher (a sweep's value).
+        No collective: a rank that ended early must not wait on the others, who then fail and say so."""
         if self.is_main and self.training is not None and not self.ended and not self.closed:
             self.records.end(None)
             self.ended = True
