@@ -38,6 +38,9 @@ SILENT_S = 45.0
 It bounds detection at ~46 s, under a minute. A slow step, a long calibration or a checkpoint
 save cannot trip it: the heartbeat thread does not wait for them. What it cannot tell apart:
 a rank whose host is so overloaded that a thread gets no time for 45 s (never seen here)."""
+RECENT_BATCHES = 100
+"""An endless epoch's (a sampler that never runs out) loss on the live line: that of its last
+batches this many, as the epoch's mean would be that of every batch since the start."""
 REPORT_S = 1.0
 """A rank prints its totals at most this often (and at its first step and each epoch's last):
 the live table refreshes about once a second."""

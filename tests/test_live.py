@@ -117,6 +117,21 @@ def test_a_scripts_own_epoch_loop_shows_its_epochs_without_a_total():
     assert live.status_line(board.status()).startswith("epoch 5/6  step 110/200 (55%)  ETA 0:09 (run 0:29)")
 
 
+def test_an_endless_epoch_shows_its_steps_and_recent_loss_without_a_total_or_eta():
+    """minGPT's sampler never runs out (num_samples=int(1e10)): the ranks send no total (steps
+    None), so the line counts steps, gives no ETA (it read `ETA 1105:28:35`) and says its loss is
+    the last batches' (the epoch's mean since step 1 read 0.43 where the script printed 0.24)."""
+    board = live.Board()
+    for i in range(11):
+        board.update(record(0, 100.0 + i, 10 * i, epoch=0, epochs=None, step=10 * i, steps=None, loss=0.24,
+                            logged={"train_loss": 0.2425}))
+    status = board.status()
+    assert status.eta_epoch_s is None and status.eta_run_s is None
+    line = live.status_line(status)
+    assert line.startswith(f"step 100  loss 0.2400 (last {progress.RECENT_BATCHES} batches)  train_loss 0.2425  "), line
+    assert "ETA" not in line and "epoch" not in line
+
+
 class Shown:
     """A display that records what the relay did with it."""
 

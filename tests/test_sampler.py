@@ -1,9 +1,13 @@
 """Weighted sampler and proportional split: coverage, disjointness, equal steps, determinism."""
 
+import itertools
+import random
+
 import pytest
 import torch
 
-from hvdhetero.rank.sampler import Draw, WeightedBatchSampler, proportional_split
+from hvdhetero.rank.sampler import CHUNK, Draw, WeightedBatchSampler, proportional_split
+from hvdhetero.rank.validate import drawn
 
 
 def epoch(n, sizes, seed=0, epoch_no=0, drop_last=False):
@@ -199,3 +203,40 @@ def test_a_weighted_draw_reads_the_samplers_weights_each_epoch():
     weights.weights = torch.tensor([1.0] * 50 + [0.0] * 50, dtype=torch.double)
     s.set_epoch(1)
     assert max(s.order().tolist()) < 50
+
+
+def test_a_draw_longer_than_its_chunks_is_one_sequence_from_pythons_generator():
+    """A draw is made a chunk at a time as the epoch is read: the indices are the same as one
+    `random.Random(seed).choices` call over the whole epoch (the sequence every rank and
+    platform draws), whether read step by step, from a step on (a resumed run) or again."""
+    weights = torch.rand(1000, generator=torch.Generator().manual_seed(0)).tolist()
+    size = 2 * CHUNK + 123
+    for draw, expected in [
+        (Draw(size, replacement=True), random.Random(5).choices(range(1000), k=size)),
+        (Draw(size, sampler=torch.utils.data.WeightedRandomSampler(weights, size), replacement=True),
+         random.Random(5).choices(range(1000), weights=weights, k=size)),
+    ]:
+        order = draw.indices(1000, 5)
+        assert torch.cat([order[s:s + 333] for s in range(0, size, 333)]).tolist() == expected
+        assert order[CHUNK - 2:CHUNK + 2].tolist() == expected[CHUNK - 2:CHUNK + 2]
+        assert order[10:20].tolist() == expected[10:20]  # behind what was read: drawn again from the seed
+    more = Draw(2500, replacement=False).indices(1000, 5)  # num_samples > len, without replacement
+    firsts = torch.cat([more[s:s + 64] for s in range(0, 2500, 64)])
+    assert [sorted(firsts[i:i + 1000].tolist()) for i in (0, 1000)] == [list(range(1000))] * 2
+
+
+def test_an_endless_sampler_deals_its_first_steps_without_drawing_the_epoch():
+    """minGPT's DataLoader never runs out: RandomSampler(replacement=True, num_samples=int(1e10)).
+    Drawn whole, 1e10 indices would fill any memory (the ranks were killed); read as the steps go,
+    two ranks deal the same sequence, the live table counts its steps with no total."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(500))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=0,
+                                         sampler=torch.utils.data.RandomSampler(dataset, True, int(1e10)))
+    draw = drawn(loader.sampler, 64)
+    assert draw.endless and draw.size == int(1e10)
+    assert not drawn(torch.utils.data.RandomSampler(dataset, True, 5 * 500), 64).endless  # a long epoch, not endless
+    samplers = [WeightedBatchSampler(len(dataset), [40, 24], r, seed=2, draw=draw) for r in range(2)]
+    assert len(samplers[0]) == int(1e10) // 64
+    first = [list(itertools.islice(iter(s), 1000)) for s in samplers]
+    dealt = [i for step in zip(*first) for part in step for i in part]
+    assert dealt == random.Random(2 * 100_003).choices(range(500), k=64_000)

@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO
 
+from hvdhetero import progress
+
 WINDOW_S = 5.0
 """Rates are averaged over this much of each rank's own time (about 5 of its progress lines)."""
 MIN_SPAN_S = 0.05
@@ -100,7 +102,8 @@ class Status:
     epochs: int | None
     """None where the script loops over epochs of its own (`range(n)`, not job.epochs): no total."""
     step: int
-    steps: int
+    steps: int | None
+    """None in an endless epoch (a sampler that never runs out: the script's loop ends it)."""
     loss: float | None
     logged: dict
     logged_epoch: int | None
@@ -151,12 +154,12 @@ class Board:
             return None
         rates = [r.samples_per_s for r in rows if r.samples_per_s is not None]
         step_rate = rows[0].steps_per_s if rows and rows[0].rank == 0 else None
-        left = job["steps"] - job["step"]
+        left = job["steps"] - job["step"] if job["steps"] is not None else None
         epochs = job.get("epochs")
-        run_left = left + max(epochs - job["epoch"] - 1, 0) * job["steps"] if epochs else None
+        run_left = left + max(epochs - job["epoch"] - 1, 0) * job["steps"] if epochs and left is not None else None
         return Status(job["epoch"], epochs, job["step"], job["steps"], job.get("loss"),
                       _ordered(job.get("logged") or {}), job.get("logged_epoch"), sum(rates) if rates else None,
-                      left / step_rate if step_rate else None,
+                      left / step_rate if step_rate and left is not None else None,
                       run_left / step_rate if step_rate and run_left is not None else None)
 
 
@@ -206,10 +209,15 @@ def scalar(value) -> str:
 def status_line(status: Status | None) -> str:
     if status is None:
         return "starting"
-    eta = f"ETA {clock(status.eta_epoch_s)}" + (f" (run {clock(status.eta_run_s)})" if status.epochs else "")
-    parts = [_epoch(status), f"step {status.step}/{status.steps} ({100 * status.step // max(status.steps, 1)}%)", eta]
+    if status.steps is None:  # an endless epoch: the script's loop ends it, when is its own
+        parts = [f"step {status.step}"]
+    else:
+        eta = f"ETA {clock(status.eta_epoch_s)}" + (f" (run {clock(status.eta_run_s)})" if status.epochs else "")
+        parts = [_epoch(status), f"step {status.step}/{status.steps} ({100 * status.step // max(status.steps, 1)}%)",
+                 eta]
     if status.loss is not None:
-        parts.append(f"loss {status.loss:.4f}")
+        recent = f" (last {progress.RECENT_BATCHES} batches)" if status.steps is None else ""
+        parts.append(f"loss {status.loss:.4f}{recent}")
     parts += [f"{k} {scalar(v)}" for k, v in status.logged.items()]
     if status.logged and status.logged_epoch is not None and status.logged_epoch != status.epoch:
         parts[-1] += f" (epoch {status.logged_epoch + 1})"

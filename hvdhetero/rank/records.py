@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ class RunRecords:
         """Whether a launcher reads this rank's progress lines (set when launched)."""
         self.reporter: progress.Reporter | None = None
         self.loss_sum = self.samples = 0.0
+        self.recent: deque[tuple[float, int]] = deque(maxlen=progress.RECENT_BATCHES)
+        """The last batches' (loss sum, samples): an endless epoch's live loss."""
         self.busy = [0.0, 0.0]
         """This epoch's seconds of this rank in compute and in communication (the report plots them)."""
         self.carried = 0.0
@@ -72,6 +75,7 @@ class RunRecords:
 
     def loss(self, value: float, n: int) -> None:
         self.loss_sum += value * n
+        self.recent.append((value * n, n))
 
     def step_done(self, samples: int, compute_s: float, reduce_s: float) -> None:
         self.busy[0] += compute_s
@@ -83,12 +87,13 @@ class RunRecords:
         self.busy[1] += seconds
 
     def progress(self, *, samples: int, compute_s: float, wait_s: float, exchanged: tuple[int, float],
-                 split: list[int], step: int, steps: int, epoch: int, epochs: int | None) -> None:
+                 split: list[int], step: int, steps: int | None, epoch: int, epochs: int | None) -> None:
         """This rank's step for the launcher's live table (progress.Reporter: its running totals,
         its own clock and the epoch's position, about once a second); rank 0 adds its loss and
         the script's last logged scalars. `exchanged`: local/diloco's rounds and the seconds the
         last exchange blocked this rank (counted once a round). `epochs`: None outside job.epochs
-        (a script's own `for epoch in range(n)` says no total)."""
+        (a script's own `for epoch in range(n)` says no total); `steps`: None in an endless epoch
+        (a sampler that never runs out), whose loss is that of its last batches."""
         if not self.report_progress:
             return
         rank, host_name, device, size = self.who
@@ -97,7 +102,8 @@ class RunRecords:
         wait_s += self.reporter.exchanged(*exchanged)
         job = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps}
         if self.is_main:
-            job.update(loss=self.loss_sum / max(self.samples, 1),
+            recent = [sum(x) for x in zip(*self.recent)] if steps is None and self.recent else None
+            job.update(loss=recent[0] / recent[1] if recent else self.loss_sum / max(self.samples, 1),
                        logged={k: v for k, v in self.last_scalars.items() if isinstance(v, (int, float))},
                        logged_epoch=self.logged[-1]["epoch"] if self.logged else None,
                        logged_epochs={k: e for k, e in self.last_epochs.items()

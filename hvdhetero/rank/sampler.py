@@ -19,8 +19,9 @@ drawn from the same (seed, epoch) generator on every rank, and dealt the same wa
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,18 +45,71 @@ class Draw:
     replacement: bool = False
     subset: torch.Tensor | None = None
     """SubsetRandomSampler's indices: each epoch a permutation of them."""
+    endless: bool = False
+    """The epoch is the sampler's way never to run out (minGPT's num_samples=int(1e10), ENDLESS
+    passes over the dataset or more): the script's own loop ends it, so the live table counts
+    its steps without a total or an ETA."""
 
-    def indices(self, n: int, seed: int) -> torch.Tensor:
-        """One epoch's indices into a dataset of `n`, drawn from `seed` (the same on every rank)."""
+    def indices(self, n: int, seed: int) -> Drawn:
+        """One epoch's indices into a dataset of `n`, drawn from `seed` (the same on every rank), made
+        as far as the epoch is read: an endless sampler's (minGPT's num_samples=int(1e10)) are never
+        all held."""
+        return Drawn(lambda: self._chunks(n, seed), self.size)
+
+    def _chunks(self, n: int, seed: int) -> Iterator[torch.Tensor]:
         if self.replacement:
+            # One random() a draw, in order, so the chunks are one choices(k=size) call's draws.
+            rng = random.Random(seed)
             weights = self.sampler.weights.tolist() if self.sampler is not None else None
+            cumulative = list(itertools.accumulate(weights)) if weights is not None else None
             population = range(len(weights)) if weights is not None else range(n)  # torch's: one index a weight
-            return torch.tensor(random.Random(seed).choices(population, weights=weights, k=self.size))
+            for start in range(0, self.size, CHUNK):
+                yield torch.tensor(rng.choices(population, cum_weights=cumulative, k=min(CHUNK, self.size - start)))
+            return
         gen = torch.Generator().manual_seed(seed)
         if self.subset is not None:
-            return self.subset[torch.randperm(len(self.subset), generator=gen)]
-        # without replacement, more than n: whole permutations one after another (as torch's)
-        return torch.cat([torch.randperm(n, generator=gen) for _ in range(-(-self.size // n))])[: self.size]
+            yield self.subset[torch.randperm(len(self.subset), generator=gen)]
+            return
+        for _ in range(-(-self.size // n)):  # without replacement, more than n: whole permutations in turn (as torch's)
+            yield torch.randperm(n, generator=gen)
+
+
+ENDLESS = 100
+"""Passes over the dataset in one epoch from which a Draw is `endless`."""
+
+CHUNK = 1 << 16
+"""Indices a Draw makes at a time."""
+
+
+class Drawn:
+    """An epoch's drawn indices, sliced as a tensor is (`order[a:b]`), made in chunks as the reads
+    move on and forgotten behind them; a read behind them draws the epoch again from its seed."""
+
+    def __init__(self, chunks: Callable[[], Iterator[torch.Tensor]], size: int):
+        self.chunks, self.size = chunks, size
+        self._rewind()
+
+    def _rewind(self) -> None:
+        self._source, self._base, self._held = self.chunks(), 0, torch.empty(0, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def tolist(self) -> list[int]:
+        """The whole epoch, as a tensor's tolist() (an endless one would not fit in memory)."""
+        return self[:].tolist()
+
+    def __getitem__(self, where: slice) -> torch.Tensor:
+        start, stop, _ = where.indices(self.size)
+        stop = max(start, stop)
+        if start < self._base:
+            self._rewind()
+        while True:
+            behind = min(start - self._base, len(self._held))
+            self._held, self._base = self._held[behind:], self._base + behind
+            if self._base + len(self._held) >= stop:
+                return self._held[start - self._base: stop - self._base]
+            self._held = torch.cat([self._held, next(self._source)])
 
 
 class WeightedBatchSampler:
@@ -102,7 +156,7 @@ class WeightedBatchSampler:
             return list(self.batch_sizes)
         return proportional_split(max(0, self.n - start), self.batch_sizes, self.min_share)
 
-    def order(self) -> torch.Tensor:
+    def order(self) -> torch.Tensor | Drawn:
         """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
         if not self.shuffle and self.draw is None:
             return torch.arange(self.n)
@@ -117,7 +171,7 @@ class WeightedBatchSampler:
             # Re-read the split every step: the balancer may have changed it.
             yield self.step_indices(order, step)
 
-    def step_indices(self, order: torch.Tensor, step: int) -> list[int]:
+    def step_indices(self, order: torch.Tensor | Drawn, step: int) -> list[int]:
         """This rank's indices at `step`, under the split set now."""
         sizes = self.step_sizes(step)
         start = step * self.global_batch + sum(sizes[: self.rank])

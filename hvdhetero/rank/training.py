@@ -269,7 +269,8 @@ class Training:
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
-                              step=item.step % len(self.loader) + 1, steps=len(self.loader), epoch=self.train.epoch,
+                              step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
+                              steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
                               epochs=self.epochs if self.in_epochs else None)  # a loop of the script's own: not known
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:

@@ -13,7 +13,7 @@ from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomS
 
 from hvdhetero.config import check_sync
 from hvdhetero.errors import ConfigError
-from hvdhetero.rank.sampler import Draw
+from hvdhetero.rank.sampler import ENDLESS, Draw
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,13 @@ def drawn(sampler, global_batch: int | None) -> Draw | None:
             raise ConfigError("job.prepare(): the DataLoader's WeightedRandomSampler has replacement=False, which "
                               "torch draws through a random stream that differs between a Mac's and a PC's build, "
                               "so two ranks could not draw one epoch alike: use replacement=True (its default)")
-        draw = Draw(sampler.num_samples, sampler=sampler, replacement=True)
+        draw = Draw(sampler.num_samples, sampler=sampler, replacement=True,
+                    endless=sampler.num_samples >= ENDLESS * len(sampler.weights))
     elif kind is SubsetRandomSampler:
         draw = Draw(len(sampler.indices), subset=torch.as_tensor(list(sampler.indices), dtype=torch.long))
     elif kind is RandomSampler and (sampler.replacement or sampler._num_samples is not None):
-        draw = Draw(sampler.num_samples, replacement=sampler.replacement)
+        draw = Draw(sampler.num_samples, replacement=sampler.replacement,
+                    endless=sampler.num_samples >= ENDLESS * len(sampler.data_source))
     else:
         return None
     if global_batch and draw.size < global_batch:
