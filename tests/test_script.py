@@ -73,6 +73,26 @@ def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
     assert "starts torch.distributed itself" not in failure.summary([{**ddp, "error": "ValueError: boom"}])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: .cuda() does not fail here")
+def test_a_device_the_script_names_itself_is_said_with_job_device_as_the_fix():
+    """A port that kept `x.cuda()` fails on a rank without CUDA (the Mac; here, a PC without a
+    driver) with torch's own words: the console adds what to use instead. torch's error is made
+    here, as the rank's would be (the runner's path to the console is the DDP test's above)."""
+    with pytest.raises((RuntimeError, AssertionError)) as raised:
+        torch.zeros(1).cuda()
+    cuda = {"rank": 1, "host": "mac", "frames": ["train.py:40 in <module>: x, y = x.cuda(), y.cuda()"],
+            "error": f"{raised.type.__name__}: {raised.value}"}
+    said = failure.summary([cuda])
+    assert "the script names a device itself" in said and "which host mac has not" in said, said
+    assert "with `.to(job.device)`, each rank's own device" in said
+    mps = {**cuda, "error": "RuntimeError: PyTorch is not linked with support for mps devices"}
+    assert "the script names a device itself" in failure.summary([mps])
+    mixed = {**cuda, "error": "RuntimeError: Expected all tensors to be on the same device, but found at least two "
+                              "devices, mps:0 and cpu!"}
+    assert "use `device = job.device` for every `.to(device)`" in failure.summary([mixed])
+    other = failure.summary([{**cuda, "error": "ValueError: boom"}])
+    assert "names a device" not in other and "two devices" not in other
+
 def test_dry_run_shows_the_runner_and_the_scripts_arguments(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--dry-run", "--",
                     "--lr", "0.5"], timeout=60)

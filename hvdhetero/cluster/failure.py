@@ -2,7 +2,7 @@
 and its last frames (the rank side sends them in one tagged line: progress.failure_line), or,
 where that failure only follows from a peer that ended its script early, that peer's early end;
 with what to do about a failure people meet in their first hour (a DDP script's own process
-group). supervise.py raises it; the rank logs hold the rest.
+group, a device the script names itself). supervise.py raises it; the rank logs hold the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
                      "for it: remove init_process_group, the DistributedDataParallel wrapper and the "
                      "DistributedSampler, and pass the model, optimizer and DataLoader to job.prepare "
                      "(docs/api.md, 'From a DDP script')")
+    if _any(first["error"], NO_SUCH_DEVICE):
+        lines.append(f"  the script names a device itself (`.cuda()`, `device=\"cuda\"`, `\"mps\"`), which host "
+                     f"{first['host']} has not: move the model and tensors with `.to(job.device)`, each rank's own "
+                     "device (CUDA on the PC, MPS on the Mac, else the CPU) (docs/api.md, 'Scripts as users write them')")
+    elif _any(first["error"], TWO_DEVICES):
+        lines.append("  tensors on two devices: a device the script chose itself (`\"cuda\" if "
+                     "torch.cuda.is_available() else \"cpu\"` is the CPU on a Mac) beside the batches' job.device: "
+                     "use `device = job.device` for every `.to(device)` (docs/api.md, 'Scripts as users write them')")
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
     others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
@@ -51,12 +59,26 @@ DISTRIBUTED = ("using env:// rendezvous", "Default process group has not been in
 torchrun's variables) or assumes started (DDP, DistributedSampler, dist.get_rank())."""
 
 
+NO_SUCH_DEVICE = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver on your system",
+                  "not linked with support for mps devices")
+"""torch's errors for a device the rank's host has not: `.cuda()` on a Mac (a build without CUDA)
+or on a PC without a driver, `"mps"` on Linux."""
+
+TWO_DEVICES = ("Expected all tensors to be on the same device",)
+"""torch's error for an operation across devices: on a Mac, a script's own `device` (the CPU where
+it asks only for CUDA) beside the batches job.prepare's loader puts on MPS."""
+
+
 def _own_distributed(failure: dict) -> bool:
-    return any(words in failure["error"] for words in DISTRIBUTED)
+    return _any(failure["error"], DISTRIBUTED)
 
 
 def _left_alone(error: str) -> bool:
-    return any(words in error for words in LEFT_ALONE)
+    return _any(error, LEFT_ALONE)
+
+
+def _any(error: str, words: tuple[str, ...]) -> bool:
+    return any(w in error for w in words)
 
 
 def _after(steps: int | None) -> str:
