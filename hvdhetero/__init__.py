@@ -33,10 +33,15 @@ def init(**overrides) -> "Job":
     """Join the job (rendezvous with the other ranks), set up this rank's device and settings,
     and return the Job. The settings come from `invoke train` (the job's --seed, --precision,
     --compression, ...); `overrides` (e.g. `seed=1`) change them for this script. Run without the
-    launcher, the script is a job of one rank. Calling it again returns the same Job."""
+    launcher, the script is a job of one rank. Calling it again returns the same Job. In a DataLoader
+    worker that a Mac spawns (it runs the script's top level again) it joins nothing: rank/spawned.py."""
     from hvdhetero.rank import current
 
     if current.job is None:
+        from hvdhetero.rank.spawned import InSpawnedChild, in_spawned_child
+
+        if in_spawned_child():  # a DataLoader worker running the script's top level again: no second join
+            return InSpawnedChild()
         from dataclasses import replace
 
         from hvdhetero.config import ENV_VAR, JobConfig

@@ -174,6 +174,18 @@ def test_the_relay_shows_rank_0s_lines_as_printed_and_holds_the_others_back():
                            ("echo", "rank 0's own warning\n"), ("close",)]
 
 
+def test_failures_a_ranks_workers_wrote_into_one_line_are_each_read_and_a_cut_one_is_skipped():
+    """A rank's DataLoader workers share its output: two failure lines written at once can reach
+    the launcher as one line (it stopped the launcher with a JSONDecodeError). Each whole one is
+    read; one cut short is left out; a result line likewise."""
+    first, second = ({"rank": 0, "host": "pc", "error": f"RuntimeError: {n}", "frames": []} for n in ("a", "b"))
+    spliced = progress.ERROR_TAG + json.dumps(first) + progress.ERROR_TAG + json.dumps(second)
+    shown, results = Shown(), []
+    failures = console.relay(["[0]<stdout>:" + spliced + "\n",
+                              "[1]<stdout>:" + progress.ERROR_TAG + '{"rank": 1, "ho\n',
+                              "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}{"cut\n'], shown, results=results)
+    assert failures == [first, second] and results == [{"event": "end"}]
+
 def test_an_other_ranks_python_warning_is_said_once_unless_rank_0_printed_it_too():
     """What a device of its own says reaches the console: the Mac's rank disabling a script's
     GradScaler("cuda"); a warning every rank prints comes once, as rank 0's."""

@@ -93,6 +93,31 @@ def test_a_device_the_script_names_itself_is_said_with_job_device_as_the_fix():
     other = failure.summary([{**cuda, "error": "ValueError: boom"}])
     assert "names a device" not in other and "two devices" not in other
 
+def test_dataloader_workers_a_mac_spawns_join_nothing_and_a_top_level_that_trains_is_told(tmp_path):
+    """A Mac spawns DataLoader workers, which run the script's top level again: hh.init() there
+    starts no second Horovod under the rank's name (each worker reads rank, size and a CPU device),
+    and the guarded script trains. Without `if __name__ == "__main__":` a worker would train too:
+    its job.prepare ends the job at once, naming the guard and the line, where the rank waiting
+    for its batches was reported frozen after 45 s."""
+    out = tmp_path / "guarded"
+    out.mkdir()
+    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "spawned_workers.py", "--run-dir", tmp_path / "run",
+             "--keep-checkpoints", "0", "--", "--out", out], timeout=300)
+    said = sorted(p.read_text() for p in out.iterdir())
+    assert len(said) == 8, said  # 2 ranks x 2 workers x 2 epochs
+    assert set(said) == {"InSpawnedChild 0 2 cpu False", "InSpawnedChild 1 2 cpu False"}, said
+    assert metrics.records(tmp_path / "run" / "metrics.jsonl")[-1]["event"] == "end"
+    (tmp_path / "unguarded").mkdir()
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "spawned_workers.py", "--run-dir",
+                    tmp_path / "run2", "--", "--out", tmp_path / "unguarded", "--no-main-guard"], check=False,
+                   timeout=300)
+    assert proc.returncode == 1
+    said = proc.stderr[proc.stderr.index("error: "):].splitlines()
+    assert "failed: RuntimeError: job.prepare ran in a process that multiprocessing started by spawning" in said[0]
+    assert 'put the training under `if __name__ == "__main__":`' in said[0], said
+    assert any("spawned_workers.py:51 in train: model, optimizer, loader = job.prepare(" in line for line in said)
+    assert "no response for" not in proc.stdout + proc.stderr
+
 def test_dry_run_shows_the_runner_and_the_scripts_arguments(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "user_train.py", "--dry-run", "--",
                     "--lr", "0.5"], timeout=60)

@@ -79,11 +79,11 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                     continue
                 line = (line[:match.end()] if match else "") + body
             if body.startswith(ERROR_TAG):
-                failures.append(json.loads(body[len(ERROR_TAG):]))
+                failures += tagged(body, ERROR_TAG)
                 continue
             if body.startswith(RESULT_TAG):
                 if results is not None:
-                    results.append(json.loads(body[len(RESULT_TAG):]))
+                    results += tagged(body, RESULT_TAG)
                 continue
             if body.startswith(TAG):
                 try:
@@ -186,6 +186,20 @@ def without_heartbeat(body: str) -> tuple[str, dict | None]:
     except ValueError:
         parsed = None
     return (text + "\n" if text else ""), parsed
+
+
+def tagged(body: str, tag: str) -> list[dict]:
+    """The JSON objects behind `tag` in a line: one, or several where processes sharing a rank's
+    output (its DataLoader workers) wrote theirs into one line; a piece cut short is left out."""
+    found = []
+    for piece in body.split(tag)[1:]:
+        try:
+            value, _ = json.JSONDecoder().raw_decode(piece)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
 
 
 PROGRESS_FILE = "progress.jsonl"

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hvdhetero.cluster.console import HOROVOD_LOOP_ERROR, without_heartbeat
+from hvdhetero.cluster.console import HOROVOD_LOOP_ERROR, tagged, without_heartbeat
 from hvdhetero.cluster.inventory import Host, Inventory
 from hvdhetero.errors import ConfigError
 from hvdhetero.progress import ALIVE_TAG, ERROR_TAG
@@ -181,12 +181,8 @@ class Watch:
             _, beat = without_heartbeat(body)
             if beat is not None:
                 self.beat(beat)
-        elif body.startswith(ERROR_TAG):
-            try:
-                failure = json.loads(body[len(ERROR_TAG):])
-            except ValueError:  # cut short: the relay shows what there is
-                return True
-            raise ScriptFailed(failure)
+        elif body.startswith(ERROR_TAG) and (failures := tagged(body, ERROR_TAG)):  # none: cut short
+            raise ScriptFailed(failures[0])
         return True
 
     def ended(self) -> str:

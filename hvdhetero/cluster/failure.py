@@ -35,14 +35,16 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     if _any(first["error"], NO_SUCH_DEVICE):
         lines.append(f"  the script names a device itself (`.cuda()`, `device=\"cuda\"`, `\"mps\"`), which host "
                      f"{first['host']} has not: move the model and tensors with `.to(job.device)`, each rank's own "
-                     "device (CUDA on the PC, MPS on the Mac, else the CPU) (docs/api.md, 'Scripts as users write them')")
+                     "device: CUDA on the PC, MPS on the Mac, else the CPU (docs/api.md, 'Scripts as users write "
+                     "them')")
     elif _any(first["error"], TWO_DEVICES):
         lines.append("  tensors on two devices: a device the script chose itself (`\"cuda\" if "
                      "torch.cuda.is_available() else \"cpu\"` is the CPU on a Mac) beside the batches' job.device: "
                      "use `device = job.device` for every `.to(device)` (docs/api.md, 'Scripts as users write them')")
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
-    others = [f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]]
+    others = list(dict.fromkeys(f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]
+                                if f is not first))  # a rank's DataLoader workers fail with it
     if others:
         lines.append(f"  then also: {', '.join(others)}")
     lines.append("  the other ranks were stopped")

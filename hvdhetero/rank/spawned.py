@@ -1,0 +1,57 @@
+"""hh.init() in a child process that multiprocessing started by spawning: a DataLoader worker on a
+Mac, where spawn is Python's default. Such a child runs the script's top level again (as
+`__mp_main__`, so that the dataset's classes defined there unpickle), and with it a module-level
+`job = hh.init()`. Joining the job there would start Horovod once more under the rank's name; a
+top level that also trains (no `if __name__ == "__main__":`) would then run job.prepare's
+collectives from the worker, and the real rank, waiting for its batches, was reported frozen
+after 45 s. So the child gets a stand-in: what a module level reads of a job (its rank, size,
+whether it is the main one, a CPU device: a worker collates on the CPU), and, for anything it
+would do, an error that says where the training must go instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sysconfig
+import traceback
+
+import torch
+
+STDLIB = (sysconfig.get_paths()["stdlib"], "<")
+"""Where the frames of the child's start are (multiprocessing's, runpy's, the `-c` it runs): not the script's."""
+
+
+def in_spawned_child() -> bool:
+    """Whether this process is a child that multiprocessing started (a DataLoader worker), not a
+    rank: the rank, however launched (horovodrun, mpirun, Ray), is a process of its own."""
+    return multiprocessing.current_process().name != "MainProcess" or multiprocessing.parent_process() is not None
+
+
+class InSpawnedChild:
+    """What hh.init() returns in such a child: read, not used."""
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("HOROVOD_RANK", 0))
+        self.size = int(os.environ.get("HOROVOD_SIZE", 1))
+        self.local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
+        self.is_main = self.rank == 0
+        self.device = torch.device("cpu")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy, pickle and the like look for these
+            raise AttributeError(name)
+        what = (f"job.{name} ran in a process that multiprocessing started by spawning (a DataLoader worker: a Mac "
+                "spawns them), which runs the script's top level again: keep hh.init() there if you like, but put "
+                "the training under `if __name__ == \"__main__\":` (or in a main() called there), as a script with "
+                "DataLoader workers on a Mac needs on one device too")
+        if "HOROVOD_RANK" in os.environ:  # launched: the console says it as this rank's failure, the worker ends
+            from hvdhetero.config import ENV_VAR, JobConfig
+            from hvdhetero.rank import runner
+
+            config = JobConfig.from_json(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else JobConfig()
+            # the whole stack stays out of the line: each of the rank's workers writes one, and a line
+            # under PIPE_BUF (4 KiB) reaches the rank's shared output whole
+            runner.fail(config, f"RuntimeError: {what}",
+                        [f for f in traceback.extract_stack()[:-1] if not f.filename.startswith(STDLIB)])
+        raise RuntimeError(what)
