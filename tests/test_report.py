@@ -182,6 +182,28 @@ def test_a_run_that_loops_on_its_own_is_drawn_from_what_it_logged(tmp_path):
     assert "looped (step)" in drawn["step_time.png"].caption and "Not timed" not in drawn["step_time.png"].caption
 
 
+WINDOWS = [  # what step sync writes at each of LOOPED's job.log calls: the steps since the one before
+    {"event": "window", "time": 100.0 + step / 10, "epoch": 0, "step": step, "steps": 10, "seconds": 1.0,
+     "samples": 640, "samples_per_s": 640.0, "rank_samples": [160, 480], "compute_s": [0.5, 0.6],
+     "comm_s": [0.4, 0.3]} for step in (10, 20, 30)]
+
+
+def test_a_run_that_loops_on_its_own_has_its_speed_from_the_steps_between_its_job_logs(tmp_path):
+    """Step sync writes a window record at each job.log of a loop without job.epochs (every
+    rank's samples and seconds since the last one, as an epoch record has them): samples/s of the
+    job and of each rank, where each rank's step goes, and the headline's samples/s."""
+    looped = runs.read_run(write_run(tmp_path / "looped", LOOPED[:-1] + WINDOWS + LOOPED[-1:]))
+    total, per_rank = series.throughput(looped)
+    assert total.values == [640.0] * 3 and [s.values for s in per_rank] == [[160.0] * 3, [480.0] * 3]
+    assert total.steps == [10, 20, 30] and total.seconds == pytest.approx([1.0, 2.0, 3.0])
+    assert series.step_times(looped) == [("rank 0: mac, mps", *map(pytest.approx, (50.0, 40.0, 10.0))),
+                                         ("rank 1: pc, cuda", *map(pytest.approx, (60.0, 30.0, 10.0)))]
+    assert report.headline(looped)["samples/s (between job.log calls)"] == "640"
+    drawn = {f.path.name: f for f in figures.draw_all([looped], tmp_path / "looped")}
+    assert sorted(drawn) == ["loss.png", "samples_per_s.png", "split.png", "step_time.png"], sorted(drawn)
+    assert drawn["samples_per_s.png"].series["each rank"] == ["rank 0: mac, mps", "rank 1: pc, cuda"]
+    assert "the steps between two job.log calls" in drawn["samples_per_s.png"].caption
+
 # -- the command on real runs ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -251,7 +273,12 @@ def test_a_script_looping_over_iterations_is_swept_and_reported_from_what_it_log
     assert run.end["loss"] == run.logs[-1]["loss"] and run.end["seconds"] > 0 and "param_digests" not in run.end
     proc = report_cmd(run_dir)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in (run_dir / "report").iterdir()) == ["loss.png", "report.html", "split.png"]
+    # its speed from the steps between its job.log calls: a window record at each, and at its end
+    assert [(w["step"], w["steps"], sum(w["rank_samples"])) for w in run.windows] == [(5, 5, 320), (10, 5, 320), (
+        15, 5, 320), (20, 5, 320), (25, 5, 320), (30, 5, 320)], run.windows
+    assert all(0 < c and 0 <= m for w in run.windows for c, m in zip(w["compute_s"], w["comm_s"])), run.windows
+    assert sorted(p.name for p in (run_dir / "report").iterdir()) == ["loss.png", "report.html", "samples_per_s.png",
+                                                                      "split.png", "step_time.png"]
     page = html.unescape((run_dir / "report" / "report.html").read_text())
     assert "none recorded (the script loops on its own, without job.epochs)" in page
     assert "30 at the last job.log" in page and "No epoch records in 000 (step)" in page

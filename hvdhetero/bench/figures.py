@@ -50,8 +50,9 @@ def accuracy(runs: list[Run], out: Path) -> Figure | None:
 
 
 def samples_per_s(runs: list[Run], out: Path) -> Figure | None:
-    """Per epoch: none where no run has an epoch record (loops of the scripts' own)."""
-    if not any(r.epochs for r in runs):
+    """Per epoch, or per window between job.log calls (a loop of the script's own); none where no
+    run has either."""
+    if not any(r.epochs or r.windows for r in runs):
         return None
     fig, axes = new_figure()
     unit = _time_axis(runs)
@@ -103,7 +104,7 @@ def step_time(runs: list[Run], out: Path) -> Figure | None:
                   fontsize="small")
     ax.invert_yaxis()
     ax.set_xlim(right=max(left) * 1.18)
-    ax.set_xlabel("ms per step (mean over the run's epochs)")
+    ax.set_xlabel("ms per step (mean over the run's epochs, or its steps)")
     ax.set_title("where each rank's step goes")
     ax.grid(axis="x", alpha=0.3)
     fig.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
@@ -143,8 +144,9 @@ def _scalar_figure(runs: list[Run], path: Path, match, name: str, percent: bool,
 def _looped(runs: list[Run]) -> str:
     """What a caption says of the runs without epoch records."""
     looped = [r.label for r in runs if not r.epochs]
-    return (f" No epoch records in {', '.join(looped)}: its script loops on its own, without job.epochs, so only "
-            "what it passed to job.log is drawn, against time and steps." if looped else "")
+    return (f" No epoch records in {', '.join(looped)}: its script loops on its own, without job.epochs, so its "
+            "loss is what it passed to job.log, drawn against time and steps, and its speed (step sync) is that of "
+            "the steps between two job.log calls, a point at the second." if looped else "")
 
 
 def new_figure(cols: int = 2, height: float = 4.2, width: float = 12.4):

@@ -54,6 +54,10 @@ def headline(run: Run) -> dict[str, str]:
             "steps": f"{max(r.get('step', 0) for r in run.logs)} at the last job.log",
             "wall time": duration(run.end["seconds"]) if run.end else "-",
         })
+        if run.windows:  # step sync: the steps between its job.log calls
+            seconds = sum(w["seconds"] for w in run.windows)
+            out["samples/s (between job.log calls)"] = (
+                f"{sum(w['samples'] for w in run.windows) / seconds:,.0f}" if seconds else "-")
     for k, v in final.items():
         if isinstance(v, float):
             out[f"final {k.replace('_', ' ')}"] = f"{v:.2%}" if is_accuracy(k) and 0 <= v <= 1 else f"{v:.4g}"

@@ -28,6 +28,9 @@ class Run:
     start: dict
     epochs: list[dict]
     logs: list[dict] = field(default_factory=list)
+    windows: list[dict] = field(default_factory=list)
+    """A loop of the script's own (no epoch records), step sync: every rank's samples and seconds
+    over the steps between its job.log calls, as an epoch record says them."""
     splits: list[dict] = field(default_factory=list)
     exchanges: list[dict] = field(default_factory=list)
     end: dict | None = None
@@ -47,8 +50,8 @@ class Run:
     @property
     def last_time(self) -> float:
         """Wall time (s) of the run's last record (its end record, if it has one)."""
-        return max(r["time"] for r in [self.start, *self.epochs, *self.logs, *self.splits, *self.exchanges,
-                                        *([self.end] if self.end and "time" in self.end else [])])
+        return max(r["time"] for r in [self.start, *self.epochs, *self.logs, *self.windows, *self.splits,
+                                        *self.exchanges, *([self.end] if self.end and "time" in self.end else [])])
 
     @property
     def sync(self) -> str:
@@ -82,7 +85,8 @@ def find_latest(runs: Path) -> Path:
 
 
 NEEDED = {"start": ("ranks",), "epoch": ("epoch", "loss", "samples", "seconds", "split"), "split": ("split",),
-          "exchange": ("seconds",)}
+          "exchange": ("seconds",),
+          "window": ("step", "steps", "samples", "seconds", "rank_samples", "compute_s", "comm_s")}
 """What the report reads from each kind of record."""
 
 
@@ -102,7 +106,7 @@ def read_run(folder: str | Path) -> Run:
             else "not a run directory of invoke train, or the run stopped before training began"))
     records, torn = metrics_file.read(metrics)
     by = {kind: [r for r in records if r["event"] == kind]
-          for kind in ("start", "epoch", "log", "split", "exchange", "end", "plan")}
+          for kind in ("start", "epoch", "log", "window", "split", "exchange", "end", "plan")}
     if not by["start"]:
         raise ConfigError(f"{metrics} has no start record" + (" (the file is empty)" if not records else "")
                           + ": the run stopped before training began, or this is not an hvdhetero metrics file")
@@ -116,7 +120,8 @@ def read_run(folder: str | Path) -> Run:
                           "writes a record at each epoch's end (report again once one ends); a loop of the script's "
                           "own (over steps, without job.epochs) writes none: call job.log(loss=...) in it every N "
                           "steps, and the report plots what it logs")
-    run = Run(path=folder, label="", start=by["start"][0], epochs=by["epoch"], logs=by["log"], splits=by["split"],
+    run = Run(path=folder, label="", start=by["start"][0], epochs=by["epoch"], logs=by["log"], windows=by["window"],
+              splits=by["split"],
               exchanges=by["exchange"], end=(by["end"] or [None])[-1], resumes=by["start"][1:],
               plan=(by["plan"] or [None])[0], launch=launch, torn_last_line=torn)
     run.label = f"{folder.name} ({run.sync})"

@@ -71,17 +71,20 @@ def is_accuracy(name: str) -> bool:
 
 def throughput(run: Run) -> tuple[Series, list[Series]]:
     """Samples/s of the whole job and of each rank, per epoch (its training samples over its wall
-    time, evaluation included); a rank's from its samples in the epoch (older runs: the split)."""
-    seconds = [e["time"] - run.t0 for e in run.epochs]
+    time, evaluation included); a rank's from its samples in the epoch (older runs: the split). A
+    loop of the script's own: per window, the steps between two job.log calls."""
+    periods = run.epochs or run.windows
+    seconds = [e["time"] - run.t0 for e in periods]
     done = [e["epoch"] + 1.0 for e in run.epochs]
-    total = Series("all ranks", seconds, done, [e["samples"] / max(e["seconds"], 1e-9) for e in run.epochs])
+    steps = [e.get("step", 0) for e in periods]
+    total = Series("all ranks", seconds, done, [e["samples"] / max(e["seconds"], 1e-9) for e in periods], steps)
     per_rank = []
     for i, name in enumerate(run.ranks):
         values = []
-        for e in run.epochs:
+        for e in periods:
             n = e["rank_samples"][i] if "rank_samples" in e else e["samples"] * e["split"][i] / sum(e["split"])
             values.append(n / max(e["seconds"], 1e-9))
-        per_rank.append(Series(name, seconds, done, values))
+        per_rank.append(Series(name, seconds, done, values, steps))
     return total, per_rank
 
 
@@ -101,13 +104,17 @@ def step_times(run: Run) -> list[tuple[str, float, float, float]] | None:
     """Per rank, ms per step over the run: (name, compute, communication, the rest). Compute is
     forward and backward (straggling included); communication is the gradient allreduce or the
     local/diloco exchange, waiting for the slower ranks included; the rest is the optimizer
-    step, data loading, evaluation and logging. None when the run's epochs lack the times
-    (written since 2026-11-23)."""
+    step, data loading, evaluation and logging. A loop of the script's own: over its windows.
+    None when the run's epochs lack the times (written since 2026-11-23), or it has neither."""
     timed = [e for e in run.epochs if "compute_s" in e and "comm_s" in e]
-    if not timed:
+    if timed:
+        bounds = dict(zip((e["epoch"] for e in run.epochs), epoch_steps(run)))
+        steps = sum(max(1, bounds[e["epoch"]][1] - bounds[e["epoch"]][0]) for e in timed)
+    elif run.windows and not run.epochs:
+        timed = run.windows
+        steps = sum(w["steps"] for w in timed)
+    else:
         return None
-    bounds = dict(zip((e["epoch"] for e in run.epochs), epoch_steps(run)))
-    steps = sum(max(1, bounds[e["epoch"]][1] - bounds[e["epoch"]][0]) for e in timed)
     wall = sum(e["seconds"] for e in timed)
     out = []
     for i, name in enumerate(run.ranks):

@@ -328,6 +328,7 @@ class Job:
         record from what it holds (no digests) and every job.log for the launcher (a sweep's value).
         No collective: a rank that ended early must not wait on the others, who then fail and say so."""
         if self.is_main and self.training is not None and not self.ended and not self.closed:
+            self.records.close_window(self.epoch, self.step)
             self.records.end(None)
             self.ended = True
 

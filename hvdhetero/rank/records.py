@@ -16,6 +16,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ class RunRecords:
         """The epoch each scalar was last logged in (a sweep judges a metric at its own epoch)."""
         self.logged: list[dict] = []
         """Every job.log record, for the end report."""
+        self.window: Window | None = None
+        """Rank 0, a loop of the script's own: the steps since its last job.log (no epoch records come)."""
         self.started = self.epoch_started = time.perf_counter()
         if started is not None:  # --elastic: the run's seconds count from its first Job
             self.started = started
@@ -61,6 +64,7 @@ class RunRecords:
             self.tensorboard.write(event, fields, self.step())
 
     def log(self, epoch: int, step: int, values: dict[str, Any]) -> None:
+        self.close_window(epoch, step)
         self.last_scalars.update(values)
         self.last_epochs.update(dict.fromkeys(values, epoch))
         self.logged.append({"epoch": epoch, "step": step, **values})
@@ -127,6 +131,26 @@ class RunRecords:
                    comm_s=[round(t, 4) for t in comm_s], split=split, skipped_steps=skipped_steps, step=step)
         return step_s
 
+    def window_step(self, sizes: list[int], times: list[float], step_s: float) -> None:
+        """Rank 0, step sync, a loop of the script's own: a step's samples and compute seconds of
+        every rank (they rode with the gradients) and rank 0's whole step, for the next window record."""
+        if self.window is None:
+            self.window = Window(time.perf_counter() - step_s, [0] * len(sizes), [0.0] * len(sizes))
+        self.window.add(sizes, times, step_s)
+
+    def close_window(self, epoch: int, step: int) -> None:
+        """The "window" record of the steps since the last one (at a job.log and at the run's end):
+        what an epoch record says of each rank, for a loop with no epochs. The ranks step in lockstep,
+        so a rank's communication is the steps' time less its compute (its wait for the others included)."""
+        w, self.window = self.window, None
+        if w is None or not w.steps:
+            return
+        seconds = time.perf_counter() - w.started
+        self.write("window", epoch=epoch, step=step, steps=w.steps, seconds=round(seconds, 3),
+                   samples=sum(w.samples), samples_per_s=sum(w.samples) / seconds, rank_samples=w.samples,
+                   compute_s=[round(t, 4) for t in w.compute_s],
+                   comm_s=[round(max(0.0, w.step_s - t), 4) for t in w.compute_s])
+
     def end(self, digests: list[str] | None) -> None:
         """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy,
         a sweep's trial value). `digests`: every rank's parameter digest (job.epochs' end), or None
@@ -155,3 +179,21 @@ class RunRecords:
 
 def host_name(settings: dict) -> str:
     return settings.get("name") or socket.gethostname()
+
+
+@dataclass
+class Window:
+    """A loop of the script's own, on rank 0: its steps since the last job.log."""
+
+    started: float
+    samples: list[int]
+    compute_s: list[float]
+    step_s: float = 0.0
+    """Rank 0's whole steps: compute and reduction (every rank's, in lockstep)."""
+    steps: int = 0
+
+    def add(self, sizes: list[int], times: list[float], step_s: float) -> None:
+        self.samples = [a + b for a, b in zip(self.samples, sizes)]
+        self.compute_s = [a + b for a, b in zip(self.compute_s, times)]
+        self.step_s += step_s
+        self.steps += 1

@@ -262,6 +262,8 @@ class Training:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
+            if self.is_main and not self.in_epochs:  # a loop of its own: per-rank figures in windows, not epochs
+                self.records.window_step(list(item.sizes), times, seconds + reduce_s)
             self.rebalance(times, list(item.sizes), item)
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
