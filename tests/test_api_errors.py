@@ -4,6 +4,7 @@ without the launcher (a job of one rank), in a process of its own."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -64,7 +65,8 @@ def test_a_failures_summary_shows_a_line_of_the_users_script_when_the_error_is_d
 
 def test_a_script_that_never_joined_the_job_is_told_so_by_rank_0_only(monkeypatch, capsys):
     """A script run with `invoke train --script` that calls neither hh.init() nor job.prepare:
-    its ranks each trained alone; rank 0 says so, the others and a one-rank job say nothing."""
+    its ranks each trained alone; rank 0 says so, the others and a one-rank job say nothing, nor
+    does a script asked for its --help (argparse printed it and ended before hh.init())."""
     from hvdhetero.rank import current, runner
 
     monkeypatch.setattr(current, "job", None)
@@ -78,6 +80,9 @@ def test_a_script_that_never_joined_the_job_is_told_so_by_rank_0_only(monkeypatc
     runner.never_joined_hint()
     assert capsys.readouterr().out.startswith(
         "hvdhetero: the script never called hh.init() nor job.prepare(...): each of the 3 ranks ran it on its own")
+    monkeypatch.setattr(sys, "argv", ["train.py", "--lr", "0.1", "--help"])
+    runner.never_joined_hint()
+    assert capsys.readouterr().out == ""
 
 
 def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():

@@ -78,6 +78,14 @@ class Loader:
         """Steps per epoch (the same on every rank)."""
         return len(self.sampler)
 
+    @property
+    def batch_size(self) -> int:
+        """The global batch: one step's samples on every rank together, the DataLoader's batch_size
+        as the script gave it, so that a one-device loop's arithmetic (`len(loader) *
+        loader.batch_size`, samples seen) holds. What this rank holds of a step varies with the
+        split (job.balancer.split); a batch's own is its length."""
+        return self.sampler.global_batch
+
     def resplit(self, sizes: list[int], after_step: int) -> int:
         """Use `sizes` from the step `lag` steps after `after_step` on; returns that step."""
         at = after_step + 1 + self.lag

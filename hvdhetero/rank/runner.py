@@ -119,6 +119,8 @@ def never_joined_hint() -> None:
     hvd = sys.modules.get("horovod.torch")
     if job is None and hvd is not None and hvd.is_initialized():
         return  # a plain Horovod script (or our allreduce bench): it shares what it shares itself
+    if job is None and {"-h", "--help"} & set(sys.argv[1:]):
+        return  # `invoke train --script x.py -- --help`: the script printed its help and ended
     if job is None:
         missing = "never called hh.init() nor job.prepare(...)"
     elif getattr(job, "training", None) is None:

@@ -171,7 +171,9 @@ def prepare_arguments(model, optimizers, dataset, global_batch, device: torch.de
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__") \
             or not hasattr(dataset, "__len__"):
         raise ConfigError(f"job.prepare(): the dataset must be map-style (__len__ and __getitem__), got "
-                          f"{type(dataset).__name__}: the balancer deals each rank its share by index")
+                          f"{type(dataset).__name__}: the balancer deals each rank its share by index; a stream "
+                          "that fits in memory becomes one as a list (`job.prepare(model, optimizer, list(stream), "
+                          "global_batch=...)`), a Hugging Face dataset when loaded without streaming=True")
     if not isinstance(global_batch, int) or global_batch < ranks:
         raise ConfigError(f"job.prepare(global_batch={global_batch!r}): must be an integer of at least the "
                           f"number of ranks ({ranks}), so that every rank gets a sample")

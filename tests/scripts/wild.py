@@ -67,4 +67,5 @@ with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
     json.dump({"sizes": sizes, "norms": norms, "steps": job.step, "ends": ends, "ema_updates": int(ema.n_averaged), "warmup_steps": warmup.last_epoch,
                "ema": [round(p.double().sum().item(), 12) for p in ema.module.parameters()],
                "final": [round(p.double().sum().item(), 12) for p in model.parameters()], "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
-               "home": os.environ.get("HOME")}, f)
+               "home": os.environ.get("HOME"),
+               "seen": len(loader) * loader.batch_size, "of": len(loader.dataset)}, f)  # a one-device loop's arithmetic
