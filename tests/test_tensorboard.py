@@ -15,6 +15,9 @@ def test_which_records_become_which_scalars():
     assert dict(scalars("epoch", epoch)) == {"train/loss": 0.5, "train/samples_per_s": 900.0,
                                              "rank0/samples_per_s": 600.0, "rank1/samples_per_s": 118.5,
                                              "rank0/share": 53, "rank1/share": 11}
+    window = {"epoch": 0, "step": 30, "steps": 10, "samples_per_s": 640.0, "seconds": 1.0, "rank_samples": [160, 480]}
+    assert dict(scalars("window", window)) == {"train/samples_per_s": 640.0, "rank0/samples_per_s": 160.0,
+                                               "rank1/samples_per_s": 480.0}  # a loop of its own: no epoch loss
     log = {"epoch": 1, "step": 46, "test_accuracy": 0.9, "note": "text", "done": True, "time": 1.0}
     assert scalars("log", log) == [("test_accuracy", 0.9)]
     assert scalars("checkpoint", {"step": 3, "seconds": 0.1}) == []

@@ -1,8 +1,9 @@
 """`invoke train --tensorboard`: rank 0 mirrors metrics.jsonl's numbers into TensorBoard.
 
 The same records as metrics.jsonl (the one source the report reads too), as scalars against
-the global step: the epoch's loss and samples/s, each rank's samples/s and share, every
-`job.log` value under its own name, and with --sync local/diloco each exchange's seconds.
+the global step: the epoch's loss and samples/s (a loop of the script's own: each window's), each
+rank's samples/s and share, every `job.log` value under its own name, and with --sync
+local/diloco each exchange's seconds.
 Written under RUN_DIR/tensorboard; `tensorboard --logdir runs` shows every run side by side.
 """
 
@@ -17,8 +18,9 @@ _NOT_SCALARS = {"time", "epoch", "step", "round", "applied"}
 
 def scalars(event: str, fields: dict) -> list[tuple[str, float]]:
     """The (tag, value) pairs a metrics record shows in TensorBoard (none for most events)."""
-    if event == "epoch":
-        out = [("train/loss", fields["loss"]), ("train/samples_per_s", fields["samples_per_s"])]
+    if event in ("epoch", "window"):  # a window: a loop of the script's own, the steps between two job.log calls
+        out = [("train/loss", fields["loss"])] if event == "epoch" else []
+        out.append(("train/samples_per_s", fields["samples_per_s"]))
         seconds = fields.get("seconds") or 0.0
         for rank, samples in enumerate(fields.get("rank_samples") or []):
             if seconds > 0:
