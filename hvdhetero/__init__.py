@@ -38,10 +38,12 @@ def init(**overrides) -> "Job":
     from hvdhetero.rank import current
 
     if current.job is None:
-        from hvdhetero.rank.spawned import InSpawnedChild, in_spawned_child
+        from hvdhetero.rank import spawned
 
-        if in_spawned_child():  # a DataLoader worker running the script's top level again: no second join
-            return InSpawnedChild()
+        if spawned.in_spawned_child():  # never a second join under the rank's name
+            if spawned.running_the_top_level_again():  # a DataLoader worker a Mac spawned, starting
+                return spawned.InSpawnedChild()
+            raise RuntimeError(spawned.STARTED_BY_THE_SCRIPT)
         from dataclasses import replace
 
         from hvdhetero.config import ENV_VAR, JobConfig

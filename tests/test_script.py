@@ -56,8 +56,10 @@ def test_a_script_outside_its_workdir_is_refused(tmp_path):
 
 def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
     """tests/scripts/ddp_habit.py calls init_process_group as a torchrun script does: torch's
-    error (no RANK to start from), where, and what to remove. DDP or a DistributedSampler without
-    it fail with torch's other error, which says the same (failure.summary, unit-checked)."""
+    error (no RANK to start from), where, and what to remove. tests/scripts/mp_spawn_habit.py
+    starts its processes as DDP does (mp.spawn): each is told that invoke train started the rank's
+    already (it would have joined Horovod again under the rank's name). DDP or a DistributedSampler
+    without a process group fail with torch's other error, which says the same (unit-checked)."""
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "ddp_habit.py", "--run-dir", tmp_path / "run"],
                    check=False, timeout=120)
     assert proc.returncode == 1
@@ -67,6 +69,13 @@ def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
     assert 'ddp_habit.py:14 in <module>: dist.init_process_group(backend="gloo")' in said[1], said
     hint = next(line for line in said if "starts torch.distributed itself" in line)
     assert "remove init_process_group, the DistributedDataParallel wrapper and the DistributedSampler" in hint
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "mp_spawn_habit.py", "--run-dir",
+                    tmp_path / "spawned"], check=False, timeout=120)  # DDP's mp.spawn(main, nprocs=2) kept
+    said = proc.stderr[proc.stderr.index("error: "):].splitlines()
+    assert proc.returncode == 1 and "failed: ProcessRaisedException: a process the script started failed: " \
+        "RuntimeError: hh.init() ran in a process the script started itself (torch.multiprocessing.spawn" in said[0]
+    assert "call the training function once, directly (main(0, 1)" in said[0], said
+    assert "mp_spawn_habit.py:19 in <module>: mp.spawn(main, args=(2,), nprocs=2)" in said[1], said
     ddp = {"rank": 1, "host": "pc", "frames": [], "error": "ValueError: Default process group has not been "
            "initialized, please make sure to call init_process_group."}
     assert "starts torch.distributed itself" in failure.summary([ddp])

@@ -75,10 +75,20 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
         frames = [f for f in traceback.extract_tb(err.__traceback__)
                   if not f.filename.startswith("<frozen") and f.filename != __file__]
-        fail(config, f"{type(err).__name__}: {err}", frames, traceback.format_exc())
+        fail(config, said(err), frames, traceback.format_exc())
     ended()
     if exit_with is not None:
         raise exit_with
+
+
+def said(err: BaseException) -> str:
+    """A failure in one line for the console: `Type: message`; for a process the script started
+    (torch.multiprocessing.spawn's ProcessRaisedException, whose text is that process's whole
+    traceback) the process's own error, its last line (the rank log keeps the traceback)."""
+    text = str(err)
+    if type(err).__name__ == "ProcessRaisedException" and text.strip():
+        return f"{type(err).__name__}: a process the script started failed: {text.strip().splitlines()[-1]}"
+    return f"{type(err).__name__}: {text}"
 
 
 def ended() -> None:

@@ -6,7 +6,8 @@ top level that also trains (no `if __name__ == "__main__":`) would then run job.
 collectives from the worker, and the real rank, waiting for its batches, was reported frozen
 after 45 s. So the child gets a stand-in: what a module level reads of a job (its rank, size,
 whether it is the main one, a CPU device: a worker collates on the CPU), and, for anything it
-would do, an error that says where the training must go instead.
+would do, an error that says where the training must go instead. A child the script starts to
+train in (DDP's torch.multiprocessing.spawn) is told to train in the rank's process instead.
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ def in_spawned_child() -> bool:
     """Whether this process is a child that multiprocessing started (a DataLoader worker), not a
     rank: the rank, however launched (horovodrun, mpirun, Ray), is a process of its own."""
     return multiprocessing.current_process().name != "MainProcess" or multiprocessing.parent_process() is not None
+
+
+def running_the_top_level_again() -> bool:
+    """Whether this spawned child is still starting: running the script's top level again (what
+    spawn does before it calls the child's target), not the target itself."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+STARTED_BY_THE_SCRIPT = (
+    "hh.init() ran in a process the script started itself (torch.multiprocessing.spawn or a "
+    "multiprocessing.Process, DDP's way to start one process per GPU): invoke train starts one process per rank "
+    "already; call the training function once, directly (main(0, 1) for mp.spawn(main, nprocs=...)), and "
+    "hvdhetero shares its gradients (docs/api.md, 'From a DDP script')")
+"""hh.init() in a child the script's own code started, once the child runs its target."""
 
 
 class InSpawnedChild:
