@@ -87,7 +87,8 @@ def test_a_script_that_never_joined_the_job_is_told_so_by_rank_0_only(monkeypatc
 
 def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     """job.prepare(model, optimizer, train_loader): its dataset, batch_size as the global batch,
-    shuffle, drop_last, collate_fn, num_workers and worker_init_fn; what prepare is passed wins."""
+    shuffle, drop_last, collate_fn, num_workers, worker_init_fn, persistent_workers and
+    prefetch_factor; what prepare is passed wins."""
     import torch
     from torch.utils.data import (BatchSampler, DataLoader, RandomSampler, SubsetRandomSampler, TensorDataset,
                                   WeightedRandomSampler)
@@ -103,8 +104,8 @@ def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     plain = data_arguments(DataLoader(ds, batch_size=4, shuffle=True), None, None, None)
     assert plain == Data(ds, 4, None, 0, None, shuffle=True, drop_last=False)
     kept = data_arguments(DataLoader(ds, batch_size=4, drop_last=True, collate_fn=list, num_workers=2,
-                                     worker_init_fn=init), None, None, None)
-    assert kept == Data(ds, 4, list, 2, init, shuffle=False, drop_last=True)
+                                     worker_init_fn=init, persistent_workers=True, prefetch_factor=4), None, None, None)
+    assert kept == Data(ds, 4, list, 2, init, shuffle=False, drop_last=True, persistent_workers=True, prefetch_factor=4)
     assert data_arguments(DataLoader(ds, batch_size=4), 8, tuple, 0) == Data(ds, 8, tuple, 0, None, shuffle=False)
     own_batches = DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 3, drop_last=True))
     assert data_arguments(own_batches, None, None, None) == Data(ds, 3, None, 0, None, shuffle=True, drop_last=True)

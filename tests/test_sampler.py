@@ -1,6 +1,7 @@
 """Weighted sampler and proportional split: coverage, disjointness, equal steps, determinism."""
 
 import itertools
+import os
 import random
 
 import pytest
@@ -156,6 +157,37 @@ def test_a_steps_last_chunk_never_holds_fewer_samples_than_the_model_takes():
 
     assert chunks(1) == [40, 40, 1] and chunks(2) == [40, 41]
 
+
+class WhichWorker(torch.utils.data.Dataset):
+    """Each sample says which process collated it."""
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        return torch.tensor([i, os.getpid()])
+
+
+def test_persistent_workers_serve_every_epoch_and_deal_what_new_ones_would():
+    """A DataLoader's persistent_workers=True is kept: the same two workers collate every epoch
+    (a Mac spawns each worker, which runs the script's top level again: seconds an epoch), with
+    the same samples in the same order as workers started anew each epoch."""
+    from hvdhetero.rank.loader import Loader
+
+    def epochs(persistent):
+        current = [0]
+        loader = Loader(WhichWorker(), WeightedBatchSampler(96, [16, 16], 0, seed=3), torch.device("cpu"), chunk=None,
+                        num_workers=2, epoch=lambda: current[0], persistent_workers=persistent, prefetch_factor=3)
+        out = []
+        for current[0] in range(3):
+            out.append(torch.cat(list(loader)))
+        return [e[:, 0].tolist() for e in out], [set(e[:, 1].tolist()) for e in out]
+
+    kept, workers = epochs(True)
+    anew, fresh = epochs(False)
+    assert kept == anew and kept[0] != kept[1] and all(len(e) == 48 for e in kept)
+    assert workers[0] == workers[1] == workers[2] and len(workers[0]) == 2, workers
+    assert len(fresh[0] | fresh[1] | fresh[2]) == 6, fresh  # two new workers each epoch
 
 def test_a_weighted_draw_is_the_same_sequence_on_every_rank_dealt_by_the_split():
     """torch's WeightedRandomSampler in the script's DataLoader (an imbalanced dataset: the 10

@@ -57,7 +57,8 @@ class Loader:
     def __init__(self, dataset, sampler: WeightedBatchSampler, device: torch.device, chunk: int | None,
                  collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
                  epoch: Callable[[], int] = lambda: 0, before_step: Callable | None = None,
-                 group: Callable[[int, int], int] | None = None, worker_init_fn: Callable | None = None):
+                 group: Callable[[int, int], int] | None = None, worker_init_fn: Callable | None = None,
+                 persistent_workers: bool = False, prefetch_factor: int | None = None):
         self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
         self.collate_fn, self.num_workers, self.worker_init_fn = collate_fn, num_workers, worker_init_fn
         self.on_item = on_item or (lambda item: None)
@@ -66,7 +67,11 @@ class Loader:
         self.epoch = epoch
         self.group = group or (lambda step, left: 1)
         """(first global step, steps left in the epoch) -> how many steps this rank merges."""
-        self.lag = 2 * num_workers  # DataLoader's default prefetch_factor, per worker
+        self.prefetch_factor = prefetch_factor or 2  # DataLoader's default
+        self.lag = self.prefetch_factor * num_workers
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self._workers: torch.utils.data.DataLoader | None = None
+        """With persistent workers: the one DataLoader whose workers serve every epoch."""
         self._pending: list[tuple[int, list[int]]] = []
         self.start_step = 0
         """Resumed: the global steps before this one were taken (their samples are skipped)."""
@@ -141,10 +146,16 @@ class Loader:
                 drawn.append(item)
                 yield indices
 
-        loader = torch.utils.data.DataLoader(
-            self.dataset, batch_sampler=_Once(index_lists()), num_workers=self.num_workers,
-            worker_init_fn=self.worker_init_fn,
-            collate_fn=self.collate_fn or torch.utils.data.default_collate)
+        loader = self._workers
+        if loader is None:
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=_Once(index_lists()), num_workers=self.num_workers,
+                worker_init_fn=self.worker_init_fn, collate_fn=self.collate_fn or torch.utils.data.default_collate,
+                persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor)
+            if self.persistent_workers:
+                self._workers = loader
+        else:  # the same workers, this epoch's indices: iter() below starts them on it
+            loader.batch_sampler.it = index_lists()
         for batch in loader:  # in order: the oldest drawn item is this batch's
             item = drawn.popleft()
             if item.chunk == 0:
@@ -154,7 +165,8 @@ class Loader:
 
 
 class _Once:
-    """A one-pass iterable as a DataLoader batch_sampler (it only iterates it)."""
+    """A one-pass iterable as a DataLoader batch_sampler (it only iterates it); persistent workers
+    get each epoch's pass as a new `it` before iter()."""
 
     def __init__(self, it):
         self.it = it

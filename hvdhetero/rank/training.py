@@ -64,8 +64,8 @@ class Training:
                                             shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw,
                                             min_share=batches.fewest_samples(model))
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
-                             worker_init_fn=data.worker_init_fn,
-                             on_item=self.on_item, epoch=self.pass_epoch, before_step=self.before_step,
+                             worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
+                             prefetch_factor=data.prefetch_factor, on_item=self.on_item, epoch=self.pass_epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),

@@ -32,16 +32,20 @@ class Data:
     """The DataLoader's own way to draw an epoch (WeightedRandomSampler, ...), drawn alike on every rank."""
     drop_last: bool = False
     """An epoch's short last step is left out."""
+    persistent_workers: bool = False
+    """The workers live on from epoch to epoch (a Mac spawns each, which runs the script's top level again)."""
+    prefetch_factor: int | None = None
+    """Chunks each worker collates ahead (torch's default, 2, where None)."""
 
 
 def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, num_workers: int | None) -> Data:
     """What job.prepare was given: a dataset with global_batch=, or the script's training
     DataLoader (as accelerate's prepare takes one), whose dataset, batch_size (the global batch:
-    what one device took a step), shuffle, drop_last, collate_fn, num_workers and worker_init_fn
-    are kept; what is passed as well wins. Its sampler's way to draw an epoch is kept too where
-    torch's own samplers say it (`draw`); another sampler of its own (a DistributedSampler, a
-    class of the script's) cannot be shared by ranks that are dealt their parts of every global
-    batch by index: refused, saying so."""
+    what one device took a step), shuffle, drop_last, collate_fn, num_workers, worker_init_fn,
+    persistent_workers and prefetch_factor are kept; what is passed as well wins. Its sampler's
+    way to draw an epoch is kept too where torch's own samplers say it (`draw`); another sampler
+    of its own (a DistributedSampler, a class of the script's) cannot be shared by ranks that are
+    dealt their parts of every global batch by index: refused, saying so."""
     if not isinstance(data, DataLoader):
         if global_batch is None:
             raise ConfigError("job.prepare(model, optimizer, dataset): pass global_batch=, the samples of one "
@@ -66,7 +70,8 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
         collate_fn = data.collate_fn
     return Data(data.dataset, global_batch if global_batch is not None else batches.batch_size, collate_fn,
                 num_workers if num_workers is not None else data.num_workers, data.worker_init_fn,
-                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw)
+                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw,
+                persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
 
 
 def drawn(sampler, global_batch: int | None) -> Draw | None:
