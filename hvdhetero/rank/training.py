@@ -65,8 +65,8 @@ class Training:
                                             min_share=batches.fewest_samples(model))
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
                              worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
-                             prefetch_factor=data.prefetch_factor, on_item=self.on_item, epoch=self.pass_epoch, before_step=self.before_step,
-                             group=self.merged if inner == "by-speed" else None)
+                             prefetch_factor=data.prefetch_factor, on_item=self.on_item, epoch=self.pass_epoch,
+                             before_step=self.before_step, group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step) for index, o in enumerate(optimizers)]
