@@ -43,8 +43,8 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
                      "use `device = job.device` for every `.to(device)` (docs/api.md, 'Scripts as users write them')")
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
-    others = list(dict.fromkeys(f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]
-                                if f is not first))  # a rank's DataLoader workers fail with it
+    others = list(dict.fromkeys(  # once each: a rank's DataLoader workers may fail with it
+        f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]))
     if others:
         lines.append(f"  then also: {', '.join(others)}")
     lines.append("  the other ranks were stopped")
