@@ -104,7 +104,8 @@ def test_a_device_the_script_names_itself_is_said_with_job_device_as_the_fix():
 
 def test_dataloader_workers_a_mac_spawns_join_nothing_and_a_top_level_that_trains_is_told(tmp_path):
     """A Mac spawns DataLoader workers, which run the script's top level again: hh.init() there
-    starts no second Horovod under the rank's name (each worker reads rank, size and a CPU device),
+    starts no second Horovod under the rank's name (each worker reads rank, size, a CPU device and
+    is_main False),
     and the guarded script trains. Without `if __name__ == "__main__":` a worker would train too:
     its job.prepare ends the job at once, naming the guard and the line, where the rank waiting
     for its batches was reported frozen after 45 s."""
@@ -114,7 +115,7 @@ def test_dataloader_workers_a_mac_spawns_join_nothing_and_a_top_level_that_train
              "--keep-checkpoints", "0", "--", "--out", out], timeout=300)
     said = sorted(p.read_text() for p in out.iterdir())
     assert len(said) == 8, said  # 2 ranks x 2 workers x 2 epochs
-    assert set(said) == {"InSpawnedChild 0 2 cpu False", "InSpawnedChild 1 2 cpu False"}, said
+    assert set(said) == {"InSpawnedChild 0 2 cpu False False", "InSpawnedChild 1 2 cpu False False"}, said
     assert metrics.records(tmp_path / "run" / "metrics.jsonl")[-1]["event"] == "end"
     (tmp_path / "unguarded").mkdir()
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "spawned_workers.py", "--run-dir",

@@ -4,8 +4,8 @@ Mac, where spawn is Python's default. Such a child runs the script's top level a
 `job = hh.init()`. Joining the job there would start Horovod once more under the rank's name; a
 top level that also trains (no `if __name__ == "__main__":`) would then run job.prepare's
 collectives from the worker, and the real rank, waiting for its batches, was reported frozen
-after 45 s. So the child gets a stand-in: what a module level reads of a job (its rank, size,
-whether it is the main one, a CPU device: a worker collates on the CPU), and, for anything it
+after 45 s. So the child gets a stand-in: what a module level reads of a job (its rank and size,
+is_main False, a CPU device: a worker collates on the CPU), and, for anything it
 would do, an error that says where the training must go instead. A child the script starts to
 train in (DDP's torch.multiprocessing.spawn) is told to train in the rank's process instead.
 """
@@ -50,7 +50,7 @@ class InSpawnedChild:
         self.rank = int(os.environ.get("HOROVOD_RANK", 0))
         self.size = int(os.environ.get("HOROVOD_SIZE", 1))
         self.local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
-        self.is_main = self.rank == 0
+        self.is_main = False  # never: a top level's `if job.is_main:` (a logger's run, a download) runs once
         self.device = torch.device("cpu")
 
     def __getattr__(self, name: str):

@@ -41,7 +41,8 @@ def worker_said(worker_id):
     """In the worker: what its run of the top level got from hh.init(), and whether Horovod came with it."""
     path = os.path.join(args.out, f"worker-{job.rank}-{worker_id}-{os.getpid()}.txt")
     with open(path, "w") as f:
-        f.write(f"{type(job).__name__} {job.rank} {job.size} {job.device} {'horovod.torch' in sys.modules}")
+        f.write(f"{type(job).__name__} {job.rank} {job.size} {job.device} {job.is_main} "
+                f"{'horovod.torch' in sys.modules}")
 
 
 def train():
