@@ -2,7 +2,7 @@
 and its last frames (the rank side sends them in one tagged line: progress.failure_line), or,
 where that failure only follows from a peer that ended its script early, that peer's early end;
 with what to do about a failure people meet in their first hour (a DDP script's own process
-group, a device the script names itself). supervise.py raises it; the rank logs hold the rest.
+group or its wrapper, a device the script names itself). supervise.py raises it; the rank logs hold the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
                      "for it: remove init_process_group, the DistributedDataParallel wrapper and the "
                      "DistributedSampler, and pass the model, optimizer and DataLoader to job.prepare "
                      "(docs/api.md, 'From a DDP script')")
+    elif _any(first["error"], WRAPPER_GONE):
+        lines.append("  where that was DDP's wrapper, which a port drops: `model.module` is `model` now, and "
+                     "`with model.no_sync():` goes (each job.backward reduces; --micro-batch accumulates a step's "
+                     "chunks for you) (docs/api.md, 'From a DDP script')")
     if _any(first["error"], NO_SUCH_DEVICE):
         lines.append(f"  the script names a device itself (`.cuda()`, `device=\"cuda\"`, `\"mps\"`), which host "
                      f"{first['host']} has not: move the model and tensors with `.to(job.device)`, each rank's own "
@@ -60,6 +64,9 @@ DISTRIBUTED = ("using env:// rendezvous", "Default process group has not been in
 """torch.distributed's errors for a process group the script would start (init_process_group without
 torchrun's variables) or assumes started (DDP, DistributedSampler, dist.get_rank())."""
 
+
+WRAPPER_GONE = ("object has no attribute 'module'", "object has no attribute 'no_sync'")
+"""torch's errors for DDP's wrapper reached after the port dropped it: model.module, model.no_sync()."""
 
 NO_SUCH_DEVICE = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver on your system",
                   "not linked with support for mps devices")
