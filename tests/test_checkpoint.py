@@ -102,6 +102,19 @@ def test_checkpoints_are_kept_newest_k_and_hold_what_a_resume_needs(tmp_path):
     assert not list((tmp_path / "checkpoints").glob(".*tmp")), "no temporary file left"
 
 
+def test_a_loop_of_its_own_checkpoints_every_so_many_minutes_of_its_measured_steps(tmp_path):
+    """A script looping over iterations (tests/scripts/step_loop.py, no job.epochs) has no epoch's end
+    to turn --checkpoint-minutes into steps: the start's calibrated step (the model's compute alone,
+    over ten times faster than a whole step here) made 0.3 s hundreds of steps, and none came. The steps'
+    own pace, every rank's alike, now sets it from step 32 on."""
+    run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "step_loop.py", "--run-dir",
+             tmp_path, "--checkpoint-minutes", "0.005", "--keep-checkpoints", "100", "--", "--max-iters", "300",
+             "--log-interval", "100"], timeout=300)
+    taken = [r for r in metrics.records(tmp_path / "metrics.jsonl") if r["event"] == "checkpoint"]
+    end = metrics.records(tmp_path / "metrics.jsonl")[-1]
+    assert taken and all(r["step"] > 32 for r in taken), (taken, end)
+    assert [p.name for p in checkpoint.listed(tmp_path)] == [f"step-{r['step']:09d}.pt" for r in taken]
+
 def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
     model = torch.nn.Linear(2, 2)
     for step in (10, 20, 30):

@@ -1,14 +1,16 @@
 """When a periodic checkpoint is due, counted in global steps.
 
     schedule = CheckpointSchedule(every_steps=0, minutes=10, keep=3)
-    schedule.retime(step_s=0.42)          # at start (the calibrated step) and every epoch's end
+    schedule.retime(step_s=0.42)          # at start (the calibrated step), every epoch's end, and in
+                                          # a loop of the script's own every 32 steps (their pace)
     schedule.due(step, last_checkpoint)   # after each optimizer step
 
 `--checkpoint-every N` asks for one every N steps, `--checkpoint-minutes M` for one every M
 minutes at the step time measured so far; the sooner of the two wins. The interval is in steps,
-from a step time every rank has alike (the balancer's prediction, the epoch's slowest rank), so
-every rank decides alike and they meet in the checkpoint's collectives at the same step. Without
---keep-checkpoints nothing is periodic (0 steps).
+from a step time every rank has alike (the balancer's prediction, the epoch's slowest rank, the
+slowest rank's whole steps riding with the gradients), so every rank decides alike and they meet
+in the checkpoint's collectives at the same step. Without --keep-checkpoints nothing is periodic
+(0 steps).
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ class Reduced(NamedTuple):
     """Seconds the reduction took on this rank (waiting for the others included)."""
     overflowed: bool
     """Whether the gradients hold an inf or NaN (fp16 loss scaling skips the step)."""
+    walls: list[float] | None = None
+    """Every rank's previous step, wall seconds from its start to this one's (0: none yet), alike
+    on every rank as `times` is: what a step of the job takes, all included (step sync)."""
 
 
 class EveryStep:
@@ -76,21 +79,23 @@ class EveryStep:
         return weight * unscale, 1.0
 
     def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0,
-               common: bool = False) -> Reduced:
+               common: bool = False, wall: float = 0.0) -> Reduced:
         """Every gradient reduced, weighted by `weight` (this rank's share of the global batch)
         times `unscale` (the loss scale's inverse; `common`: every rank's the same, see _on_wire);
-        this rank's step `seconds` ride along, so every rank gets every rank's, and so does a
-        checksum of its optimizer's settings, made rank 0's on every rank where they differ
-        (global `step`: the one about to be taken)."""
+        this rank's step `seconds` and its previous step's `wall` seconds ride along, so every rank
+        gets every rank's, and so does a checksum of its optimizer's settings, made rank 0's on
+        every rank where they differ (global `step`: the one about to be taken)."""
         started = time.perf_counter()
         settings = [] if self.replicas is None else one_hot(self.replicas.settings_sum())
         before, after = self._on_wire(weight, unscale, common)
-        extras = self.reducer.reduce(before, extras=one_hot(seconds) + settings, after=after)
-        times, sums = extras[:len(extras) - len(settings)], extras[len(extras) - len(settings):]
+        mine = one_hot(seconds) + one_hot(wall)
+        extras = self.reducer.reduce(before, extras=mine + settings, after=after)
+        n = len(mine) // 2
+        times, walls, sums = extras[:n], extras[n:2 * n], extras[2 * n:]
         if sums:  # the optimizer's settings alike on every rank before it steps (rank/replicas.py)
             self.replicas.same_settings(sums, step)
         took = time.perf_counter() - started
-        return Reduced(times, took, check_overflow and self.reducer.overflowed())  # a pass over every gradient
+        return Reduced(times, took, check_overflow and self.reducer.overflowed(), walls)  # a pass over every gradient
 
     def clip(self, max_norm: float, norm_type: float) -> torch.Tensor:
         """Clip the reduced gradients identically on every rank (the norm of the reduced CPU
@@ -177,7 +182,7 @@ class Rounds:
         pass
 
     def reduce(self, weight: float, unscale: float, seconds: float, check_overflow: bool, step: int = 0,
-               common: bool = False) -> Reduced:
+               common: bool = False, wall: float = 0.0) -> Reduced:
         """Nothing crosses the link: this rank's own gradients, multiplied by `unscale` (the
         loss scale's inverse), checked for overflow on their own."""
         scale_gradients(self.sync.params, unscale)

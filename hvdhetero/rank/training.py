@@ -43,6 +43,10 @@ from hvdhetero.rank.validate import Data
 from hvdhetero.rank.sync import ParameterSync
 
 
+RETIME = 32
+"""Steps of a loop of the script's own between retimings of the checkpoint interval."""
+
+
 class Training:
     """One rank's prepared job: model, optimizer, loader, balancer, strategy and records, and the
     hooks the loader and the optimizer call."""
@@ -103,6 +107,9 @@ class Training:
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
+        self._wall = 0.0  # the last step's wall seconds, start to start (all included)
+        self._paced: list[float] = []
+        """A loop of its own: the slowest rank's whole step, each step since the schedule was last retimed."""
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
@@ -131,7 +138,9 @@ class Training:
             self.follow_trainable(before_forward=True)
             self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
             slept = self.me.straggle(item.share)
-            self._began = (time.perf_counter() - slept, self.me.busy_clock()(), slept)
+            began = time.perf_counter() - slept
+            self._wall = began - self._began[0] if self._began[0] else 0.0  # the last step, start to start
+            self._began = (began, self.me.busy_clock()(), slept)
 
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
@@ -242,8 +251,8 @@ class Training:
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
         turns = self.in_turn  # several optimizers: each decides on its own gradients as it steps
-        times, reduce_s, overflowed = self.strategy.reduce(weight, unscale, seconds, check and turns is None,
-                                                           self.train.step, common)
+        times, reduce_s, overflowed, walls = self.strategy.reduce(weight, unscale, seconds, check and turns is None,
+                                                                  self.train.step, common, self._wall)
         if turns is not None:
             turns.reduced(check)
         scale_gradients(self.reducer.params, rescale)
@@ -262,8 +271,10 @@ class Training:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
-            if self.is_main and not self.in_epochs:  # a loop of its own: per-rank figures in windows, not epochs
-                self.records.window_step(list(item.sizes), times, seconds + reduce_s)
+            if not self.in_epochs:  # a loop of its own: no epoch's end retimes checkpoints or records the ranks
+                self._pace(walls)
+                if self.is_main:
+                    self.records.window_step(list(item.sizes), times, seconds + reduce_s)
             self.rebalance(times, list(item.sizes), item)
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
@@ -274,6 +285,17 @@ class Training:
                               step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
                               steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
                               epochs=self.epochs if self.in_epochs else None)  # a loop of the script's own: not known
+
+    def _pace(self, walls: list[float] | None) -> None:
+        """A loop of the script's own has no epoch's end to retime the checkpoints by (the start's
+        calibrated step left out the exchange and the script's own work: "5 minutes" were 15 on
+        a nanoGPT-style run, and never where the probe could not time the model): every RETIME
+        steps, from the slowest rank's whole steps, which every rank has alike."""
+        if walls and min(walls) > 0:
+            self._paced.append(max(walls))
+        if len(self._paced) >= RETIME:
+            self.schedule.retime(sum(self._paced) / len(self._paced))
+            self._paced = []
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
         """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would
@@ -360,6 +382,8 @@ class Training:
                            split=list(self.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
                            wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
         if landed is not None:
+            if not self.in_epochs:  # a loop of its own: the round's slowest mean step retimes the checkpoints
+                self.schedule.retime(max(landed[0]))
             self.rebalance(*landed, item, after_step)
 
     # -- job.epochs --------------------------------------------------------------------------------
