@@ -15,7 +15,7 @@ import torch
 
 from conftest import EXACT, ROOT, VENV_BIN, run_cmd
 from hvdhetero import metrics
-from hvdhetero.policy.checkpoints import CheckpointSchedule
+from hvdhetero.policy.checkpoints import RETIME, CheckpointSchedule
 from hvdhetero.rank import checkpoint
 
 
@@ -101,6 +101,19 @@ def test_checkpoints_are_kept_newest_k_and_hold_what_a_resume_needs(tmp_path):
     assert len(state["rng"]) == 2 and state["config"]["seed"] == 0
     assert not list((tmp_path / "checkpoints").glob(".*tmp")), "no temporary file left"
 
+
+def test_a_loop_of_its_own_is_retimed_from_its_slowest_ranks_whole_steps():
+    """No epoch's end retimes a loop of the script's own: every RETIME steps the slowest rank's
+    mean whole step does (each step's first, before any step ended, counts nothing)."""
+    schedule = CheckpointSchedule(0, 1, 3)
+    schedule.retime(0.015)  # the calibrated step: the model's compute alone
+    assert schedule.every == 4000
+    schedule.paced([0.0, 0.0])
+    for _ in range(RETIME - 1):
+        schedule.paced([0.04, 0.05])
+    assert schedule.every == 4000, "not before RETIME steps"
+    schedule.paced([0.06, 0.05])
+    assert schedule.every == round(60 / ((0.05 * (RETIME - 1) + 0.06) / RETIME))  # about 1,190 steps a minute
 
 def test_a_loop_of_its_own_checkpoints_every_so_many_minutes_of_its_measured_steps(tmp_path):
     """A script looping over iterations (tests/scripts/step_loop.py, no job.epochs) has no epoch's end

@@ -1,8 +1,8 @@
 """When a periodic checkpoint is due, counted in global steps.
 
     schedule = CheckpointSchedule(every_steps=0, minutes=10, keep=3)
-    schedule.retime(step_s=0.42)          # at start (the calibrated step), every epoch's end, and in
-                                          # a loop of the script's own every 32 steps (their pace)
+    schedule.retime(step_s=0.42)          # at start (the calibrated step) and every epoch's end
+    schedule.paced(walls)                 # a loop of the script's own: each step (retimes every 32)
     schedule.due(step, last_checkpoint)   # after each optimizer step
 
 `--checkpoint-every N` asks for one every N steps, `--checkpoint-minutes M` for one every M
@@ -16,6 +16,10 @@ in the checkpoint's collectives at the same step. Without --keep-checkpoints not
 from __future__ import annotations
 
 
+RETIME = 32
+"""Steps of a loop of the script's own between retimings from their pace (`paced`)."""
+
+
 class CheckpointSchedule:
     """Steps between periodic checkpoints (0: none, only the epochs' ends where a mode keeps them)."""
 
@@ -23,6 +27,19 @@ class CheckpointSchedule:
         self.every_steps, self.minutes, self.keep = every_steps, minutes, keep
         self.every = 0
         self.retime(0.0)
+        self._paced: list[float] = []
+
+    def paced(self, walls: list[float] | None) -> None:
+        """A loop of the script's own, after each step: every rank's previous whole step (`walls`,
+        start to start, alike on every rank; 0 before its first). No epoch's end retimes such a loop,
+        and the calibrated step leaves out the exchange and the script's own work ("5 minutes" were
+        15 on a nanoGPT-style run, and never where the probe could not time the model): every
+        RETIME steps, the slowest rank's mean retimes the interval."""
+        if walls and min(walls) > 0:
+            self._paced.append(max(walls))
+        if len(self._paced) >= RETIME:
+            self.retime(sum(self._paced) / len(self._paced))
+            self._paced = []
 
     def retime(self, step_s: float) -> None:
         """The interval at `step_s` seconds a step (0: unknown yet, only --checkpoint-every counts)."""

@@ -43,10 +43,6 @@ from hvdhetero.rank.validate import Data
 from hvdhetero.rank.sync import ParameterSync
 
 
-RETIME = 32
-"""Steps of a loop of the script's own between retimings of the checkpoint interval."""
-
-
 class Training:
     """One rank's prepared job: model, optimizer, loader, balancer, strategy and records, and the
     hooks the loader and the optimizer call."""
@@ -108,8 +104,6 @@ class Training:
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
-        self._paced: list[float] = []
-        """A loop of its own: the slowest rank's whole step, each step since the schedule was last retimed."""
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
@@ -272,7 +266,7 @@ class Training:
         self.records.step_done(item.share, *self.last_step_seconds)
         if times is not None:
             if not self.in_epochs:  # a loop of its own: no epoch's end retimes checkpoints or records the ranks
-                self._pace(walls)
+                self.schedule.paced(walls)
                 if self.is_main:
                     self.records.window_step(list(item.sizes), times, seconds + reduce_s)
             self.rebalance(times, list(item.sizes), item)
@@ -285,17 +279,6 @@ class Training:
                               step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
                               steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
                               epochs=self.epochs if self.in_epochs else None)  # a loop of the script's own: not known
-
-    def _pace(self, walls: list[float] | None) -> None:
-        """A loop of the script's own has no epoch's end to retime the checkpoints by (the start's
-        calibrated step left out the exchange and the script's own work: "5 minutes" were 15 on
-        a nanoGPT-style run, and never where the probe could not time the model): every RETIME
-        steps, from the slowest rank's whole steps, which every rank has alike."""
-        if walls and min(walls) > 0:
-            self._paced.append(max(walls))
-        if len(self._paced) >= RETIME:
-            self.schedule.retime(sum(self._paced) / len(self._paced))
-            self._paced = []
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
         """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would
