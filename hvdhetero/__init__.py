@@ -19,7 +19,6 @@ hvdhetero.cluster, never loads them).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -46,11 +45,10 @@ def init(**overrides) -> "Job":
             raise RuntimeError(spawned.STARTED_BY_THE_SCRIPT)
         from dataclasses import replace
 
-        from hvdhetero.config import ENV_VAR, JobConfig
+        from hvdhetero.config import JobConfig
         from hvdhetero.rank.job import Job
 
-        text = os.environ.get(ENV_VAR)
-        config = JobConfig.from_json(text) if text else JobConfig()
+        config = JobConfig.from_env()
         current.job = Job(replace(config, **overrides) if overrides else config)
     return current.job
 

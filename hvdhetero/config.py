@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
@@ -149,6 +150,13 @@ class JobConfig:
             raise ConfigError(f"job settings: unknown keys {unknown}; allowed: {', '.join(sorted(known))} "
                               "(is the launcher's hvdhetero the same version as this host's?)")
         return cls(**values)
+
+    @classmethod
+    def from_env(cls) -> "JobConfig":
+        """The job's settings the runner left in ENV_VAR; the defaults where none (a script run
+        without the launcher: a job of one rank)."""
+        text = os.environ.get(ENV_VAR)
+        return cls.from_json(text) if text else cls()
 
 
 SYNC_KINDS = ("step", "local", "diloco", "auto")

@@ -79,7 +79,8 @@ class RunRecords:
 
     def loss(self, value: float, n: int) -> None:
         self.loss_sum += value * n
-        self.recent.append((value * n, n))
+        if self.is_main:  # only rank 0's progress says a loss
+            self.recent.append((value * n, n))
 
     def step_done(self, samples: int, compute_s: float, reduce_s: float) -> None:
         self.busy[0] += compute_s

@@ -61,10 +61,10 @@ class InSpawnedChild:
                 "the training under `if __name__ == \"__main__\":` (or in a main() called there), as a script with "
                 "DataLoader workers on a Mac needs on one device too")
         if "HOROVOD_RANK" in os.environ:  # launched: the console says it as this rank's failure, the worker ends
-            from hvdhetero.config import ENV_VAR, JobConfig
+            from hvdhetero.config import JobConfig
             from hvdhetero.rank import runner
 
-            config = JobConfig.from_json(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else JobConfig()
+            config = JobConfig.from_env()
             # the whole stack stays out of the line: each of the rank's workers writes one, and a line
             # under PIPE_BUF (4 KiB) reaches the rank's shared output whole
             runner.fail(config, f"RuntimeError: {what}",
