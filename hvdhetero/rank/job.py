@@ -39,6 +39,7 @@ from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
                             host, precision, records, resume, scheduling, start, validate)
+from hvdhetero.rank.batch_function import BatchFunction
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state, sparse_params
 from hvdhetero.rank.registry import Registry, TrainState
@@ -121,6 +122,8 @@ class Job:
         if parts.several:
             validate.several_optimizers(cfg)
         data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
+        if isinstance(data.dataset, BatchFunction):  # a get_batch of the script's: rank 0's stream, a first draw
+            data = data.dataset.shared(data, self.size)
         model = parts.model
         validate.prepare_arguments(model, parts.optimizers, data.dataset, data.global_batch, self.device, self.size)
         calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
@@ -154,8 +157,8 @@ class Job:
             elastic.commit(t, check_hosts=False)
         given_model, given_optimizer = parts.given
         if isinstance(given_optimizer, (tuple, list)):  # as passed: a tuple (optG, optD) comes back as one
-            return given_model, (list if isinstance(given_optimizer, list) else tuple)(t.optimizers), t.loader
-        return given_model, t.optimizer, t.loader
+            return given_model, (list if isinstance(given_optimizer, list) else tuple)(t.optimizers), t.batches
+        return given_model, t.optimizer, t.batches
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the
@@ -326,7 +329,11 @@ class Job:
     def finish(self) -> None:
         """The script returned without job.epochs' end (a loop of its own, a `break`): rank 0's end
         record from what it holds (no digests) and every job.log for the launcher (a sweep's value).
-        No collective: a rank that ended early must not wait on the others, who then fail and say so."""
+        No collective: a rank that ended early must not wait on the others, who then fail and say so;
+        but an overlapped round's exchange that every rank launched lands first (Rounds.land)."""
+        if self.training is not None and not self.closed:
+            with collectives.within("the script's end"):
+                self.strategy.land()
         if self.is_main and self.training is not None and not self.ended and not self.closed:
             self.records.close_window(self.epoch, self.step)
             self.records.end(None)

@@ -45,6 +45,8 @@ class Draw:
     replacement: bool = False
     subset: torch.Tensor | None = None
     """SubsetRandomSampler's indices: each epoch a permutation of them."""
+    sequential: bool = False
+    """The indices in order, 0 to size - 1 (a batch function's rows: rank/batch_function.py)."""
     endless: bool = False
     """The epoch is the sampler's way never to run out (minGPT's num_samples=int(1e10), ENDLESS
     passes over the dataset or more): the script's own loop ends it, so the live table counts
@@ -57,6 +59,10 @@ class Draw:
         return Drawn(lambda: self._chunks(n, seed), self.size)
 
     def _chunks(self, n: int, seed: int) -> Iterator[torch.Tensor]:
+        if self.sequential:
+            for start in range(0, self.size, CHUNK):
+                yield torch.arange(start, min(start + CHUNK, self.size))
+            return
         if self.replacement:
             # One random() a draw, in order, so the chunks are one choices(k=size) call's draws.
             rng = random.Random(seed)

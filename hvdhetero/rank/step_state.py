@@ -23,6 +23,8 @@ class StepState:
 
     item: Any = None
     """The chunk the loader handed out last (loader.Item: which step, which chunk, how many)."""
+    backed: bool = False
+    """job.backward ran for that chunk (a batch function's next batch fetched before it waits)."""
     accumulating: bool = False
     """Between a step's micro-batches: the optimizer, zero_grad and the scheduler do nothing."""
     reduced: bool = False
@@ -38,13 +40,13 @@ class StepState:
 
     def chunk_given(self, item) -> None:
         """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
-        self.item = item
+        self.item, self.backed = item, False
         if item.chunk == 0:
             self.reduced = self.stepped = False
 
     def backward_done(self, last: bool, overflowed: bool = False) -> None:
         """job.backward of a chunk: the step's last one was reduced (`overflowed`: skip it)."""
-        self.accumulating = not last
+        self.accumulating, self.backed = not last, True
         if last:
             self.reduced, self.skip = True, overflowed
 

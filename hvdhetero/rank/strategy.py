@@ -130,6 +130,9 @@ class EveryStep:
     def pause(self) -> None:
         pass
 
+    def land(self) -> None:
+        pass
+
     def restart(self, step: int) -> None:
         pass
 
@@ -239,6 +242,12 @@ class Rounds:
 
     def pause(self) -> None:
         self.sync.pause_clock()
+
+    def land(self) -> None:
+        """The script returned with a round's exchange in flight (overlapped): it lands before
+        this rank leaves. Every rank launched it; one that left Horovod first failed the others'
+        (a rank 0 that evaluated alone was still on its way to it)."""
+        self.sync.land()
 
     def restart(self, step: int) -> None:
         """The rounds start again at global `step` (a resume, an elastic rejoin)."""

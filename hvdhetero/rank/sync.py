@@ -209,6 +209,10 @@ class ParameterSync:
         if self.outer is not None and state["outer"] is not None:
             self.outer.load_state_dict(state["outer"])
 
+    def land(self) -> None:
+        """The exchange in flight, if any, waited for and applied (the script ends)."""
+        self._apply_pending()
+
     def pause_clock(self) -> None:
         """Training pauses (an evaluation, an epoch's end): the next step counts its compute only."""
         self._mark = None

@@ -27,6 +27,7 @@ from hvdhetero.errors import ConfigError
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
+from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer
 from hvdhetero.rank.records import RunRecords
@@ -68,6 +69,9 @@ class Training:
                              prefetch_factor=data.prefetch_factor, on_item=self.on_item, epoch=self.pass_epoch,
                              before_step=self.before_step, group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
+        called = data.dataset if isinstance(data.dataset, BatchFunction) else None
+        self.batches: Loader | NextBatch = NextBatch(self.loader, step_state) if called else self.loader
+        """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step) for index, o in enumerate(optimizers)]
         """The prepared optimizers: one, or several stepped in turn within each global step (a GAN's)."""
@@ -88,7 +92,7 @@ class Training:
             self.loader.lag = 2 * data.num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
         self.parts = Registry(model=model, optimizer=PerRank(optimizers[0], self.rank),
                               scheduler=Scheduler(schedulers[0]) if schedulers else None,
-                              loss_scale=loss_scale, sync=self.strategy, tracked=tracked)
+                              loss_scale=loss_scale, sync=self.strategy, tracked=tracked, batches=called)
         for i, optimizer in enumerate(optimizers[1:], start=2):  # a GAN's: step sync, rank 0's state kept
             self.parts.add(f"optimizer_{i}", PerRank(optimizer, self.rank))
         for i, scheduler in enumerate(schedulers[1:], start=2):
@@ -231,6 +235,7 @@ class Training:
         (loss * scale if scale != 1.0 else loss).backward(**kwargs)
         if not item.last:
             self.step_state.backward_done(last=False)
+            self._fetched_ahead()  # the step's next micro-batch, fetched before this backward
             return
         # A second job.backward of a step already reduced (two losses backpropagated in turn, the
         # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
@@ -332,6 +337,13 @@ class Training:
         # boundary the others share.
         if self.schedule.due(self.train.step, self.train.last_checkpoint) and round_ended:
             self.train.checkpoint_due = True
+        self._fetched_ahead()  # the next step's batch, fetched before this step's backward
+
+    def _fetched_ahead(self) -> None:
+        """A batch function's batch fetched before the one in hand was done with (nanoGPT fetches
+        the next batch between forward and backward) becomes the current one now."""
+        if isinstance(self.batches, NextBatch):
+            self.batches.release()
 
     def _epoch_left(self, item: Item) -> int | None:
         """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""

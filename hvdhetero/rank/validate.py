@@ -13,6 +13,7 @@ from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomS
 
 from hvdhetero.config import check_sync
 from hvdhetero.errors import ConfigError
+from hvdhetero.rank.batch_function import BatchFunction
 from hvdhetero.rank.sampler import ENDLESS, Draw
 
 
@@ -45,7 +46,18 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
     persistent_workers and prefetch_factor are kept; what is passed as well wins. Its sampler's
     way to draw an epoch is kept too where torch's own samplers say it (`draw`); another sampler
     of its own (a DistributedSampler, a class of the script's) cannot be shared by ranks that are
-    dealt their parts of every global batch by index: refused, saying so."""
+    dealt their parts of every global batch by index: refused, saying so. A function that returns
+    one step's whole batch (nanoGPT's get_batch) is drawn from once a step on every rank
+    (rank/batch_function.py)."""
+    if callable(data) and not isinstance(data, DataLoader) and not hasattr(data, "__getitem__"):
+        given = [name for name, value in (("global_batch", global_batch), ("collate_fn", collate_fn),
+                                          ("num_workers", num_workers)) if value]
+        if given:
+            raise ConfigError(f"job.prepare(model, optimizer, fn, {given[0]}=...): a batch function returns one "
+                              "step's whole batch itself (its rows are the global batch) on this process; leave "
+                              f"{' and '.join(given)} out")
+        source = BatchFunction(data)
+        return Data(source, 0, source.collate, shuffle=False)
     if not isinstance(data, DataLoader):
         if global_batch is None:
             raise ConfigError("job.prepare(model, optimizer, dataset): pass global_batch=, the samples of one "

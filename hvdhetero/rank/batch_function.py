@@ -1,0 +1,234 @@
+"""A batch function of the script's own in place of a dataset: nanoGPT's `get_batch('train')`,
+which draws random windows of a token file with torch's generator and returns (x, y), the whole
+batch of one step as one device takes it.
+
+    model, optimizer, get_train_batch = job.prepare(model, optimizer, lambda: get_batch("train"))
+    X, Y = get_train_batch()        # this rank's rows of the step's global batch, on job.device
+
+Every rank calls the function once a global step and keeps its own rows, sized by speed as a
+DataLoader's samples are (the global batch: the rows one call returns). The calls must draw
+alike on every rank, so the function runs on a random stream of its own: torch's, NumPy's and
+Python's global generators are swapped for the stream's around each call, the stream starting
+from rank 0's generators as they were at `job.prepare` and held in every checkpoint. A rank-0
+evaluation that calls `get_batch('val')` in between draws from the script's own generators and
+moves no rank's stream. A function that keeps a position of its own (a file read in order) reads
+it once a step on every rank alike.
+
+A step's batch is drawn once on each rank: a call is a `Loader` chunk whose indices are rows of
+the step (row j of the endless sequence is row j % B of step j // B), so micro-batches, the
+balancer's re-splits and a resume's skipped steps work as they do for a dataset. Calibration's
+probes time the first step's batch, cycled.
+
+nanoGPT fetches the next batch right after the forward pass, before the backward of the one in
+hand (to overlap the copy with compute). `NextBatch` therefore hands a batch fetched while the
+one before is still waiting for its job.backward over to the job (the loader's hooks: the step's
+clock, a checkpoint due) only once that one's step is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hvdhetero.errors import ConfigError
+from hvdhetero.rank import batches, collectives
+from hvdhetero.rank.loader import Item, Loader
+from hvdhetero.rank.sampler import Draw
+from hvdhetero.rank.step_state import StepState
+
+STEPS = 10**12
+"""Global steps a batch function's endless sequence holds (a loop of the script's own ends it)."""
+
+
+class BatchFunction:
+    """The function as a map-style dataset of rows: `dataset[j]` is the row's index, `collate`
+    turns a run of them into that part of their step's batch. Its steps are drawn in order, each
+    once, and kept until a later step is asked for."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+        self.stream = _states()
+        """The generators' states the next draw starts from (rank 0's at prepare: `share`)."""
+        self.next_step = 0
+        """The step the stream draws next."""
+        self.drawn: dict[int, tuple[Any, dict]] = {}
+        """step -> (its global batch, the stream before it), for the steps not yet passed."""
+        self.global_batch = 0
+
+    def shared(self, data, ranks: int):
+        """`data` (validate.Data) once every rank's stream starts from rank 0's generators and the
+        first step is drawn: its rows are the global batch, the sequence an endless one of them.
+        A collective: every rank calls it in job.prepare."""
+        self.share(ranks)
+        return dataclasses.replace(data, global_batch=self.global_batch,
+                                   draw=Draw(self.global_batch * STEPS, sequential=True, endless=True))
+
+    def share(self, ranks: int) -> None:
+        self.stream = collectives.broadcast_object(self.stream, 0, "hvdhetero.batch_fn", "job.prepare()")
+        first = self.batch(0)
+        try:
+            self.global_batch = batches.size(first)
+        except TypeError as e:
+            raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned no tensor "
+                              f"({type(first).__name__}): it must return one step's batch, as one device takes it "
+                              "(a tensor, or a tuple or dict of tensors with the samples along the first "
+                              "dimension)") from e
+        if self.global_batch < ranks:
+            raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned {self.global_batch} "
+                              f"sample(s), fewer than the ranks ({ranks}): return one step's whole batch (every "
+                              "rank takes its share of it)")
+
+    def __len__(self) -> int:
+        """One step's rows: what calibration's probes cycle through (they draw nothing more); the
+        loader's sequence goes on past it (validate.data_arguments' Draw of STEPS steps)."""
+        return max(1, self.global_batch)
+
+    def __getitem__(self, row: int) -> int:
+        return row
+
+    def collate(self, rows: list[int]):
+        """Rows of the sequence (one rank's part of one step, or of consecutive steps merged)."""
+        if not rows:
+            raise ConfigError("internal: a batch function's chunk of no rows")
+        b = self.global_batch or batches.size(self.batch(0))
+        parts, start = [], 0
+        while start < len(rows):
+            step = rows[start] // b
+            stop = start
+            while stop < len(rows) and rows[stop] // b == step and rows[stop] == rows[start] + stop - start:
+                stop += 1
+            parts.append(batches.take(self.batch(step), rows[start] - step * b, rows[stop - 1] - step * b + 1))
+            start = stop
+        return parts[0] if len(parts) == 1 else _joined(parts)
+
+    def batch(self, step: int):
+        """Step `step`'s global batch: drawn now, with the steps before it that were never asked
+        for (a resume's from the checkpoint's stream), or as drawn before."""
+        if step not in self.drawn:
+            if step < self.next_step:
+                raise ConfigError(f"internal: the batch function's step {step} was drawn and dropped")
+            while self.next_step <= step:
+                before = self.stream
+                batch = self._call()
+                if self.global_batch and batches.size(batch) != self.global_batch:
+                    raise ConfigError(f"the batch function returned {batches.size(batch)} samples at step "
+                                      f"{self.next_step}, {self.global_batch} at the first: it must return one "
+                                      "step's whole batch, the same size every step (the global batch)")
+                self.drawn[self.next_step] = (batch, before)
+                self.next_step += 1
+        for passed in [s for s in self.drawn if s < step]:
+            del self.drawn[passed]
+        return self.drawn[step][0]
+
+    def _call(self):
+        """The function, on this object's stream: the script's generators as they were after."""
+        own = _states()
+        _set_states(self.stream)
+        try:
+            batch = self.fn()
+            self.stream = _states()
+        finally:
+            _set_states(own)
+        return batch
+
+    def state_dict(self) -> dict:
+        """Where the stream stands before the oldest step still held (or the next one): a resume
+        at that step or later draws on from there to the step it starts at."""
+        step = min(self.drawn, default=self.next_step)
+        stream = self.drawn[step][1] if step in self.drawn else self.stream
+        return {"step": step, "stream": stream}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drawn.clear()
+        self.next_step, self.stream = int(state["step"]), state["stream"]
+
+
+class NextBatch:
+    """What job.prepare returns for a batch function: each call, this rank's next chunk of the
+    endless sequence on its device (a step's share, or its micro-batches in turn)."""
+
+    def __init__(self, loader: Loader, step_state: StepState):
+        self.loader, self.state = loader, step_state
+        self.on_item, self.before_step = loader.on_item, loader.before_step
+        loader.on_item, loader.before_step = self._handed, self._beginning
+        self.waiting: list[tuple[Callable, Item]] = []
+        """Hooks of a batch fetched ahead (nanoGPT's), run once the batch before it is done with."""
+        self._it = None
+
+    def __call__(self):
+        if self.waiting:  # fetched twice without a job.backward between: the older is the one in hand now
+            self.release()
+        if self._it is None:
+            self._it = iter(self.loader)
+        return next(self._it)
+
+    def _ahead(self) -> bool:
+        """Whether the batch handed out last still waits for its job.backward."""
+        return self.state.item is not None and not self.state.backed
+
+    def _beginning(self, item: Item) -> None:
+        if self._ahead() or self.waiting:
+            self.waiting.append((self.before_step, item))
+        else:
+            self.before_step(item)
+
+    def _handed(self, item: Item) -> None:
+        if self._ahead() or self.waiting:
+            self.waiting.append((self.on_item, item))
+        else:
+            self.on_item(item)
+
+    def release(self) -> None:
+        """The batch in hand is done with (its step taken, or its micro-batch's backward): the
+        one fetched ahead becomes the job's current batch."""
+        waiting, self.waiting = self.waiting, []
+        for hook, item in waiting:
+            hook(item)
+
+
+def _states() -> dict:
+    """The global generators' states, as plain values and tensors (a checkpoint loads them with
+    weights_only=True)."""
+    states = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
+    try:
+        import numpy as np
+    except ImportError:
+        return states
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
+    return states
+
+
+def _set_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(_tuples(states["python"]))
+    if "numpy" in states:
+        import numpy as np
+        name, keys, pos, has_gauss, gauss = states["numpy"]
+        np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _joined(parts: list):
+    """Consecutive steps' rows as one batch (a rank that merges steps: --inner-steps by-speed)."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if isinstance(first, (tuple, list)):
+        return type(first)(_joined(list(column)) for column in zip(*parts))
+    if isinstance(first, dict):
+        return {k: _joined([p[k] for p in parts]) for k in first}
+    raise ConfigError(f"the batch function returns a {type(first).__name__}, which hvdhetero cannot join over "
+                      "steps merged by --inner-steps by-speed: return a tensor, a tuple or a dict of tensors, or "
+                      "use --inner-steps same")

@@ -1,0 +1,182 @@
+"""A batch function of the script's own in place of a dataset (nanoGPT's get_batch): every rank
+draws each step's global batch once, on a random stream of its own, and keeps its rows; a batch
+fetched before the backward of the one in hand waits for that step; a checkpoint holds the
+stream. The port of nanoGPT itself is tests/test_ported.py's."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero.errors import ConfigError
+from hvdhetero.rank import validate
+from hvdhetero.rank.batch_function import BatchFunction
+from hvdhetero.rank.checkpoint import listed, load
+
+SCRIPT = ROOT / "tests" / "scripts" / "batch_fn.py"
+
+
+def draws(batch_size: int = 6):
+    """A get_batch that draws from all three global generators, and the rows each call returned."""
+    def get_batch():
+        x = torch.randint(1000, (batch_size,)) + int(np.random.randint(0, 10)) * 1000 + random.randrange(5) * 10_000
+        return x, x + 1
+    return get_batch
+
+
+def started(fn, global_batch: int = 6) -> BatchFunction:
+    """A BatchFunction as job.prepare leaves it on one rank (no broadcast: the stream as seeded)."""
+    source = BatchFunction(fn)
+    source.global_batch = global_batch
+    return source
+
+
+def test_each_step_is_one_call_drawn_once_and_rows_are_cut_from_it():
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    expected = [draws()() for _ in range(3)]
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    source = started(draws())
+    assert torch.equal(source.collate([0, 1, 2])[0], expected[0][0][:3])  # rank 0's rows of step 0
+    assert torch.equal(source.collate([3, 4, 5])[1], expected[0][1][3:])  # rank 1's: the same call's
+    assert torch.equal(source.collate([14, 15, 16])[0], expected[2][0][2:5])  # step 2, step 1 drawn on the way
+    with pytest.raises(ConfigError, match="step 1 was drawn and dropped"):
+        source.collate([6])
+
+
+def test_rows_over_two_steps_are_joined_as_a_merging_rank_takes_them():
+    torch.manual_seed(0)
+    a, b = (torch.randint(1000, (6,)) for _ in range(2))
+    torch.manual_seed(0)
+    source = started(lambda: torch.randint(1000, (6,)))
+    assert torch.equal(source.collate([4, 5, 6, 7]), torch.cat([a[4:], b[:2]]))
+
+
+def test_a_draw_leaves_the_scripts_own_generators_where_they_were():
+    """Rank 0's evaluation calls get_batch('val') from the script's generators between steps:
+    no training draw moves them, and they move no rank's training draws."""
+    torch.manual_seed(5)
+    one, two = started(draws()), started(draws())  # two ranks' streams, alike as job.prepare shares them
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    own = torch.rand(3), np.random.rand(), random.random()
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    step0 = one.collate([0, 1])
+    assert torch.equal(torch.rand(3), own[0]) and np.random.rand() == own[1] and random.random() == own[2]
+    torch.rand(100), np.random.rand(9), random.random()  # what an evaluation draws on one rank only
+    assert torch.equal(two.collate([0, 1])[0], step0[0])
+    assert torch.equal(one.collate([6])[0], two.collate([6])[0])
+
+
+def test_a_checkpoints_stream_resumes_at_its_step_with_the_same_draws():
+    source = started(draws())
+    held, batches = None, []
+    for step in range(6):
+        if step == 3:
+            held = source.state_dict()  # a checkpoint taken as step 3 begins
+        batches.append(source.collate(list(range(step * 6, step * 6 + 6))))
+    state = torch.load(_saved(held), weights_only=True)  # what a checkpoint file gives back
+    resumed = started(draws())
+    torch.manual_seed(99)  # the generators moved on since: the stream is the checkpoint's
+    resumed.load_state_dict(state)
+    assert held["step"] == 2  # the oldest step still held (a fetched-ahead batch's resume redraws it)
+    for step in range(3, 6):  # the resume's first step, the checkpoint's, is later: drawn on to it
+        assert torch.equal(resumed.collate(list(range(step * 6, step * 6 + 6)))[0], batches[step][0])
+
+
+def _saved(state):
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_batch_of_another_size_later_is_refused_naming_both():
+    sizes = iter([6, 6, 5])
+    source = started(lambda: torch.zeros(next(sizes)))
+    source.collate([0])
+    with pytest.raises(ConfigError, match=r"returned 5 samples at step 2, 6 at the first: .* the same size every step"):
+        source.collate([12])
+
+
+def test_a_batch_function_with_a_global_batch_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"a batch function returns one step's whole batch itself .* leave "
+                                          r"global_batch out"):
+        validate.data_arguments(lambda: torch.zeros(4), 64, None, None)
+    assert isinstance(validate.data_arguments(lambda: torch.zeros(4), None, None, None).dataset, BatchFunction)
+
+
+def digests(output: str) -> dict[int, str]:
+    return {int(r): d for r, d in re.findall(r"^(?:\[rank \d\] )?rank (\d) rows \d+ digest (\w+)$", output, re.M)}
+
+
+@pytest.mark.slow
+def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path):
+    """nanoGPT's loop (the next batch fetched before the backward, rank 0 evaluating from the
+    script's generators in between), killed after its checkpoint at step 30 and resumed: the
+    stream continues where the checkpoint left it, and every rank ends on the parameters of the
+    run that was never stopped, to the bit."""
+    go = tmp_path / "go"
+    args = ["--script", SCRIPT, "--equal-split", "--micro-batch", "0", "--checkpoint-every", "10",
+            "--keep-checkpoints", "10", "--all-ranks-output"]
+    script_args = ["--", "--max-iters", "60", "--hold-at", "35", "--go", go]
+    go.touch()
+    whole = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "whole", *script_args], timeout=300)
+    go.unlink()
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", *map(str, args), "--run-dir", str(cut),
+                             *map(str, script_args)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "go.held").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert (tmp_path / "go.held").exists(), "the run never held at step 35"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    newest = listed(cut)[-1]
+    assert newest.name == "step-000000030.pt"
+    assert load(newest)["batches"]["step"] == 30, "the stream as step 30 begins (its batch was fetched at 29)"
+    go.touch()
+    resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", cut], timeout=300)
+    assert "resuming from" in resumed.stdout and "(epoch 1, step 30)" in resumed.stdout, resumed.stdout[-2000:]
+    whole_digests = digests(whole.stdout)
+    resumed_digests = digests(resumed.stdout + (cut / "rank-1.log").read_text())  # rank 1's: its log
+    assert set(whole_digests) == {0, 1} and len(set(whole_digests.values())) == 1, whole.stdout[-2000:]
+    assert resumed_digests == whole_digests, (resumed.stdout[-2000:], whole.stdout[-2000:])
+
+
+@pytest.mark.slow
+def test_micro_batches_of_a_batch_function_train_one_model(tmp_path):
+    """--micro-batch 8: each call gives the next chunk of this rank's rows, the step's next one
+    fetched before the backward of the one in hand; the ranks end on one model."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--micro-batch", "8", "--all-ranks-output",
+                    "--run-dir", tmp_path / "run", "--", "--max-iters", "30"], timeout=300)
+    found = digests(proc.stdout)
+    assert set(found) == {0, 1} and len(set(found.values())) == 1, proc.stdout[-2000:]
+    rows = [int(n) for n in re.findall(r"rank \d rows (\d+) digest", proc.stdout)]
+    assert all(n <= 8 for n in rows), rows
+    losses = [float(v) for v in re.findall(r"^step \d+: val loss ([\d.]+)$", proc.stdout, re.M)]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.slow
+def test_an_overlapped_rounds_exchange_in_flight_lands_before_a_rank_leaves(tmp_path):
+    """--sync diloco:4 --overlap-sync, the loop ending one step after a round's end: the round's
+    exchange is in flight as the script returns. Rank 1 got there first (rank 0 evaluates alone
+    at step 38, inside the last round) and left Horovod with it in flight, failing rank 0's
+    ("Horovod has been shut down"; 3 runs of 3); it now lands first on every rank."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--sync", "diloco:4", "--overlap-sync",
+                    "--run-dir", tmp_path / "run", "--", "--max-iters", "41", "--eval-interval", "38",
+                    "--eval-batches", "300"], timeout=300, check=False)
+    assert proc.returncode == 0 and "shut down" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    assert re.search(r"^rank 0 rows \d+ digest", proc.stdout, re.M), proc.stdout[-2000:]
