@@ -48,7 +48,7 @@ def test_each_step_is_one_call_drawn_once_and_rows_are_cut_from_it():
     assert torch.equal(source.collate([0, 1, 2])[0], expected[0][0][:3])  # rank 0's rows of step 0
     assert torch.equal(source.collate([3, 4, 5])[1], expected[0][1][3:])  # rank 1's: the same call's
     assert torch.equal(source.collate([14, 15, 16])[0], expected[2][0][2:5])  # step 2, step 1 drawn on the way
-    with pytest.raises(ConfigError, match="step 1 was drawn and dropped"):
+    with pytest.raises(RuntimeError, match="step 1 was drawn and dropped"):
         source.collate([6])
 
 
@@ -180,3 +180,22 @@ def test_an_overlapped_rounds_exchange_in_flight_lands_before_a_rank_leaves(tmp_
                     "--eval-batches", "300"], timeout=300, check=False)
     assert proc.returncode == 0 and "shut down" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
     assert re.search(r"^rank 0 rows \d+ digest", proc.stdout, re.M), proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_stream_read_whole_on_every_rank_trains_until_it_ends(tmp_path):
+    """An IterableDataset too big for a list: its DataLoader's batches as a batch function, every
+    rank reading the stream and keeping its rows; `for x, y in batches:` ends on every rank at
+    the stream's end (3,000 samples, 50 a batch: 60 steps) on one model. A stream whose last
+    batch is short says how to leave it out, before its step."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "stream_fn.py",
+                    "--all-ranks-output", "--run-dir", tmp_path / "run"], timeout=300)
+    ended = dict((int(r), (int(s), d)) for r, s, d in
+                 re.findall(r"^(?:\[rank \d\] )?rank (\d) steps (\d+) digest (\w+)$", proc.stdout, re.M))
+    assert ended == {0: (60, ended[0][1]), 1: (60, ended[0][1])}, proc.stdout[-2000:]
+    short = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "stream_fn.py",
+                     "--run-dir", tmp_path / "short", "--", "--samples", "3010"], timeout=300, check=False)
+    assert short.returncode != 0
+    assert ("ConfigError: the batch function returned 10 samples at step 60, 50 at the first: it must return one "
+            "step's whole batch, the same size every step (the global batch; a DataLoader's short last batch goes "
+            "with drop_last=True)") in short.stdout + short.stderr, short.stdout[-2000:]

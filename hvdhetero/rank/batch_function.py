@@ -93,7 +93,7 @@ class BatchFunction:
     def collate(self, rows: list[int]):
         """Rows of the sequence (one rank's part of one step, or of consecutive steps merged)."""
         if not rows:
-            raise ConfigError("internal: a batch function's chunk of no rows")
+            raise RuntimeError("internal: a batch function's chunk of no rows")
         b = self.global_batch or batches.size(self.batch(0))
         parts, start = [], 0
         while start < len(rows):
@@ -110,14 +110,15 @@ class BatchFunction:
         for (a resume's from the checkpoint's stream), or as drawn before."""
         if step not in self.drawn:
             if step < self.next_step:
-                raise ConfigError(f"internal: the batch function's step {step} was drawn and dropped")
+                raise RuntimeError(f"internal: the batch function's step {step} was drawn and dropped")
             while self.next_step <= step:
                 before = self.stream
                 batch = self._call()
                 if self.global_batch and batches.size(batch) != self.global_batch:
                     raise ConfigError(f"the batch function returned {batches.size(batch)} samples at step "
                                       f"{self.next_step}, {self.global_batch} at the first: it must return one "
-                                      "step's whole batch, the same size every step (the global batch)")
+                                      "step's whole batch, the same size every step (the global batch; a "
+                                      "DataLoader's short last batch goes with drop_last=True)")
                 self.drawn[self.next_step] = (batch, before)
                 self.next_step += 1
         for passed in [s for s in self.drawn if s < step]:
@@ -125,12 +126,15 @@ class BatchFunction:
         return self.drawn[step][0]
 
     def _call(self):
-        """The function, on this object's stream: the script's generators as they were after."""
+        """The function, on this object's stream: the script's generators as they were after. A
+        StopIteration (`lambda: next(stream)` at a stream's end) ends the batches (Exhausted)."""
         own = _states()
         _set_states(self.stream)
         try:
             batch = self.fn()
             self.stream = _states()
+        except StopIteration as end:
+            raise Exhausted(self.next_step) from end
         finally:
             _set_states(own)
         return batch
@@ -147,9 +151,20 @@ class BatchFunction:
         self.next_step, self.stream = int(state["step"]), state["stream"]
 
 
+class Exhausted(Exception):
+    """The batch function raised StopIteration (a stream's end) when drawing step `step`."""
+
+    def __init__(self, step: int):
+        super().__init__(f"the batch function's stream ended at step {step}")
+        self.step = step
+
+
 class NextBatch:
     """What job.prepare returns for a batch function: each call, this rank's next chunk of the
-    endless sequence on its device (a step's share, or its micro-batches in turn)."""
+    endless sequence on its device (a step's share, or its micro-batches in turn). It iterates
+    too (`for x, y in batches:`), until the function raises StopIteration (`lambda: next(stream)`
+    at the stream's end: every rank reads the same stream, so every rank ends at the same step);
+    a call then raises StopIteration, as next() does."""
 
     def __init__(self, loader: Loader, step_state: StepState):
         self.loader, self.state = loader, step_state
@@ -164,7 +179,17 @@ class NextBatch:
             self.release()
         if self._it is None:
             self._it = iter(self.loader)
-        return next(self._it)
+        try:
+            return next(self._it)
+        except Exhausted as end:
+            self._it = _ended()
+            raise StopIteration(str(end)) from None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self()
 
     def _ahead(self) -> bool:
         """Whether the batch handed out last still waits for its job.backward."""
@@ -188,6 +213,11 @@ class NextBatch:
         waiting, self.waiting = self.waiting, []
         for hook, item in waiting:
             hook(item)
+
+
+def _ended():
+    """A stream that ended: every later call ends at once."""
+    return iter(())
 
 
 def _states() -> dict:

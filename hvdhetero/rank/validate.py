@@ -190,7 +190,11 @@ def prepare_arguments(model, optimizers, dataset, global_batch, device: torch.de
         raise ConfigError(f"job.prepare(): the dataset must be map-style (__len__ and __getitem__), got "
                           f"{type(dataset).__name__}: the balancer deals each rank its share by index; a stream "
                           "that fits in memory becomes one as a list (`job.prepare(model, optimizer, list(stream), "
-                          "global_batch=...)`), a Hugging Face dataset when loaded without streaming=True")
+                          "global_batch=...)`), a Hugging Face dataset when loaded without streaming=True; one "
+                          "too big for that goes in as a batch function, every rank reading it whole and keeping "
+                          "its rows of each batch: `stream = iter(DataLoader(dataset, batch_size=...)); model, "
+                          "optimizer, batches = job.prepare(model, optimizer, lambda: next(stream))`, then `for x, "
+                          "y in batches:` (docs/api.md)")
     if not isinstance(global_batch, int) or global_batch < ranks:
         raise ConfigError(f"job.prepare(global_batch={global_batch!r}): must be an integer of at least the "
                           f"number of ranks ({ranks}), so that every rank gets a sample")
