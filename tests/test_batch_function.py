@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero import metrics
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import validate
 from hvdhetero.rank.batch_function import BatchFunction
@@ -199,3 +200,19 @@ def test_a_stream_read_whole_on_every_rank_trains_until_it_ends(tmp_path):
     assert ("ConfigError: the batch function returned 10 samples at step 60, 50 at the first: it must return one "
             "step's whole batch, the same size every step (the global batch; a DataLoader's short last batch goes "
             "with drop_last=True)") in short.stdout + short.stderr, short.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_two_uneven_ranks_train_as_one_device_on_the_same_draws(tmp_path):
+    """The script run alone (a job of one rank) and on two ranks, the second 3x slower (its rows
+    re-split as the balancer learns): the same batches drawn, so rank 0's evaluations read the
+    same losses as the one device's, to the printed digit."""
+    args = ["--", "--max-iters", "60"]
+    alone = run_cmd([VENV_BIN / "python", SCRIPT, *args[1:]], timeout=300)
+    two = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--slowdown", "3", "--run-dir",
+                   tmp_path / "run", *args], timeout=300)
+    said = re.compile(r"^step (\d+): val loss ([\d.]+)$", re.M)
+    assert len(said.findall(alone.stdout)) == 9, alone.stdout[-2000:]
+    assert said.findall(two.stdout) == said.findall(alone.stdout), (two.stdout[-2000:], alone.stdout[-2000:])
+    splits = [r["split"] for r in metrics.records(tmp_path / "run" / "metrics.jsonl") if r["event"] == "split"]
+    assert splits[-1][0] > splits[-1][1], splits  # the slow rank 1 took fewer rows
