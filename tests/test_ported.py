@@ -1,4 +1,4 @@
-"""Scripts as users write them: eight single-device training scripts in the styles people copy
+"""Scripts as users write them: nine single-device training scripts in the styles people copy
 (tests/scripts/ported/*_single.py), each beside its hvdhetero port. A port changes at most 12
 lines, trains through `invoke train --script` on two real ranks to the target its original
 reaches on one device, and the console shows what the user's own script printed, once.
@@ -47,11 +47,12 @@ PORTS = {
     "vae": ([], r"^====> Test set loss", r"^====> Test set loss: ([\d.]+)", lambda v: v <= 28.0),
     "gan": ([], r"^\[\d+/12\] Loss_D", r"high-quality: ([\d.]+)$", lambda v: v >= 0.4),
     "gpt": (["--max-iters", "200"], r"^iter \d+: val loss", r"^iter \d+: val loss ([\d.]+);", lambda v: v <= 0.30),
+    "reference": (["--epochs", "6", "--model-ema"], r"^Test:  Acc@1", r"^Test:  Acc@1 ([\d.]+)", lambda v: v >= 90.0),
     "nanogpt": (["--max_iters=200"], r"^step \d+: train loss", r"^step \d+: train loss [\d.]+, val loss ([\d.]+)$",
                 lambda v: v <= 0.30),
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
-           "nanogpt": 3}
+           "reference": 6, "nanogpt": 3}
 """How often each prints its report: once an epoch; gpt and nanogpt (loops over iterations) every 100."""
 MAIN_ONLY = {"nanogpt"}
 """Ports whose report rank 0 alone prints (nanoGPT's master_process evaluates and prints)."""
@@ -221,3 +222,25 @@ def test_a_port_run_with_plain_python_is_a_one_rank_job_with_no_protocol_on_stdo
     assert "@@hvdhetero" not in proc.stdout + proc.stderr
     assert PORTS["regression"][3](last(PORTS["regression"][2], proc.stdout)), proc.stdout[-2000:]
     assert len(re.findall(r"^epoch +\d+ +train loss", proc.stdout, re.M)) == 30
+
+
+@pytest.mark.slow
+def test_a_port_resumed_by_its_own_checkpoint_goes_on_from_its_epoch(tmp_path):
+    """torchvision's reference scripts resume themselves: --resume loads the model, optimizer,
+    SequentialLR and EMA from their checkpoint (torch.load(weights_only=True), which a `step` of
+    ours in the scheduler's state_dict made fail) and set args.start_epoch, which goes to
+    job.epochs(start=): the resumed run trains the epochs left, numbered on, its LR schedule
+    going on from where it was (0.1 at epoch 2, its warm-up's end; 0.05 at epoch 3)."""
+    out = tmp_path / "out"
+    first = run_cmd([VENV_BIN / "invoke", "train", "--script", PORTED / "reference.py", "--run-dir", tmp_path / "a",
+                     "--", "--epochs", "4", "--model-ema", "--output-dir", out], timeout=600)
+    assert len(re.findall(r"^Test:  Acc@1", first.stdout, re.M)) == 4, first.stdout[-2000:]
+    resumed = run_cmd([VENV_BIN / "invoke", "train", "--script", PORTED / "reference.py", "--run-dir", tmp_path / "b",
+                       "--", "--epochs", "4", "--model-ema", "--output-dir", out, "--resume", out / "model_1.pth"],
+                      timeout=600)
+    assert re.findall(r"^Epoch: \[(\d)\] Total time", resumed.stdout, re.M) == ["2", "3"], resumed.stdout[-2000:]
+    assert re.findall(r"^Epoch: \[(\d)\]  \[ 0/\d+\].*  lr: ([\d.]+)  ", resumed.stdout, re.M) == [("2", "0.1"),
+                                                                                           ("3", "0.05")]
+    records = metrics.records(tmp_path / "b" / "metrics.jsonl")
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [2, 3]
+    assert len(set(records[-1]["param_digests"])) == 1

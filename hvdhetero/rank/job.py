@@ -185,21 +185,25 @@ class Job:
         """The device's mixed precision when the job's --precision asks for it; else nothing."""
         return self.precision.autocast()
 
-    def epochs(self, n: int):
-        """The epoch numbers 0..n-1; each ends with every rank's training loss and speed in the
-        metrics and BatchNorm-style buffers averaged across ranks. After the last, the run's end
-        record (every rank's parameter digest) is written."""
-        if n < 1:
-            raise ConfigError(f"job.epochs(n) needs n >= 1, got {n}")
+    def epochs(self, n: int, start: int = 0):
+        """The epoch numbers start..n-1 (`start`: where a script's own --resume goes on, as
+        `range(args.start_epoch, args.epochs)`; a --resume of the job's own goes on from its
+        checkpoint's, the later of the two); each ends with every rank's training loss and speed
+        in the metrics and BatchNorm-style buffers averaged across ranks. After the last, the
+        run's end record (every rank's parameter digest) is written."""
+        if n < 1 or start < 0:
+            raise ConfigError(f"job.epochs(n, start=0) needs n >= 1 and start >= 0, got n={n}, start={start}")
         self._stopping = False
-        if self.train_state.start_epoch >= n and self.is_main and elastic.running(self.config) is None:
-            print(f"hvdhetero: the run had finished its {n} epochs at its newest checkpoint; nothing left to train",
-                  flush=True)
+        first = max(start, self.train_state.start_epoch)
+        if first >= n and self.is_main and elastic.running(self.config) is None:
+            where = ("at its newest checkpoint" if self.train_state.start_epoch >= n
+                     else f"by the script's start epoch ({start})")
+            print(f"hvdhetero: the run had finished its {n} epochs {where}; nothing left to train", flush=True)
         t = self.training
         if t is not None:  # overlapped rounds end with the epochs (RoundClock.due)
             t.epochs, t.in_epochs = n, True
         try:
-            for epoch in range(self.train_state.start_epoch, n):
+            for epoch in range(first, n):
                 self.epoch = epoch
                 self.records.begin_epoch()
                 try:

@@ -6,7 +6,9 @@ body runs once a chunk: the scheduler ran k times a step, torch warned that it s
 the optimizer, and a OneCycleLR ended the job with "Tried to step 41 times". So every scheduler
 built on the prepared optimizer (or on the script's own object job.prepare took) steps as the
 prepared `scheduler=` does (step_state.OncePerStep): nothing between a step's chunks, and a
-merged step's count of steps. One the checkpoints do not hold (not `scheduler=`, not
+merged step's count of steps. Nothing is set on the scheduler itself: torch's state_dict() holds
+every attribute it has, and a script saves it (a `step` of ours in it made the script's own
+checkpoint fail to load with weights_only=True). One the checkpoints do not hold (not `scheduler=`, not
 `job.track`ed) is said once: a --resume would start its schedule over.
 
 Replaced on torch's LRScheduler class (and its subclasses' own steps) by job.prepare, before it
@@ -63,7 +65,6 @@ def _once_a_step(torchs):
     def step(self, *args, **kwargs):
         state = _Job.state
         if (_Job.nested or state is None or getattr(self, "_is_initial", False)  # torch's first step, in __init__
-                or isinstance(self.__dict__.get("step"), OncePerStep)  # job.prepare(scheduler=)'s own
                 or prepared_of(getattr(self, "optimizer", None)) is None):
             return _torchs(torchs, self, args, kwargs)
         if id(self) not in _Job.saved | _Job.said:
