@@ -40,6 +40,7 @@ class RunRecords:
         """Whether a launcher reads this rank's progress lines (set when launched)."""
         self.reporter: progress.Reporter | None = None
         self.loss_sum = self.samples = 0.0
+        self.steps = 0
         self.recent: deque[tuple[float, int]] = deque(maxlen=progress.RECENT_BATCHES)
         """The last batches' (loss sum, samples): an endless epoch's live loss."""
         self.busy = [0.0, 0.0]
@@ -73,6 +74,7 @@ class RunRecords:
     def begin_epoch(self) -> None:
         """An epoch starts: its counters from zero, what the last epoch's end exchange blocked counted in it."""
         self.loss_sum = self.samples = 0.0
+        self.steps = 0  # global steps taken: a resumed epoch's rest, an endless one's until the script moved on
         carried, self.carried = self.carried, 0.0
         self.busy = [0.0, carried]
         self.epoch_started = time.perf_counter() - carried
@@ -82,7 +84,9 @@ class RunRecords:
         if self.is_main:  # only rank 0's progress says a loss
             self.recent.append((value * n, n))
 
-    def step_done(self, samples: int, compute_s: float, reduce_s: float) -> None:
+    def step_done(self, samples: int, compute_s: float, reduce_s: float, steps: int = 1) -> None:
+        """A step's end: `steps` global steps (more where --inner-steps by-speed merged them)."""
+        self.steps += steps
         self.busy[0] += compute_s
         self.busy[1] += reduce_s
         self.samples += samples

@@ -269,7 +269,7 @@ class Training:
         self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
-        self.records.step_done(item.share, *self.last_step_seconds)
+        self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
         if times is not None:
             if not self.in_epochs:  # a loop of its own: no epoch's end retimes checkpoints or records the ranks
                 self.schedule.paced(walls)
@@ -388,7 +388,7 @@ class Training:
         """An epoch of job.epochs ended (`more`: another follows): its record, buffers averaged, a
         checkpoint and an elastic commit where due, and overlapped, the round ending with it."""
         self.strategy.pause()
-        step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, len(self.loader)),
+        step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
         average_buffers(self.model)
         self.schedule.retime(step_s[0])
