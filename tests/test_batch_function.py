@@ -216,3 +216,17 @@ def test_two_uneven_ranks_train_as_one_device_on_the_same_draws(tmp_path):
     assert said.findall(two.stdout) == said.findall(alone.stdout), (two.stdout[-2000:], alone.stdout[-2000:])
     splits = [r["split"] for r in metrics.records(tmp_path / "run" / "metrics.jsonl") if r["event"] == "split"]
     assert splits[-1][0] > splits[-1][1], splits  # the slow rank 1 took fewer rows
+
+
+@pytest.mark.slow
+def test_epochs_over_a_batch_function_checkpoint_every_so_many_minutes(tmp_path):
+    """job.epochs over a batch function, each epoch 200 steps the script counts: an epoch's mean
+    step time is its time over the steps taken, not over the endless sequence's 1e12 (which made
+    it ~0 s and --checkpoint-minutes a step count never reached: only the epochs' ends checkpointed)."""
+    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--checkpoint-minutes", "0.01", "--keep-checkpoints",
+             "100", "--run-dir", tmp_path / "run", "--", "--epochs", "3", "--steps-per-epoch", "200",
+             "--eval-interval", "1000"], timeout=300)
+    records = metrics.records(tmp_path / "run" / "metrics.jsonl")
+    steps = [r["step"] for r in records if r["event"] == "checkpoint"]
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
+    assert {200, 400, 600} <= set(steps) and any(s % 200 for s in steps), steps  # within epochs 2 and 3 too

@@ -27,6 +27,8 @@ parser.add_argument("--max-iters", type=int, default=60)
 parser.add_argument("--batch-size", type=int, default=48)
 parser.add_argument("--eval-interval", type=int, default=7)
 parser.add_argument("--eval-batches", type=int, default=3)
+parser.add_argument("--epochs", type=int, default=0, help="job.epochs(N), each of --steps-per-epoch steps")
+parser.add_argument("--steps-per-epoch", type=int, default=100)
 parser.add_argument("--hold-at", type=int, default=-1, help="rank 0 waits there (to be killed) unless --go exists")
 parser.add_argument("--go", default="", help="the file whose absence holds rank 0 at --hold-at")
 args = parser.parse_args()
@@ -62,8 +64,10 @@ class Net(nn.Module):
 model = Net().to(job.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 model, optimizer, get_train_batch = job.prepare(model, optimizer, lambda: get_batch("train"))
-X, Y = get_train_batch()
-while job.step < args.max_iters:
+
+
+def train_step(X, Y):
+    """One step on (X, Y); returns the next batch, fetched before this one's backward (nanoGPT's way)."""
     if job.step == args.hold_at and job.is_main and not os.path.exists(args.go):
         open(args.go + ".held", "w").close()
         time.sleep(300)
@@ -74,9 +78,20 @@ while job.step < args.max_iters:
         model.train()
         print(f"step {job.step}: val loss {val:.4f}", flush=True)
     logits, loss = model(X, Y)
-    X, Y = get_train_batch()  # fetched before this batch's backward, as nanoGPT does
+    X, Y = get_train_batch()
     job.backward(loss)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return X, Y
+
+
+X, Y = get_train_batch()
+if args.epochs:  # job.epochs over a batch function: each epoch as many steps as the script says
+    for epoch in job.epochs(args.epochs):
+        for _ in range(args.steps_per_epoch):
+            X, Y = train_step(X, Y)
+else:
+    while job.step < args.max_iters:
+        X, Y = train_step(X, Y)
 digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
 print(f"rank {job.rank} rows {len(X)} digest {digest[:16]}", flush=True)
