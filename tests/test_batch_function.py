@@ -77,19 +77,55 @@ def test_a_draw_leaves_the_scripts_own_generators_where_they_were():
 
 
 def test_a_checkpoints_stream_resumes_at_its_step_with_the_same_draws():
-    source = started(draws())
-    held, batches = None, []
-    for step in range(6):
-        if step == 3:
-            held = source.state_dict()  # a checkpoint taken as step 3 begins
-        batches.append(source.collate(list(range(step * 6, step * 6 + 6))))
-    state = torch.load(_saved(held), weights_only=True)  # what a checkpoint file gives back
-    resumed = started(draws())
-    torch.manual_seed(99)  # the generators moved on since: the stream is the checkpoint's
+    """A checkpoint taken as step 3 begins, step 3 drawn already (nanoGPT fetched it during step
+    2) or not yet (a loop that fetches at its top, step 2 still held): the resume goes on with
+    the same batches, from the file as torch.load(weights_only=True) reads it."""
+    for fetched_ahead in (True, False):
+        source, state, batches = started(draws()), None, []
+        for step in range(6):
+            if step == 3 and not fetched_ahead:
+                state = source.state_dict()
+            batches.append(source.collate(list(range(step * 6, step * 6 + 6))))
+            if step == 2 and fetched_ahead:
+                source.collate([18])  # step 3's first row: step 3 drawn, step 2 passed
+                state = source.state_dict()
+        resumed = started(draws())
+        torch.manual_seed(99)  # the generators moved on since: the stream is the checkpoint's
+        resumed.load_state_dict(torch.load(_saved(state), weights_only=True))
+        for step in range(3, 6):
+            assert torch.equal(resumed.collate(list(range(step * 6, step * 6 + 6)))[0], batches[step][0])
+
+
+def test_a_function_that_keeps_its_own_position_resumes_without_skipping_a_batch():
+    """nanoGPT's successor (build-nanogpt) reads its token shards in order: DataLoaderLite's
+    next_batch() moves a position of its own, which the script job.track's. A step drawn ahead
+    of the checkpoint moved it already: the checkpoint holds that batch, so the resume takes it
+    as it was and reads on from the tracked position, skipping none."""
+    class InOrder:
+        def __init__(self):
+            self.position = 0
+
+        def next_batch(self):
+            self.position += 6
+            return torch.arange(self.position - 6, self.position)
+
+        def state_dict(self):
+            return {"position": self.position}
+
+        def load_state_dict(self, state):
+            self.position = state["position"]
+
+    reader = InOrder()
+    source = started(reader.next_batch)
+    for step in range(3):
+        source.collate(list(range(step * 6, step * 6 + 6)))
+    source.collate([18])  # step 3 fetched ahead
+    state, position = torch.load(_saved(source.state_dict()), weights_only=True), reader.state_dict()
+    again = InOrder()
+    again.load_state_dict(position)
+    resumed = started(again.next_batch)
     resumed.load_state_dict(state)
-    assert held["step"] == 2  # the oldest step still held (a fetched-ahead batch's resume redraws it)
-    for step in range(3, 6):  # the resume's first step, the checkpoint's, is later: drawn on to it
-        assert torch.equal(resumed.collate(list(range(step * 6, step * 6 + 6)))[0], batches[step][0])
+    assert [resumed.collate(list(range(s * 6, s * 6 + 6)))[0].item() for s in (3, 4, 5)] == [18, 24, 30]
 
 
 def _saved(state):
@@ -120,15 +156,21 @@ def digests(output: str) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path):
-    """nanoGPT's loop (the next batch fetched before the backward, rank 0 evaluating from the
-    script's generators in between), killed after its checkpoint at step 30 and resumed: the
-    stream continues where the checkpoint left it, and every rank ends on the parameters of the
-    run that was never stopped, to the bit."""
+@pytest.mark.parametrize("loop, hold, newest, resumed_at", [
+    (["--max-iters", "60"], "35", 30, "(epoch 1, step 30)"),
+    (["--epochs", "3", "--steps-per-epoch", "40"], "85", 80, "(epoch 3, step 80)"),
+], ids=["own-loop", "epochs"])
+def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path, loop, hold, newest, resumed_at):
+    """nanoGPT's loop (the next batch fetched before the backward, a scheduler stepped after the
+    optimizer, rank 0 evaluating from the script's generators in between), killed after a
+    checkpoint and resumed: the checkpoint was taken after the step's loop body and holds the
+    batch fetched ahead, and every rank ends on the parameters of the run that was never
+    stopped, to the bit. Under job.epochs the newest checkpoint is an epoch's end (step 80): the
+    function's rows go on by global step, not from the epoch's start."""
     go = tmp_path / "go"
-    args = ["--script", SCRIPT, "--equal-split", "--micro-batch", "0", "--checkpoint-every", "10",
-            "--keep-checkpoints", "10", "--all-ranks-output"]
-    script_args = ["--", "--max-iters", "60", "--hold-at", "35", "--go", go]
+    args = ["--script", SCRIPT, "--equal-split", "--micro-batch", "0", "--checkpoint-every",
+            "10" if loop[0] == "--max-iters" else "1000", "--keep-checkpoints", "10", "--all-ranks-output"]
+    script_args = ["--", *loop, "--hold-at", hold, "--go", go]
     go.touch()
     whole = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "whole", *script_args], timeout=300)
     go.unlink()
@@ -140,16 +182,17 @@ def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path):
         deadline = time.monotonic() + 240
         while not (tmp_path / "go.held").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert (tmp_path / "go.held").exists(), "the run never held at step 35"
+        assert (tmp_path / "go.held").exists(), f"the run never held at step {hold}"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    newest = listed(cut)[-1]
-    assert newest.name == "step-000000030.pt"
-    assert load(newest)["batches"]["step"] == 30, "the stream as step 30 begins (its batch was fetched at 29)"
+    found = listed(cut)[-1]
+    assert found.name == f"step-{newest:09d}.pt"
+    held = load(found)["batches"]
+    assert held["step"] == newest + 1 and list(held["held"]) == [newest], "the batch fetched ahead, as it was"
     go.touch()
     resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", cut], timeout=300)
-    assert "resuming from" in resumed.stdout and "(epoch 1, step 30)" in resumed.stdout, resumed.stdout[-2000:]
+    assert resumed_at in resumed.stdout, resumed.stdout[-2000:]
     whole_digests = digests(whole.stdout)
     resumed_digests = digests(resumed.stdout + (cut / "rank-1.log").read_text())  # rank 1's: its log
     assert set(whole_digests) == {0, 1} and len(set(whole_digests.values())) == 1, whole.stdout[-2000:]

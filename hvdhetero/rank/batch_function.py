@@ -21,8 +21,15 @@ probes time the first step's batch, cycled.
 
 nanoGPT fetches the next batch right after the forward pass, before the backward of the one in
 hand (to overlap the copy with compute). `NextBatch` therefore hands a batch fetched while the
-one before is still waiting for its job.backward over to the job (the loader's hooks: the step's
-clock, a checkpoint due) only once that one's step is done.
+one before still waits for its job.backward over to the job (the loader's hooks: the step's
+clock, a checkpoint due) at the model's next forward in training mode, the point a plain loop
+fetches it: after the loop body of the step before (its scheduler.step(), its job.log), before
+the new step's forward. A script that never calls the model it prepared (a GAN's two, a
+submodule called alone) gets each batch's hooks as it fetches it.
+
+A checkpoint holds the stream after the newest draw and the batches drawn and not yet passed
+(tensors, on the CPU): a resume uses those as they were and draws on from there, exact for a
+function of the generators and for one that keeps a position of its own (job.track'ed) alike.
 """
 
 from __future__ import annotations
@@ -140,14 +147,18 @@ class BatchFunction:
         return batch
 
     def state_dict(self) -> dict:
-        """Where the stream stands before the oldest step still held (or the next one): a resume
-        at that step or later draws on from there to the step it starts at."""
-        step = min(self.drawn, default=self.next_step)
-        stream = self.drawn[step][1] if step in self.drawn else self.stream
-        return {"step": step, "stream": stream}
+        """The stream after the newest draw, and the steps drawn and not yet passed with their
+        batches (on the CPU). A batch that is not tensors in tuples, lists and dicts (it would not
+        load with weights_only=True) is left out: the stream before the oldest such step is kept
+        instead, and a resume draws again from there."""
+        held = {step: batches.to_device(batch, torch.device("cpu")) for step, (batch, _) in self.drawn.items()}
+        if all(_plain_tensors(batch) for batch in held.values()):
+            return {"step": self.next_step, "stream": self.stream, "held": held}
+        step = min(self.drawn)
+        return {"step": step, "stream": self.drawn[step][1], "held": {}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.drawn.clear()
+        self.drawn = {int(step): (batch, None) for step, batch in state.get("held", {}).items()}
         self.next_step, self.stream = int(state["step"]), state["stream"]
 
 
@@ -166,16 +177,19 @@ class NextBatch:
     at the stream's end: every rank reads the same stream, so every rank ends at the same step);
     a call then raises StopIteration, as next() does."""
 
-    def __init__(self, loader: Loader, step_state: StepState):
+    def __init__(self, loader: Loader, step_state: StepState, model: torch.nn.Module):
         self.loader, self.state = loader, step_state
         self.on_item, self.before_step = loader.on_item, loader.before_step
         loader.on_item, loader.before_step = self._handed, self._beginning
         self.waiting: list[tuple[Callable, Item]] = []
-        """Hooks of a batch fetched ahead (nanoGPT's), run once the batch before it is done with."""
+        """Hooks of a batch fetched ahead (nanoGPT's), run at the model's next forward."""
+        self.forwards = False
+        """The script calls the prepared model (in training mode): its forward hands a batch fetched ahead over."""
+        self._hook = model.register_forward_pre_hook(self._forward)
         self._it = None
 
     def __call__(self):
-        if self.waiting:  # fetched twice without a job.backward between: the older is the one in hand now
+        if self.waiting:  # fetched twice before a forward: the older one is the job's now
             self.release()
         if self._it is None:
             self._it = iter(self.loader)
@@ -192,8 +206,19 @@ class NextBatch:
         return self()
 
     def _ahead(self) -> bool:
-        """Whether the batch handed out last still waits for its job.backward."""
-        return self.state.item is not None and not self.state.backed
+        """Whether a batch fetched now comes ahead of the one in hand (which still waits for its
+        job.backward, in a script whose forwards say when it moves on)."""
+        return self.forwards and self.state.item is not None and not self.state.backed
+
+    def _forward(self, module: torch.nn.Module, args) -> None:
+        if module.training:  # (an evaluation between steps is not the next step's forward)
+            self.forwards = True
+            if self.waiting:
+                self.release()
+
+    def close(self) -> None:
+        """The job is over (an elastic reset drops it): the model no longer calls this object."""
+        self._hook.remove()
 
     def _beginning(self, item: Item) -> None:
         if self._ahead() or self.waiting:
@@ -208,8 +233,7 @@ class NextBatch:
             self.on_item(item)
 
     def release(self) -> None:
-        """The batch in hand is done with (its step taken, or its micro-batch's backward): the
-        one fetched ahead becomes the job's current batch."""
+        """The batch fetched ahead becomes the job's current one (the loader's hooks for it run)."""
         waiting, self.waiting = self.waiting, []
         for hook, item in waiting:
             hook(item)
@@ -240,6 +264,17 @@ def _set_states(states: dict) -> None:
         import numpy as np
         name, keys, pos, has_gauss, gauss = states["numpy"]
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+
+
+def _plain_tensors(batch) -> bool:
+    """Whether `batch` is tensors in tuples, lists and dicts alone (what weights_only loads)."""
+    if isinstance(batch, torch.Tensor):
+        return True
+    if type(batch) in (tuple, list):
+        return all(_plain_tensors(b) for b in batch)
+    if type(batch) is dict:
+        return all(isinstance(k, (str, int)) and _plain_tensors(v) for k, v in batch.items())
+    return False
 
 
 def _plain(value):

@@ -45,6 +45,8 @@ def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
         parts["model"] = {name: x for name, x in parts["model"].items() if name not in out}
         parts["sync"] = None
     loader_step = (t.train.epoch + 1) * len(t.loader) if epoch_done else t.loader_at
+    if epoch_done and t.one_pass:  # a batch function's rows go on by global step through the epochs
+        loader_step = t.loader_taken
     return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "loader_step": loader_step, "size": t.size,
             "hosts": t.host_names, **parts, "optimizer": optimizer, "split": list(t.sampler.batch_sizes),
             "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset()}

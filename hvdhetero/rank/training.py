@@ -58,6 +58,8 @@ class Training:
         self.is_main, self.run_dir = self.rank == 0, Path(config.run_dir)
         kind, every, overlap_sync, inner = mode
         self.model, self.balancer = model, begun.balancer
+        self.batches_source = data.dataset
+        """What the loader draws from (a BatchFunction: a script's get_batch, one endless pass)."""
         self.reducer = reducer
         # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
         # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
@@ -70,7 +72,7 @@ class Training:
                              before_step=self.before_step, group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
-        self.batches: Loader | NextBatch = NextBatch(self.loader, step_state) if called else self.loader
+        self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step) for index, o in enumerate(optimizers)]
@@ -112,6 +114,8 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
+        self.loader_taken = 0
+        """The loader's global steps before the next one (the last optimizer step's item's, + 1)."""
         self._passed = False  # a pass over the loader began outside job.epochs
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
@@ -122,6 +126,11 @@ class Training:
         self.again_at = -2
         """The last step reduced more than once (two losses backpropagated in turn, a GAN's three): the
         step times the ranks exchange cover its first backward only, no measure of the job against one rank."""
+
+    @property
+    def one_pass(self) -> bool:
+        """The loader draws from a batch function: one endless pass, not one an epoch."""
+        return isinstance(self.batches_source, BatchFunction)
 
     @property
     def elastic(self) -> bool:
@@ -156,6 +165,8 @@ class Training:
         numbers follow it): job.epochs' own; outside it, as a DataLoader reshuffles at every
         `iter()`, each pass after the first is the next epoch (a loop over steps, not epochs,
         dealt the same order every pass, and a split decided in its last steps never came)."""
+        if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
+            return 0
         if not self.in_epochs:
             if self._passed:
                 self.train.epoch += 1
@@ -236,7 +247,6 @@ class Training:
         (loss * scale if scale != 1.0 else loss).backward(**kwargs)
         if not item.last:
             self.step_state.backward_done(last=False)
-            self._fetched_ahead()  # the step's next micro-batch, fetched before this backward
             return
         # A second job.backward of a step already reduced (two losses backpropagated in turn, the
         # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
@@ -338,13 +348,8 @@ class Training:
         # boundary the others share.
         if self.schedule.due(self.train.step, self.train.last_checkpoint) and round_ended:
             self.train.checkpoint_due = True
-        self._fetched_ahead()  # the next step's batch, fetched before this step's backward
-
-    def _fetched_ahead(self) -> None:
-        """A batch function's batch fetched before the one in hand was done with (nanoGPT fetches
-        the next batch between forward and backward) becomes the current one now."""
-        if isinstance(self.batches, NextBatch):
-            self.batches.release()
+        if item is not None:
+            self.loader_taken = item.step + 1
 
     def _epoch_left(self, item: Item) -> int | None:
         """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""

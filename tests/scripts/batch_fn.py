@@ -63,7 +63,8 @@ class Net(nn.Module):
 
 model = Net().to(job.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model, optimizer, get_train_batch = job.prepare(model, optimizer, lambda: get_batch("train"))
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.99 ** step)  # stepped every step
+model, optimizer, get_train_batch = job.prepare(model, optimizer, lambda: get_batch("train"), scheduler=scheduler)
 
 
 def train_step(X, Y):
@@ -81,6 +82,7 @@ def train_step(X, Y):
     X, Y = get_train_batch()
     job.backward(loss)
     optimizer.step()
+    scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return X, Y
 
