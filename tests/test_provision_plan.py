@@ -219,3 +219,26 @@ def test_exit_codes_rank_failed_over_refused_over_unreachable():
     assert rp.exit_code([r("unreachable"), r("ok")]) == 3
     assert rp.exit_code([r("unreachable"), r("refused")]) == 4
     assert rp.exit_code([r("refused"), r("failed")]) == 1
+
+
+def test_hosts_provisioned_in_parallel_log_whole_lines():
+    """Each host's thread logs its steps; print writes a line's text and its newline apart, and
+    two hosts done in the same second printed "h2: hvdhetero ...h1: torch 2.14.1: done in 56 s"
+    (a CI run). The log provision() hands the threads takes one line at a time."""
+    import threading
+    import time
+
+    out: list[str] = []
+
+    def two_writes(line: str) -> None:  # as print does: the text, then the newline
+        out.append(line)
+        time.sleep(0.005)
+        out.append("\n")
+
+    log = rp.whole_lines(two_writes)
+    threads = [threading.Thread(target=log, args=(f"h{i}: torch 2.14.1: done in 56 s",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted("".join(out).splitlines()) == [f"h{i}: torch 2.14.1: done in 56 s" for i in range(6)]
