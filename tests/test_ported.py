@@ -241,7 +241,7 @@ def test_a_port_resumed_by_its_own_checkpoint_goes_on_from_its_epoch(tmp_path, t
                       timeout=600)
     assert re.findall(r"^Epoch: \[(\d)\] Total time", resumed.stdout, re.M) == ["4", "5"], resumed.stdout[-2000:]
     lr = re.compile(r"^Epoch: \[(\d)\]  \[ 0/\d+\].*  lr: ([\d.e-]+)  ", re.M)
-    assert lr.findall(resumed.stdout) == lr.findall(whole.stdout)[4:], (lr.findall(resumed.stdout), whole.stdout[-2000:])
+    assert lr.findall(resumed.stdout) == lr.findall(whole.stdout)[4:], whole.stdout[-2000:]
     records = metrics.records(tmp_path / "b" / "metrics.jsonl")
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [4, 5]
     assert len(set(records[-1]["param_digests"])) == 1
