@@ -59,7 +59,7 @@ class BatchFunction:
     def __init__(self, fn: Callable[[], Any]):
         self.fn = fn
         self.stream = _states()
-        """The generators' states the next draw starts from (rank 0's at prepare: `share`)."""
+        """The generators' states the next draw starts from (rank 0's at prepare: `shared`)."""
         self.next_step = 0
         """The step the stream draws next."""
         self.drawn: dict[int, tuple[Any, dict]] = {}
@@ -70,11 +70,6 @@ class BatchFunction:
         """`data` (validate.Data) once every rank's stream starts from rank 0's generators and the
         first step is drawn: its rows are the global batch, the sequence an endless one of them.
         A collective: every rank calls it in job.prepare."""
-        self.share(ranks)
-        return dataclasses.replace(data, global_batch=self.global_batch,
-                                   draw=Draw(self.global_batch * STEPS, sequential=True, endless=True))
-
-    def share(self, ranks: int) -> None:
         self.stream = collectives.broadcast_object(self.stream, 0, "hvdhetero.batch_fn", "job.prepare()")
         first = self.batch(0)
         try:
@@ -88,6 +83,8 @@ class BatchFunction:
             raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned {self.global_batch} "
                               f"sample(s), fewer than the ranks ({ranks}): return one step's whole batch (every "
                               "rank takes its share of it)")
+        return dataclasses.replace(data, global_batch=self.global_batch,
+                                   draw=Draw(self.global_batch * STEPS, sequential=True, endless=True))
 
     def __len__(self) -> int:
         """One step's rows: what calibration's probes cycle through (they draw nothing more); the
@@ -101,7 +98,7 @@ class BatchFunction:
         """Rows of the sequence (one rank's part of one step, or of consecutive steps merged)."""
         if not rows:
             raise RuntimeError("internal: a batch function's chunk of no rows")
-        b = self.global_batch or batches.size(self.batch(0))
+        b = self.global_batch
         parts, start = [], 0
         while start < len(rows):
             step = rows[start] // b
@@ -151,8 +148,8 @@ class BatchFunction:
         batches (on the CPU). A batch that is not tensors in tuples, lists and dicts (it would not
         load with weights_only=True) is left out: the stream before the oldest such step is kept
         instead, and a resume draws again from there."""
-        held = {step: batches.to_device(batch, torch.device("cpu")) for step, (batch, _) in self.drawn.items()}
-        if all(_plain_tensors(batch) for batch in held.values()):
+        if all(_plain_tensors(batch) for batch, _ in self.drawn.values()):
+            held = {step: batches.to_device(batch, torch.device("cpu")) for step, (batch, _) in self.drawn.items()}
             return {"step": self.next_step, "stream": self.stream, "held": held}
         step = min(self.drawn)
         return {"step": step, "stream": self.drawn[step][1], "held": {}}

@@ -39,7 +39,7 @@ from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
                             host, precision, records, resume, scheduling, start, validate)
-from hvdhetero.rank.batch_function import BatchFunction, NextBatch
+from hvdhetero.rank.batch_function import BatchFunction
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state, sparse_params
 from hvdhetero.rank.registry import Registry, TrainState
@@ -347,7 +347,7 @@ class Job:
         """An elastic reset drops this Job: its files close (the next Job opens them again)."""
         self.closed = True
         self.records.close()
-        if self.training is not None and isinstance(self.training.batches, NextBatch):
+        if self.training is not None and self.training.one_pass:
             self.training.batches.close()  # the model's forward no longer reaches this job's batches
         clipping.release()  # torch's clip no longer calls this Job's (the next job.prepare takes it over)
         averaging.release()

@@ -45,8 +45,8 @@ def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
         parts["model"] = {name: x for name, x in parts["model"].items() if name not in out}
         parts["sync"] = None
     loader_step = (t.train.epoch + 1) * len(t.loader) if epoch_done else t.loader_at
-    if epoch_done and t.one_pass:  # a batch function's rows go on by global step through the epochs
-        loader_step = t.loader_taken
+    if epoch_done and t.one_pass and t.step_state.item is not None:  # a batch function's rows go on by
+        loader_step = t.step_state.item.step + 1  # global step: after the step in hand (one fetched ahead waits)
     return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "loader_step": loader_step, "size": t.size,
             "hosts": t.host_names, **parts, "optimizer": optimizer, "split": list(t.sampler.batch_sizes),
             "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset()}

@@ -58,8 +58,6 @@ class Training:
         self.is_main, self.run_dir = self.rank == 0, Path(config.run_dir)
         kind, every, overlap_sync, inner = mode
         self.model, self.balancer = model, begun.balancer
-        self.batches_source = data.dataset
-        """What the loader draws from (a BatchFunction: a script's get_batch, one endless pass)."""
         self.reducer = reducer
         # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
         # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
@@ -114,8 +112,6 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
-        self.loader_taken = 0
-        """The loader's global steps before the next one (the last optimizer step's item's, + 1)."""
         self._passed = False  # a pass over the loader began outside job.epochs
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
@@ -130,7 +126,7 @@ class Training:
     @property
     def one_pass(self) -> bool:
         """The loader draws from a batch function: one endless pass, not one an epoch."""
-        return isinstance(self.batches_source, BatchFunction)
+        return isinstance(self.batches, NextBatch)
 
     @property
     def elastic(self) -> bool:
@@ -348,8 +344,6 @@ class Training:
         # boundary the others share.
         if self.schedule.due(self.train.step, self.train.last_checkpoint) and round_ended:
             self.train.checkpoint_due = True
-        if item is not None:
-            self.loader_taken = item.step + 1
 
     def _epoch_left(self, item: Item) -> int | None:
         """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""
