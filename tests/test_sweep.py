@@ -180,10 +180,10 @@ def test_every_trial_is_recorded_with_the_value_its_run_logged(swept):
         assert told[r["number"]].value == r["value"] and told[r["number"]].state.name == "COMPLETE"
         # the trial's run got the value the study asked for, exactly
         launched = json.loads((run / "launch.json").read_text())
-        assert launched["hosts"] == [r["host"]] and launched["script_args"] == ["--lr", repr(r["params"]["lr"])]
+        assert launched["hosts"] == [r["host"]] and launched["script_args"] == [f"--lr={r['params']['lr']!r}"]
         assert "--epochs" in launched["recipe"] and launched["recipe"][launched["recipe"].index("--epochs") + 1] == "3"
     best = min(records, key=lambda r: r["value"])
-    assert f"best: trial {best['number']} on fast, test_loss {best['value']:.6g}: --lr {best['params']['lr']!r}" in out
+    assert f"best: trial {best['number']} on fast, test_loss {best['value']:.6g}: --lr={best['params']['lr']!r}" in out
 
 
 @pytest.mark.slow
@@ -216,7 +216,7 @@ def test_the_report_of_a_sweep_draws_every_trial_where_trials_jsonl_has_it(swept
     records = sorted(trials(folder), key=lambda r: r["number"])
     best = min(records, key=lambda r: r["value"])
     page = (folder / "report" / "report.html").read_text()
-    assert f"trial {best['number']} on fast: test_loss {best['value']:.6g} with --lr {best['params']['lr']!r}" in page
+    assert f"trial {best['number']} on fast: test_loss {best['value']:.6g} with --lr={best['params']['lr']!r}" in page
     assert page.count("data:image/png;base64,") == 4
 
     _, drawn = sweep_report.write(sweep_report.read(folder), tmp_path)
@@ -294,7 +294,7 @@ def test_on_a_terminal_the_trials_under_way_are_a_live_table(tmp_path):
     text = ANSI.sub("", out)
     assert code == 0, text[-3000:]
     assert re.search(r"trial\s*\S\s*host\s*\S\s*epoch\s*\S\s*test_loss\s*\S\s*seconds\s*\S\s*state", text), text[-3000:]
-    assert re.search(r"\s0\s*\S\s*slow\s*\S\s*[123]/3\s*\S\s*[\d.]+\s*\S\s*\d+\s*\S\s*running\s*\S\s*--lr ", text), \
+    assert re.search(r"\s0\s*\S\s*slow\s*\S\s*[123]/3\s*\S\s*[\d.]+\s*\S\s*\d+\s*\S\s*running\s*\S\s*--lr=", text), \
         text[-3000:]
     assert "0 of 1 trials done; test_loss best: none yet" in text and "sweep: trial 0 on slow: test_loss " in text
     assert text.rstrip().endswith(f"sweep directory: {tmp_path / 'sweep'}"), text[-500:]
@@ -336,7 +336,7 @@ def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(
     for r in records:
         launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
         assert launched["script"].endswith("user_train.py")
-        assert launched["script_args"] == ["--epochs", "1", "--lr", repr(r["params"]["lr"])]
+        assert launched["script_args"] == ["--epochs", "1", f"--lr={r['params']['lr']!r}"]
         assert r["value"] == r["values"]["0"]  # one epoch: its test accuracy
     best = max(records, key=lambda r: r["value"])
     assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout

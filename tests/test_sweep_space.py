@@ -4,6 +4,9 @@ trial starts."""
 
 from __future__ import annotations
 
+import argparse
+import ast
+
 import pytest
 
 from hvdhetero.errors import SpaceError
@@ -38,9 +41,17 @@ def test_a_space_is_read_in_file_order_and_gives_the_script_its_arguments(tmp_pa
     assert (hidden.low, hidden.high, hidden.step) == (32, 256, 32) and type(hidden.low) is int
     assert layers.log and optimizer.choices == ("adam", "sgd", 0.5, True)
     values = {"lr": 0.0031622776601683794, "dropout": 0.2, "hidden": 96, "layers": 8, "optimizer": True}
-    assert loaded.argv(values) == ["--lr", "0.0031622776601683794", "--dropout", "0.2", "--hidden", "96",
-                                   "--layers", "8", "--optimizer", "true"]
-    assert float(loaded.argv(values)[1]) == values["lr"]  # the script reads back exactly the value tried
+    assert loaded.argv(values) == ["--lr=0.0031622776601683794", "--dropout=0.2", "--hidden=96", "--layers=8",
+                                   "--optimizer=true"]
+    parser = argparse.ArgumentParser()  # the script reads back exactly the value tried: argparse's...
+    for name, kind in (("lr", float), ("dropout", float), ("hidden", int), ("layers", int), ("optimizer", str)):
+        parser.add_argument(f"--{name}", type=kind)
+    assert vars(parser.parse_args(loaded.argv(values))) == {**values, "optimizer": "true"}
+    read = {}  # ...and nanoGPT's configurator, which takes only --key=value
+    for arg in loaded.argv(values):
+        key, val = arg[2:].split("=")
+        read[key] = ast.literal_eval(val) if key != "optimizer" else val
+    assert read == {**values, "optimizer": "true"}
 
 
 def test_the_space_becomes_optunas_distributions_and_trials_ask_within_it(tmp_path):
@@ -58,7 +69,7 @@ def test_the_space_becomes_optunas_distributions_and_trials_ask_within_it(tmp_pa
         trial = study.ask(dists)
         p = trial.params
         assert 1e-4 <= p["lr"] <= 0.1 and p["hidden"] % 32 == 0 and p["optimizer"] in ("adam", "sgd", 0.5, True)
-        assert len(loaded.argv(p)) == 10
+        assert len(loaded.argv(p)) == 5
         study.tell(trial, p["lr"])
 
 

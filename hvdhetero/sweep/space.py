@@ -1,5 +1,5 @@
 """A sweep's search space, read from the user's YAML file: one entry per parameter the training
-script takes as its own argument (`--lr 0.003`), each with exactly one distribution.
+script takes as its own argument (`--lr=0.003`), each with exactly one distribution.
 
     lr:        {loguniform: [1.0e-4, 1.0e-1]}
     dropout:   {uniform: [0.0, 0.5]}
@@ -7,7 +7,7 @@ script takes as its own argument (`--lr 0.003`), each with exactly one distribut
     optimizer: {choice: [adam, sgd]}
 
     space = load("space.yaml")                   # SpaceError (file:line:key, exit 2) if anything is off
-    space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr", "0.003", "--optimizer", "adam"]
+    space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr=0.003", "--optimizer=adam"]
     space.distributions()                        -> Optuna's, for study.ask()
 
 Every check runs when the file is read, before a trial starts: a bad space launches nothing.
@@ -50,8 +50,10 @@ class Param:
     line: int = 0
 
     def arg(self, value: Any) -> list[str]:
-        """The script's argument for `value`: ["--NAME", text]."""
-        return [f"--{self.name}", format_value(value)]
+        """The script's argument for `value`, one word: ["--NAME=text"]. argparse, click and fire
+        read it as `--NAME text`; nanoGPT's configurator (`--key=value` globals) reads only this
+        form; and a negative value cannot pass for an option."""
+        return [f"--{self.name}={format_value(value)}"]
 
 
 @dataclass(frozen=True)
