@@ -260,3 +260,25 @@ def test_a_userdict_or_a_dataclass_batch_is_probed_moved_and_sliced_as_a_dict():
     assert batches.to_device(defaultdict(list, a=torch.ones(2)), torch.device("meta"))["a"].device.type == "meta"
     model = Counting()
     assert grads(model, ProbeLoss()(model, pair)) and model.calls == [("x", (6, 4))]  # model(batch.pixels)
+
+
+def test_a_job_of_one_rank_is_not_probed_before_its_first_step(tmp_path):
+    """Run with plain python (or as a sweep's trial on a host of one slot) a job is one rank: no
+    split to size, so job.prepare calls the model no time (a 40x slow host's probes were 3.7 s
+    of every such trial's start-up). `--sync auto` and `invoke plan` still time it."""
+    from conftest import VENV_BIN, run_cmd
+
+    script = tmp_path / "one_rank.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\nimport hvdhetero as hh\n"
+        "job = hh.init()\ncalls = []\nmodel = nn.Linear(4, 1)\n"
+        "model.register_forward_pre_hook(lambda module, args: calls.append(module.training))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=16)\n"
+        "print('size', job.size, 'forwards in prepare', len(calls))\n"
+        "for x, y in loader:\n"
+        "    optimizer.zero_grad()\n    job.backward(nn.functional.mse_loss(model(x), y))\n    optimizer.step()\n"
+        "print('forwards in all', len(calls))\n")
+    proc = run_cmd([VENV_BIN / "python", script], cwd=tmp_path, timeout=120)
+    assert "size 1 forwards in prepare 0" in proc.stdout and "forwards in all 4" in proc.stdout, proc.stdout

@@ -43,17 +43,20 @@ class Begun:
 def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, global_batch: int, size: int,
               loss_fn: Callable | None, collate_fn: Callable | None) -> Begun:
     """Tune this rank's micro-batch, time its steps, and size the first split from every rank's
-    timings (`me.micro_batch` set); the model and its RNG are left as they were."""
+    timings (`me.micro_batch` set); the model and its RNG are left as they were. A job of one rank
+    is not timed (a sweep's trial on a one-slot host: the probes were start-up time of every trial,
+    and a slow host's the longest), unless `invoke plan` or --sync auto asks for its timings."""
     probe = loss_fn or ProbeLoss()
     with unchanged(model):
         largest = min(global_batch, me.max_batch or global_batch)
         big = min(global_batch, len(dataset))
         measured, error = None, ""
+        alone = size == 1 and not config.plan_only and config.sync != "auto"  # no split to size, no plan to make
         # the chunk size if tuning it fails: the setting's, else whole shares
         me.micro_batch = (int(config.micro_batch) or None) if config.micro_batch.isdigit() else None
         try:  # the user's model on the user's batches: whatever it raises, the job goes on
             me.micro_batch = micro_batch_for(config.micro_batch, model, dataset, me, largest, probe, collate_fn)
-            if not config.equal_split:
+            if not (config.equal_split or alone):
                 measured = timings(model, dataset, me, max(1, big // 4), big, probe, collate_fn)
         except Exception as err:  # noqa: BLE001 - any error of the user's model in a probe
             measured, error = None, probe_error(err)
@@ -65,7 +68,7 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
             split_from(balancer, model, dataset, me, *measured, loss_fn=probe, collate_fn=collate_fn)
     if any(failed) and hvd.rank() == 0:
         print(fallback_message(failed, loss_fn), flush=True)
-    return Begun(balancer, failed, timed=not (config.equal_split or any(failed)))
+    return Begun(balancer, failed, timed=measured is not None and not any(failed))
 
 
 def sync_mode(config: JobConfig, records: RunRecords, begun: Begun, model: torch.nn.Module,
