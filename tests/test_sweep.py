@@ -74,7 +74,7 @@ BAD_INPUT = {  # id: (space text, extra options, what stderr must say)
     "an option the recipe lacks": ("momentum: {uniform: [0.1, 0.9]}\n", [],
                                    ":1: key 'momentum': the built-in recipe has no option --momentum; it takes"),
     "a value the recipe refuses": ("batch-size: {int: [16, 99999]}\n", ["--hosts", "fast"],
-                                   ":1: key 'batch-size': the built-in recipe refuses --batch-size 99999 on host "
+                                   ":1: key 'batch-size': the built-in recipe refuses --batch-size=99999 on host "
                                    "fast: --batch-size must be an integer from 1 to 1437"),
     "a metric no script can log": (SPACE, ["--metric", "val loss"], "--metric must be the name a script logs"),
     "mode": (SPACE, ["--mode", "lowest"], "--mode"),
@@ -144,6 +144,27 @@ def test_a_metric_is_taken_at_the_epoch_it_was_logged_in_not_at_the_last_log_of_
     assert trial.epoch_values("train_loss") == {1: 0.7}
 
 
+def test_a_loop_of_the_scripts_own_is_judged_at_the_steps_it_logged_at_and_timed_by_the_ended_trials(tmp_path):
+    """nanoGPT's `while iter_num < max_iters` logs val_loss every 100 iterations in one epoch: each
+    value is the metric at its step (not epoch 0's first), and once a trial of the sweep ended
+    after 300 steps, this one's end is told from the steps it has taken."""
+    from hvdhetero.sweep.trial import Trial
+
+    trial = Trial(None, "slow", tmp_path, None, 0.0)
+    line = {"epoch": 0, "epochs": None, "step": 1, "steps": None}
+    trial.progressed(5.0, {**line, "taken": 1, "logged": {"val_loss": 3.2}, "logged_epoch": 0,
+                           "logged_epochs": {"val_loss": 0}, "logged_steps": {"val_loss": 0}})
+    trial.progressed(15.0, {**line, "taken": 101, "logged": {"val_loss": 1.4}, "logged_epoch": 0,
+                            "logged_epochs": {"val_loss": 0}, "logged_steps": {"val_loss": 100}})
+    assert trial.looped and trial.epoch_values("val_loss") == {0: 3.2, 100: 1.4}
+    assert trial.expected_end() is None and trial.where() == "step 101", "no trial has ended: its length is unknown"
+    trial.length = 300
+    assert trial.expected_end() == pytest.approx(15.0 + 199 * 0.1) and trial.where() == "step 101/300"
+    assert trial.speed() == pytest.approx((4.9, 0.1))  # start-up, seconds a step
+    trial.logged = [{"epoch": 0, "step": 0, "val_loss": 3.2}, {"epoch": 0, "step": 300, "val_loss": 0.3}]
+    assert trial.epoch_values("val_loss") == {0: 3.2, 100: 1.4, 300: 0.3}, "its end record's last value wins"
+
+
 def test_a_record_after_a_line_cut_short_starts_on_a_line_of_its_own(tmp_path):
     from hvdhetero.sweep import records
 
@@ -188,7 +209,7 @@ def test_every_trial_is_recorded_with_the_value_its_run_logged(swept):
 
 @pytest.mark.slow
 def test_a_trial_too_slow_for_its_host_is_run_again_on_the_fast_one_which_finishes_it(swept):
-    """slow's first trial (100x slower: its calibration alone outlasts fast's whole trials) has
+    """slow's first trial (100x slower: its first steps alone outlast fast's whole trials) has
     not even shown its speed when fast has nothing left to start: fast runs it too, finishes it
     first, and slow's copy is stopped. slow gets no other trial; nothing is left running."""
     out, folder = swept
@@ -197,7 +218,8 @@ def test_a_trial_too_slow_for_its_host_is_run_again_on_the_fast_one_which_finish
     moved = [r for r in records if r["stopped_on"]]
     assert len(moved) == 1 and moved[0]["stopped_on"] == ["slow"], records
     number = moved[0]["number"]
-    assert f"trial {number} on slow is not under way yet; fast would end it in" in out, out
+    assert re.search(rf"trial {number} on slow has run \d+ s and cannot tell its end yet; fast would end it in",
+                     out), out
     assert f"trial {number} on fast (again)" in out and "the first to finish counts" in out, out
     assert len(list((folder / "trials").glob(f"{number:03d}*"))) == 2  # slow's run and fast's
     assert not left_running(folder)
@@ -340,3 +362,57 @@ def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(
         assert r["value"] == r["values"]["0"]  # one epoch: its test accuracy
     best = max(records, key=lambda r: r["value"])
     assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout
+
+
+SMALL_GPT = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=16", "--eval_iters=4"]
+"""nanoGPT's settings for a model a tenth of the port's (its configurator takes them as globals)."""
+
+
+@pytest.mark.slow
+def test_nanogpt_with_one_job_log_line_is_swept_judged_at_its_steps_and_pruned(tmp_path):
+    """nanoGPT's train.py as ported (tests/scripts/ported/nanogpt.py) plus the one line a sweep
+    needs, `job.log(val_loss=...)` beside its own print: its configurator reads `--key=value`
+    only, it loops over iterations of its own (no epochs), and it evaluates every 100. On fast
+    and slow (40x slower): the slow host's trial is timed by the steps the first trial took and
+    moved, each value is the study's at its step, and a trial worse than the median at step 100 is
+    pruned there. Both hosts are this machine: the sweep runs on one core, so that each rank
+    computes on one thread and the slowdown multiplies its CPU time, not the time it waited for
+    the core (on two threads each, the fast host's trials stretched the slow one's first step past
+    the sweep's end)."""
+    source = (ROOT / "tests" / "scripts" / "ported" / "nanogpt.py").read_text()
+    printed = "        print(f\"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}\")\n"
+    assert printed in source
+    script = tmp_path / "train.py"
+    script.write_text(source.replace(printed, printed + "        job.log(val_loss=losses['val'])\n"))
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {loguniform: [1.0e-5, 3.0e-2]}\n")
+    folder = tmp_path / "sweep"
+    own = ["--max_iters=200", *SMALL_GPT, f"--out_dir={tmp_path / 'out'}"]
+    proc = run_cmd(["taskset", "-c", "0", *sweep_cmd(inventory(tmp_path, slowdown=40.0), space, folder, "--trials", "6",
+                                                      "--metric", "val_loss", "--prune", "--script", script, "--",
+                                                      *own)], timeout=400)
+    out = proc.stdout + proc.stderr
+    records = {r["number"]: r for r in trials(folder)}
+    assert sorted(records) == list(range(6)) and {r["state"] for r in records.values()} <= {"complete", "pruned"}, out
+    # its end told from its steps: it is moved, or, where fast has no trial left by then, backed up knowing it
+    assert re.search(r"trial \d on slow(: would end in \d+ s, after the other hosts could have done it| would end in "
+                     r"\d+ s; fast would end it in)", out), out
+    told = {t.number: t for t in study(folder).trials}
+    for number, r in records.items():
+        run = folder / r["run_dir"]
+        launched = json.loads((run / "launch.json").read_text())
+        assert launched["script_args"] == [*own, f"--learning_rate={r['params']['learning_rate']!r}"]
+        logged = {m["step"]: m["val_loss"] for m in metrics.records(run / "metrics.jsonl") if m["event"] == "log"}
+        reported = {int(step): value for step, value in r["values"].items()}  # a pruned run logs on until stopped
+        assert r["values_at"] == "step" and reported == {s: v for s, v in logged.items() if s <= max(reported)}
+        assert told[number].intermediate_values == reported
+        if r["state"] == "complete":
+            assert list(reported) == [0, 100, 200] and r["value"] == logged[200]
+            assert r["steps"] == 201 and told[number].value == r["value"]
+    complete = [r for r in records.values() if r["state"] == "complete"]
+    pruned = [r for r in records.values() if r["state"] == "pruned"]
+    assert pruned, out  # the space spans 3 decades: its low rates lag at step 100
+    for r in pruned:
+        at_100 = sorted(c["values"]["100"] for c in complete)
+        assert list(r["values"]) == ["0", "100"] and r["value"] > at_100[len(at_100) // 2 - 1], (r, at_100)
+        assert f"trial {r['number']} on fast: pruned at step 100 (val_loss " in out

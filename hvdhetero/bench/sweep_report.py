@@ -190,19 +190,21 @@ def epochs(sweep: SweepRecords, out: Path) -> Drawn | None:
     traced = [t for t in sweep.trials if len(t.get("values") or {}) > 1]
     if not traced:
         return None
+    at = "step" if any(t.get("values_at") == "step" for t in traced) else "epoch"  # a loop of the script's own
     fig, (ax,) = new_figure(1)
     for t in traced:
         xs = sorted(int(e) for e in t["values"])
         ax.plot(xs, [t["values"][str(e)] for e in xs], "-" if t["state"] == "complete" else ":", marker=".",
                 label=f"trial {t['number']} ({t['state']})")
-    ax.set_title(f"{sweep.metric} at each epoch")
-    ax.set_xlabel("epoch")
+    ax.set_title(f"{sweep.metric} at each {at}")
+    ax.set_xlabel(at if at == "epoch" else "global step")
     ax.set_ylabel(sweep.metric)
     ax.grid(alpha=0.3)
     if len(traced) <= 16:
         ax.legend(fontsize="x-small", ncols=2)
-    return _save(fig, out / "epochs.png", f"{sweep.metric} at each epoch of each trial",
-                 "What each trial reported at every epoch's end (what --prune judges); dotted: pruned or failed.")
+    when = "every epoch's end" if at == "epoch" else "each step it logged it at"
+    return _save(fig, out / "epochs.png", f"{sweep.metric} at each {at} of each trial",
+                 f"What each trial reported at {when} (what --prune judges); dotted: pruned or failed.")
 
 
 def _save(fig, path: Path, title: str, caption: str) -> Drawn:

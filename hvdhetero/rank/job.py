@@ -340,7 +340,7 @@ class Job:
                 self.strategy.land()
         if self.is_main and self.training is not None and not self.ended and not self.closed:
             self.records.close_window(self.epoch, self.step)
-            self.records.end(None)
+            self.records.end(None, self.step)
             self.ended = True
 
     def close(self) -> None:
@@ -367,5 +367,5 @@ class Job:
         model = self.training.model if self.training is not None else None
         digest = evaluation.param_digest(model) if model is not None else ""
         digests = collectives.allgather_object(digest, "hvdhetero.digests", "the run's end record")
-        self.records.end(digests)
+        self.records.end(digests, self.step)
         self.ended = True

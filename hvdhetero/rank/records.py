@@ -50,6 +50,8 @@ class RunRecords:
         self.last_scalars: dict[str, Any] = {}
         self.last_epochs: dict[str, int] = {}
         """The epoch each scalar was last logged in (a sweep judges a metric at its own epoch)."""
+        self.last_steps: dict[str, int] = {}
+        """The global step each scalar was last logged at (a loop of the script's own: a sweep judges it there)."""
         self.logged: list[dict] = []
         """Every job.log record, for the end report."""
         self.window: Window | None = None
@@ -68,6 +70,7 @@ class RunRecords:
         self.close_window(epoch, step)
         self.last_scalars.update(values)
         self.last_epochs.update(dict.fromkeys(values, epoch))
+        self.last_steps.update(dict.fromkeys(values, step))
         self.logged.append({"epoch": epoch, "step": step, **values})
         self.write("log", **self.logged[-1])  # the script's own win
 
@@ -96,27 +99,31 @@ class RunRecords:
         self.busy[1] += seconds
 
     def progress(self, *, samples: int, compute_s: float, wait_s: float, exchanged: tuple[int, float],
-                 split: list[int], step: int, steps: int | None, epoch: int, epochs: int | None) -> None:
+                 split: list[int], step: int, steps: int | None, epoch: int, epochs: int | None,
+                 taken: int) -> None:
         """This rank's step for the launcher's live table (progress.Reporter: its running totals,
         its own clock and the epoch's position, about once a second); rank 0 adds its loss and
         the script's last logged scalars. `exchanged`: local/diloco's rounds and the seconds the
         last exchange blocked this rank (counted once a round). `epochs`: None outside job.epochs
         (a script's own `for epoch in range(n)` says no total); `steps`: None in an endless epoch
-        (a sampler that never runs out), whose loss is that of its last batches."""
+        (a sampler that never runs out), whose loss is that of its last batches. `taken`: the
+        job's global steps with this one (a sweep times a loop of the script's own by them)."""
         if not self.report_progress:
             return
         rank, host_name, device, size = self.who
         if self.reporter is None:
             self.reporter = progress.Reporter(rank, host_name, device, size=size)
         wait_s += self.reporter.exchanged(*exchanged)
-        job = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps}
+        job = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps, "taken": taken}
         if self.is_main:
             recent = [sum(x) for x in zip(*self.recent)] if steps is None and self.recent else None
             job.update(loss=recent[0] / recent[1] if recent else self.loss_sum / max(self.samples, 1),
                        logged={k: v for k, v in self.last_scalars.items() if isinstance(v, (int, float))},
                        logged_epoch=self.logged[-1]["epoch"] if self.logged else None,
                        logged_epochs={k: e for k, e in self.last_epochs.items()
-                                      if isinstance(self.last_scalars.get(k), (int, float))})
+                                      if isinstance(self.last_scalars.get(k), (int, float))},
+                       logged_steps={k: e for k, e in self.last_steps.items()
+                                     if isinstance(self.last_scalars.get(k), (int, float))})
         self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
                            batch=sum(split), epoch_end=step == steps, **job)
 
@@ -156,16 +163,17 @@ class RunRecords:
                    compute_s=[round(t, 4) for t in w.compute_s],
                    comm_s=[round(max(0.0, w.step_s - t), 4) for t in w.compute_s])
 
-    def end(self, digests: list[str] | None) -> None:
+    def end(self, digests: list[str] | None, step: int) -> None:
         """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy,
         a sweep's trial value). `digests`: every rank's parameter digest (job.epochs' end), or None
-        where the script's own loop ended it (Job.finish: no collective, no digests)."""
+        where the script's own loop ended it (Job.finish: no collective, no digests). `step`: the
+        global steps taken (a sweep takes a loop of the script's own to be that long)."""
         seconds = round(time.perf_counter() - self.started, 3)
         self.write("end", seconds=seconds, **({"param_digests": digests} if digests is not None else {}),
                    **self.last_scalars)
         if self.is_main and self.report_progress:
-            print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "logs": self.logged}),
-                  flush=True)
+            print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "step": step,
+                                                    "logs": self.logged}), flush=True)
 
     def offset(self) -> int:
         """Where metrics.jsonl ends now (a checkpoint keeps it: a resume truncates there)."""

@@ -290,7 +290,8 @@ class Training:
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
                               step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
                               steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
-                              epochs=self.epochs if self.in_epochs else None)  # a loop of the script's own: not known
+                              epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
+                              taken=item.step + item.steps)
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
         """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would

@@ -3,8 +3,9 @@
 The study lives on the launcher: Optuna with ask-and-tell and a SQLite file in the sweep's
 folder (no storage server anywhere). A trial's metric comes back without shared storage: the
 trial's launcher keeps rank 0's progress lines, which carry the script's `job.log` scalars, in
-TRIAL_DIR/progress.jsonl (cluster/console.py); each epoch's value is reported to the study, and
-with --prune a trial the median pruner judges worse than the others at the same epoch is stopped.
+TRIAL_DIR/progress.jsonl (cluster/console.py); each epoch's value is reported to the study (a
+loop of the script's own: each value at the global step it was logged at), and with --prune a
+trial the median pruner judges worse than the others at the same epoch (step) is stopped.
 
 Which host runs what is policy/sweep.py's rule: every host starts a trial (running is how its
 speed is measured); once a trial's end can be told from its progress, a trial that would end
@@ -72,10 +73,16 @@ class Sweep:
             if r["state"] == "complete" and r["host"] in self.durations:
                 self.durations[r["host"]].append(r["seconds"])
         self.speeds: dict[str, tuple[float, float]] = {}
-        """Each host's measured (start-up seconds, seconds an epoch), from its last trial judged: its
-        whole trial's estimate until one completes, and what a short trial's epochs are sized by."""
+        """Each host's measured (start-up seconds, seconds a unit of self.length), from its last trial
+        judged: its whole trial's estimate until one completes, and what a short trial's epochs are sized by."""
         self.epochs = request.budget or None
-        """Epochs of a whole trial (--budget, else as the trials' progress says)."""
+        """A whole trial's length: its epochs (--budget, else as the trials' progress says), or for a
+        loop of the script's own the global steps the last trial that ended took."""
+        self.looped = False
+        """The trials are loops of the script's own: no epochs, no short trials."""
+        for r in self.records:  # resumed: a loop of the script's own is as long as its trials were
+            if r["state"] == "complete" and r.get("steps"):
+                self.looped, self.epochs = True, r["steps"]
         self.failures = {h: 0 for h in request.hosts}
         self.last_error = ""
         self.dropped: set[str] = set()
@@ -129,6 +136,8 @@ class Sweep:
             now = time.time()
             for trial in list(self.running.values()):
                 trial.read()
+                if trial.looped:  # its length: the steps the trials that ended took
+                    trial.length = self.epochs if self.looped else None
                 if not trial.stopping:
                     self.report(trial)
                 if not trial.stopping:
@@ -174,7 +183,7 @@ class Sweep:
         """--prune: a host the plan gives no whole trial runs a short one (policy.short_budget), a
         new trial of the epochs it ends before the sweep's planned end, judged at its last one
         (told pruned: the sampler learns from it; not one of --trials)."""
-        if not (self.request.prune and self.epochs and host in self.speeds and
+        if not (self.request.prune and self.epochs and host in self.speeds and not self.looped and
                 (self.request.budget or not self.request.script)):
             return
         startup_s, epoch_s = self.speeds[host]
@@ -214,7 +223,8 @@ class Sweep:
                 late.append((end if end is not None else math.inf, trial))
         if late:
             end, trial = max(late, key=lambda x: x[0])
-            when = "is not under way yet" if end == math.inf else f"would end in {end - now:.0f} s"
+            when = f"would end in {end - now:.0f} s" if end != math.inf else \
+                f"has run {now - trial.started:.0f} s and cannot tell its end yet"
             self.say(f"trial {trial.trial.number} on {trial.host} {when}; {host} would end it in {mine:.0f} s: "
                      f"running it there too, the first to finish counts")
             self.launch(trial.trial, host, [trial.host])
@@ -255,7 +265,8 @@ class Sweep:
                 continue
             reported.add(epoch)
             trial.trial.report(value, epoch)
-            if prune and self.request.prune and trial.trial.should_prune():
+            first = len(reported) == 1  # a loop of the script's own is judged from its second value on, as an epoch's
+            if prune and self.request.prune and not (trial.looped and first) and trial.trial.should_prune():
                 copies = self.copies(trial)
                 for copy in [trial, *copies]:
                     copy.stop("pruned")
@@ -263,7 +274,8 @@ class Sweep:
                 self.record({**self.describe(trial, time.time(), trial.values, copies),
                              "state": "short" if trial.short else "pruned", "value": value,
                              **({"epochs": trial.short} if trial.short else {})})
-                self.say(f"trial {trial.trial.number} on {trial.host}: pruned at epoch {epoch} "
+                at = "step" if trial.looped else "epoch"
+                self.say(f"trial {trial.trial.number} on {trial.host}: pruned at {at} {epoch} "
                          f"({self.request.metric} {value:.4g})")
                 return
 
@@ -273,7 +285,9 @@ class Sweep:
                 "argv": self.space.argv(trial.trial.params), "values": {str(e): v for e, v in values.items()},
                 "started": round(trial.started, 3), "ended": round(now, 3), "seconds": round(now - trial.started, 3),
                 "run_dir": str(trial.run_dir.relative_to(self.folder)),
-                "stopped_on": list(dict.fromkeys([*trial.stopped_on, *(t.host for t in others)]))}
+                "stopped_on": list(dict.fromkeys([*trial.stopped_on, *(t.host for t in others)])),
+                **({"values_at": "step"} if trial.looped else {}),  # a loop of its own: values by the step logged at
+                **({"steps": trial.steps} if trial.looped and trial.steps else {})}
 
     def judge(self, trial: Trial, now: float) -> None:
         """Once its end can be told: does it go on here (policy.keep_running)?"""
@@ -282,7 +296,7 @@ class Sweep:
             return
         trial.judged = True
         self.speeds[trial.host] = trial.speed()
-        self.epochs = self.epochs or trial.position[1]
+        self.epochs = self.epochs or trial.length
         if trial.short:
             return
         clocks = self.clocks(now)
@@ -334,6 +348,8 @@ class Sweep:
                 return
             for other in others:
                 other.stop("superseded")
+            if trial.looped and trial.steps:
+                self.looped, self.epochs = True, trial.steps
             self.study.tell(trial.trial, value)
             self.failures[trial.host] = 0
             self.durations[trial.host].append(seconds)
@@ -389,9 +405,8 @@ class Sweep:
         rows = []
         for t in sorted(self.running.values(), key=lambda t: t.trial.number):
             values = t.values
-            epoch = f"{t.position[0] + 1}/{t.position[1]}" if t.position else "starting"
             rows.append({"trial": t.trial.number, "host": t.host, "params": " ".join(self.space.argv(t.trial.params)),
-                         "epoch": epoch, "metric": values[max(values)] if values else None,
+                         "epoch": t.where(), "metric": values[max(values)] if values else None,
                          "seconds": board.elapsed(t.started),
                          "state": t.stopping or (f"short ({t.short} epochs)" if t.short else "running")})
         return rows

@@ -1,6 +1,12 @@
 """One trial running on a host: its `invoke train` process (a session of its own, stopped with
 the sweep), and what its run's progress.jsonl says of it (position, speed, expected end, the
-metric at each epoch)."""
+metric at each epoch).
+
+A script in job.epochs says how far it is (epochs and their steps) and its metric is judged at
+each epoch's end. A loop of the script's own (nanoGPT's `while iter_num < max_iters`) says
+neither: its metric is judged at the global step it was logged at (the same steps in every
+trial of one script), and its length is taken from the trials of the sweep that ended (the
+steps they took), so its end can be told once one has."""
 
 from __future__ import annotations
 
@@ -38,12 +44,20 @@ class Trial:
     """Hosts where a copy of this trial was stopped (too slow there)."""
     offset: int = 0
     first: tuple[float, float] | None = None
-    """(launcher time, fraction done) of its first progress line."""
+    """(launcher time, work done) of its first progress line: epochs (and their fraction) in
+    job.epochs, global steps in a loop of the script's own."""
     position: tuple[int, int] | None = None
     """(epoch, epochs) of its last progress line."""
     last: tuple[float, float] | None = None
+    length: float | None = None
+    """Its whole work, in first's units: the epochs job.epochs runs, or for a loop of the script's
+    own the steps the sweep's ended trials took (the scheduler's; None until one has)."""
+    looped: bool = False
+    """A loop of the script's own (its progress says no epochs): judged at the steps it logged at."""
+    steps: int | None = None
+    """The global steps it took (its end record)."""
     values: dict[int, float] = field(default_factory=dict)
-    """The metric at each epoch's end, as reported."""
+    """The metric at each epoch's end (a loop of its own: at each step it was logged at), as reported."""
     logged: list[dict] | None = None
     """Every job.log of the run (its end record)."""
     logged_names: set[str] = field(default_factory=set)
@@ -107,49 +121,65 @@ class Trial:
                 self.progressed(record["at"], record["progress"])
             elif record.get("result", {}).get("event") == "end":
                 self.logged = record["result"].get("logs", [])
+                self.steps = record["result"].get("step")
                 for entry in self.logged:
                     self.logged_names.update(k for k in entry if k not in ("epoch", "step"))
 
     def progressed(self, at: float, p: dict) -> None:
+        done = None
         if p.get("epochs") and p.get("steps"):
             self.position = (int(p["epoch"]), int(p["epochs"]))
-            done = (p["epoch"] + p["step"] / p["steps"]) / p["epochs"]
+            self.length = p["epochs"]
+            done = p["epoch"] + p["step"] / p["steps"]
+        elif p.get("epochs") is None and p.get("taken") is not None:
+            self.looped, done = True, p["taken"]
+        if done is not None:
             self.first = self.first or (at, done)
             self.last = (at, done)
         logged = p.get("logged") or {}
         self.logged_names.update(logged)
-        epochs = p.get("logged_epochs") or {}
-        for key, value in logged.items():  # each scalar at the epoch it was logged in
-            epoch = epochs.get(key, p.get("logged_epoch"))
-            if epoch is not None:
-                self.seen.setdefault(int(epoch), {})[key] = value
+        whens = (p.get("logged_steps") if self.looped else p.get("logged_epochs")) or {}
+        for key, value in logged.items():  # each scalar at the epoch (or step) it was logged in
+            when = whens.get(key, None if self.looped else p.get("logged_epoch"))
+            if when is not None:
+                self.seen.setdefault(int(when), {})[key] = value
 
     def speed(self) -> tuple[float, float] | None:
-        """(start-up seconds, seconds an epoch) from its progress, once its end can be told."""
-        if self.expected_end() is None or self.position is None:
+        """(start-up seconds, seconds a unit of its length: an epoch, or a step of a loop of its
+        own) from its progress, once its end can be told."""
+        if self.expected_end() is None:
             return None
-        (t0, f0), (t1, f1) = self.first, self.last
-        whole = (t1 - t0) / (f1 - f0)
-        return max(0.0, t0 - self.started - f0 * whole), whole / self.position[1]
+        (t0, d0), (t1, d1) = self.first, self.last
+        unit = (t1 - t0) / (d1 - d0)
+        return max(0.0, t0 - self.started - d0 * unit), unit
 
     def expected_end(self) -> float | None:
         """When it will end, from its progress (None until that can be told)."""
-        if self.first is None or self.last is None:
+        if self.first is None or self.last is None or not self.length:
             return None
-        (t0, f0), (t1, f1) = self.first, self.last
+        (t0, f0), (t1, f1) = ((t, d / self.length) for t, d in (self.first, self.last))
         if f1 - f0 < ESTIMATE_AFTER[0] or t1 - t0 < ESTIMATE_AFTER[1]:
             return None
-        return t1 + (1.0 - f1) * (t1 - t0) / (f1 - f0)
+        return t1 + max(0.0, 1.0 - f1) * (t1 - t0) / (f1 - f0)
+
+    def where(self) -> str:
+        """How far it is, for the live table: its epoch, or a loop of its own's step."""
+        if self.position is not None:
+            return f"{self.position[0] + 1}/{self.position[1]}"
+        if self.looped and self.last is not None:
+            return f"step {int(self.last[1])}" + (f"/{int(self.length)}" if self.length else "")
+        return "starting"
 
     def epoch_values(self, metric: str) -> dict[int, float]:
-        """The metric at each epoch it was logged in (the end record's last value an epoch wins)."""
+        """The metric at each epoch it was logged in, or for a loop of its own at each step it was
+        logged at (the end record's last value there wins)."""
         out = {}
-        for epoch, logged in sorted(self.seen.items()):
+        for when, logged in sorted(self.seen.items()):
             if isinstance(logged.get(metric), (int, float)):
-                out[int(epoch)] = float(logged[metric])
+                out[int(when)] = float(logged[metric])
         for entry in self.logged or []:
             if isinstance(entry.get(metric), (int, float)):
-                out[int(entry["epoch"])] = float(entry[metric])
+                out[int(entry["step" if self.looped else "epoch"])] = float(entry[metric])
         return out
 
 
