@@ -155,7 +155,7 @@ SWEEP = Options(
     Option("metric", "test_loss", "what a trial is judged by: a scalar the script logs each epoch with "
            "job.log(NAME=...) (the recipe logs test_loss and test_accuracy); a trial's value is its last"),
     Option("mode", "min", "min or max: whether a lower or a higher --metric is better"),
-    Option("budget", 0, "epochs each trial runs (the recipe's --epochs; a script gets --epochs N); 0: their own"),
+    Option("budget", 0, "epochs each trial runs (the recipe's --epochs; a script gets --epochs=N); 0: their own"),
     Option("prune", False, "stop a trial at an epoch's end when the median pruner judges it worse than the "
            "others at that epoch"),
     Option("seed", 0, "the sampler's seed (the same seed asks the same parameters)"),

@@ -358,7 +358,7 @@ def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(
     for r in records:
         launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
         assert launched["script"].endswith("user_train.py")
-        assert launched["script_args"] == ["--epochs", "1", f"--lr={r['params']['lr']!r}"]
+        assert launched["script_args"] == ["--epochs=1", f"--lr={r['params']['lr']!r}"]
         assert r["value"] == r["values"]["0"]  # one epoch: its test accuracy
     best = max(records, key=lambda r: r["value"])
     assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout

@@ -241,7 +241,7 @@ class Sweep:
         while run_dir.exists():
             run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
         run_dir.mkdir(parents=True)
-        args = self.request.trial_args(self.space, trial.params) + (["--epochs", str(short)] if short else [])
+        args = self.request.trial_args(self.space, trial.params) + ([f"--epochs={short}"] if short else [])
         self.running[host] = Trial.start(trial, host, run_dir, train_command(self.tasks_root, self.request, host,
                                                                              run_dir, args), stopped_on, short)
         again = " (again)" if stopped_on else f" (short: {short} of {self.epochs} epochs)" if short else ""
