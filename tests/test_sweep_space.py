@@ -54,6 +54,11 @@ def test_a_space_is_read_in_file_order_and_gives_the_script_its_arguments(tmp_pa
     assert read == {**values, "optimizer": "true"}
 
 
+def test_a_dotted_name_is_a_nested_settings_option_as_mingpts_configurator_reads_it(tmp_path):
+    loaded = space.load(write(tmp_path, "trainer.learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n"))
+    assert loaded.argv({"trainer.learning_rate": 0.0003}) == ["--trainer.learning_rate=0.0003"]
+
+
 def test_the_space_becomes_optunas_distributions_and_trials_ask_within_it(tmp_path):
     optuna = pytest.importorskip("optuna", reason="optuna is in the launcher extra (ci/setup installs it)")
     loaded = space.load(write(tmp_path, GOOD))
@@ -78,6 +83,7 @@ BAD = {  # id: (text, line, key, what the message must say)
     "empty mapping": ("{}\n", 1, "(top level)", "names no parameter"),
     "not YAML": ("lr: {loguniform: [1, 2]\n", 2, "(top level)", "not valid YAML"),
     "name with a space": ("'learning rate': {uniform: [0, 1]}\n", 1, "learning rate", "becomes the script's option"),
+    "name with a dot at its end": ("trainer.: {uniform: [0, 1]}\n", 1, "trainer.", "dotted for a nested setting"),
     "parameter twice": ("lr: {uniform: [0, 1]}\nlr: {uniform: [0, 2]}\n", 2, "lr", "'lr' is set twice"),
     "a number, not a distribution": ("lr: 0.1\n", 1, "lr", "must be a mapping of one distribution"),
     "no distribution": ("lr: {step: 0.1}\n", 1, "lr", "needs exactly one distribution of uniform, loguniform, "

@@ -31,8 +31,9 @@ KINDS = ("uniform", "loguniform", "int", "choice")
 in [low, high]; one of a list of values."""
 OPTIONS = {"uniform": ("step",), "loguniform": (), "int": ("step", "log"), "choice": ()}
 """What each distribution takes besides its own key: a grid step, or (int) a log scale."""
-NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-"""A parameter's name: it becomes the script's option --NAME."""
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*")
+"""A parameter's name: it becomes the script's option --NAME; dotted, a nested setting's
+(minGPT's `--trainer.learning_rate=3e-4`)."""
 EXAMPLE = "e.g. lr: {loguniform: [1.0e-4, 1.0e-1]}"
 
 
@@ -109,7 +110,7 @@ class _Reader(yaml_file.Reader):
         name = name_node.value
         if not NAME.fullmatch(name):
             raise self.error(name_node, name, "a parameter's name becomes the script's option --NAME: a letter, "
-                             "then letters, digits, '_' or '-'")
+                             "then letters, digits, '_' or '-', dotted for a nested setting (trainer.lr)")
         allowed = (*KINDS, "step", "log")
         items = self.mapping(node, name, allowed, what="one distribution (uniform, loguniform, int or choice) "
                              "and its options")
