@@ -128,6 +128,26 @@ def test_a_loop_of_its_own_checkpoints_every_so_many_minutes_of_its_measured_ste
     assert taken and all(r["step"] > 32 for r in taken), (taken, end)
     assert [p.name for p in checkpoint.listed(tmp_path)] == [f"step-{r['step']:09d}.pt" for r in taken]
 
+def test_a_job_of_one_rank_checkpoints_every_so_many_minutes_within_its_first_epoch(tmp_path):
+    """A job of one rank (plain python, a sweep's trial on a one-slot host) is not timed at start:
+    there is no split to size. Its first epoch's own steps set --checkpoint-minutes' interval from
+    step 32 on, not that epoch's end, which may be hours away."""
+    script = tmp_path / "one_epoch.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\nimport hvdhetero as hh\n"
+        f"job = hh.init(run_dir={str(tmp_path / 'run')!r}, checkpoint_minutes=0.002, keep_checkpoints=100)\n"
+        "model = nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = TensorDataset(torch.randn(3200, 4), torch.randn(3200, 1))\n"
+        "model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=16)\n"
+        "for epoch in job.epochs(1):\n    for x, y in loader:\n        optimizer.zero_grad()\n"
+        "        job.backward(nn.functional.mse_loss(model(x), y))\n        optimizer.step()\n")
+    run_cmd([VENV_BIN / "python", script], cwd=tmp_path, timeout=120)
+    records = metrics.records(tmp_path / "run" / "metrics.jsonl")
+    assert records[0]["ranks"] == 1
+    taken = [r["step"] for r in records if r["event"] == "checkpoint"]
+    assert any(32 < step < 200 for step in taken), taken  # the epoch's 200 steps: its end's is not the first
+
+
 def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
     model = torch.nn.Linear(2, 2)
     for step in (10, 20, 30):

@@ -277,10 +277,10 @@ class Training:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
         if times is not None:
-            if not self.in_epochs:  # a loop of its own: no epoch's end retimes checkpoints or records the ranks
+            if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
                 self.schedule.paced(walls)
-                if self.is_main:
-                    self.records.window_step(list(item.sizes), times, seconds + reduce_s)
+            if not self.in_epochs and self.is_main:  # a loop of its own: no epoch record says what the ranks did
+                self.records.window_step(list(item.sizes), times, seconds + reduce_s)
             self.rebalance(times, list(item.sizes), item)
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
@@ -291,7 +291,7 @@ class Training:
                               step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
                               steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
-                              taken=item.step + item.steps)
+                              taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
         """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would
