@@ -163,6 +163,25 @@ def test_a_loop_of_the_scripts_own_is_judged_at_the_steps_it_logged_at_and_timed
     assert trial.speed() == pytest.approx((4.9, 0.1))  # start-up, seconds a step
     trial.logged = [{"epoch": 0, "step": 0, "val_loss": 3.2}, {"epoch": 0, "step": 300, "val_loss": 0.3}]
     assert trial.epoch_values("val_loss") == {0: 3.2, 100: 1.4, 300: 0.3}, "its end record's last value wins"
+    trial.progressed(16.0, {**line, "taken": 301, "logged": {}})
+    assert trial.expected_end() is None, "past the length the last trial had: it cannot tell (a back-up may run it)"
+
+
+def test_a_loop_of_the_scripts_own_over_epochs_is_judged_at_each_pass_and_timed_in_steps(tmp_path):
+    """`for epoch in range(n)` over a prepared loader: no epochs total, but each pass has its
+    steps; a value belongs to the pass it was logged in (as under job.epochs), whatever steps a
+    swept batch size gives a pass."""
+    from hvdhetero.sweep.trial import Trial
+
+    trial = Trial(None, "fast", tmp_path, None, 0.0)
+    line = {"epochs": None, "step": 40, "steps": 40, "logged_steps": {"val_loss": 40}}
+    trial.progressed(5.0, {**line, "epoch": 0, "taken": 40, "logged": {"val_loss": 0.9},
+                           "logged_epochs": {"val_loss": 0}})
+    trial.progressed(9.0, {**line, "epoch": 1, "taken": 80, "logged": {"val_loss": 0.5},
+                           "logged_epochs": {"val_loss": 1}, "logged_steps": {"val_loss": 80}})
+    assert trial.looped and not trial.by_step and trial.epoch_values("val_loss") == {0: 0.9, 1: 0.5}
+    trial.length = 120
+    assert trial.expected_end() == pytest.approx(13.0) and trial.where() == "step 80/120"
 
 
 def test_a_record_after_a_line_cut_short_starts_on_a_line_of_its_own(tmp_path):

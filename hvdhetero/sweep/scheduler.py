@@ -4,8 +4,9 @@ The study lives on the launcher: Optuna with ask-and-tell and a SQLite file in t
 folder (no storage server anywhere). A trial's metric comes back without shared storage: the
 trial's launcher keeps rank 0's progress lines, which carry the script's `job.log` scalars, in
 TRIAL_DIR/progress.jsonl (cluster/console.py); each epoch's value is reported to the study (a
-loop of the script's own: each value at the global step it was logged at), and with --prune a
-trial the median pruner judges worse than the others at the same epoch (step) is stopped.
+loop of the script's own over a source with no end: each value at the global step it was logged
+at), and with --prune a trial the median pruner judges worse than the others at the same epoch
+(step) is stopped.
 
 Which host runs what is policy/sweep.py's rule: every host starts a trial (running is how its
 speed is measured); once a trial's end can be told from its progress, a trial that would end
@@ -77,7 +78,7 @@ class Sweep:
         judged: its whole trial's estimate until one completes, and what a short trial's epochs are sized by."""
         self.epochs = request.budget or None
         """A whole trial's length: its epochs (--budget, else as the trials' progress says), or for a
-        loop of the script's own the global steps the last trial that ended took."""
+        loop of the script's own the optimizer steps the trial that ended last took."""
         self.looped = False
         """The trials are loops of the script's own: no epochs, no short trials."""
         for r in self.records:  # resumed: a loop of the script's own is as long as its trials were
@@ -136,7 +137,7 @@ class Sweep:
             now = time.time()
             for trial in list(self.running.values()):
                 trial.read()
-                if trial.looped:  # its length: the steps the trials that ended took
+                if trial.looped:  # its length: the steps the trial that ended last took
                     trial.length = self.epochs if self.looped else None
                 if not trial.stopping:
                     self.report(trial)
@@ -265,8 +266,7 @@ class Sweep:
                 continue
             reported.add(epoch)
             trial.trial.report(value, epoch)
-            first = len(reported) == 1  # a loop of the script's own is judged from its second value on, as an epoch's
-            if prune and self.request.prune and not (trial.looped and first) and trial.trial.should_prune():
+            if prune and self.request.prune and trial.trial.should_prune():
                 copies = self.copies(trial)
                 for copy in [trial, *copies]:
                     copy.stop("pruned")
@@ -274,7 +274,7 @@ class Sweep:
                 self.record({**self.describe(trial, time.time(), trial.values, copies),
                              "state": "short" if trial.short else "pruned", "value": value,
                              **({"epochs": trial.short} if trial.short else {})})
-                at = "step" if trial.looped else "epoch"
+                at = "step" if trial.by_step else "epoch"
                 self.say(f"trial {trial.trial.number} on {trial.host}: pruned at {at} {epoch} "
                          f"({self.request.metric} {value:.4g})")
                 return
@@ -286,7 +286,7 @@ class Sweep:
                 "started": round(trial.started, 3), "ended": round(now, 3), "seconds": round(now - trial.started, 3),
                 "run_dir": str(trial.run_dir.relative_to(self.folder)),
                 "stopped_on": list(dict.fromkeys([*trial.stopped_on, *(t.host for t in others)])),
-                **({"values_at": "step"} if trial.looped else {}),  # a loop of its own: values by the step logged at
+                **({"values_at": "step"} if trial.by_step else {}),  # a source with no end: values by the step
                 **({"steps": trial.steps} if trial.looped and trial.steps else {})}
 
     def judge(self, trial: Trial, now: float) -> None:
@@ -338,11 +338,12 @@ class Sweep:
                                   f"{trial.run_dir}")
             value = values[max(values)]
             if not math.isfinite(value):
+                where = "its last " + ("step logged" if trial.by_step else "epoch")
                 self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
                 self.record({**record, "state": "failed", "value": None, "exit_code": 0,
-                             "error": f"{self.request.metric} is {value} at its last epoch (diverged?)"})
+                             "error": f"{self.request.metric} is {value} at {where} (diverged?)"})
                 self.say(f"trial {trial.trial.number} on {trial.host}: failed: {self.request.metric} is {value} at "
-                         "its last epoch (diverged?)")
+                         f"{where} (diverged?)")
                 for other in others:
                     other.stop("superseded")
                 return

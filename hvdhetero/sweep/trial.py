@@ -3,10 +3,12 @@ the sweep), and what its run's progress.jsonl says of it (position, speed, expec
 metric at each epoch).
 
 A script in job.epochs says how far it is (epochs and their steps) and its metric is judged at
-each epoch's end. A loop of the script's own (nanoGPT's `while iter_num < max_iters`) says
-neither: its metric is judged at the global step it was logged at (the same steps in every
-trial of one script), and its length is taken from the trials of the sweep that ended (the
-steps they took), so its end can be told once one has."""
+each epoch's end. A loop of the script's own says no epochs: its length is taken in optimizer
+steps from the trial of the sweep that ended last (the steps it took), so its end can be told
+once one has. One that draws from a source with no end (nanoGPT's `get_batch`, an endless
+sampler: no epoch ever ends) has its metric judged at the global step it was logged at (the
+same steps in every trial of one script); a `for epoch in range(n)` of its own over a loader, at
+the pass it was logged in."""
 
 from __future__ import annotations
 
@@ -53,7 +55,9 @@ class Trial:
     """Its whole work, in first's units: the epochs job.epochs runs, or for a loop of the script's
     own the steps the sweep's ended trials took (the scheduler's; None until one has)."""
     looped: bool = False
-    """A loop of the script's own (its progress says no epochs): judged at the steps it logged at."""
+    """A loop of the script's own (its progress says no epochs): timed in steps."""
+    by_step: bool = False
+    """...drawing from a source with no end (no steps an epoch either): its values are keyed by the step logged at."""
     steps: int | None = None
     """The global steps it took (its end record)."""
     values: dict[int, float] = field(default_factory=dict)
@@ -133,14 +137,15 @@ class Trial:
             done = p["epoch"] + p["step"] / p["steps"]
         elif p.get("epochs") is None and p.get("taken") is not None:
             self.looped, done = True, p["taken"]
+            self.by_step = p.get("steps") is None
         if done is not None:
             self.first = self.first or (at, done)
             self.last = (at, done)
         logged = p.get("logged") or {}
         self.logged_names.update(logged)
-        whens = (p.get("logged_steps") if self.looped else p.get("logged_epochs")) or {}
+        whens = (p.get("logged_steps") if self.by_step else p.get("logged_epochs")) or {}
         for key, value in logged.items():  # each scalar at the epoch (or step) it was logged in
-            when = whens.get(key, None if self.looped else p.get("logged_epoch"))
+            when = whens.get(key, None if self.by_step else p.get("logged_epoch"))
             if when is not None:
                 self.seen.setdefault(int(when), {})[key] = value
 
@@ -158,9 +163,9 @@ class Trial:
         if self.first is None or self.last is None or not self.length:
             return None
         (t0, f0), (t1, f1) = ((t, d / self.length) for t, d in (self.first, self.last))
-        if f1 - f0 < ESTIMATE_AFTER[0] or t1 - t0 < ESTIMATE_AFTER[1]:
-            return None
-        return t1 + max(0.0, 1.0 - f1) * (t1 - t0) / (f1 - f0)
+        if f1 - f0 < ESTIMATE_AFTER[0] or t1 - t0 < ESTIMATE_AFTER[1] or f1 > 1.0:
+            return None  # a loop of its own past the length the last trial had: it cannot tell
+        return t1 + (1.0 - f1) * (t1 - t0) / (f1 - f0)
 
     def where(self) -> str:
         """How far it is, for the live table: its epoch, or a loop of its own's step."""
@@ -171,15 +176,15 @@ class Trial:
         return "starting"
 
     def epoch_values(self, metric: str) -> dict[int, float]:
-        """The metric at each epoch it was logged in, or for a loop of its own at each step it was
-        logged at (the end record's last value there wins)."""
+        """The metric at each epoch it was logged in, or for a source with no end at each step it
+        was logged at (the end record's last value there wins)."""
         out = {}
         for when, logged in sorted(self.seen.items()):
             if isinstance(logged.get(metric), (int, float)):
                 out[int(when)] = float(logged[metric])
         for entry in self.logged or []:
             if isinstance(entry.get(metric), (int, float)):
-                out[int(entry["step" if self.looped else "epoch"])] = float(entry[metric])
+                out[int(entry["step" if self.by_step else "epoch"])] = float(entry[metric])
         return out
 
 
