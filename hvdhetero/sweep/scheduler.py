@@ -27,6 +27,7 @@ from typing import Any
 from hvdhetero.errors import ConfigError, LaunchError
 from hvdhetero.policy import sweep as policy
 from hvdhetero.sweep import board, records
+from hvdhetero.sweep.hosts import HOST_FAILURES, Hosts
 from hvdhetero.sweep import space as spaces
 from hvdhetero.sweep.request import Request, train_command
 from hvdhetero.sweep.trial import Trial
@@ -37,8 +38,6 @@ POLL_S = 0.5
 STOP_GRACE_S = 30.0
 """A stopped trial gets this long to end (invoke train stops its ranks within 15 s of SIGTERM);
 then its whole session is killed."""
-HOST_FAILURES = 2
-"""A host whose trials failed this many times in a row is given no more (a host down, a broken env)."""
 
 
 class Sweep:
@@ -69,53 +68,12 @@ class Sweep:
         """Trials stopped on a slow host, to run again elsewhere (with the hosts they were stopped on)."""
         self.reported: dict[int, set[int]] = {}
         """The epochs each trial reported to the study (a trial may run on two hosts at the end)."""
-        self.durations: dict[str, list[float]] = {h: [] for h in request.hosts}
-        for r in self.records:
-            if r["state"] == "complete" and r["host"] in self.durations:
-                self.durations[r["host"]].append(r["seconds"])
-        self.speeds: dict[str, tuple[float, float]] = {}
-        """Each host's measured (start-up seconds, seconds a unit of self.length), from its last trial
-        judged: its whole trial's estimate until one completes, and what a short trial's epochs are sized by."""
-        self.epochs = request.budget or None
-        """A whole trial's length: its epochs (--budget, else as the trials' progress says), or for a
-        loop of the script's own the optimizer steps the trial that ended last took."""
-        self.looped = False
-        """The trials are loops of the script's own: no epochs, no short trials."""
-        for r in self.records:  # resumed: a loop of the script's own is as long as its trials were
-            if r["state"] == "complete" and r.get("steps"):
-                self.looped, self.epochs = True, r["steps"]
-        self.failures = {h: 0 for h in request.hosts}
+        self.hosts = Hosts(request.hosts, self.records, request.budget)
+        """Each host's speed and failures, a whole trial's length (sweep/hosts.py)."""
         self.last_error = ""
-        self.dropped: set[str] = set()
-
-    # -- the clocks ---------------------------------------------------------------------------
-
-    def per_trial(self, host: str) -> float | None:
-        """Seconds a whole trial takes on `host`: its finished trials' mean, else as its speed says."""
-        done = self.durations[host][-3:]
-        if done:
-            return sum(done) / len(done)
-        if host in self.speeds:
-            startup_s, epoch_s = self.speeds[host]
-            return startup_s + self.epochs * epoch_s
-        return None
 
     def clocks(self, now: float) -> dict[str, policy.HostClock]:
-        known = [t for h in self.request.hosts if (t := self.per_trial(h)) is not None]
-        guess = min(known, default=1.0)  # a host not measured yet: as fast as the fastest known
-        out = {}
-        for host in self.request.hosts:
-            if host in self.dropped:
-                continue
-            t = self.per_trial(host) or guess
-            trial = self.running.get(host)
-            free_at = now
-            if trial is not None and not trial.stopping:
-                whole = t if not trial.short or host not in self.speeds else \
-                    self.speeds[host][0] + trial.short * self.speeds[host][1]
-                free_at = trial.expected_end() or trial.started + whole
-            out[host] = policy.HostClock(t, max(free_at, now))
-        return out
+        return self.hosts.clocks(now, self.running)
 
     def done(self) -> int:
         return sum(1 for r in self.records if r["state"] in ("complete", "pruned", "failed"))
@@ -137,8 +95,7 @@ class Sweep:
             now = time.time()
             for trial in list(self.running.values()):
                 trial.read()
-                if trial.looped:  # its length: the steps the trial that ended last took
-                    trial.length = self.epochs if self.looped else None
+                self.hosts.length_of(trial)
                 if not trial.stopping:
                     self.report(trial)
                 if not trial.stopping:
@@ -156,18 +113,18 @@ class Sweep:
                 self.start_trials(time.time())
                 if not self.running:
                     raise LaunchError("no host is left to run the sweep's trials (" + ", ".join(
-                        f"{h}: {HOST_FAILURES} failed trials in a row" for h in sorted(self.dropped))
+                        f"{h}: {HOST_FAILURES} failed trials in a row" for h in sorted(self.hosts.dropped))
                         + f"); the last said: {self.last_error}")
             time.sleep(POLL_S)
 
     def start_trials(self, now: float) -> None:
-        for host in self.order():
-            if host in self.running or host in self.dropped:
+        for host in self.hosts.order():
+            if host in self.running or host in self.hosts.dropped:
                 continue
             if self.left() <= 0:
                 self.back_up(host, now)
                 continue
-            measured = self.per_trial(host) is not None
+            measured = self.hosts.per_trial(host) is not None
             if measured and not policy.should_start(host, now, self.left(), self.clocks(now)):
                 self.start_short(host, now)
                 continue
@@ -184,11 +141,12 @@ class Sweep:
         """--prune: a host the plan gives no whole trial runs a short one (policy.short_budget), a
         new trial of the epochs it ends before the sweep's planned end, judged at its last one
         (told pruned: the sampler learns from it; not one of --trials)."""
-        if not (self.request.prune and self.epochs and host in self.speeds and not self.looped and
+        hosts = self.hosts
+        if not (self.request.prune and hosts.length and host in hosts.speeds and not hosts.looped and
                 (self.request.budget or not self.request.script)):
             return
-        startup_s, epoch_s = self.speeds[host]
-        epochs = policy.short_budget(host, now, self.left(), self.clocks(now), startup_s, epoch_s, self.epochs)
+        startup_s, epoch_s = hosts.speeds[host]
+        epochs = policy.short_budget(host, now, self.left(), self.clocks(now), startup_s, epoch_s, hosts.length)
         if epochs >= 1:
             self.launch(self.study.ask(self.space.distributions()), host, [], short=epochs)
 
@@ -208,7 +166,7 @@ class Sweep:
         """Nothing left to start: a free host runs a copy of the trial running elsewhere that it
         would end first (the first copy to finish counts, the other is stopped). A trial with no
         estimate yet counts as ending late once it ran longer than a whole trial takes here."""
-        mine = self.per_trial(host)
+        mine = self.hosts.per_trial(host)
         if mine is None:
             return
         copies = {}
@@ -230,12 +188,6 @@ class Sweep:
                      f"running it there too, the first to finish counts")
             self.launch(trial.trial, host, [trial.host])
 
-    def order(self) -> list[str]:
-        """Free hosts in the order they are offered a trial: measured ones fastest first, then the
-        others as the inventory lists them."""
-        hosts = self.request.hosts
-        return sorted(hosts, key=lambda h: (self.per_trial(h) is None, self.per_trial(h) or 0.0, hosts.index(h)))
-
     def launch(self, trial, host: str, stopped_on: list[str], short: int = 0) -> None:
         base = self.folder / "trials" / f"{trial.number:03d}"
         run_dir, n = base, 1
@@ -245,7 +197,7 @@ class Sweep:
         args = self.request.trial_args(self.space, trial.params) + ([f"--epochs={short}"] if short else [])
         self.running[host] = Trial.start(trial, host, run_dir, train_command(self.tasks_root, self.request, host,
                                                                              run_dir, args), stopped_on, short)
-        again = " (again)" if stopped_on else f" (short: {short} of {self.epochs} epochs)" if short else ""
+        again = " (again)" if stopped_on else f" (short: {short} of {self.hosts.length} epochs)" if short else ""
         self.say(f"trial {trial.number} on {host}{again}: {' '.join(self.space.argv(trial.params))}")
 
     def copies(self, trial: Trial) -> list[Trial]:
@@ -295,8 +247,7 @@ class Sweep:
         if trial.judged or end is None:
             return
         trial.judged = True
-        self.speeds[trial.host] = trial.speed()
-        self.epochs = self.epochs or trial.length
+        self.hosts.judged(trial)
         if trial.short:
             return
         clocks = self.clocks(now)
@@ -349,11 +300,8 @@ class Sweep:
                 return
             for other in others:
                 other.stop("superseded")
-            if trial.looped and trial.steps:
-                self.looped, self.epochs = True, trial.steps
+            self.hosts.finished(trial, seconds)
             self.study.tell(trial.trial, value)
-            self.failures[trial.host] = 0
-            self.durations[trial.host].append(seconds)
             self.record({**record, "state": "complete", "value": value})
             self.say(f"trial {trial.trial.number} on {trial.host}: {self.request.metric} {value:.4g} "
                      f"in {seconds:.1f} s{self.best_note()}")
@@ -363,11 +311,9 @@ class Sweep:
             self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
             raise ConfigError(f"trial {trial.trial.number} on {trial.host}: {said} (its output: "
                               f"{trial.run_dir / 'trial.log'})")
-        self.failures[trial.host] += 1
         self.last_error = said
         self.say(f"trial {trial.trial.number} on {trial.host}: failed (exit {code}): {said}")
-        if self.failures[trial.host] >= HOST_FAILURES:
-            self.dropped.add(trial.host)
+        if self.hosts.failed(trial.host):
             self.say(f"host {trial.host}: {HOST_FAILURES} trials failed in a row there; it gets no more")
         if not others:  # a copy still running elsewhere may yet finish it
             self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
