@@ -10,6 +10,7 @@ and measured by `invoke bench --sweep`, not here."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -182,6 +183,83 @@ def test_a_loop_of_the_scripts_own_over_epochs_is_judged_at_each_pass_and_timed_
     assert trial.looped and not trial.by_step and trial.epoch_values("val_loss") == {0: 0.9, 1: 0.5}
     trial.length = 120
     assert trial.expected_end() == pytest.approx(13.0) and trial.where() == "step 80/120"
+
+
+class Running:
+    """A trial's process that has not ended (a pid above Linux's pid_max: a stop signals no one)."""
+
+    pid, returncode = 4194304 + 1, None
+
+    def poll(self):
+        return self.returncode
+
+
+def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_of_the_interval_is_in(
+        tmp_path, monkeypatch):
+    """--prune, nanoGPT-style trials (200 steps, a value every 50): slow takes 42 s a trial, fast 10,
+    so slow ends no whole trial before fast would have got to it and runs a short one: the steps
+    it ends before the sweep's planned end, down to a multiple of 50, with no --epochs (the
+    script has none). The sweep cuts it once its value at that step is in and tells the study it
+    was pruned there: the sampler learns from it. Real scheduler and study; the trials' processes
+    are stand-ins fed progress lines as their launchers write them."""
+    from hvdhetero.cluster import console
+    from hvdhetero.sweep import scheduler
+    from hvdhetero.sweep.request import Request
+    from hvdhetero.sweep.trial import Trial
+
+    launched = {}
+
+    def start(cls, trial, host, run_dir, argv, stopped_on, short=0, cut_at=None):
+        launched[host] = [str(a) for a in argv]
+        return cls(trial, host, run_dir, Running(), time.time(), stopped_on, short=short, cut_at=cut_at)
+
+    monkeypatch.setattr(Trial, "start", classmethod(start))
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    (tmp_path / "sweep").mkdir()
+    said = io.StringIO()
+    sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
+                                    trials=3, metric="val_loss", prune=True, script=str(tmp_path / "train.py")),
+                            tmp_path / "sweep", ROOT, out=said)
+    sweep.hosts.durations["fast"] = [10.0, 10.0]
+    sweep.hosts.speeds["slow"] = (2.0, 0.2)  # start-up, seconds a step: 42 s for 200
+    sweep.hosts.looped, sweep.hosts.length, sweep.hosts.interval = True, 200, 50
+    sweep.launch(sweep.study.ask(sweep.space.distributions()), "fast", [])  # fast is busy 10 s more
+    sweep.start_trials(time.time())
+    short = sweep.running["slow"]
+    # 2 trials left, fast ends them 20 and 30 s from now: 28 s after slow's start-up fit 140 steps
+    assert (short.short, short.cut_at) == (100, 100), said.getvalue()
+    assert not any(a.startswith("--epochs") for a in launched["slow"]), launched["slow"]
+    assert "trial 1 on slow (short: 100 of 200 steps)" in said.getvalue()
+
+    def logs(*values):
+        with (short.run_dir / console.PROGRESS_FILE).open("a") as f:
+            for step, value in values:
+                f.write(json.dumps({"at": time.time(), "progress": {
+                    "epoch": 0, "epochs": None, "step": step + 1, "steps": None, "taken": step,
+                    "logged": {"val_loss": value}, "logged_steps": {"val_loss": step}}}) + "\n")
+
+    logs((0, 3.2), (50, 2.1))
+    sweep.poll(short, time.time())
+    assert not short.stopping and short.where() == "step 50/100"
+    logs((100, 1.7))
+    sweep.poll(short, time.time())
+    assert short.stopping == "cut"
+    record = trials(tmp_path / "sweep")[-1]
+    assert record["state"] == "short" and record["steps"] == 100 and record["value"] == 1.7
+    assert record["values"] == {"0": 3.2, "50": 2.1, "100": 1.7} and record["values_at"] == "step"
+    told = sweep.study.trials[short.trial.number]
+    assert told.state.name == "PRUNED" and told.intermediate_values == {0: 3.2, 50: 2.1, 100: 1.7}
+
+
+def test_a_loop_learns_the_steps_between_its_values_from_complete_trials_and_on_resume(tmp_path):
+    from hvdhetero.sweep.hosts import Hosts
+
+    hosts = Hosts(["fast"], [{"state": "complete", "host": "fast", "seconds": 9.0, "steps": 201,
+                              "values_at": "step", "values": {"0": 3.2, "100": 1.5, "200": 0.9}}], budget=0)
+    assert (hosts.looped, hosts.length, hosts.interval) == (True, 201, 100)
+    assert [hosts.cut_steps(n) for n in (99, 100, 250)] == [0, 100, 200]
+    assert Hosts(["fast"], [], budget=0).cut_steps(250) == 0, "no interval known: no short trial"
 
 
 def test_a_record_after_a_line_cut_short_starts_on_a_line_of_its_own(tmp_path):
@@ -411,8 +489,11 @@ def test_nanogpt_with_one_job_log_line_is_swept_judged_at_its_steps_and_pruned(t
                                                       "--metric", "val_loss", "--prune", "--script", script, "--",
                                                       *own)], timeout=400)
     out = proc.stdout + proc.stderr
-    records = {r["number"]: r for r in trials(folder)}
+    records = {r["number"]: r for r in trials(folder) if r["state"] != "short"}
     assert sorted(records) == list(range(6)) and {r["state"] for r in records.values()} <= {"complete", "pruned"}, out
+    for r in trials(folder):  # a short trial of slow's, where the sweep's end left it time: cut at an evaluation
+        assert r["state"] != "short" or (r["host"] == "slow" and r["steps"] % 100 == 0 and
+                                         max(map(int, r["values"])) == r["steps"]), r
     # its end told from its steps: it is moved, or, where fast has no trial left by then, backed up knowing it
     assert re.search(r"trial \d on slow(: would end in \d+ s, after the other hosts could have done it| would end in "
                      r"\d+ s; fast would end it in)", out), out

@@ -32,7 +32,10 @@ class Hosts:
         """A whole trial's length: its epochs (--budget, else as the trials' progress says), or for a
         loop of the script's own the optimizer steps the trial that ended last took."""
         self.looped = False
-        """The trials are loops of the script's own: timed in steps, no short trials."""
+        """The trials are loops of the script's own: timed in steps."""
+        self.interval: int | None = None
+        """Steps between the values of a loop over a source with no end (nanoGPT's eval_interval):
+        the fewest between two a complete trial logged; a short trial of such a loop is cut at a multiple."""
         self.failures = {h: 0 for h in names}
         self.dropped: set[str] = set()
         """Hosts whose last HOST_FAILURES trials failed."""
@@ -41,6 +44,8 @@ class Hosts:
                 self.durations[r["host"]].append(r["seconds"])
             if r["state"] == "complete" and r.get("steps"):
                 self.looped, self.length = True, r["steps"]
+            if r["state"] == "complete" and r.get("values_at") == "step":
+                self._learn_interval([int(s) for s in r.get("values", {})])
 
     def per_trial(self, host: str) -> float | None:
         """Seconds a whole trial takes on `host`: its finished trials' mean, else as its speed says."""
@@ -78,9 +83,15 @@ class Hosts:
                                                  self.names.index(h)))
 
     def length_of(self, trial: Trial) -> None:
-        """A loop of the script's own is as long as the trial that ended last (unknown before one has)."""
+        """A loop of the script's own is as long as the trial that ended last (unknown before one has);
+        a short one, as far as it is cut."""
         if trial.looped:
-            trial.length = self.length if self.looped else None
+            trial.length = trial.cut_at or (self.length if self.looped else None)
+
+    def cut_steps(self, steps: int) -> int:
+        """A short trial of a loop over a source with no end: the most of `steps` that ends on a value
+        (a multiple of the interval), 0 where not one interval fits or none is known yet."""
+        return steps // self.interval * self.interval if self.interval else 0
 
     def judged(self, trial: Trial) -> None:
         """Its progress told its end: its host's speed, and the trials' length if not known yet."""
@@ -93,6 +104,14 @@ class Hosts:
         self.durations[trial.host].append(seconds)
         if trial.looped and trial.steps:
             self.looped, self.length = True, trial.steps
+        if trial.by_step:
+            self._learn_interval(list(trial.values))
+
+    def _learn_interval(self, steps: list[int]) -> None:
+        steps = sorted(set(steps))
+        gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+        if gaps:
+            self.interval = min([*gaps, *([self.interval] if self.interval else [])])
 
     def failed(self, host: str) -> bool:
         """A trial failed on `host`: True when that makes it one to give no more."""

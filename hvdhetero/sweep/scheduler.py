@@ -94,19 +94,7 @@ class Sweep:
         while self.done() < self.request.trials or self.running:
             now = time.time()
             for trial in list(self.running.values()):
-                trial.read()
-                self.hosts.length_of(trial)
-                if not trial.stopping:
-                    self.report(trial)
-                if not trial.stopping:
-                    self.judge(trial, now)
-                if trial.proc.poll() is not None:
-                    trial.read()  # what it wrote last (its end record)
-                    if not trial.stopping:
-                        self.report(trial, prune=False)
-                    self.ended(trial)
-                elif trial.stopping and now - trial.stopped_at > STOP_GRACE_S:
-                    trial.kill()
+                self.poll(trial, now)
             if self.done() >= self.request.trials:
                 self.cut_short_trials()
             else:
@@ -116,6 +104,26 @@ class Sweep:
                         f"{h}: {HOST_FAILURES} failed trials in a row" for h in sorted(self.hosts.dropped))
                         + f"); the last said: {self.last_error}")
             time.sleep(POLL_S)
+
+    def poll(self, trial: Trial, now: float) -> None:
+        """What a running trial's progress says since the last poll: its values to the study (pruned?),
+        a short trial of a loop cut once its last value is in, its end judged; it ended, or is killed
+        once a stop outlasts STOP_GRACE_S."""
+        trial.read()
+        self.hosts.length_of(trial)
+        if not trial.stopping:
+            self.report(trial)
+        if not trial.stopping and trial.cut_at and trial.values and max(trial.values) >= trial.cut_at:
+            self.cut(trial)
+        if not trial.stopping:
+            self.judge(trial, now)
+        if trial.proc.poll() is not None:
+            trial.read()  # what it wrote last (its end record)
+            if not trial.stopping:
+                self.report(trial, prune=False)
+            self.ended(trial)
+        elif trial.stopping and now - trial.stopped_at > STOP_GRACE_S:
+            trial.kill()
 
     def start_trials(self, now: float) -> None:
         for host in self.hosts.order():
@@ -140,27 +148,38 @@ class Sweep:
     def start_short(self, host: str, now: float) -> None:
         """--prune: a host the plan gives no whole trial runs a short one (policy.short_budget), a
         new trial of the epochs it ends before the sweep's planned end, judged at its last one
-        (told pruned: the sampler learns from it; not one of --trials)."""
+        (told pruned: the sampler learns from it; not one of --trials). A loop over a source with
+        no end takes no --epochs: its short trial runs as a whole one and is cut once it logged its
+        value at the last multiple of the values' interval that fits."""
         hosts = self.hosts
-        if not (self.request.prune and hosts.length and host in hosts.speeds and not hosts.looped and
-                (self.request.budget or not self.request.script)):
+        if not (self.request.prune and hosts.length and host in hosts.speeds):
             return
-        startup_s, epoch_s = hosts.speeds[host]
-        epochs = policy.short_budget(host, now, self.left(), self.clocks(now), startup_s, epoch_s, hosts.length)
-        if epochs >= 1:
-            self.launch(self.study.ask(self.space.distributions()), host, [], short=epochs)
+        startup_s, unit_s = hosts.speeds[host]
+        units = policy.short_budget(host, now, self.left(), self.clocks(now), startup_s, unit_s, hosts.length)
+        if hosts.looped:
+            steps = hosts.cut_steps(units)
+            if steps:
+                self.launch(self.study.ask(self.space.distributions()), host, [], short=steps, cut_at=steps)
+        elif units >= 1 and (self.request.budget or not self.request.script):
+            self.launch(self.study.ask(self.space.distributions()), host, [], short=units)
 
     def cut_short_trials(self) -> None:
         """The sweep's trials are done: short trials still running end here, judged as they stand."""
-        import optuna
-
         for trial in list(self.running.values()):
             if trial.short and not trial.stopping:
-                trial.stop("cut")
-                self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
-                values = trial.values
-                self.record({**self.describe(trial, time.time(), values, []), "state": "short",
-                             "value": values[max(values)] if values else None, "epochs": trial.short})
+                self.cut(trial)
+
+    def cut(self, trial: Trial) -> None:
+        """A short trial stopped where it stands (the sweep's end, or its cut_at step's value in): told
+        pruned with its values, recorded."""
+        import optuna
+
+        trial.stop("cut")
+        self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
+        values = trial.values
+        self.record({**self.describe(trial, time.time(), values, []), "state": "short",
+                     "value": values[max(values)] if values else None,
+                     trial.short_unit(): trial.short})
 
     def back_up(self, host: str, now: float) -> None:
         """Nothing left to start: a free host runs a copy of the trial running elsewhere that it
@@ -188,16 +207,18 @@ class Sweep:
                      f"running it there too, the first to finish counts")
             self.launch(trial.trial, host, [trial.host])
 
-    def launch(self, trial, host: str, stopped_on: list[str], short: int = 0) -> None:
+    def launch(self, trial, host: str, stopped_on: list[str], short: int = 0, cut_at: int | None = None) -> None:
         base = self.folder / "trials" / f"{trial.number:03d}"
         run_dir, n = base, 1
         while run_dir.exists():
             run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
         run_dir.mkdir(parents=True)
-        args = self.request.trial_args(self.space, trial.params) + ([f"--epochs={short}"] if short else [])
+        args = self.request.trial_args(self.space, trial.params) + ([f"--epochs={short}"] if short and not cut_at
+                                                                    else [])
         self.running[host] = Trial.start(trial, host, run_dir, train_command(self.tasks_root, self.request, host,
-                                                                             run_dir, args), stopped_on, short)
-        again = " (again)" if stopped_on else f" (short: {short} of {self.hosts.length} epochs)" if short else ""
+                                                                             run_dir, args), stopped_on, short, cut_at)
+        again = " (again)" if stopped_on else \
+            f" (short: {short} of {self.hosts.length} {self.running[host].short_unit()})" if short else ""
         self.say(f"trial {trial.number} on {host}{again}: {' '.join(self.space.argv(trial.params))}")
 
     def copies(self, trial: Trial) -> list[Trial]:
@@ -225,7 +246,7 @@ class Sweep:
                 self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED)
                 self.record({**self.describe(trial, time.time(), trial.values, copies),
                              "state": "short" if trial.short else "pruned", "value": value,
-                             **({"epochs": trial.short} if trial.short else {})})
+                             **({trial.short_unit(): trial.short} if trial.short else {})})
                 at = "step" if trial.by_step else "epoch"
                 self.say(f"trial {trial.trial.number} on {trial.host}: pruned at {at} {epoch} "
                          f"({self.request.metric} {value:.4g})")
@@ -274,9 +295,9 @@ class Sweep:
             self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED if values and code == 0
                             else optuna.trial.TrialState.FAIL)
             value = values[max(values)] if values and code == 0 else None
-            self.record({**record, "state": "short", "value": value, "epochs": trial.short,
+            self.record({**record, "state": "short", "value": value, trial.short_unit(): trial.short,
                          **({} if code == 0 else {"error": trial.said(), "exit_code": code})})
-            self.say(f"trial {trial.trial.number} on {trial.host}: short trial of {trial.short} epochs: "
+            self.say(f"trial {trial.trial.number} on {trial.host}: short trial of {trial.short} {trial.short_unit()}: "
                      + (f"{self.request.metric} {value:.4g}" if value is not None else f"failed (exit {code})"))
             return
         if code == 0:
@@ -355,7 +376,7 @@ class Sweep:
             rows.append({"trial": t.trial.number, "host": t.host, "params": " ".join(self.space.argv(t.trial.params)),
                          "epoch": t.where(), "metric": values[max(values)] if values else None,
                          "seconds": board.elapsed(t.started),
-                         "state": t.stopping or (f"short ({t.short} epochs)" if t.short else "running")})
+                         "state": t.stopping or (f"short ({t.short} {t.short_unit()})" if t.short else "running")})
         return rows
 
     def board_title(self) -> str:

@@ -72,16 +72,20 @@ class Trial:
     stopping: str = ""
     """Why we stopped it: pruned, moved, superseded (a copy finished first), interrupted, cut."""
     short: int = 0
-    """A short trial's epochs (--prune: extra work of a host the plan gives no whole trial; not one of --trials)."""
+    """A short trial's epochs, or steps where cut_at (--prune: extra work of a host the plan gives no
+    whole trial; not one of --trials)."""
+    cut_at: int | None = None
+    """A short trial of a loop over a source with no end: the sweep stops it once its value at this step is in."""
     stopped_at: float = 0.0
 
     @classmethod
-    def start(cls, trial, host: str, run_dir: Path, argv: list[str], stopped_on: list[str], short: int = 0) -> Trial:
+    def start(cls, trial, host: str, run_dir: Path, argv: list[str], stopped_on: list[str], short: int = 0,
+              cut_at: int | None = None) -> Trial:
         """`argv` (the trial's invoke train) started in a session of its own, its output in LOG_FILE."""
         with (run_dir / LOG_FILE).open("w") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_stop_with_parent)
-        return cls(trial, host, run_dir, proc, time.time(), stopped_on, short=short)
+        return cls(trial, host, run_dir, proc, time.time(), stopped_on, short=short, cut_at=cut_at)
 
     def stop(self, why: str) -> None:
         """SIGTERM to its session (invoke train's clean stop), once; `why` says what it is stopping for."""
@@ -166,6 +170,10 @@ class Trial:
         if f1 - f0 < ESTIMATE_AFTER[0] or t1 - t0 < ESTIMATE_AFTER[1] or f1 > 1.0:
             return None  # a loop of its own past the length the last trial had: it cannot tell
         return t1 + (1.0 - f1) * (t1 - t0) / (f1 - f0)
+
+    def short_unit(self) -> str:
+        """What a short trial's length counts: its epochs, or a loop's steps where the sweep cuts it."""
+        return "steps" if self.cut_at else "epochs"
 
     def where(self) -> str:
         """How far it is, for the live table: its epoch, or a loop of its own's step."""
