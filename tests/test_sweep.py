@@ -223,14 +223,14 @@ def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_
                             tmp_path / "sweep", ROOT, out=said)
     sweep.hosts.durations["fast"] = [10.0, 10.0]
     sweep.hosts.speeds["slow"] = (2.0, 0.2)  # start-up, seconds a step: 42 s for 200
-    sweep.hosts.looped, sweep.hosts.length, sweep.hosts.interval = True, 200, 50
+    sweep.hosts.looped, sweep.hosts.length, sweep.hosts.interval, sweep.hosts.last_value = True, 201, 50, 200
     sweep.launch(sweep.study.ask(sweep.space.distributions()), "fast", [])  # fast is busy 10 s more
     sweep.start_trials(time.time())
     short = sweep.running["slow"]
     # 2 trials left, fast ends them 20 and 30 s from now: 28 s after slow's start-up fit 140 steps
     assert (short.short, short.cut_at) == (100, 100), said.getvalue()
     assert not any(a.startswith("--epochs") for a in launched["slow"]), launched["slow"]
-    assert "trial 1 on slow (short: 100 of 200 steps)" in said.getvalue()
+    assert "trial 1 on slow (short: 100 of 201 steps)" in said.getvalue()
 
     def logs(*values):
         with (short.run_dir / console.PROGRESS_FILE).open("a") as f:
@@ -250,6 +250,10 @@ def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_
     assert record["values"] == {"0": 3.2, "50": 2.1, "100": 1.7} and record["values_at"] == "step"
     told = sweep.study.trials[short.trial.number]
     assert told.state.name == "PRUNED" and told.intermediate_values == {0: 3.2, 50: 2.1, 100: 1.7}
+    diverged = Trial(None, "slow", tmp_path, Running(), 0.0, short=100, cut_at=100)
+    diverged.progressed(1.0, {"epochs": None, "steps": None, "taken": 100, "logged": {"val_loss": float("nan")},
+                              "logged_steps": {"val_loss": 100}})
+    assert sweep.cut_due(diverged), "a value that is not finite ends a short trial too (the study is told none)"
 
 
 def test_a_loop_learns_the_steps_between_its_values_from_complete_trials_and_on_resume(tmp_path):
@@ -257,9 +261,13 @@ def test_a_loop_learns_the_steps_between_its_values_from_complete_trials_and_on_
 
     hosts = Hosts(["fast"], [{"state": "complete", "host": "fast", "seconds": 9.0, "steps": 201,
                               "values_at": "step", "values": {"0": 3.2, "100": 1.5, "200": 0.9}}], budget=0)
-    assert (hosts.looped, hosts.length, hosts.interval) == (True, 201, 100)
-    assert [hosts.cut_steps(n) for n in (99, 100, 250)] == [0, 100, 200]
+    assert (hosts.looped, hosts.length, hosts.interval, hosts.last_value) == (True, 201, 100, 200)
+    assert [hosts.cut_steps(n) for n in (99, 100, 250)] == [0, 100, 100], "never at the last value: a whole trial"
     assert Hosts(["fast"], [], budget=0).cut_steps(250) == 0, "no interval known: no short trial"
+    steps = (0, 500, 1000, 1500, 2000, 2001)
+    off_grid = Hosts(["fast"], [{"state": "complete", "host": "fast", "seconds": 9.0, "steps": 2002,
+                                 "values_at": "step", "values": {str(s): 1.0 for s in steps}}], budget=0)
+    assert (off_grid.interval, off_grid.cut_steps(1999)) == (500, 1500), "a last value off the grid is no interval"
 
 
 def test_a_record_after_a_line_cut_short_starts_on_a_line_of_its_own(tmp_path):

@@ -34,8 +34,10 @@ class Hosts:
         self.looped = False
         """The trials are loops of the script's own: timed in steps."""
         self.interval: int | None = None
-        """Steps between the values of a loop over a source with no end (nanoGPT's eval_interval):
-        the fewest between two a complete trial logged; a short trial of such a loop is cut at a multiple."""
+        """Steps between the values of a loop over a source with no end (nanoGPT's eval_interval): the
+        commonest gap in the last complete trial's; a short trial of such a loop is cut at a multiple."""
+        self.last_value: int | None = None
+        """The step of that trial's last value: a short trial is cut before it (never a whole trial's work)."""
         self.failures = {h: 0 for h in names}
         self.dropped: set[str] = set()
         """Hosts whose last HOST_FAILURES trials failed."""
@@ -45,7 +47,7 @@ class Hosts:
             if r["state"] == "complete" and r.get("steps"):
                 self.looped, self.length = True, r["steps"]
             if r["state"] == "complete" and r.get("values_at") == "step":
-                self._learn_interval([int(s) for s in r.get("values", {})])
+                self._learn_values([int(s) for s in r.get("values", {})])
 
     def per_trial(self, host: str) -> float | None:
         """Seconds a whole trial takes on `host`: its finished trials' mean, else as its speed says."""
@@ -91,7 +93,10 @@ class Hosts:
     def cut_steps(self, steps: int) -> int:
         """A short trial of a loop over a source with no end: the most of `steps` that ends on a value
         (a multiple of the interval), 0 where not one interval fits or none is known yet."""
-        return steps // self.interval * self.interval if self.interval else 0
+        if not self.interval or not self.last_value:
+            return 0
+        steps = min(steps, self.last_value - 1)
+        return max(0, steps // self.interval * self.interval)
 
     def judged(self, trial: Trial) -> None:
         """Its progress told its end: its host's speed, and the trials' length if not known yet."""
@@ -105,13 +110,14 @@ class Hosts:
         if trial.looped and trial.steps:
             self.looped, self.length = True, trial.steps
         if trial.by_step:
-            self._learn_interval(list(trial.values))
+            self._learn_values(list(trial.values))
 
-    def _learn_interval(self, steps: list[int]) -> None:
+    def _learn_values(self, steps: list[int]) -> None:
         steps = sorted(set(steps))
-        gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
-        if gaps:
-            self.interval = min([*gaps, *([self.interval] if self.interval else [])])
+        gaps = [b - a for a, b in zip(steps, steps[1:])]
+        if gaps:  # the commonest (the smaller of a tie): a last value off the grid (2000, 2001) is no interval
+            self.interval = max(sorted(set(gaps)), key=gaps.count)
+            self.last_value = steps[-1]
 
     def failed(self, host: str) -> bool:
         """A trial failed on `host`: True when that makes it one to give no more."""

@@ -113,7 +113,7 @@ class Sweep:
         self.hosts.length_of(trial)
         if not trial.stopping:
             self.report(trial)
-        if not trial.stopping and trial.cut_at and trial.values and max(trial.values) >= trial.cut_at:
+        if not trial.stopping and trial.cut_at and self.cut_due(trial):
             self.cut(trial)
         if not trial.stopping:
             self.judge(trial, now)
@@ -124,6 +124,13 @@ class Sweep:
             self.ended(trial)
         elif trial.stopping and now - trial.stopped_at > STOP_GRACE_S:
             trial.kill()
+
+    def cut_due(self, trial: Trial) -> bool:
+        """A short trial of a loop: its value at cut_at is in (finite or not: a diverged one ends too),
+        or it went an interval past it without logging one there."""
+        logged = trial.epoch_values(self.request.metric)
+        return max(logged, default=-1) >= trial.cut_at or \
+            (trial.last is not None and trial.last[1] >= trial.cut_at + (self.hosts.interval or 0))
 
     def start_trials(self, now: float) -> None:
         for host in self.hosts.order():
