@@ -148,6 +148,26 @@ def test_a_job_of_one_rank_checkpoints_every_so_many_minutes_within_its_first_ep
     assert any(32 < step < 200 for step in taken), taken  # the epoch's 200 steps: its end's is not the first
 
 
+@pytest.mark.parametrize("kind", ["hand", "timm"])
+def test_a_scheduler_not_torchs_steps_once_a_step_checkpoints_and_stays_out_of_the_scripts_own_save(tmp_path, kind):
+    """scheduler= of another kind than torch's (tests/scripts/own_scheduler.py): a class of the
+    script's own with no state_dict() stopped the job at its first checkpoint (AttributeError);
+    timm's kind, whose state_dict() is its __dict__, carried our once-a-step `step` into the
+    script's own torch.save, which torch.load(weights_only=True) refused. Now each steps once a
+    step (20 steps in 2 epochs), the checkpoints hold its schedule, and the script's save loads."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "own_scheduler.py",
+                    "--run-dir", tmp_path, "--checkpoint-every", "5", "--keep-checkpoints", "10", "--micro-batch", "25",
+                    "--", "--kind", kind], timeout=300)
+    assert "epoch 1 loss" in proc.stdout and "schedule at 40" in proc.stdout, proc.stdout[-2000:]
+    if kind == "timm":
+        assert "own checkpoint's scheduler: {'n': 40}" in proc.stdout, proc.stdout[-2000:]
+    for path in checkpoint.listed(tmp_path):
+        state = torch.load(path, weights_only=True)
+        assert state["scheduler"]["n"] == state["step"], (path.name, state["scheduler"])
+        if kind == "hand":
+            assert state["scheduler"] == {"warmup": 5, "total": 40, "lr": 0.05, "n": state["step"]}
+
+
 def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
     model = torch.nn.Linear(2, 2)
     for step in (10, 20, 30):

@@ -187,3 +187,38 @@ def test_two_schedulers_on_the_jobs_optimizer_each_count_a_merged_steps_steps():
     for scheduler in (first, second):
         assert not [k for k in scheduler.state_dict() if "hvdhetero" in k]
         torch.save({k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}, io.BytesIO())
+
+
+def test_a_scheduler_of_another_kind_given_to_prepare_steps_once_a_step_by_its_class_for_it_alone():
+    """scheduler= of a class of the script's own: its class's step is ours for that object (once a
+    step over 3 chunks), another object of the class steps as it always did, its __dict__ holds
+    nothing of ours; one whose step is its own attribute (no class to put it on) is wrapped there."""
+    from hvdhetero.rank import scheduling
+
+    class Warmup:
+        def __init__(self):
+            self.n = 0
+
+        def step(self):
+            self.n += 1
+
+    class OwnStep:
+        def __init__(self):
+            self.n = 0
+            self.step = self.advance
+
+        def advance(self):
+            self.n += 1
+
+    with prepared_sgd() as (own, state):
+        given, other, attribute = Warmup(), Warmup(), OwnStep()
+        scheduling.take_over(state, saved=[given, attribute], given=[given, attribute])
+        for step in range(2):
+            for chunk in range(3):
+                optimizer_step(own, state, step, chunk, chunks=3)
+                for scheduler in (given, other, attribute):
+                    scheduler.step()
+        assert (given.n, other.n, attribute.n) == (2, 6, 2)
+        assert vars(given) == {"n": 2}
+    given.step()
+    assert given.n == 3, "the job is over: its own step again"

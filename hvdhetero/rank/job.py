@@ -146,7 +146,8 @@ class Job:
         self.strategy = t.strategy
         clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
         averaging.take_over(self.step_state)  # torch's AveragedModel (an EMA) averages once a step
-        scheduling.take_over(self.step_state, [*parts.schedulers, *self._tracked.parts.values()])  # so do LR schedulers
+        scheduling.take_over(self.step_state, [*parts.schedulers, *self._tracked.parts.values()],  # so do LR schedulers
+                             given=parts.schedulers)
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
         resumed = elastic.rejoin(t) if t.elastic else None
         if resumed is None and cfg.resume:

@@ -66,17 +66,40 @@ class PerRank:
 
 
 class Scheduler:
-    """An LR scheduler as a part, without the once-per-step `step` that job.prepare put on it
-    (rank/step_state.py's OncePerStep: not state, and no plain value)."""
+    """An LR scheduler as a part: its state_dict(), without a once-per-step `step` that job.prepare
+    put on an object whose step was its own (rank/scheduling.py: no plain value). One of the
+    script's own with no state_dict() (a class of a few numbers and a step()) keeps its plain
+    attributes, so that --resume goes on with its schedule (it stopped the job at its first
+    checkpoint)."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
 
     def state_dict(self) -> dict:
-        return {k: v for k, v in self.scheduler.state_dict().items() if k != "step"}
+        if hasattr(self.scheduler, "state_dict"):
+            return {k: v for k, v in self.scheduler.state_dict().items() if k != "step"}
+        return {k: v for k, v in vars(self.scheduler).items() if _plain(v)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.scheduler.load_state_dict(state)
+        if hasattr(self.scheduler, "load_state_dict"):
+            self.scheduler.load_state_dict(state)
+            return
+        for name, value in state.items():
+            setattr(self.scheduler, name, value)
+
+
+def _plain(value: Any) -> bool:
+    """What torch.load(weights_only=True) reads back: numbers, strings, None, tensors, and lists,
+    tuples and dicts of them (not the optimizer a scheduler holds, nor a function)."""
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    return False
 
 
 @dataclass

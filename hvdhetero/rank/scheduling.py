@@ -14,7 +14,10 @@ checkpoint fail to load with weights_only=True). One the checkpoints do not hold
 Replaced on torch's LRScheduler class (and its subclasses' own steps) by job.prepare, before it
 wraps a `scheduler=`; a scheduler on another optimizer, torch's first step in a scheduler's
 __init__, the schedulers a SequentialLR or ChainedScheduler steps, and any stepped without a
-prepared job are torch's.
+prepared job are torch's. A `scheduler=` of another kind (timm's, a class of the script's own)
+steps once a step by its class too, for that object alone: timm's state_dict() is its __dict__,
+and a `step` of ours there failed the script's own checkpoint as torch's had. Only one whose step
+is an attribute of the object itself (no class to put it on) is wrapped there.
 """
 
 from __future__ import annotations
@@ -36,18 +39,57 @@ class _Job:
     """Inside torch's step of a scheduler: the schedulers it steps are torch's (SequentialLR's)."""
     seen: dict[int, int] = {}
     """Per scheduler (by id): the optimizer steps it had seen at its last step (OncePerStep.seen)."""
+    given: set[int] = set()
+    """`scheduler=`s of another kind than torch's (by id): their class's step is ours for them."""
 
 
-def take_over(state: StepState, saved: list) -> None:
+def take_over(state: StepState, saved: list, given: list = ()) -> None:
     """job.prepare: schedulers on its optimizer step once a step from now on; `saved`: the
-    objects its checkpoints hold (the prepared scheduler, job.track's)."""
+    objects its checkpoints hold (the prepared scheduler, job.track's); `given`: the `scheduler=`s,
+    of whatever kind."""
     install()
     _Job.state, _Job.saved, _Job.seen = state, {id(obj) for obj in saved if obj is not None}, {}
+    _Job.given = set()
+    for scheduler in given:
+        if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+            continue
+        if "step" not in vars(scheduler) and _adopt(type(scheduler)):
+            _Job.given.add(id(scheduler))
+        elif not isinstance(scheduler.step, OncePerStep):  # a step of the object's own
+            scheduler.step = OncePerStep(scheduler.step, state)
 
 
 def release() -> None:
-    """The job is over (an elastic reset drops it): every scheduler is torch's again."""
-    _Job.state, _Job.saved, _Job.seen = None, set(), {}
+    """The job is over (an elastic reset drops it): every scheduler is torch's (or its own) again."""
+    _Job.state, _Job.saved, _Job.seen, _Job.given = None, set(), {}, set()
+
+
+def _adopt(cls: type) -> bool:
+    """Put a once-a-step step on `cls` (another kind than torch's) for the given schedulers of it;
+    False where the class takes no attribute (a C type) or has no step."""
+    own = getattr(cls, "step", None)
+    if not callable(own):
+        return False
+    if getattr(own, "_hvdhetero_given", None) is not None:
+        return True
+
+    def step(self, *args, **kwargs):
+        state = _Job.state
+        if state is None or id(self) not in _Job.given:
+            return own(self, *args, **kwargs)
+        once = OncePerStep(lambda *a, **k: own(self, *a, **k), state)
+        once.seen = _Job.seen.get(id(self), 0)
+        try:
+            return once(*args, **kwargs)
+        finally:  # kept here, not on the scheduler: a state_dict() of its __dict__ holds every attribute
+            _Job.seen[id(self)] = once.seen
+
+    step.__doc__, step._hvdhetero_given = own.__doc__, own
+    try:
+        cls.step = step
+    except (TypeError, AttributeError):
+        return False
+    return True
 
 
 def install() -> None:

@@ -37,7 +37,7 @@ from hvdhetero.rank.replicas import Replicas, Told
 from hvdhetero.rank.sampler import WeightedBatchSampler
 from hvdhetero.rank.start import Begun
 from hvdhetero.rank.worker import Worker
-from hvdhetero.rank.step_state import OncePerStep, StepState
+from hvdhetero.rank.step_state import StepState
 from hvdhetero.rank.turns import InTurn
 from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.validate import Data
@@ -79,9 +79,6 @@ class Training:
         self.in_turn = InTurn(optimizers, model) if len(optimizers) > 1 else None
         """Several optimizers (a GAN's): each skips on its own overflow, refuses unreduced gradients (rank/turns.py)."""
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
-        for scheduler in schedulers:  # torch's step once a step already (rank/scheduling.py); another kind here
-            if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
-                scheduler.step = OncePerStep(scheduler.step, step_state)
         told = Told(records, self.is_main, "step" if kind == "step" else "round's exchange")
         replicas = Replicas(model, optimizers, records.who[2], told.differed, told.settings)
         self.strategy: EveryStep | Rounds = EveryStep(
