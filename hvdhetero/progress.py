@@ -117,18 +117,19 @@ class Reporter:
         return seconds
 
     def step(self, *, samples: int, compute_s: float, wait_s: float, share: int, batch: int,
-             epoch_end: bool = False, **job) -> None:
-        """Count one of this rank's steps; print the totals if due. `job`: the epoch, epochs, step
-        and steps (and from rank 0 its loss and the script's logged scalars)."""
+             epoch_end: bool = False, **job) -> bool:
+        """Count one of this rank's steps; print the totals if due (True when printed). `job`: the
+        epoch, epochs, step and steps (and from rank 0 its loss and the script's logged scalars)."""
         self.steps += 1
         self.samples += samples
         self.compute_s += compute_s
         self.wait_s += wait_s
         now = time.monotonic()
         if self._printed is not None and now - self._printed < self.every and not epoch_end:
-            return
+            return False
         self._printed = now
         line = {**self.who, "t": round(now, 6), "n_steps": self.steps, "n_samples": self.samples,
                 "compute_s": round(self.compute_s, 6), "wait_s": round(self.wait_s, 6), "share": share,
                 "batch": batch, **job}
         print(TAG + json.dumps(line), file=self.out or sys.stdout, flush=True)
+        return True

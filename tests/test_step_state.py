@@ -210,15 +210,56 @@ def test_a_scheduler_of_another_kind_given_to_prepare_steps_once_a_step_by_its_c
         def advance(self):
             self.n += 1
 
+    class Static:  # a step no class-level wrapper can take: the object is wrapped
+        count = [0]
+
+        @staticmethod
+        def step():
+            Static.count[0] += 1
+
     with prepared_sgd() as (own, state):
-        given, other, attribute = Warmup(), Warmup(), OwnStep()
-        scheduling.take_over(state, saved=[given, attribute], given=[given, attribute])
+        given, other, attribute, static = Warmup(), Warmup(), OwnStep(), Static()
+        scheduling.take_over(state, saved=[given, attribute], given=[given, attribute, static])
         for step in range(2):
             for chunk in range(3):
                 optimizer_step(own, state, step, chunk, chunks=3)
-                for scheduler in (given, other, attribute):
+                for scheduler in (given, other, attribute, static):
                     scheduler.step()
-        assert (given.n, other.n, attribute.n) == (2, 6, 2)
+        assert (given.n, other.n, attribute.n, Static.count[0]) == (2, 6, 2, 2)
         assert vars(given) == {"n": 2}
-    given.step()
-    assert given.n == 3, "the job is over: its own step again"
+    for scheduler in (given, attribute, static, Static()):
+        scheduler.step()
+    assert (given.n, attribute.n, Static.count[0]) == (3, 3, 4), "the job is over: their own steps again"
+    assert "step" not in vars(static) and vars(attribute)["step"] == attribute.advance
+
+
+def test_a_scheduler_with_no_state_dict_keeps_only_what_a_weights_only_load_reads_back():
+    """Its plain attributes are checkpointed; NumPy's float64 (np.cos's), an IntEnum, a namedtuple
+    or a defaultdict would be written and then refused by torch.load(weights_only=True), and
+    with them every checkpoint: they stay out, as the optimizer it holds does."""
+    import collections
+    import enum
+    import io
+
+    import numpy as np
+
+    from hvdhetero.rank.registry import Scheduler
+
+    class Phase(enum.IntEnum):
+        WARM = 1
+
+    class Own:
+        def __init__(self, optimizer):
+            self.optimizer, self.n, self.lrs, self.by = optimizer, 3, [0.1, 0.2], {"a": (1, 2.5)}
+            self.cos, self.phase = np.cos(0.5), Phase.WARM
+            self.pair, self.counts = collections.namedtuple("P", "a b")(1, 2), collections.defaultdict(int)
+
+    state = Scheduler(Own(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0))).state_dict()
+    assert state == {"n": 3, "lrs": [0.1, 0.2], "by": {"a": (1, 2.5)}}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    fresh = Own(None)
+    fresh.n = 0
+    Scheduler(fresh).load_state_dict(torch.load(buffer, weights_only=True))
+    assert (fresh.n, fresh.lrs) == (3, [0.1, 0.2])

@@ -166,6 +166,11 @@ def test_a_loop_of_the_scripts_own_is_judged_at_the_steps_it_logged_at_and_timed
     assert trial.epoch_values("val_loss") == {0: 3.2, 100: 1.4, 300: 0.3}, "its end record's last value wins"
     trial.progressed(16.0, {**line, "taken": 301, "logged": {}})
     assert trial.expected_end() is None, "past the length the last trial had: it cannot tell (a back-up may run it)"
+    fast = Trial(None, "fast", tmp_path, None, 0.0)  # two evaluations within a second: one line carries both
+    logs = [{"epoch": 0, "step": 100, "val_loss": 1.2}, {"epoch": 0, "step": 200, "val_loss": 0.9}]
+    fast.progressed(1.0, {**line, "taken": 201, "logged": {"val_loss": 0.9}, "logged_steps": {"val_loss": 200},
+                          "logs": logs})
+    assert fast.epoch_values("val_loss") == {100: 1.2, 200: 0.9}
 
 
 def test_a_loop_of_the_scripts_own_over_epochs_is_judged_at_each_pass_and_timed_in_steps(tmp_path):

@@ -52,9 +52,9 @@ class RunRecords:
         """The epoch each scalar was last logged in (a sweep judges a metric at its own epoch)."""
         self.last_steps: dict[str, int] = {}
         """The global step each scalar was last logged at (a loop of the script's own: a sweep judges it there)."""
-        self.logged_since = False
-        """A job.log since rank 0's last progress line: the next one goes out at once (a sweep reads each
-        value from them; two logs within a second of fast steps showed the second alone)."""
+        self.unsent: list[dict] = []
+        """Rank 0: the job.log records since its last progress line, which the next one carries (a sweep
+        reads each value from them: with the last scalars alone, two logs within a second showed the second)."""
         self.logged: list[dict] = []
         """Every job.log record, for the end report."""
         self.window: Window | None = None
@@ -74,8 +74,9 @@ class RunRecords:
         self.last_scalars.update(values)
         self.last_epochs.update(dict.fromkeys(values, epoch))
         self.last_steps.update(dict.fromkeys(values, step))
-        self.logged_since = True
         self.logged.append({"epoch": epoch, "step": step, **values})
+        if self.is_main and self.report_progress:  # the next progress line carries it
+            self.unsent.append(self.logged[-1])
         self.write("log", **self.logged[-1])  # the script's own win
 
     def begin_epoch(self) -> None:
@@ -111,8 +112,7 @@ class RunRecords:
         last exchange blocked this rank (counted once a round). `epochs`: None outside job.epochs
         (a script's own `for epoch in range(n)` says no total); `steps`: None in an endless epoch
         (a sampler that never runs out), whose loss is that of its last batches. `taken`: the
-        optimizer steps taken (job.step: a sweep times a loop of the script's own by them). The line
-        after a job.log goes out at once, with the values logged."""
+        optimizer steps taken (job.step: a sweep times a loop of the script's own by them)."""
         if not self.report_progress:
             return
         rank, host_name, device, size = self.who
@@ -128,10 +128,11 @@ class RunRecords:
                        logged_epochs={k: e for k, e in self.last_epochs.items()
                                       if isinstance(self.last_scalars.get(k), (int, float))},
                        logged_steps={k: e for k, e in self.last_steps.items()
-                                     if isinstance(self.last_scalars.get(k), (int, float))})
-        self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
-                           batch=sum(split), epoch_end=step == steps or self.logged_since, **job)
-        self.logged_since = False
+                                     if isinstance(self.last_scalars.get(k), (int, float))},
+                       logs=list(self.unsent))
+        if self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
+                              batch=sum(split), epoch_end=step == steps, **job):
+            self.unsent = []
 
     def end_epoch(self, epoch: int, step: int, size: int, steps: int, split: list[int] | None,
                   skipped_steps: int) -> list[float]:

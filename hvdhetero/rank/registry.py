@@ -76,29 +76,35 @@ class Scheduler:
         self.scheduler = scheduler
 
     def state_dict(self) -> dict:
-        if hasattr(self.scheduler, "state_dict"):
+        if self._its_own():
             return {k: v for k, v in self.scheduler.state_dict().items() if k != "step"}
         return {k: v for k, v in vars(self.scheduler).items() if _plain(v)}
 
     def load_state_dict(self, state: dict) -> None:
-        if hasattr(self.scheduler, "load_state_dict"):
+        if self._its_own():
             self.scheduler.load_state_dict(state)
             return
         for name, value in state.items():
             setattr(self.scheduler, name, value)
 
+    def _its_own(self) -> bool:
+        """It saves and loads itself (both methods: one alone would not read back what it wrote)."""
+        return hasattr(self.scheduler, "state_dict") and hasattr(self.scheduler, "load_state_dict")
+
 
 def _plain(value: Any) -> bool:
     """What torch.load(weights_only=True) reads back: numbers, strings, None, tensors, and lists,
-    tuples and dicts of them (not the optimizer a scheduler holds, nor a function)."""
+    tuples and dicts of them (not the optimizer a scheduler holds, nor a function). Types exactly:
+    NumPy's float64 (np.cos's), an IntEnum, a namedtuple or a defaultdict would be written and
+    then refused, and every checkpoint with them with it."""
     import torch
 
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+    if value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.Tensor):
         return True
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):
         return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    if type(value) is dict:
+        return all(type(k) in (str, int) and _plain(v) for k, v in value.items())
     return False
 
 

@@ -22,6 +22,9 @@ is an attribute of the object itself (no class to put it on) is wrapped there.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from hvdhetero.rank import current
@@ -41,6 +44,8 @@ class _Job:
     """Per scheduler (by id): the optimizer steps it had seen at its last step (OncePerStep.seen)."""
     given: set[int] = set()
     """`scheduler=`s of another kind than torch's (by id): their class's step is ours for them."""
+    wrapped: list = []
+    """(object, its step, an attribute of its own?) for the schedulers wrapped on the object: put back at release."""
 
 
 def take_over(state: StepState, saved: list, given: list = ()) -> None:
@@ -55,41 +60,59 @@ def take_over(state: StepState, saved: list, given: list = ()) -> None:
             continue
         if "step" not in vars(scheduler) and _adopt(type(scheduler)):
             _Job.given.add(id(scheduler))
-        elif not isinstance(scheduler.step, OncePerStep):  # a step of the object's own
-            scheduler.step = OncePerStep(scheduler.step, state)
+        else:  # a step of the object's own, or one no class can take: wrapped on the object
+            own = scheduler.step.wrapped if isinstance(scheduler.step, OncePerStep) else scheduler.step
+            _Job.wrapped.append((scheduler, own, "step" in vars(scheduler)))
+            scheduler.step = OncePerStep(own, state)
 
 
 def release() -> None:
     """The job is over (an elastic reset drops it): every scheduler is torch's (or its own) again."""
-    _Job.state, _Job.saved, _Job.seen, _Job.given = None, set(), {}, set()
+    for scheduler, own, attribute in _Job.wrapped:
+        if attribute:
+            scheduler.step = own
+        else:  # its class's again
+            del scheduler.step
+    _Job.state, _Job.saved, _Job.seen, _Job.given, _Job.wrapped = None, set(), {}, set(), []
 
 
 def _adopt(cls: type) -> bool:
     """Put a once-a-step step on `cls` (another kind than torch's) for the given schedulers of it;
-    False where the class takes no attribute (a C type) or has no step."""
-    own = getattr(cls, "step", None)
-    if not callable(own):
-        return False
+    False where its step is no plain function (a staticmethod, a classmethod, a callable object:
+    the object is wrapped instead) or the class takes no attribute (a C type)."""
+    own = inspect.getattr_static(cls, "step", None)
     if getattr(own, "_hvdhetero_given", None) is not None:
         return True
+    if not inspect.isfunction(own):
+        return False
 
+    @functools.wraps(own)
     def step(self, *args, **kwargs):
         state = _Job.state
         if state is None or id(self) not in _Job.given:
             return own(self, *args, **kwargs)
-        once = OncePerStep(lambda *a, **k: own(self, *a, **k), state)
+        once = OncePerStep(lambda *a, **k: _own(own, self, a, k), state)
         once.seen = _Job.seen.get(id(self), 0)
         try:
             return once(*args, **kwargs)
         finally:  # kept here, not on the scheduler: a state_dict() of its __dict__ holds every attribute
             _Job.seen[id(self)] = once.seen
 
-    step.__doc__, step._hvdhetero_given = own.__doc__, own
+    step._hvdhetero_given = own
     try:
         cls.step = step
     except (TypeError, AttributeError):
         return False
     return True
+
+
+def _own(own, scheduler, args, kwargs):
+    """A given scheduler's own step; torch's it steps in turn (a wrapper of the script's around one) are torch's."""
+    _Job.nested += 1
+    try:
+        return own(scheduler, *args, **kwargs)
+    finally:
+        _Job.nested -= 1
 
 
 def install() -> None:

@@ -152,6 +152,11 @@ class Trial:
             when = whens.get(key, None if self.by_step else p.get("logged_epoch"))
             if when is not None:
                 self.seen.setdefault(int(when), {})[key] = value
+        for entry in p.get("logs") or []:  # every job.log since the last line, in order (the last alone above)
+            when = entry.get("step" if self.by_step else "epoch")
+            if when is not None:
+                self.seen.setdefault(int(when), {}).update(
+                    {k: v for k, v in entry.items() if k not in ("epoch", "step") and isinstance(v, (int, float))})
 
     def speed(self) -> tuple[float, float] | None:
         """(start-up seconds, seconds a unit of its length: an epoch, or a step of a loop of its
