@@ -91,12 +91,7 @@ def _adopt(cls: type) -> bool:
         state = _Job.state
         if state is None or id(self) not in _Job.given:
             return own(self, *args, **kwargs)
-        once = OncePerStep(lambda *a, **k: _own(own, self, a, k), state)
-        once.seen = _Job.seen.get(id(self), 0)
-        try:
-            return once(*args, **kwargs)
-        finally:  # kept here, not on the scheduler: a state_dict() of its __dict__ holds every attribute
-            _Job.seen[id(self)] = once.seen
+        return _once(own, self, state, args, kwargs)
 
     step._hvdhetero_given = own
     try:
@@ -104,15 +99,6 @@ def _adopt(cls: type) -> bool:
     except (TypeError, AttributeError):
         return False
     return True
-
-
-def _own(own, scheduler, args, kwargs):
-    """A given scheduler's own step; torch's it steps in turn (a wrapper of the script's around one) are torch's."""
-    _Job.nested += 1
-    try:
-        return own(scheduler, *args, **kwargs)
-    finally:
-        _Job.nested -= 1
 
 
 def install() -> None:
@@ -138,23 +124,30 @@ def _once_a_step(torchs):
                 print(f"hvdhetero: the {type(self).__name__} on the job's optimizer is in no checkpoint: pass it as "
                       "job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its schedule",
                       flush=True)
-        once = OncePerStep(lambda *a, **k: _torchs(torchs, self, a, k), state)
-        once.seen = _Job.seen.get(id(self), 0)  # the optimizer steps it had seen at its last step
-        try:
-            return once(*args, **kwargs)
-        finally:  # kept here, not on the scheduler: its state_dict() holds every attribute it has
-            _Job.seen[id(self)] = once.seen
+        return _once(torchs, self, state, args, kwargs)
 
     step.__doc__ = torchs.__doc__
     step._hvdhetero_torch = torchs
     return step
 
 
-def _torchs(torchs, scheduler, args, kwargs):
-    """torch's step; the schedulers it steps in turn (SequentialLR's, ChainedScheduler's) are torch's too."""
+def _once(own, scheduler, state: StepState, args, kwargs):
+    """`scheduler`'s step `own` once a global step (OncePerStep), the optimizer steps it had seen at
+    its last step kept here, not on the scheduler: its state_dict() may hold every attribute it has."""
+    once = OncePerStep(lambda *a, **k: _torchs(own, scheduler, a, k), state)
+    once.seen = _Job.seen.get(id(scheduler), 0)
+    try:
+        return once(*args, **kwargs)
+    finally:
+        _Job.seen[id(scheduler)] = once.seen
+
+
+def _torchs(own, scheduler, args, kwargs):
+    """A scheduler class's own step; the torch schedulers it steps in turn (SequentialLR's,
+    ChainedScheduler's, a wrapper of the script's around one) are torch's."""
     _Job.nested += 1
     try:
-        return torchs(scheduler, *args, **kwargs)
+        return own(scheduler, *args, **kwargs)
     finally:
         _Job.nested -= 1
 
