@@ -154,9 +154,9 @@ def test_a_loop_of_the_scripts_own_is_judged_at_the_steps_it_logged_at_and_timed
     trial = Trial(None, "slow", tmp_path, None, 0.0)
     line = {"epoch": 0, "epochs": None, "step": 1, "steps": None}
     trial.progressed(5.0, {**line, "taken": 1, "logged": {"val_loss": 3.2}, "logged_epoch": 0,
-                           "logged_epochs": {"val_loss": 0}, "logged_steps": {"val_loss": 0}})
+                           "logged_epochs": {"val_loss": 0}, "logs": [{"epoch": 0, "step": 0, "val_loss": 3.2}]})
     trial.progressed(15.0, {**line, "taken": 101, "logged": {"val_loss": 1.4}, "logged_epoch": 0,
-                            "logged_epochs": {"val_loss": 0}, "logged_steps": {"val_loss": 100}})
+                            "logged_epochs": {"val_loss": 0}, "logs": [{"epoch": 0, "step": 100, "val_loss": 1.4}]})
     assert trial.looped and trial.epoch_values("val_loss") == {0: 3.2, 100: 1.4}
     assert trial.expected_end() is None and trial.where() == "step 101", "no trial has ended: its length is unknown"
     trial.length = 300
@@ -168,8 +168,7 @@ def test_a_loop_of_the_scripts_own_is_judged_at_the_steps_it_logged_at_and_timed
     assert trial.expected_end() is None, "past the length the last trial had: it cannot tell (a back-up may run it)"
     fast = Trial(None, "fast", tmp_path, None, 0.0)  # two evaluations within a second: one line carries both
     logs = [{"epoch": 0, "step": 100, "val_loss": 1.2}, {"epoch": 0, "step": 200, "val_loss": 0.9}]
-    fast.progressed(1.0, {**line, "taken": 201, "logged": {"val_loss": 0.9}, "logged_steps": {"val_loss": 200},
-                          "logs": logs})
+    fast.progressed(1.0, {**line, "taken": 201, "logged": {"val_loss": 0.9}, "logs": logs})
     assert fast.epoch_values("val_loss") == {100: 1.2, 200: 0.9}
 
 
@@ -180,11 +179,11 @@ def test_a_loop_of_the_scripts_own_over_epochs_is_judged_at_each_pass_and_timed_
     from hvdhetero.sweep.trial import Trial
 
     trial = Trial(None, "fast", tmp_path, None, 0.0)
-    line = {"epochs": None, "step": 40, "steps": 40, "logged_steps": {"val_loss": 40}}
+    line = {"epochs": None, "step": 40, "steps": 40}
     trial.progressed(5.0, {**line, "epoch": 0, "taken": 40, "logged": {"val_loss": 0.9},
-                           "logged_epochs": {"val_loss": 0}})
+                           "logged_epochs": {"val_loss": 0}, "logs": [{"epoch": 0, "step": 40, "val_loss": 0.9}]})
     trial.progressed(9.0, {**line, "epoch": 1, "taken": 80, "logged": {"val_loss": 0.5},
-                           "logged_epochs": {"val_loss": 1}, "logged_steps": {"val_loss": 80}})
+                           "logged_epochs": {"val_loss": 1}, "logs": [{"epoch": 1, "step": 80, "val_loss": 0.5}]})
     assert trial.looped and not trial.by_step and trial.epoch_values("val_loss") == {0: 0.9, 1: 0.5}
     trial.length = 120
     assert trial.expected_end() == pytest.approx(13.0) and trial.where() == "step 80/120"
@@ -242,7 +241,7 @@ def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_
             for step, value in values:
                 f.write(json.dumps({"at": time.time(), "progress": {
                     "epoch": 0, "epochs": None, "step": step + 1, "steps": None, "taken": step,
-                    "logged": {"val_loss": value}, "logged_steps": {"val_loss": step}}}) + "\n")
+                    "logged": {"val_loss": value}, "logs": [{"epoch": 0, "step": step, "val_loss": value}]}}) + "\n")
 
     logs((0, 3.2), (50, 2.1))
     sweep.poll(short, time.time())
@@ -257,7 +256,7 @@ def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_
     assert told.state.name == "PRUNED" and told.intermediate_values == {0: 3.2, 50: 2.1, 100: 1.7}
     diverged = Trial(None, "slow", tmp_path, Running(), 0.0, short=100, cut_at=100)
     diverged.progressed(1.0, {"epochs": None, "steps": None, "taken": 100, "logged": {"val_loss": float("nan")},
-                              "logged_steps": {"val_loss": 100}})
+                              "logs": [{"epoch": 0, "step": 100, "val_loss": float("nan")}]})
     assert sweep.cut_due(diverged), "a value that is not finite ends a short trial too (the study is told none)"
 
 

@@ -50,8 +50,6 @@ class RunRecords:
         self.last_scalars: dict[str, Any] = {}
         self.last_epochs: dict[str, int] = {}
         """The epoch each scalar was last logged in (a sweep judges a metric at its own epoch)."""
-        self.last_steps: dict[str, int] = {}
-        """The global step each scalar was last logged at (a loop of the script's own: a sweep judges it there)."""
         self.unsent: list[dict] = []
         """Rank 0: the job.log records since its last progress line, which the next one carries (a sweep
         reads each value from them: with the last scalars alone, two logs within a second showed the second)."""
@@ -73,7 +71,6 @@ class RunRecords:
         self.close_window(epoch, step)
         self.last_scalars.update(values)
         self.last_epochs.update(dict.fromkeys(values, epoch))
-        self.last_steps.update(dict.fromkeys(values, step))
         self.logged.append({"epoch": epoch, "step": step, **values})
         if self.is_main and self.report_progress:  # the next progress line carries it
             self.unsent.append(self.logged[-1])
@@ -127,8 +124,6 @@ class RunRecords:
                        logged_epoch=self.logged[-1]["epoch"] if self.logged else None,
                        logged_epochs={k: e for k, e in self.last_epochs.items()
                                       if isinstance(self.last_scalars.get(k), (int, float))},
-                       logged_steps={k: e for k, e in self.last_steps.items()
-                                     if isinstance(self.last_scalars.get(k), (int, float))},
                        logs=list(self.unsent))
         if self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
                               batch=sum(split), epoch_end=step == steps, **job):

@@ -147,12 +147,13 @@ class Trial:
             self.last = (at, done)
         logged = p.get("logged") or {}
         self.logged_names.update(logged)
-        whens = (p.get("logged_steps") if self.by_step else p.get("logged_epochs")) or {}
-        for key, value in logged.items():  # each scalar at the epoch (or step) it was logged in
-            when = whens.get(key, None if self.by_step else p.get("logged_epoch"))
-            if when is not None:
-                self.seen.setdefault(int(when), {})[key] = value
-        for entry in p.get("logs") or []:  # every job.log since the last line, in order (the last alone above)
+        if not self.by_step:  # each scalar's last value at the epoch it was logged in
+            epochs = p.get("logged_epochs") or {}
+            for key, value in logged.items():
+                epoch = epochs.get(key, p.get("logged_epoch"))
+                if epoch is not None:
+                    self.seen.setdefault(int(epoch), {})[key] = value
+        for entry in p.get("logs") or []:  # every job.log since the last line, in order, at its epoch or step
             when = entry.get("step" if self.by_step else "epoch")
             if when is not None:
                 self.seen.setdefault(int(when), {}).update(
