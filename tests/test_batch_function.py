@@ -144,6 +144,83 @@ def test_a_batch_of_another_size_later_is_refused_naming_both():
         source.collate([12])
 
 
+def windows(steps: int = 4, columns: int = 6, bptt: int = 4):
+    """word_language_model's get_batch over a batchified corpus: [bptt, columns] windows of it in
+    turn (the batch the second dimension) and their targets flattened by .view(-1); the last
+    window shorter (2 rows)."""
+    source = torch.arange((steps * bptt - 1) * columns).view(-1, columns)
+    starts = iter(range(0, len(source) - 1, bptt))
+
+    def get_batch():
+        i = next(starts)
+        seq_len = min(bptt, len(source) - 1 - i)
+        return source[i:i + seq_len], source[i + 1:i + 1 + seq_len].view(-1)
+    return source, get_batch
+
+
+def test_a_sequence_first_window_is_shared_by_its_columns_and_flat_targets_follow_them():
+    source, get_batch = windows()
+    fn = BatchFunction(get_batch, batch_dim=1)
+    fn.measure(fn.batch(0))
+    assert fn.global_batch == 6
+    data, target = fn.collate([2, 3, 4])  # a rank's columns 2..4 of the first window
+    assert torch.equal(data, source[0:4, 2:5])
+    assert torch.equal(target, source[1:5, 2:5].reshape(-1))  # the same columns' targets, row by row
+    data, target = fn.collate([10, 11, 12, 13])  # a merging rank: step 1's last columns, then step 2's first
+    assert torch.equal(data, torch.cat([source[4:8, 4:6], source[8:12, 0:2]], 1))
+    assert torch.equal(target.view(4, 4), torch.cat([source[5:9, 4:6], source[9:13, 0:2]], 1))
+    with pytest.raises(ConfigError, match=r"different shapes \(\(4, 2\), \(2, 1\)\).*--inner-steps same"):
+        fn.collate([16, 17, 18])  # step 2's window and the last, shorter one: not one batch
+    short, short_target = fn.collate([18, 19, 20])  # the last window: 2 rows
+    assert torch.equal(short, source[12:14, 0:3]) and torch.equal(short_target, source[13:15, 0:3].reshape(-1))
+
+
+def test_a_sequence_first_window_taken_along_its_first_dimension_is_refused_naming_batch_dim():
+    _, get_batch = windows()
+    fn = BatchFunction(get_batch)
+    with pytest.raises(ConfigError, match=r"shapes \(4, 6\), \(24,\), which do not all hold the same number of "
+                                          r"samples along the first dimension \(4 in the first\).*batch_dim=1"):
+        fn.measure(fn.batch(0))
+    odd = BatchFunction(lambda: (torch.zeros(4, 6), torch.zeros(25)), batch_dim=1)
+    with pytest.raises(ConfigError, match=r"a tensor of shape \(25,\), which has no dimension 1 and is not the batch "
+                                          r"\(6 samples\) laid out flat"):
+        odd.measure(odd.batch(0))
+
+
+def test_batch_dim_is_for_a_batch_function_alone():
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=4)
+    with pytest.raises(ConfigError, match=r"batch_dim=1\): batch_dim is the dimension .* leave batch_dim out"):
+        validate.data_arguments(loader, None, None, None, batch_dim=1)
+    with pytest.raises(ConfigError, match=r"batch_dim=-1\): give a dimension, 0 or more"):
+        validate.data_arguments(lambda: torch.zeros(4), None, None, None, batch_dim=-1)
+    assert validate.data_arguments(lambda: torch.zeros(4, 2), None, None, None, batch_dim=1).dataset.dim == 1
+
+
+def test_a_model_a_batch_function_hooks_saves_and_copies_without_the_job():
+    """word_language_model saves its best model whole (torch.save(model, f)), an EMA is often
+    copy.deepcopy(model): the hook NextBatch puts on the model goes into neither as the job's."""
+    import copy
+    import io
+    import types
+    from hvdhetero.rank.batch_function import NextBatch
+    model = torch.nn.Linear(2, 2)
+    loader = types.SimpleNamespace(on_item=lambda item: None, before_step=lambda item: None)  # (a lambda: no pickle)
+    hooked = NextBatch(loader, types.SimpleNamespace(item=None, backed=False), model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    assert b"hvdhetero" not in buffer.getvalue()
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    twin = copy.deepcopy(model)
+    for other in (loaded, twin):
+        assert torch.equal(other(torch.ones(2)), model(torch.ones(2)))
+    hooked.forwards = False
+    twin(torch.ones(2)), loaded(torch.ones(2))
+    assert not hooked.forwards  # the copies' forwards are not the prepared model's
+    model(torch.ones(2))
+    assert hooked.forwards
+
+
 def test_a_batch_function_with_a_global_batch_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"a batch function returns one step's whole batch itself .* leave "
                                           r"global_batch out"):
@@ -273,3 +350,11 @@ def test_epochs_over_a_batch_function_checkpoint_every_so_many_minutes(tmp_path)
     steps = [r["step"] for r in records if r["event"] == "checkpoint"]
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
     assert {200, 400, 600} <= set(steps) and any(s % 200 for s in steps), steps  # within epochs 2 and 3 too
+
+
+def test_a_loop_with_no_optimizer_is_told_to_make_torchs_sgd():
+    """word_language_model updates by hand (`p.data.add_(p.grad, alpha=-lr)`): job.prepare(model,
+    None, ...) says what replaces that update."""
+    with pytest.raises(ConfigError, match=r"job.prepare\(model, None, \.\.\.\): .*torch.optim.SGD\(model.parameters\(\), "
+                                          r"lr=lr\)`, calls `optimizer.step\(\)` in place of the update"):
+        validate.parts_arguments(torch.nn.Linear(2, 2), None, None)

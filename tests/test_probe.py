@@ -115,6 +115,27 @@ def test_a_model_that_takes_the_dict_gets_the_dict():
     assert grads(model, ProbeLoss()(model, {"x": torch.randn(5, 4), "y": torch.randn(5)}))
 
 
+class Recurrent(nn.Module):
+    """word_language_model's RNNModel: `forward(input, hidden)`, the batch [sequence, batch]."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.rnn, self.decoder = nn.Embedding(10, 4), nn.LSTM(4, 4), nn.Linear(4, 10)
+        self.hidden = []
+
+    def forward(self, input, hidden):
+        self.hidden.append(hidden)
+        output, hidden = self.rnn(self.encoder(input), hidden)
+        return self.decoder(output).view(-1, 10), hidden
+
+
+def test_a_recurrent_model_without_its_hidden_state_is_called_with_none_as_an_lstm_starts_from_zeros():
+    model = Recurrent()
+    data = torch.randint(0, 10, (7, 3))
+    assert grads(model, ProbeLoss()(model, (data, data.view(-1))))  # its (data, targets), targets flat
+    assert model.hidden[-1] is None
+
+
 def test_a_model_of_two_inputs_gets_all_but_the_targets():
     class Lengths(nn.Module):
         def __init__(self):

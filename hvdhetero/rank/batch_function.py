@@ -56,8 +56,11 @@ class BatchFunction:
     turns a run of them into that part of their step's batch. Its steps are drawn in order, each
     once, and kept until a later step is asked for."""
 
-    def __init__(self, fn: Callable[[], Any]):
+    def __init__(self, fn: Callable[[], Any], batch_dim: int = 0):
         self.fn = fn
+        self.dim = batch_dim
+        """The dimension the samples lie along in every tensor the function returns (1 for
+        [sequence, batch] windows: word_language_model's `get_batch`, an LSTM without batch_first)."""
         self.stream = _states()
         """The generators' states the next draw starts from (rank 0's at prepare: `shared`)."""
         self.next_step = 0
@@ -71,14 +74,7 @@ class BatchFunction:
         first step is drawn: its rows are the global batch, the sequence an endless one of them.
         A collective: every rank calls it in job.prepare."""
         self.stream = collectives.broadcast_object(self.stream, 0, "hvdhetero.batch_fn", "job.prepare()")
-        first = self.batch(0)
-        try:
-            self.global_batch = batches.size(first)
-        except TypeError as e:
-            raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned no tensor "
-                              f"({type(first).__name__}): it must return one step's batch, as one device takes it "
-                              "(a tensor, or a tuple or dict of tensors with the samples along the first "
-                              "dimension)") from e
+        self.measure(self.batch(0))
         if self.global_batch < ranks:
             raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned {self.global_batch} "
                               f"sample(s), fewer than the ranks ({ranks}): return one step's whole batch (every "
@@ -105,9 +101,42 @@ class BatchFunction:
             stop = start
             while stop < len(rows) and rows[stop] // b == step and rows[stop] == rows[start] + stop - start:
                 stop += 1
-            parts.append(batches.take(self.batch(step), rows[start] - step * b, rows[stop - 1] - step * b + 1))
+            parts.append(batches.take(self.batch(step), rows[start] - step * b, rows[stop - 1] - step * b + 1,
+                                      self.dim))
             start = stop
-        return parts[0] if len(parts) == 1 else _joined(parts)
+        return parts[0] if len(parts) == 1 else _joined(parts, self.dim)
+
+    def measure(self, first) -> None:
+        """The global batch: the samples of the first step's batch along the batch dimension.
+        Refused, saying what to change, where its tensors do not all hold that many (each rank keeps
+        its rows of every tensor): a [sequence, batch] window returned beside its flattened targets,
+        taken along the first dimension, would hand a rank some of the window's time steps and a
+        few of its targets."""
+        dim = self.dim
+        try:
+            self.global_batch = n = batches.size(first, dim)
+        except TypeError as e:
+            raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned no tensor "
+                              f"{'' if not dim else f'with a dimension {dim} '}({type(first).__name__}): "
+                              "it must return one step's batch, as one device takes it (a tensor, or a tuple or "
+                              f"dict of tensors with the samples along the {_nth(dim)} dimension)") from e
+        for t in batches.tensors(first):
+            if t.dim() > dim and t.shape[dim] != n:
+                shapes = ", ".join(str(tuple(x.shape)) for x in batches.tensors(first))
+                raise ConfigError(
+                    f"job.prepare(model, optimizer, fn): the batch function returned tensors of shapes {shapes}, "
+                    f"which do not all hold the same number of samples along the {_nth(dim)} dimension ({n} in the "
+                    "first): each rank keeps its share of the samples of every tensor. "
+                    + ("Where the batch is the second dimension ([sequence, batch], an LSTM or a Transformer "
+                       "without batch_first), pass job.prepare(..., batch_dim=1)." if not dim else
+                       "Return every tensor with the samples along that dimension, or flat (the batch's "
+                       f"[..., {n}] laid out row by row, as .view(-1) makes it)."))
+            if dim and t.dim() <= dim and (t.numel() % n or not t.numel()):
+                raise ConfigError(
+                    f"job.prepare(model, optimizer, fn, batch_dim={dim}): the batch function returned a tensor of "
+                    f"shape {tuple(t.shape)}, which has no dimension {dim} and is not the batch ({n} samples) laid "
+                    f"out flat (a multiple of {n} values, as .view(-1) of [sequence, {n}] makes it): return it with "
+                    f"the samples along dimension {dim}")
 
     def batch(self, step: int):
         """Step `step`'s global batch: drawn now, with the steps before it that were never asked
@@ -118,8 +147,8 @@ class BatchFunction:
             while self.next_step <= step:
                 before = self.stream
                 batch = self._call()
-                if self.global_batch and batches.size(batch) != self.global_batch:
-                    raise ConfigError(f"the batch function returned {batches.size(batch)} samples at step "
+                if self.global_batch and batches.size(batch, self.dim) != self.global_batch:
+                    raise ConfigError(f"the batch function returned {batches.size(batch, self.dim)} samples at step "
                                       f"{self.next_step}, {self.global_batch} at the first: it must return one "
                                       "step's whole batch, the same size every step (the global batch; a "
                                       "DataLoader's short last batch goes with drop_last=True)")
@@ -182,7 +211,7 @@ class NextBatch:
         """Hooks of a batch fetched ahead (nanoGPT's), run at the model's next forward."""
         self.forwards = False
         """The script calls the prepared model (in training mode): its forward hands a batch fetched ahead over."""
-        self._hook = model.register_forward_pre_hook(self._forward)
+        self._hook = model.register_forward_pre_hook(_Unsaved(self._forward))
         self._it = None
 
     def __call__(self):
@@ -236,6 +265,23 @@ class NextBatch:
             hook(item)
 
 
+class _Unsaved:
+    """A hook on the script's model that a copy of the model does not carry: `torch.save(model, f)`
+    (word_language_model saves its best model whole) or `copy.deepcopy(model)` (an EMA made from it)
+    pickles it as a hook that does nothing and names nothing of hvdhetero (`{}.get(module, args)`
+    returns the args), not this job's batches and loader (whose batch function, a lambda, does not
+    pickle at all)."""
+
+    def __init__(self, hook: Callable):
+        self.hook = hook
+
+    def __call__(self, module, args):
+        return self.hook(module, args)
+
+    def __reduce__(self):
+        return getattr, ({}, "get")
+
+
 def _ended():
     """A stream that ended: every later call ends at once."""
     return iter(())
@@ -282,15 +328,30 @@ def _tuples(value):
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-def _joined(parts: list):
-    """Consecutive steps' rows as one batch (a rank that merges steps: --inner-steps by-speed)."""
+def _joined(parts: list, dim: int = 0, widths: list[int] | None = None):
+    """Consecutive steps' rows as one batch (a rank that merges steps: --inner-steps by-speed),
+    joined along the batch dimension (a flat tensor's rows side by side, flat again)."""
+    if widths is None:
+        widths = [batches.size(p, dim) for p in parts]
     first = parts[0]
     if isinstance(first, torch.Tensor):
-        return torch.cat(parts)
+        flat = dim and first.dim() <= dim
+        try:
+            if flat:
+                return torch.cat([p.reshape(-1, w) for p, w in zip(parts, widths)], 1).reshape(-1)
+            return torch.cat(parts, dim)
+        except RuntimeError as e:
+            shapes = ", ".join(str(tuple(p.shape)) for p in parts)
+            raise ConfigError(f"the batch function's steps have different shapes ({shapes}), which --inner-steps "
+                              "by-speed cannot merge into one batch: use --inner-steps same") from e
     if isinstance(first, (tuple, list)):
-        return type(first)(_joined(list(column)) for column in zip(*parts))
+        return type(first)(_joined(list(column), dim, widths) for column in zip(*parts))
     if isinstance(first, dict):
-        return {k: _joined([p[k] for p in parts]) for k in first}
+        return {k: _joined([p[k] for p in parts], dim, widths) for k in first}
     raise ConfigError(f"the batch function returns a {type(first).__name__}, which hvdhetero cannot join over "
                       "steps merged by --inner-steps by-speed: return a tensor, a tuple or a dict of tensors, or "
                       "use --inner-steps same")
+
+
+def _nth(dim: int) -> str:
+    return ("first", "second", "third")[dim] if dim < 3 else f"{dim + 1}th"

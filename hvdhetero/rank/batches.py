@@ -16,20 +16,54 @@ import torch
 from torch.utils.data import TensorDataset, default_collate
 
 
-def size(batch) -> int:
-    """Samples in `batch`: the first dimension of its first tensor."""
-    tensor = first_tensor(batch)
+def size(batch, dim: int = 0) -> int:
+    """Samples in `batch`: its first tensor's length along `dim`, the batch dimension (1 for a
+    batch laid out [sequence, batch], an LSTM's or a Transformer's without batch_first). A tensor
+    with no such dimension is skipped (a flattened target beside [sequence, batch] inputs)."""
+    tensor = first_tensor(batch, dim)
     if tensor is None:
         raise TypeError(f"a batch must hold at least one tensor (got {type(batch).__name__}); "
                         "give prepare() a collate_fn that returns tensors")
-    return tensor.shape[0] if tensor.dim() else 1
+    return tensor.shape[dim] if tensor.dim() else 1
 
 
-def take(batch, start: int, stop: int):
-    """Samples start..stop of every tensor in `batch` (other values as they are)."""
+def take(batch, start: int, stop: int, dim: int = 0):
+    """Samples start..stop of every tensor in `batch` (other values as they are), along `dim`. With
+    dim >= 1, a tensor of fewer dimensions is the batch laid out flat, row by row (word_language_model's
+    `target.view(-1)` of a [sequence, batch] window): its columns start..stop, flat again."""
+    if not dim:
+        def one(b):
+            return b[start:stop] if isinstance(b, torch.Tensor) else _rebuilt(b, one)
+        return one(batch)
+    whole = size(batch, dim)
+
+    def sliced(b):
+        if not isinstance(b, torch.Tensor):
+            return _rebuilt(b, sliced)
+        if b.dim() > dim:
+            return b.narrow(dim, start, stop - start)
+        return b.reshape(-1, whole)[:, start:stop].reshape(-1)
+    return sliced(batch)
+
+
+def dim_of(dataset) -> int:
+    """The batch dimension of what `dataset` collates: a batch function's own (rank/batch_function.py),
+    else the first."""
+    from hvdhetero.rank.batch_function import BatchFunction  # (which takes its batches apart with this module)
+    return dataset.dim if isinstance(dataset, BatchFunction) else 0
+
+
+def tensors(batch) -> list[torch.Tensor]:
+    """Every tensor in `batch`, in order."""
+    found = []
+
     def one(b):
-        return b[start:stop] if isinstance(b, torch.Tensor) else _rebuilt(b, one)
-    return one(batch)
+        if isinstance(b, torch.Tensor):
+            found.append(b)
+            return b
+        return _rebuilt(b, one)
+    one(batch)
+    return found
 
 
 def to_device(batch, device: torch.device):
@@ -97,9 +131,10 @@ def probe(dataset, n: int, device: torch.device, collate_fn: Callable | None = N
     return to_device(collate(dataset, [i % len(dataset) for i in range(n)], collate_fn), device)
 
 
-def first_tensor(batch):
+def first_tensor(batch, dim: int = 0):
+    """The first tensor in `batch` with a dimension `dim` (any tensor where dim is 0)."""
     if isinstance(batch, torch.Tensor):
-        return batch
+        return batch if not dim or batch.dim() > dim else None
     if isinstance(batch, Mapping):
         values = batch.values()
     elif isinstance(batch, (list, tuple)):
@@ -109,7 +144,7 @@ def first_tensor(batch):
     else:
         values = ()
     for v in values:
-        found = first_tensor(v)
+        found = first_tensor(v, dim)
         if found is not None:
             return found
     return None

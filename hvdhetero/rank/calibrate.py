@@ -78,7 +78,8 @@ def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_
     real model: the median of a few probes after one warm-up, and its standard error (the
     probes' spread). The model is left unchanged."""
     batch = batches.probe(dataset, n, me.device.torch_device, collate_fn)
-    times = [forward_backward(model, batch, me, loss_fn=loss_fn)[1] for _ in range(steps + 1)][1:]
+    dim = batches.dim_of(dataset)
+    times = [forward_backward(model, batch, me, loss_fn=loss_fn, dim=dim)[1] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2], stdev(times) / len(times) ** 0.5
 
@@ -178,7 +179,10 @@ def ways(model, batch) -> list[Callable]:
     - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then all but the last
       (`model(x, lengths)`), then all of it;
     - a dataclass: as a dict of its fields (`model(**fields)`, `model(batch)`, `model(batch.x)`);
-    - a tensor: `model(batch)`."""
+    - a tensor: `model(batch)`;
+    - last, where forward requires more positional arguments than the inputs, None for the rest
+      (a recurrent model's `forward(input, hidden)`, whose nn.LSTM or nn.GRU starts from zeros
+      for a hidden state of None: word_language_model's)."""
     found: list[Callable] = []
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):  # a dataclass batch: as a dict of its fields
         names = [f.name for f in dataclasses.fields(batch)]
@@ -204,8 +208,21 @@ def ways(model, batch) -> list[Callable]:
             found.append(lambda m, b: m(*b[:-1]))
         if len(batch) > 1:
             found.append(lambda m, b: m(*b))
+        if missing := _missing(model, 1):
+            found.append(lambda m, b: m(b[0], *[None] * missing))
         return found
-    return [lambda m, b: m(b)]
+    missing = _missing(model, 1)
+    return [lambda m, b: m(b)] + ([lambda m, b: m(b, *[None] * missing)] if missing else [])
+
+
+def _missing(model, given: int) -> int:
+    """Positional arguments `model.forward` requires beyond the first `given` (0 where it cannot be told)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return max(0, len(required) - given)
 
 
 def _takes(model, names) -> bool:

@@ -93,13 +93,15 @@ class Job:
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, *,
                 global_batch: int | None = None, collate_fn: Callable | None = None, num_workers: int | None = None,
-                loss_fn: Callable | None = None, scheduler=None):
+                loss_fn: Callable | None = None, scheduler=None, batch_dim: int | None = None):
         """Make every rank start from rank 0's model and optimizer state, size each rank's share
         of `global_batch` by its measured speed, and return (model, optimizer, loader).
 
         `dataset`: a map-style dataset with `global_batch=`, or the script's training DataLoader,
         whose dataset, batch_size (as global_batch), shuffle, drop_last, collate_fn, num_workers and
-        worker_init_fn are kept (rank/validate.py's data_arguments).
+        worker_init_fn are kept (rank/validate.py's data_arguments), or a function that returns one
+        step's batch (rank/batch_function.py), its samples along `batch_dim` (1 for [sequence,
+        batch] windows).
 
         `loss_fn(model, batch) -> loss` is how calibration times your real step before training;
         without it, a probe calls the model as training loops do (`model(batch[0])` for a tuple,
@@ -121,7 +123,7 @@ class Job:
         cfg = self.config
         if parts.several:
             validate.several_optimizers(cfg)
-        data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers)
+        data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers, batch_dim)
         if isinstance(data.dataset, BatchFunction):  # a get_batch of the script's: rank 0's stream, a first draw
             data = data.dataset.shared(data, self.size)
         model = parts.model

@@ -39,7 +39,8 @@ class Data:
     """Chunks each worker collates ahead (torch's default, 2, where None)."""
 
 
-def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, num_workers: int | None) -> Data:
+def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, num_workers: int | None,
+                   batch_dim: int | None = None) -> Data:
     """What job.prepare was given: a dataset with global_batch=, or the script's training
     DataLoader (as accelerate's prepare takes one), whose dataset, batch_size (the global batch:
     what one device took a step), shuffle, drop_last, collate_fn, num_workers, worker_init_fn,
@@ -48,15 +49,23 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
     of its own (a DistributedSampler, a class of the script's) cannot be shared by ranks that are
     dealt their parts of every global batch by index: refused, saying so. A function that returns
     one step's whole batch (nanoGPT's get_batch) is drawn from once a step on every rank
-    (rank/batch_function.py)."""
-    if callable(data) and not isinstance(data, DataLoader) and not hasattr(data, "__getitem__"):
+    (rank/batch_function.py); `batch_dim`, the dimension its samples lie along, is for such a
+    function alone (a DataLoader's collate_fn lays out its batches itself)."""
+    function = callable(data) and not isinstance(data, DataLoader) and not hasattr(data, "__getitem__")
+    if batch_dim is not None and (not function or type(batch_dim) is not int or batch_dim < 0):
+        raise ConfigError(f"job.prepare(..., batch_dim={batch_dim!r}): " + (
+            "batch_dim is the dimension of the samples in what a batch function returns (0, or 1 for "
+            "[sequence, batch] windows); a dataset or DataLoader is dealt by sample, its collate_fn laying out "
+            "each rank's batch: leave batch_dim out" if not function else "give a dimension, 0 or more (1 for "
+            "[sequence, batch] windows)"))
+    if function:
         given = [name for name, value in (("global_batch", global_batch), ("collate_fn", collate_fn),
                                           ("num_workers", num_workers)) if value]
         if given:
             raise ConfigError(f"job.prepare(model, optimizer, fn, {given[0]}=...): a batch function returns one "
                               "step's whole batch itself (its rows are the global batch) on this process; leave "
                               f"{' and '.join(given)} out")
-        source = BatchFunction(data)
+        source = BatchFunction(data, batch_dim or 0)
         return Data(source, 0, source.collate, shuffle=False)
     if not isinstance(data, DataLoader):
         if global_batch is None:
@@ -140,6 +149,11 @@ def parts_arguments(model, optimizer, scheduler) -> Parts:
         if not isinstance(m, torch.nn.Module):
             raise ConfigError(f"job.prepare(model, ...): expected a torch.nn.Module (or a tuple of them, a GAN's "
                               f"generator and discriminator), got {type(m).__name__}")
+    if optimizer is None:
+        raise ConfigError("job.prepare(model, None, ...): give it the optimizer the loop steps. A loop that updates "
+                          "the parameters by hand (`p.data.add_(p.grad, alpha=-lr)`) makes torch's "
+                          "`optimizer = torch.optim.SGD(model.parameters(), lr=lr)`, calls `optimizer.step()` in place "
+                          "of the update and sets `optimizer.param_groups[0]['lr'] = lr` where it changes lr")
     for o in optimizers:
         if not isinstance(o, torch.optim.Optimizer):
             raise ConfigError(f"job.prepare(model, optimizer, ...): expected a torch.optim.Optimizer (or a tuple of "

@@ -103,22 +103,23 @@ def cross_entropy_loss(model, batch) -> torch.Tensor:
 
 
 def forward_backward(model, batch, me: Worker, before_last_backward=None,
-                     loss_fn: Callable = cross_entropy_loss) -> tuple[float, float]:
+                     loss_fn: Callable = cross_entropy_loss, dim: int = 0) -> tuple[float, float]:
     """Straggle (if asked), then forward and backward of `loss_fn(model, batch)` on this rank's
     batch, which may be empty, in chunks of at most `me.micro_batch` samples whose gradients
     accumulate to the whole batch's mean. `before_last_backward()` runs just before the last
     chunk's backward (the overlapping reducer arms its hooks there). What the timing probes,
     the micro-batch tuner and the benchmark's bare-engine phases run; a training script steps
-    through `Job` (rank/job.py), which times the same way. Returns (summed loss, seconds)."""
+    through `Job` (rank/job.py), which times the same way. `dim`: the batch's dimension (1 for a
+    batch function's [sequence, batch] windows). Returns (summed loss, seconds)."""
     t0 = time.perf_counter()
-    n = batches.size(batch)
+    n = batches.size(batch, dim)
     slept = me.straggle(n)
     clock = me.busy_clock()
     busy0 = clock()
     loss_sum = 0.0
     chunk = min(me.micro_batch or n, n)
     for start in range(0, n, chunk or 1):
-        part = batches.take(batch, start, start + chunk)
+        part = batches.take(batch, start, start + chunk, dim)
         loss = loss_fn(model, part)
         share = min(chunk, n - start)
         if share != n:  # a chunk: weight its mean by its share of the batch
@@ -154,6 +155,7 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
+    dim = batches.dim_of(dataset)
     probes = {c: batches.probe(dataset, c * max(1, -(-512 // c)), me.device.torch_device, collate_fn)
               for c in candidates}
     per_sample = {c: float("inf") for c in candidates}
@@ -163,9 +165,9 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     for round_ in range(4):
         for c, batch in probes.items():
             probe.micro_batch = c
-            forward_backward(model, batch, probe, loss_fn=loss_fn)
+            forward_backward(model, batch, probe, loss_fn=loss_fn, dim=dim)
             if round_:
-                per_sample[c] = min(per_sample[c], probe.last_compute / batches.size(batch))
+                per_sample[c] = min(per_sample[c], probe.last_compute / batches.size(batch, dim))
     model.zero_grad(set_to_none=True)
     # Largest first; a smaller chunk must be clearly faster (3%) to win over timing noise.
     best = largest
