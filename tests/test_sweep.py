@@ -473,6 +473,29 @@ def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(
     assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout
 
 
+@pytest.mark.slow
+def test_a_flag_goes_alone_or_not_at_all_and_one_written_as_a_value_stops_the_sweep_saying_how(tmp_path):
+    space, script = tmp_path / "space.yaml", ROOT / "tests" / "scripts" / "user_train.py"
+    space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false]}\n")
+    command = [*sweep_cmd(inventory(tmp_path), space, tmp_path / "valued", "--hosts", "fast", "--trials", "3",
+                          "--budget", "1", "--metric", "test_accuracy", "--mode", "max", "--script", script)]
+    proc = run_cmd(command, check=False, timeout=300)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert ("error: argument --nesterov: ignored explicit argument" in proc.stderr
+            and f"--nesterov is a flag, which takes no value: write `nesterov: {{choice: [true, false], flag: true}}` "
+                f"in {space} (line 2)" in proc.stderr), proc.stderr
+    assert len(trials(tmp_path / "valued")) <= 1 and not left_running(tmp_path / "valued")  # not a trial more
+    space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false], flag: true}\n")
+    folder = tmp_path / "flagged"
+    run_cmd([*command[:command.index(tmp_path / "valued")], folder, *command[command.index(tmp_path / "valued") + 1:]],
+            timeout=300)
+    records = trials(folder)
+    assert [r["state"] for r in records] == ["complete"] * 3, records
+    for r in records:
+        args = json.loads((folder / r["run_dir"] / "launch.json").read_text())["script_args"]
+        assert args == ["--epochs=1", f"--lr={r['params']['lr']!r}", *(["--nesterov"] if r["params"]["nesterov"] else [])]
+
+
 SMALL_GPT = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=16", "--eval_iters=4"]
 """nanoGPT's settings for a model a tenth of the port's (its configurator takes them as globals)."""
 

@@ -42,16 +42,44 @@ def test_a_space_is_read_in_file_order_and_gives_the_script_its_arguments(tmp_pa
     assert layers.log and optimizer.choices == ("adam", "sgd", 0.5, True)
     values = {"lr": 0.0031622776601683794, "dropout": 0.2, "hidden": 96, "layers": 8, "optimizer": True}
     assert loaded.argv(values) == ["--lr=0.0031622776601683794", "--dropout=0.2", "--hidden=96", "--layers=8",
-                                   "--optimizer=true"]
+                                   "--optimizer=True"]
     parser = argparse.ArgumentParser()  # the script reads back exactly the value tried: argparse's...
     for name, kind in (("lr", float), ("dropout", float), ("hidden", int), ("layers", int), ("optimizer", str)):
         parser.add_argument(f"--{name}", type=kind)
-    assert vars(parser.parse_args(loaded.argv(values))) == {**values, "optimizer": "true"}
+    assert vars(parser.parse_args(loaded.argv(values))) == {**values, "optimizer": "True"}
     read = {}  # ...and nanoGPT's configurator, which takes only --key=value
     for arg in loaded.argv(values):
         key, val = arg[2:].split("=")
-        read[key] = ast.literal_eval(val) if key != "optimizer" else val
-    assert read == {**values, "optimizer": "true"}
+        read[key] = ast.literal_eval(val)
+    assert read == values  # (True, as nanoGPT's `compile = True` global takes it)
+
+
+def test_a_flag_is_passed_alone_or_not_at_all_as_argparses_store_true_reads_it(tmp_path):
+    loaded = space.load(write(tmp_path, "use_bn: {choice: [true, false], flag: true}\ncompile: {choice: [true, false]}\n"))
+    assert loaded.argv({"use_bn": True, "compile": False}) == ["--use_bn", "--compile=False"]
+    assert loaded.argv({"use_bn": False, "compile": True}) == ["--compile=True"]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--use_bn", action="store_true")
+    parser.add_argument("--compile", type=ast.literal_eval)
+    for use_bn in (True, False):
+        assert vars(parser.parse_args(loaded.argv({"use_bn": use_bn, "compile": False}))) == {
+            "use_bn": use_bn, "compile": False}
+    with pytest.raises(SystemExit):  # what a flag written as a value got: "ignored explicit argument 'True'"
+        parser.parse_args(["--use_bn=True"])
+
+
+def test_a_trials_argparse_error_over_a_parameter_says_what_to_write_in_the_space(tmp_path):
+    path = write(tmp_path, "lr: {loguniform: [0.01, 0.1]}\nuse_bn: {choice: [true, false]}\n")
+    loaded = space.load(path)
+    said = "error: rank 0 on host pc failed: SystemExit: 2: train.py: error: "
+    assert loaded.hint(said + "argument --use_bn: ignored explicit argument 'False'") == (
+        f"; --use_bn is a flag, which takes no value: write `use_bn: {{choice: [true, false], flag: true}}` in {path} "
+        "(line 2), and each trial passes --use_bn or nothing")
+    assert loaded.hint(said + "unrecognized arguments: --lr=0.05") == (
+        f"; the script has no option --lr: name lr in {path} (line 1) as the script's own option (its --help lists "
+        "them)")
+    assert loaded.hint(said + "unrecognized arguments: --lr_decay=0.5") == ""  # not the space's
+    assert loaded.hint("error: rank 0 on host pc failed: ValueError: nan") == ""
 
 
 def test_a_dotted_name_is_a_nested_settings_option_as_mingpts_configurator_reads_it(tmp_path):
@@ -101,7 +129,11 @@ BAD = {  # id: (text, line, key, what the message must say)
     "log and step": ("n: {int: [1, 64], log: true, step: 2}\n", 1, "n.step", "log and step do not go together"),
     "log on uniform": ("x: {uniform: [0.1, 1], log: true}\n", 1, "x.log", "for a log scale use loguniform"),
     "log not a boolean": ("n: {int: [1, 64], log: yes please}\n", 1, "n.log", "must be true or false"),
-    "step on a choice": ("o: {choice: [a, b], step: 1}\n", 1, "o.step", "choice takes nothing besides its range"),
+    "step on a choice": ("o: {choice: [a, b], step: 1}\n", 1, "o.step", "choice takes flag besides its values"),
+    "flag on a choice of words": ("o: {choice: [a, b], flag: true}\n", 1, "o.flag", "a flag (--NAME or nothing) is a "
+                                  "choice of true and false; o lists a, b"),
+    "flag on a range": ("x: {uniform: [0, 1], flag: true}\n", 1, "x.flag", "uniform takes step besides its range"),
+    "flag not a boolean": ("o: {choice: [true, false], flag: 1}\n", 1, "o.flag", "must be true or false"),
     "empty choice": ("o: {choice: []}\n", 1, "o.choice", "must be a non-empty list of values"),
     "choice twice": ("o:\n  choice:\n    - adam\n    - sgd\n    - adam\n", 5, "o.choice",
                      "'adam' is listed twice (first on line 3)"),

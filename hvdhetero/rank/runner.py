@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
                 run_script(args)
         except SystemExit as done:
             if done.code not in (None, 0):
-                fail(config, f"SystemExit: {done.code}", [])
+                fail(config, f"SystemExit: {done.code}{usage_error(done)}", [])
             exit_with = done
         if current.job is not None:  # a loop of the script's own: rank 0's end record and its job.log values
             current.job.finish()
@@ -79,6 +79,20 @@ def main(argv: list[str] | None = None) -> None:
     ended()
     if exit_with is not None:
         raise exit_with
+
+
+def usage_error(done: SystemExit) -> str:
+    """What argparse said before it exited (a script's argument it refused: `argument --use_bn:
+    ignored explicit argument 'True'`), read from its `error` frame in the exit's traceback, as
+    ": prog: error: message"; "" for any other exit."""
+    tb = done.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
+            parser, message = frame.f_locals.get("self"), frame.f_locals.get("message")
+            return f": {getattr(parser, 'prog', '')}: error: {message}" if message else ""
+        tb = tb.tb_next
+    return ""
 
 
 def said(err: BaseException) -> str:

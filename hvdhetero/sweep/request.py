@@ -100,7 +100,8 @@ def check_before(request: Request, space: spaces.Space, tasks_root: Path, recipe
                 except ConfigError as err:
                     p = next((p for p in space.params if f"--{p.name}" in str(err)), space.params[0])
                     raise SpaceError(space.path, p.line, p.name, f"the built-in recipe refuses "
-                                     f"{' '.join(space.argv(values))} on host {host.name}: {err}") from None
+                                     f"{' '.join(space.argv(values))} on host {host.name}: {err}"
+                                     f"{space.hint(str(err))}") from None
     for host in request.hosts:
         proc = subprocess.run(train_command(tasks_root, request, host, Path(os.devnull),
                                             request.trial_args(space, extremes(space)[0]), dry_run=True),

@@ -335,10 +335,11 @@ class Sweep:
                      f"in {seconds:.1f} s{self.best_note()}")
             return
         said = trial.said()
-        if code == 2:  # bad input is no host's fault: every trial would say the same
+        hint = self.space.hint(said)  # the script's argparse refused a parameter of the space
+        if code == 2 or hint:  # bad input is no host's fault: every trial would say the same
             self.study.tell(trial.trial, state=optuna.trial.TrialState.FAIL)
             raise ConfigError(f"trial {trial.trial.number} on {trial.host}: {said} (its output: "
-                              f"{trial.run_dir / 'trial.log'})")
+                              f"{trial.run_dir / 'trial.log'}){hint}")
         self.last_error = said
         self.say(f"trial {trial.trial.number} on {trial.host}: failed (exit {code}): {said}")
         if self.hosts.failed(trial.host):

@@ -5,6 +5,8 @@ script takes as its own argument (`--lr=0.003`), each with exactly one distribut
     dropout:   {uniform: [0.0, 0.5]}
     hidden:    {int: [32, 256], step: 32}        # or log: true (not both)
     optimizer: {choice: [adam, sgd]}
+    compile:   {choice: [true, false]}            # --compile=True / --compile=False
+    use_bn:    {choice: [true, false], flag: true}   # --use_bn / nothing (argparse's store_true)
 
     space = load("space.yaml")                   # SpaceError (file:line:key, exit 2) if anything is off
     space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr=0.003", "--optimizer=adam"]
@@ -29,8 +31,9 @@ from hvdhetero.errors import SpaceError
 KINDS = ("uniform", "loguniform", "int", "choice")
 """The distributions: a float in [low, high]; a float whose log is uniform (low > 0); an integer
 in [low, high]; one of a list of values."""
-OPTIONS = {"uniform": ("step",), "loguniform": (), "int": ("step", "log"), "choice": ()}
-"""What each distribution takes besides its own key: a grid step, or (int) a log scale."""
+OPTIONS = {"uniform": ("step",), "loguniform": (), "int": ("step", "log"), "choice": ("flag",)}
+"""What each distribution takes besides its own key: a grid step, (int) a log scale, or (a choice
+of true and false) whether the option is a flag that takes no value."""
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*")
 """A parameter's name: it becomes the script's option --NAME; dotted, a nested setting's
 (minGPT's `--trainer.learning_rate=3e-4`)."""
@@ -49,11 +52,16 @@ class Param:
     log: bool = False
     choices: tuple = ()
     line: int = 0
+    flag: bool = False
+    """A choice of true and false for an option that takes no value (argparse's store_true):
+    true passes `--NAME`, false nothing."""
 
     def arg(self, value: Any) -> list[str]:
         """The script's argument for `value`, one word: ["--NAME=text"]. argparse, click and fire
         read it as `--NAME text`; nanoGPT's configurator (`--key=value` globals) reads only this
-        form; and a negative value cannot pass for an option."""
+        form; and a negative value cannot pass for an option. A flag's: ["--NAME"] or none."""
+        if self.flag:
+            return [f"--{self.name}"] if value else []
         return [f"--{self.name}={format_value(value)}"]
 
 
@@ -65,6 +73,22 @@ class Space:
     def argv(self, values: dict[str, Any]) -> list[str]:
         """The script's arguments for one trial's values, in the file's order."""
         return [a for p in self.params for a in p.arg(values[p.name])]
+
+    def hint(self, said: str) -> str:
+        """What to change in the space where a trial's error (`said`) is the script's argparse
+        refusing one of its parameters, which every trial would meet: a flag given a value
+        ("argument --use_bn: ignored explicit argument 'True'"), or an option the script does
+        not have ("unrecognized arguments: --lr=0.01"); "" otherwise."""
+        for p in self.params:
+            where = f"in {self.path} (line {p.line})"
+            if p.kind == "choice" and not p.flag and f"argument --{p.name}: ignored explicit argument" in said:
+                return (f"; --{p.name} is a flag, which takes no value: write `{p.name}: {{choice: [true, false], "
+                        f"flag: true}}` {where}, and each trial passes --{p.name} or nothing")
+            unknown = said.partition("unrecognized arguments:")[2].split()
+            if any(a == f"--{p.name}" or a.startswith(f"--{p.name}=") for a in unknown):
+                return (f"; the script has no option --{p.name}: name {p.name} {where} as the script's own option "
+                        "(its --help lists them)")
+        return ""
 
     def distributions(self) -> dict:
         """Optuna's distributions of the space (for study.ask(fixed_distributions=...))."""
@@ -82,10 +106,11 @@ class Space:
 
 
 def format_value(value: Any) -> str:
-    """A value as the script's argparse reads it back: floats exactly (repr), booleans as
-    true/false, the rest as written."""
+    """A value as the script reads it back: floats exactly (repr), booleans as Python writes them
+    (True/False: nanoGPT's configurator and fire evaluate them as literals, a `str2bool` type
+    lowercases them, click's BOOL takes either case), the rest as written."""
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return "True" if value else "False"
     if isinstance(value, float):
         return repr(value)
     return str(value)
@@ -111,7 +136,7 @@ class _Reader(yaml_file.Reader):
         if not NAME.fullmatch(name):
             raise self.error(name_node, name, "a parameter's name becomes the script's option --NAME: a letter, "
                              "then letters, digits, '_' or '-', dotted for a nested setting (trainer.lr)")
-        allowed = (*KINDS, "step", "log")
+        allowed = (*KINDS, "step", "log", "flag")
         items = self.mapping(node, name, allowed, what="one distribution (uniform, loguniform, int or choice) "
                              "and its options")
         kinds = [k for k in KINDS if k in items]
@@ -119,16 +144,22 @@ class _Reader(yaml_file.Reader):
             named = f"it names {' and '.join(kinds)}" if kinds else "it names none"
             raise self.error(node, name, f"needs exactly one distribution of {', '.join(KINDS)}; {named}")
         kind = kinds[0]
-        for option in ("step", "log"):
+        for option in ("step", "log", "flag"):
             if option in items and option not in OPTIONS[kind]:
                 takes = ", ".join(OPTIONS[kind]) or "nothing"
-                raise self.error(items[option][0], f"{name}.{option}", f"{kind} takes {takes} besides its range"
+                raise self.error(items[option][0], f"{name}.{option}", f"{kind} takes {takes} besides its "
+                                 f"{'values' if kind == 'choice' else 'range'}"
                                  + ("; for a log scale use loguniform" if option == "log" and kind == "uniform"
                                     else ""))
         key = f"{name}.{kind}"
         line = name_node.start_mark.line + 1
         if kind == "choice":
-            return Param(name, kind, choices=self.choices(items[kind][1], key), line=line)
+            choices = self.choices(items[kind][1], key)
+            flag = "flag" in items and self.construct(items["flag"][1], f"{name}.flag", ("bool",), "true or false")
+            if flag and not all(isinstance(c, bool) for c in choices):
+                raise self.error(items["flag"][1], f"{name}.flag", "a flag (--NAME or nothing) is a choice of true "
+                                 f"and false; {name} lists {', '.join(map(format_value, choices))}")
+            return Param(name, kind, choices=choices, line=line, flag=flag)
         integer = kind == "int"
         low, high = self.bounds(items[kind][1], key, integer)
         if kind == "loguniform" and low <= 0:

@@ -78,6 +78,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--history", default="", help="write each epoch to PATH.RANK")
+    parser.add_argument("--nesterov", action="store_true", help="a flag (argparse's store_true): Nesterov momentum")
     args = parser.parse_args()
     if args.history:
         HISTORY = History(f"{args.history}.{os.environ.get('HOROVOD_RANK', 0)}")
@@ -86,7 +87,7 @@ def main():
     model = Net().to(job.device)
     optimizer = torch.optim.SGD([{"params": model.body.parameters()},
                                  {"params": [*model.head.parameters(), model.only_rank_0], "lr": args.lr / 2}],
-                                lr=args.lr, momentum=0.9)
+                                lr=args.lr, momentum=0.9, nesterov=args.nesterov)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)  # stepped per epoch
     model, optimizer, loader = job.prepare(model, optimizer, Digits(train=True), global_batch=100, collate_fn=collate)
     for epoch in job.epochs(args.epochs):
