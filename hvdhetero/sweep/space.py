@@ -107,8 +107,8 @@ class Space:
 
 def format_value(value: Any) -> str:
     """A value as the script reads it back: floats exactly (repr), booleans as Python writes them
-    (True/False: nanoGPT's configurator and fire evaluate them as literals, a `str2bool` type
-    lowercases them, click's BOOL takes either case), the rest as written."""
+    (True/False: nanoGPT's configurator evaluates them as literals, a `str2bool` type lowercases
+    them, click's BOOL takes either case), the rest as written."""
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, float):
