@@ -55,6 +55,14 @@ def test_a_sparse_embedding_and_a_lazy_head_step_like_one_process(exactness):
     assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and r["sparse_grad"] is True, r
 
 
+def test_a_loop_zeroing_through_the_model_in_micro_batches_steps_like_one_process(exactness):
+    """`model.zero_grad()` at the top of every batch (word_language_model's, DCGAN's), with
+    micro-batches: each chunk wiped the ones before it, and the step trained on its last chunk's
+    gradient alone (hvdhetero/rank/zeroing.py)."""
+    r = next(r for r in exactness if r["optimizer"] == "zeromodel")
+    assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2, r
+
+
 def test_a_backbone_unfrozen_after_prepare_has_its_gradients_reduced(exactness):
     """Fine-tuning: all but the head frozen at job.prepare, unfrozen after the first step with a
     param group of its own. Its gradients were never reduced (the reducer held the parameters

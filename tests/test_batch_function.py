@@ -173,6 +173,9 @@ def test_a_sequence_first_window_is_shared_by_its_columns_and_flat_targets_follo
         fn.collate([16, 17, 18])  # step 2's window and the last, shorter one: not one batch
     short, short_target = fn.collate([18, 19, 20])  # the last window: 2 rows
     assert torch.equal(short, source[12:14, 0:3]) and torch.equal(short_target, source[13:15, 0:3].reshape(-1))
+    from hvdhetero.rank import batches
+    last, last_target = batches.take((short, short_target), 2, 4, 1)  # a probe's last micro-batch asks past the end
+    assert torch.equal(last, source[12:14, 2:3]) and torch.equal(last_target, source[13:15, 2:3].reshape(-1))
 
 
 def test_a_sequence_first_window_taken_along_its_first_dimension_is_refused_naming_batch_dim():
@@ -358,3 +361,16 @@ def test_a_loop_with_no_optimizer_is_told_to_make_torchs_sgd():
     with pytest.raises(ConfigError, match=r"job.prepare\(model, None, \.\.\.\): .*torch.optim.SGD\(model.parameters\(\), "
                                           r"lr=lr\)`, calls `optimizer.step\(\)` in place of the update"):
         validate.parts_arguments(torch.nn.Linear(2, 2), None, None)
+
+
+def test_lbfgs_trains_each_ranks_share_in_one_piece_and_an_explicit_micro_batch_is_refused():
+    """LBFGS's step(closure) evaluates the batch in hand up to 20 times a step (time_sequence's
+    port trains with it): no chunk of a step can wait for the last."""
+    import types
+    lbfgs = torch.optim.LBFGS(torch.nn.Linear(2, 2).parameters())
+    assert validate.closure_optimizers(types.SimpleNamespace(micro_batch="auto"), [lbfgs])
+    assert not validate.closure_optimizers(types.SimpleNamespace(micro_batch="32"),
+                                           [torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)])
+    with pytest.raises(ConfigError, match=r"--micro-batch 32 with LBFGS: its step\(closure\) evaluates the batch in "
+                                          r"hand several times a step.*use --micro-batch 0"):
+        validate.closure_optimizers(types.SimpleNamespace(micro_batch="32"), [lbfgs])

@@ -79,6 +79,14 @@ def test_a_trials_argparse_error_over_a_parameter_says_what_to_write_in_the_spac
         f"; the script has no option --lr: name lr in {path} (line 1) as the script's own option (its --help lists "
         "them)")
     assert loaded.hint(said + "unrecognized arguments: --lr_decay=0.5") == ""  # not the space's
+    assert loaded.hint(said + "argument -b/--use_bn: ignored explicit argument 'True'").startswith(
+        "; --use_bn is a flag, which takes no value")
+    assert loaded.hint(said + "argument --use_bn: invalid choice: 'True' (choose from 'yes', 'no')") == (
+        f"; the script refuses a value of use_bn (invalid choice: 'True' (choose from 'yes', 'no')): give use_bn in "
+        f"{path} (line 2) only values the script takes")
+    assert loaded.hint(said + "ambiguous option: --lr=0.05 could match --lr_decay, --lr_warmup").startswith(
+        "; the script has no option --lr: name lr")
+    assert loaded.hint(said + "argument --lr_decay: invalid float value: 'x'") == ""  # not the space's
     assert loaded.hint("error: rank 0 on host pc failed: ValueError: nan") == ""
 
 

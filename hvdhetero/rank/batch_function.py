@@ -128,7 +128,8 @@ class BatchFunction:
                     f"which do not all hold the same number of samples along the {_nth(dim)} dimension ({n} in the "
                     "first): each rank keeps its share of the samples of every tensor. "
                     + ("Where the batch is the second dimension ([sequence, batch], an LSTM or a Transformer "
-                       "without batch_first), pass job.prepare(..., batch_dim=1)." if not dim else
+                       "without batch_first), pass job.prepare(..., batch_dim=1); a tensor every sample shares (a "
+                       "table, class weights) stays out of the batch function." if not dim else
                        "Return every tensor with the samples along that dimension, or flat (the batch's "
                        f"[..., {n}] laid out row by row, as .view(-1) makes it)."))
             if dim and t.dim() <= dim and (t.numel() % n or not t.numel()):
@@ -186,6 +187,11 @@ class BatchFunction:
     def load_state_dict(self, state: dict) -> None:
         self.drawn = {int(step): (batch, None) for step, batch in state.get("held", {}).items()}
         self.next_step, self.stream = int(state["step"]), state["stream"]
+
+
+def dim_of(dataset) -> int:
+    """The batch dimension of what `dataset` collates: a batch function's own, else the first."""
+    return dataset.dim if isinstance(dataset, BatchFunction) else 0
 
 
 class Exhausted(Exception):

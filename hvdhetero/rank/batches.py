@@ -41,16 +41,9 @@ def take(batch, start: int, stop: int, dim: int = 0):
         if not isinstance(b, torch.Tensor):
             return _rebuilt(b, sliced)
         if b.dim() > dim:
-            return b.narrow(dim, start, stop - start)
+            return b.narrow(dim, start, min(stop, b.shape[dim]) - start)  # (a last chunk asks past the end)
         return b.reshape(-1, whole)[:, start:stop].reshape(-1)
     return sliced(batch)
-
-
-def dim_of(dataset) -> int:
-    """The batch dimension of what `dataset` collates: a batch function's own (rank/batch_function.py),
-    else the first."""
-    from hvdhetero.rank.batch_function import BatchFunction  # (which takes its batches apart with this module)
-    return dataset.dim if isinstance(dataset, BatchFunction) else 0
 
 
 def tensors(batch) -> list[torch.Tensor]:

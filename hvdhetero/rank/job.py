@@ -38,8 +38,9 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
-                            host, precision, records, resume, scheduling, start, validate)
+                            host, precision, records, resume, scheduling, start, validate, zeroing)
 from hvdhetero.rank.batch_function import BatchFunction
+from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state, sparse_params
 from hvdhetero.rank.registry import Registry, TrainState
@@ -82,6 +83,8 @@ class Job:
         """job.track(name, obj): the script's own state in every checkpoint."""
         self._stopping = False
         self._last_norm = torch.tensor(0.0)
+        self._carried: Carried | None = None
+        """job.carry's state, every row's latest (rank/carry.py)."""
         self.left_epochs: int | None = None
         """The epoch whose loop body the script left early (break): it has no record, the run's end no digests."""
         self.ended = self.closed = False
@@ -134,6 +137,8 @@ class Job:
         reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap, sparse=sparse_params(model))
         # several optimizers (a GAN's): each rank's share in one piece, step sync (validate.several_optimizers)
         timed_as = dataclasses.replace(cfg, micro_batch="0", sync="step") if parts.several else cfg
+        if validate.closure_optimizers(cfg, parts.optimizers):  # LBFGS: the share in one piece
+            timed_as = dataclasses.replace(timed_as, micro_batch="0")
         if loss_fn is None and isinstance(parts.given[0], (tuple, list)) and len(parts.given[0]) > 1:
             loss_fn = calibrate.SeveralModels(len(parts.given[0]))
         begun = start.calibrate(timed_as, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
@@ -148,6 +153,7 @@ class Job:
         self.strategy = t.strategy
         clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
         averaging.take_over(self.step_state)  # torch's AveragedModel (an EMA) averages once a step
+        zeroing.take_over(self.step_state, t.reducer.params)  # and model.zero_grad() zeroes once a step
         scheduling.take_over(self.step_state, [*parts.schedulers, *self._tracked.parts.values()],  # so do LR schedulers
                              given=parts.schedulers)
         # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
@@ -173,6 +179,23 @@ class Job:
         if self.training is None or item is None:
             raise RuntimeError("job.backward() needs a batch from the loader that job.prepare() returned")
         self.training.backward(loss, item, **kwargs)
+
+    def carry(self, state, dim: int = 1):
+        """A state the loop carries from step to step for each row of a batch function's steps (an
+        LSTM's (h, c) over [sequence, batch] windows), as computed for the rows handed out last:
+        returned for the rows in hand, wherever the balancer or micro-batches moved them, detached;
+        a row new to this rank starts from zeros (rank/carry.py). `dim`: the rows' dimension in
+        the state (1 for nn.LSTM's and nn.GRU's hidden states, batch_first or not)."""
+        t, item = self.training, self.step_state.item
+        if t is None or not t.one_pass:
+            raise ConfigError("job.carry(state) keeps a state for each row of a batch function's steps (job.prepare("
+                              "model, optimizer, fn), whose rows go on from step to step); a dataset's samples are "
+                              "drawn anew each epoch")
+        if item is None:
+            raise RuntimeError("job.carry() needs a batch from the function job.prepare() returned")
+        if self._carried is None:
+            self._carried = Carried(t.batches.loader.dataset.global_batch)
+        return self._carried(state, item, dim)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip the reduced gradients to `max_norm`, identically on every rank (the norm comes from
@@ -354,6 +377,7 @@ class Job:
             self.training.batches.close()  # the model's forward no longer reaches this job's batches
         clipping.release()  # torch's clip no longer calls this Job's (the next job.prepare takes it over)
         averaging.release()
+        zeroing.release()
         scheduling.release()
 
     def _end_epoch(self, more: bool) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +45,8 @@ class Item:
     sizes: tuple[int, ...]
     steps: int = 1
     """Global steps this item's step spans (more than 1 only with merged steps)."""
+    indices: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    """The chunk's samples: the dataset's indices (a batch function's: rows of its steps, rank/carry.py)."""
 
     @property
     def last(self) -> bool:
@@ -121,7 +123,7 @@ class Loader:
                 parts[-1] = parts[-1] + last
             for i, part in enumerate(parts):
                 yield part, Item(epoch * steps + step - 1, i, len(parts), len(part), len(indices), tuple(sizes),
-                                 merged)
+                                 merged, tuple(part))
 
     def _apply_pending(self, global_step: int) -> None:
         while self._pending and self._pending[0][0] <= global_step:

@@ -10,6 +10,12 @@ the optimizer it passed to job.prepare (`model, _, loader = job.prepare(model, o
 would otherwise update between micro-batches on a partial gradient, never count a step (no
 checkpoint would come due, no local/diloco round end, so the ranks drift apart) and step
 through an fp16 overflow. A GradScaler of the script's own is rank/scaler.py's.
+
+A closure (`optimizer.step(closure)`: LBFGS's, which calls it up to max_iter times a step) is
+evaluated once before the step is decided (its job.backward reduces the step's gradients), and
+each evaluation returns the loss averaged over every rank (`mean_loss`): under step sync every
+rank's optimizer then sees the same loss and gradients, so every rank takes the same number of
+evaluations, each a collective, and the same step.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ class JobOptimizer(torch.optim.Optimizer):
     after; everything else is the wrapped optimizer's."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, state: StepState, before_step: Callable[[], bool],
-                 after_step: Callable[[], None]):  # noqa: D107 - no super().__init__: shares state
+                 after_step: Callable[[], None], mean_loss: Callable = lambda loss: loss):  # noqa: D107 - shares state
         self.optimizer, self.step_state = optimizer, state
         self.before_step, self.after_step = before_step, after_step
         """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
+        self.mean_loss = mean_loss
+        """A closure's loss as every rank's optimizer must see it (step sync: the mean over the ranks)."""
         self.calls = 0
         """How often step() was called (a GradScaler that skips a step does not call it)."""
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
@@ -59,13 +67,24 @@ class JobOptimizer(torch.optim.Optimizer):
 
     def step(self, *args, **kwargs):
         self.calls += 1
+        closure = kwargs.pop("closure", None) if "closure" in kwargs else (args[0] if args else None)
+        if closure is not None:
+            args = args[1:]
         if self.step_state.accumulating:
+            if closure is not None:
+                raise RuntimeError("optimizer.step(closure) between micro-batches: the closure evaluates the "
+                                   "batch in hand, not the step's; train with --micro-batch 0")
             return None
+        first = evaluations = None
+        if closure is not None:
+            with torch.enable_grad():
+                first = self.mean_loss(closure())  # its job.backward reduces the step's gradients
+            evaluations = _evaluations(closure, first, self.mean_loss)
         out = None
         if self.before_step():
-            out = self._update(*args, **kwargs)
+            out = self._update(*args, **kwargs) if closure is None else self._update(evaluations, *args, **kwargs)
         self.after_step()
-        return out
+        return first if closure is not None and out is None else out
 
     def skipped(self) -> None:
         """A GradScaler of the script's own found an inf or NaN and left step() out: the step
@@ -88,6 +107,18 @@ class JobOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"JobOptimizer({self.optimizer!r})"
+
+
+def _evaluations(closure: Callable, first, mean_loss: Callable) -> Callable:
+    """The closure the optimizer gets: its first call returns `first` (the evaluation the step was
+    decided on), each later one evaluates again, the loss as every rank sees it."""
+    given = [first]
+
+    def evaluate():
+        if given:
+            return given.pop()
+        return mean_loss(closure())
+    return evaluate
 
 
 OWN = "_hvdhetero_own_methods"

@@ -73,7 +73,8 @@ class Training:
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
-                                        after_step=self.after_step) for index, o in enumerate(optimizers)]
+                                        after_step=self.after_step, mean_loss=self.mean_loss)
+                           for index, o in enumerate(optimizers)]
         """The prepared optimizers: one, or several stepped in turn within each global step (a GAN's)."""
         self.optimizer = self.optimizers[0]
         self.in_turn = InTurn(optimizers, model) if len(optimizers) > 1 else None
@@ -328,6 +329,18 @@ class Training:
         self.train.step += state.item.steps if state.item is not None else 1
         state.stepped = turns is not None and state.item is not None
         return not skip
+
+    def mean_loss(self, loss):
+        """A closure's loss (`optimizer.step(closure)`), under step sync the mean over every rank's
+        share of the step (a collective: every rank evaluates alike, LBFGS deciding on the same
+        numbers); under local/diloco this rank's own, as its optimizer steps on its own gradients."""
+        item = self.step_state.item
+        if self.strategy.kind != "step" or item is None or len(item.sizes) < 2:
+            return loss
+        weight = item.share / sum(item.sizes)
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        mean = collectives.allreduce_sum([value * weight if weight else 0.0], "hvdhetero.closure_loss")[0]
+        return torch.tensor(mean, dtype=loss.dtype) if isinstance(loss, torch.Tensor) else mean
 
     def after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step

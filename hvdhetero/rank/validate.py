@@ -52,12 +52,12 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
     (rank/batch_function.py); `batch_dim`, the dimension its samples lie along, is for such a
     function alone (a DataLoader's collate_fn lays out its batches itself)."""
     function = callable(data) and not isinstance(data, DataLoader) and not hasattr(data, "__getitem__")
-    if batch_dim is not None and (not function or type(batch_dim) is not int or batch_dim < 0):
+    if batch_dim is not None and (type(batch_dim) is not int or batch_dim < 0 or (batch_dim and not function)):
         raise ConfigError(f"job.prepare(..., batch_dim={batch_dim!r}): " + (
             "batch_dim is the dimension of the samples in what a batch function returns (0, or 1 for "
             "[sequence, batch] windows); a dataset or DataLoader is dealt by sample, its collate_fn laying out "
-            "each rank's batch: leave batch_dim out" if not function else "give a dimension, 0 or more (1 for "
-            "[sequence, batch] windows)"))
+            "each rank's batch: leave batch_dim out" if not function or type(batch_dim) is int and batch_dim > 0
+            else "give a dimension, 0 or more (1 for [sequence, batch] windows)"))
     if function:
         given = [name for name, value in (("global_batch", global_batch), ("collate_fn", collate_fn),
                                           ("num_workers", num_workers)) if value]
@@ -165,6 +165,19 @@ def parts_arguments(model, optimizer, scheduler) -> Parts:
     schedulers = [s for s in (scheduler if isinstance(scheduler, (tuple, list)) else [scheduler]) if s is not None]
     whole = models[0] if len(models) == 1 else torch.nn.ModuleList(models)  # (a tuple of one: that model)
     return Parts(whole, optimizers, schedulers, (model, optimizer))
+
+
+def closure_optimizers(config, optimizers: list) -> bool:
+    """Whether an optimizer steps only with a closure (LBFGS: `optimizer.step(closure)`, which
+    evaluates the batch in hand several times a step): the rank's share then goes in one piece,
+    an explicit --micro-batch refused with the fix (the closure cannot wait for a step's last chunk)."""
+    closures = [type(o).__name__ for o in optimizers if isinstance(o, torch.optim.LBFGS)]
+    if closures and config.micro_batch.isdigit() and int(config.micro_batch):
+        raise ConfigError(f"--micro-batch {config.micro_batch} with {closures[0]}: its step(closure) evaluates the "
+                          "batch in hand several times a step, which cannot wait for a step's last chunk: use "
+                          "--micro-batch 0 (each rank's share in one piece; a smaller global batch where it does not "
+                          "fit)")
+    return bool(closures)
 
 
 def several_optimizers(config) -> None:

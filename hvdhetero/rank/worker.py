@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hvdhetero.rank import batches, devices
+from hvdhetero.rank.batch_function import dim_of
 from hvdhetero.config import check_micro_batch
 
 
@@ -155,7 +156,7 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
-    dim = batches.dim_of(dataset)
+    dim = dim_of(dataset)
     probes = {c: batches.probe(dataset, c * max(1, -(-512 // c)), me.device.torch_device, collate_fn)
               for c in candidates}
     per_sample = {c: float("inf") for c in candidates}

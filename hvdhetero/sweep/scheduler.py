@@ -301,6 +301,9 @@ class Sweep:
         if trial.short:
             self.study.tell(trial.trial, state=optuna.trial.TrialState.PRUNED if values and code == 0
                             else optuna.trial.TrialState.FAIL)
+            if code and self.space.hint(trial.said()):  # a parameter the script refuses: every trial would
+                raise ConfigError(f"trial {trial.trial.number} on {trial.host}: {trial.said()} (its output: "
+                                  f"{trial.run_dir / 'trial.log'}){self.space.hint(trial.said())}")
             value = values[max(values)] if values and code == 0 else None
             self.record({**record, "state": "short", "value": value, trial.short_unit(): trial.short,
                          **({} if code == 0 else {"error": trial.said(), "exit_code": code})})

@@ -77,15 +77,22 @@ class Space:
     def hint(self, said: str) -> str:
         """What to change in the space where a trial's error (`said`) is the script's argparse
         refusing one of its parameters, which every trial would meet: a flag given a value
-        ("argument --use_bn: ignored explicit argument 'True'"), or an option the script does
-        not have ("unrecognized arguments: --lr=0.01"); "" otherwise."""
+        ("argument -b/--use_bn: ignored explicit argument 'True'"), a value it does not take
+        ("argument --opt: invalid choice: 'True'", "invalid float value"), an option it does not
+        have ("unrecognized arguments: --lr=0.01", "ambiguous option: --lr=0.01 could match
+        --lr_decay, --lr_warmup"); "" otherwise."""
         for p in self.params:
             where = f"in {self.path} (line {p.line})"
-            if p.kind == "choice" and not p.flag and f"argument --{p.name}: ignored explicit argument" in said:
+            refused = re.search(rf"argument (?:\S+/)?--{re.escape(p.name)}: (.+)$", said)
+            if refused and "ignored explicit argument" in refused.group(1) and p.kind == "choice" and not p.flag:
                 return (f"; --{p.name} is a flag, which takes no value: write `{p.name}: {{choice: [true, false], "
                         f"flag: true}}` {where}, and each trial passes --{p.name} or nothing")
+            if refused:
+                return (f"; the script refuses a value of {p.name} ({refused.group(1).strip()}): give {p.name} {where} "
+                        "only values the script takes")
             unknown = said.partition("unrecognized arguments:")[2].split()
-            if any(a == f"--{p.name}" or a.startswith(f"--{p.name}=") for a in unknown):
+            ambiguous = re.search(rf"ambiguous option: --{re.escape(p.name)}(=\S*)? could match", said)
+            if ambiguous or any(a == f"--{p.name}" or a.startswith(f"--{p.name}=") for a in unknown):
                 return (f"; the script has no option --{p.name}: name {p.name} {where} as the script's own option "
                         "(its --help lists them)")
         return ""

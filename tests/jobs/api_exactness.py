@@ -57,7 +57,7 @@ class Tokens(torch.nn.Module):
 def build(name, model):
     if name == "sparse":
         return torch.optim.SGD(model.parameters(), lr=0.5), None
-    if name in ("twoloss", "tiny"):
+    if name in ("twoloss", "tiny", "zeromodel"):
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
     if name == "newhead":
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
@@ -89,7 +89,8 @@ results = []
 CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 8]),
          ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
          ("sparse", False, True, 8), ("unfreeze", False, True, 8), ("twoloss", False, True, 8),
-         ("twoloss", "scaled", False, 8), ("newhead", False, True, 8), ("tiny", "scaled", True, 0)]
+         ("twoloss", "scaled", False, 8), ("newhead", False, True, 8), ("tiny", "scaled", True, 0),
+         ("zeromodel", False, True, 8)]  # model.zero_grad() atop each chunk (word_language_model's, DCGAN's)
 TINY = 1e-4  # a dynamic loss scale (fp16 on CUDA/MPS), switched on by hand
 PENALTY = 0.01  # "twoloss": the outputs' mean square, its own backward after the loss's
 for i, (name, clip, overlap, micro) in enumerate(CASES):
@@ -123,6 +124,8 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                 opt.add_param_group({"params": body, "lr": 0.05})
         seen.append((x, y))
         chunks, taken = chunks + 1, taken + len(y)
+        if name == "zeromodel":
+            model.zero_grad()  # the module's own, every chunk: it must not wipe the step's earlier chunks
         out = model(x)
         loss = F.cross_entropy(out, y) * (TINY if name == "tiny" else 1.0)
         if name == "twoloss":

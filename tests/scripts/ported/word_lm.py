@@ -3,8 +3,9 @@
 batch_first), and each step reads the next `bptt` rows of every column, with the hidden state
 carried over from the window before. `get_batch` goes to job.prepare as a batch function with
 `batch_dim=1`: each rank keeps its columns of every window, sized by speed, and of the targets
-(flattened by `.view(-1)`: the same columns, row by row). A rank whose share of columns changes
-(the balancer re-splits) starts their hidden state afresh. The update by hand becomes torch's SGD,
+(flattened by `.view(-1)`: the same columns, row by row). `job.carry` hands each rank the hidden
+state of the columns it has now, whatever the balancer's splits and micro-batches moved (a column
+new to a rank starts afresh there). The update by hand becomes torch's SGD,
 whose learning rate the script anneals as before. Each rank saves the best model and tests it, as
 the original does on its one device, to a file of its own (two ranks on one host would write one
 file at once).
@@ -176,7 +177,7 @@ def train():
         data, targets = next_batch()  # hh: this rank's columns of window i
         # Starting each batch, we detach the hidden state from how it was previously produced.
         model.zero_grad()
-        hidden = repackage_hidden(hidden) if hidden[0].size(1) == data.size(1) else model.init_hidden(data.size(1))  # hh:
+        hidden = job.carry(repackage_hidden(hidden))  # hh: the state of this rank's columns, wherever they were
         output, hidden = model(data, hidden)
         loss = criterion(output, targets)
         job.backward(loss)  # hh:
