@@ -5,6 +5,7 @@ stream. The port of nanoGPT itself is tests/test_ported.py's."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -374,3 +375,33 @@ def test_lbfgs_trains_each_ranks_share_in_one_piece_and_an_explicit_micro_batch_
     with pytest.raises(ConfigError, match=r"--micro-batch 32 with LBFGS: its step\(closure\) evaluates the batch in "
                                           r"hand several times a step.*use --micro-batch 0"):
         validate.closure_optimizers(types.SimpleNamespace(micro_batch="32"), [lbfgs])
+
+
+CLOSURES = ROOT / "tests" / "scripts" / "closures.py"
+
+
+def closures(mode: str, run_dir, *options) -> tuple:
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--run-dir", run_dir, *options, "--script", CLOSURES, "--", mode],
+                   check=False, timeout=300)
+    said = [json.loads(line.split("CLOSURES ", 1)[1]) for text in (proc.stdout, *(
+        [(run_dir / "rank-1.log").read_text()] if (run_dir / "rank-1.log").exists() else []))
+        for line in text.splitlines() if line.startswith("CLOSURES ")]
+    return proc, said
+
+
+@pytest.mark.slow
+def test_optimizers_stepped_with_a_closure_count_a_step_once_and_ranks_out_of_step_end_the_job(tmp_path):
+    """LBFGS evaluates its closure up to max_iter times a step, each evaluation a job.backward:
+    the step counts once (its second evaluation counted a second step: samples/s doubled, the
+    balancer fed twice); an optimizer whose ranks evaluate apart ends the job naming it (the
+    evaluations paired across steps, silently); a closure over micro-batches is refused."""
+    proc, said = closures("lbfgs", tmp_path / "lbfgs")
+    assert proc.returncode == 0 and len(said) == 2, proc.stdout[-3000:]
+    for r in said:
+        assert r["step"] == r["steps"] == 3 and r["samples"] == 3 * r["share"] and r["evaluations"] > 3, r
+    assert said[0]["evaluations"] == said[1]["evaluations"] and said[0]["firsts"] == said[1]["firsts"], said
+    proc, _ = closures("apart", tmp_path / "apart")
+    assert proc.returncode != 0 and ("the ranks evaluated the closure a different number of times in step"
+                                     in proc.stdout + proc.stderr), proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, _ = closures("chunks", tmp_path / "chunks", "--micro-batch", "8")
+    assert proc.returncode != 0 and ("optimizer.step(closure) in a step of micro-batches" in proc.stdout + proc.stderr)

@@ -66,3 +66,7 @@ def test_a_state_of_the_wrong_width_or_a_merged_step_is_refused_saying_what_to_p
         carry(computed(range(10, 20), 0), chunk(1, 10, 20, steps=2))
     with pytest.raises(ConfigError, match=r"each with its rows along dimension 1"):
         carry(torch.zeros(5), chunk(1, 10, 10))
+    this = chunk(1, 10, 10)
+    carry(computed(range(10, 20), 0), this)
+    with pytest.raises(ConfigError, match=r"twice for one batch: .* carry several as one tuple"):
+        carry(computed(range(10, 20), 1), this)

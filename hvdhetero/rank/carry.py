@@ -37,6 +37,8 @@ class Carried:
         """Per tensor of the state: every row's latest, the rows along `dim`."""
         self.written: torch.Tensor | None = None
         """Per row: the step its kept state was computed for (-2: none)."""
+        self.item = None
+        """The chunk the last call was for: one call a chunk (one state, several tensors in a tuple)."""
 
     def __call__(self, state: Any, item, dim: int = 1) -> Any:
         """`state` (a tensor, or a tuple or list of them: nn.LSTM's (h, c)) as computed for the rows
@@ -45,6 +47,9 @@ class Carried:
         if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > dim for t in tensors):
             raise ConfigError(f"job.carry(state, dim={dim}): expected a tensor, or a tuple or list of tensors, each with "
                               f"its rows along dimension {dim} (nn.LSTM's (h, c): [layers, batch, hidden], dim=1)")
+        if item is self.item:
+            raise ConfigError("job.carry() twice for one batch: it keeps one state, computed for the rows in hand; "
+                              "carry several as one tuple, job.carry((h, c, memory))")
         if item.steps > 1:
             raise ConfigError("job.carry(): this rank's batch merges several steps (--inner-steps by-speed): their "
                               "windows lie side by side, not one after another; use --inner-steps same")
@@ -67,7 +72,7 @@ class Carried:
                               f"handed out last were {0 if self.rows is None else len(self.rows)} and the global batch "
                               f"is {b}: pass the state the model returned for the batch in hand (or one as wide as "
                               "the global batch, to start every row afresh)")
-        self.rows, self.step = rows, item.step
+        self.rows, self.step, self.item = rows, item.step, item
         fresh = self.written.index_select(0, rows) == item.step - 1  # computed in the step before
         out = []
         for kept in self.kept:

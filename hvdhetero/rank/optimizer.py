@@ -14,8 +14,9 @@ through an fp16 overflow. A GradScaler of the script's own is rank/scaler.py's.
 A closure (`optimizer.step(closure)`: LBFGS's, which calls it up to max_iter times a step) is
 evaluated once before the step is decided (its job.backward reduces the step's gradients), and
 each evaluation returns the loss averaged over every rank (`mean_loss`): under step sync every
-rank's optimizer then sees the same loss and gradients, so every rank takes the same number of
-evaluations, each a collective, and the same step.
+rank's optimizer then sees the same loss and gradients. Each evaluation is a collective; the
+later ones belong to the step already counted (StepState.reevaluating), and ranks whose own
+decisions went apart (LBFGS's sums rounded apart on their devices) end the job, saying so.
 """
 
 from __future__ import annotations
@@ -67,19 +68,24 @@ class JobOptimizer(torch.optim.Optimizer):
 
     def step(self, *args, **kwargs):
         self.calls += 1
-        closure = kwargs.pop("closure", None) if "closure" in kwargs else (args[0] if args else None)
-        if closure is not None:
-            args = args[1:]
+        closure = None  # optimizer.step(closure) or step(closure=...); another optimizer's own arguments pass on
+        if "closure" in kwargs:
+            closure = kwargs.pop("closure")
+        elif args and callable(args[0]):
+            closure, args = args[0], args[1:]
         if self.step_state.accumulating:
             if closure is not None:
-                raise RuntimeError("optimizer.step(closure) between micro-batches: the closure evaluates the "
-                                   "batch in hand, not the step's; train with --micro-batch 0")
+                raise _between_chunks()
             return None
         first = evaluations = None
         if closure is not None:
+            self.step_state.evaluations = 0
             with torch.enable_grad():
-                first = self.mean_loss(closure())  # its job.backward reduces the step's gradients
-            evaluations = _evaluations(closure, first, self.mean_loss)
+                loss = closure()  # its job.backward reduces the step's gradients
+            if self.step_state.accumulating:  # a chunk of a step in micro-batches: no step to decide yet
+                raise _between_chunks()
+            first = self.mean_loss(loss)
+            evaluations = _evaluations(closure, first, self.mean_loss, self.step_state)
         out = None
         if self.before_step():
             out = self._update(*args, **kwargs) if closure is None else self._update(evaluations, *args, **kwargs)
@@ -109,16 +115,28 @@ class JobOptimizer(torch.optim.Optimizer):
         return f"JobOptimizer({self.optimizer!r})"
 
 
-def _evaluations(closure: Callable, first, mean_loss: Callable) -> Callable:
+def _evaluations(closure: Callable, first, mean_loss: Callable, state: StepState) -> Callable:
     """The closure the optimizer gets: its first call returns `first` (the evaluation the step was
-    decided on), each later one evaluates again, the loss as every rank sees it."""
+    decided on), each later one evaluates again (its job.backward reduces, within the step already
+    counted), the loss as every rank sees it."""
     given = [first]
 
     def evaluate():
         if given:
             return given.pop()
-        return mean_loss(closure())
+        state.reevaluating = True
+        try:
+            loss = closure()
+        finally:
+            state.reevaluating = False
+        return mean_loss(loss)
     return evaluate
+
+
+def _between_chunks() -> RuntimeError:
+    return RuntimeError("optimizer.step(closure) in a step of micro-batches: the closure evaluates the chunk in "
+                        "hand, not the step's batch, and the optimizer would decide on part of it; train with "
+                        "--micro-batch 0 (each rank's share in one piece)")
 
 
 OWN = "_hvdhetero_own_methods"

@@ -34,6 +34,11 @@ class StepState:
     stepped: bool = False
     """Several optimizers (a GAN's): one of them stepped in this global step already; the next
     one's step and job.backward belong to the same step (counted and timed once)."""
+    reevaluating: bool = False
+    """A closure's evaluation after the one its step was decided on (LBFGS's): its job.backward
+    reduces, and belongs to the step already counted and timed (rank/optimizer.py)."""
+    evaluations: int = 0
+    """A closure's evaluations in the step in hand (each a collective: the ranks must agree)."""
     updates: int = 0
     """Optimizer steps this rank took (updates or skips); each scheduler's OncePerStep compares it
     with the count at its own last step (1 more: the scheduler steps every step)."""

@@ -219,7 +219,8 @@ class Training:
             self.follow_trainable(before_forward=False)
         theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
-        self.records.loss(float(loss.detach()) / theirs_scale, item.n)
+        if not self.step_state.reevaluating:  # (a closure's later evaluations: the step's loss is its first's)
+            self.records.loss(float(loss.detach()) / theirs_scale, item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0
         if self.loss_scale is not None:
             scale *= self.loss_scale.scale
@@ -245,7 +246,8 @@ class Training:
         # A second job.backward of a step already reduced (two losses backpropagated in turn, the
         # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
         # so the first's reduced part stays as it is), but the step is timed and counted once.
-        again = self.step_state.reduced or self.step_state.stepped  # (or a GAN's generator after its discriminator)
+        # (or a GAN's generator after its discriminator, or LBFGS's closure evaluated again within its step)
+        again = self.step_state.reduced or self.step_state.stepped or self.step_state.reevaluating
         if not again:
             self.me.device.synchronize()
             began, busy0, slept = self._began
@@ -332,14 +334,28 @@ class Training:
 
     def mean_loss(self, loss):
         """A closure's loss (`optimizer.step(closure)`), under step sync the mean over every rank's
-        share of the step (a collective: every rank evaluates alike, LBFGS deciding on the same
-        numbers); under local/diloco this rank's own, as its optimizer steps on its own gradients."""
-        item = self.step_state.item
-        if self.strategy.kind != "step" or item is None or len(item.sizes) < 2:
+        share of the step (a collective: every rank's LBFGS decides on the same numbers); under
+        local/diloco this rank's own, as its optimizer steps on its own gradients. The ranks'
+        evaluations must pair up: each carries its step and its number in the step, and a rank
+        that took one more than another (its optimizer's own sums rounded apart on its device)
+        ends the job, saying so, rather than pairing it with another step's."""
+        state, item = self.step_state, self.step_state.item
+        state.evaluations += 1
+        if loss is None or self.strategy.kind != "step" or item is None or len(item.sizes) < 2:
             return loss
         weight = item.share / sum(item.sizes)
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
-        mean = collectives.allreduce_sum([value * weight if weight else 0.0], "hvdhetero.closure_loss")[0]
+        where = [float(item.step), float(state.evaluations)]
+        got = collectives.allreduce_sum([value * weight if weight else 0.0, *where, *(w * w for w in where)],
+                                        "hvdhetero.closure_loss")
+        n = len(item.sizes)
+        if any(abs(got[3 + i] * n - got[1 + i] ** 2) > 0.5 for i in range(2)):  # not every rank's the same
+            raise RuntimeError(f"optimizer.step(closure): the ranks evaluated the closure a different number of "
+                               f"times in step {item.step} (this rank: evaluation {state.evaluations}): their "
+                               f"optimizer's own decisions (LBFGS's tolerances, line search) went apart on sums their "
+                               "devices round differently; train it on ranks of one kind of device, or with --sync "
+                               "local:H, where each rank's optimizer steps on its own")
+        mean = got[0]
         return torch.tensor(mean, dtype=loss.dtype) if isinstance(loss, torch.Tensor) else mean
 
     def after_step(self) -> None:
