@@ -182,6 +182,28 @@ def test_a_run_that_loops_on_its_own_is_drawn_from_what_it_logged(tmp_path):
     assert "looped (step)" in drawn["step_time.png"].caption and "Not timed" not in drawn["step_time.png"].caption
 
 
+def test_a_run_that_loops_on_its_own_without_a_job_log_is_drawn_from_its_live_lines(tmp_path):
+    """A loop of the script's own that never calls job.log (a port left as it was) has neither
+    epoch nor log records: the report draws rank 0's live lines' loss (progress.jsonl, which the
+    launcher keeps), one point a step, and the headline says where it came from."""
+    folder = write_run(tmp_path / "live", [_start(), {"event": "split", "time": 100.0, "step": 0, "split": [16, 48]},
+                                           {"event": "end", "time": 104.0, "seconds": 4.0}])
+    with pytest.raises(ConfigError, match=r"without one, rank 0's live lines' loss, from progress.jsonl, which this "
+                                          r"run has none of"):
+        runs.read_run(folder)
+    lines = [{"at": 100.5 + i / 2, "progress": {"rank": 0, "step": step, "epoch": 0, "loss": loss}}
+             for i, (step, loss) in enumerate([(1, 3.0), (1, 2.5), (2, 2.0), (3, 1.0)])]
+    (folder / "progress.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines)
+                                           + '{"at": 104.0, "result": {"loss": 1.0}}\n{"at": 104.1, "progr')
+    live = runs.read_run(folder)
+    loss, = series.scalar_series(live, series.is_loss)
+    assert (loss.steps, loss.values, loss.seconds) == ([1, 2, 3], [2.5, 2.0, 1.0], pytest.approx([1.0, 1.5, 2.0]))
+    head = report.headline(live)
+    assert head["steps"].startswith("3 at the last live line (the script calls no job.log") and \
+        head["final live loss"] == "1", head
+    assert sorted(f.path.name for f in figures.draw_all([live], folder)) == ["loss.png", "split.png"]
+
+
 WINDOWS = [  # what step sync writes at each of LOOPED's job.log calls: the steps since the one before
     {"event": "window", "time": 100.0 + step / 10, "epoch": 0, "step": step, "steps": 10, "seconds": 1.0,
      "samples": 640, "samples_per_s": 640.0, "rank_samples": [160, 480], "compute_s": [0.5, 0.6],

@@ -51,7 +51,9 @@ def headline(run: Run) -> dict[str, str]:
         out.update({
             "final split": "/".join(str(n) for n in run.splits[-1]["split"]) if run.splits else "?",
             "epochs": "none recorded (the script loops on its own, without job.epochs)",
-            "steps": f"{max(r.get('step', 0) for r in run.logs)} at the last job.log",
+            "steps": f"{max(r.get('step', 0) for r in run.logs)} at the last "
+                     + ("live line (the script calls no job.log: its loss is rank 0's share's, as the live line "
+                        "shows it)" if run.live_loss else "job.log"),
             "wall time": duration(run.end["seconds"]) if run.end else "-",
         })
         if run.windows:  # step sync: the steps between its job.log calls

@@ -41,6 +41,9 @@ class Run:
     launch: dict | None = None
     torn_last_line: bool = False
     """The file ended in a half-written line (a run killed mid-write): it was left out."""
+    live_loss: bool = False
+    """A loop of the script's own that never called job.log: `logs` are rank 0's live lines'
+    loss (progress.jsonl: its share's, over the last 100 batches or the pass so far)."""
 
     @property
     def t0(self) -> float:
@@ -115,17 +118,44 @@ def read_run(folder: str | Path) -> Run:
             if missing := [k for k in keys if k not in record]:
                 raise ConfigError(f"{metrics}: a {kind} record lacks {', '.join(missing)} ({json.dumps(record)[:100]}"
                                   "...): not a metrics file of this hvdhetero version")
-    if not by["epoch"] and not by["log"]:
+    live = live_losses(folder / PROGRESS_FILE) if not by["epoch"] and not by["log"] else []
+    if not by["epoch"] and not by["log"] and not live:
         raise ConfigError(f"{metrics} has no finished epoch and no job.log record yet: nothing to plot. job.epochs(n) "
                           "writes a record at each epoch's end (report again once one ends); a loop of the script's "
                           "own (over steps, without job.epochs) writes none: call job.log(loss=...) in it every N "
-                          "steps, and the report plots what it logs")
-    run = Run(path=folder, label="", start=by["start"][0], epochs=by["epoch"], logs=by["log"], windows=by["window"],
+                          "steps, and the report plots what it logs (without one, rank 0's live lines' loss, "
+                          f"from {PROGRESS_FILE}, which this run has none of)")
+    run = Run(path=folder, label="", start=by["start"][0], epochs=by["epoch"], logs=by["log"] or live,
+              windows=by["window"], live_loss=bool(live),
               splits=by["split"],
               exchanges=by["exchange"], end=(by["end"] or [None])[-1], resumes=by["start"][1:],
               plan=(by["plan"] or [None])[0], launch=launch, torn_last_line=torn)
     run.label = f"{folder.name} ({run.sync})"
     return run
+
+
+PROGRESS_FILE = "progress.jsonl"
+"""Rank 0's live lines, kept by the launcher in the run directory (cluster/console.py's)."""
+
+
+def live_losses(path: Path) -> list[dict]:
+    """Rank 0's live lines' loss as job.log records, one per step (its last line there): what a
+    loop of the script's own that never calls job.log is drawn from."""
+    by_step: dict[int, dict] = {}
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            p = record["progress"]
+            if p.get("rank", 0) == 0 and isinstance(p.get("loss"), (int, float)) and p.get("step"):
+                by_step[int(p["step"])] = {"event": "log", "time": float(record["at"]), "epoch": p.get("epoch", 0),
+                                           "step": int(p["step"]), "live_loss": float(p["loss"])}
+        except (ValueError, KeyError, TypeError):  # a result line, one cut short by a kill
+            continue
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def read_runs(folders: list[str | Path]) -> list[Run]:
