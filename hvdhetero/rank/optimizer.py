@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from hvdhetero.rank import collectives
 from hvdhetero.rank.step_state import StepState
 
 
@@ -131,6 +132,32 @@ def _evaluations(closure: Callable, first, mean_loss: Callable, state: StepState
             state.reevaluating = False
         return mean_loss(loss)
     return evaluate
+
+
+def mean_over_ranks(loss, state: StepState, step_sync: bool):
+    """A closure's loss (`optimizer.step(closure)`), under step sync the mean over every rank's
+    share of the step (a collective: every rank's LBFGS decides on the same numbers); under
+    local/diloco this rank's own, as its optimizer steps on its own gradients. The ranks'
+    evaluations must pair up: each carries its step and its number in the step, and a rank
+    that took one more than another (its optimizer's own sums rounded apart on its device)
+    ends the job, saying so, rather than pairing it with another step's."""
+    item = state.item
+    state.evaluations += 1
+    if loss is None or not step_sync or item is None or len(item.sizes) < 2:
+        return loss
+    weight = item.share / sum(item.sizes)
+    value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+    where = [float(item.step), float(state.evaluations)]
+    got = collectives.allreduce_sum([value * weight if weight else 0.0, *where, *(w * w for w in where)],
+                                    "hvdhetero.closure_loss")
+    n = len(item.sizes)
+    if any(abs(got[3 + i] * n - got[1 + i] ** 2) > 0.5 for i in range(2)):  # not every rank's the same
+        raise RuntimeError(f"optimizer.step(closure): the ranks evaluated the closure a different number of times in "
+                           f"step {item.step} (this rank: evaluation {state.evaluations}): their optimizer's own "
+                           "decisions (LBFGS's tolerances, line search) went apart on sums their devices round "
+                           "differently; train it on ranks of one kind of device, or with --sync local:H, where each "
+                           "rank's optimizer steps on its own")
+    return torch.tensor(got[0], dtype=loss.dtype) if isinstance(loss, torch.Tensor) else got[0]
 
 
 def _between_chunks() -> RuntimeError:

@@ -29,7 +29,7 @@ from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.loader import Item, Loader
-from hvdhetero.rank.optimizer import JobOptimizer
+from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_tensors, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
@@ -333,30 +333,8 @@ class Training:
         return not skip
 
     def mean_loss(self, loss):
-        """A closure's loss (`optimizer.step(closure)`), under step sync the mean over every rank's
-        share of the step (a collective: every rank's LBFGS decides on the same numbers); under
-        local/diloco this rank's own, as its optimizer steps on its own gradients. The ranks'
-        evaluations must pair up: each carries its step and its number in the step, and a rank
-        that took one more than another (its optimizer's own sums rounded apart on its device)
-        ends the job, saying so, rather than pairing it with another step's."""
-        state, item = self.step_state, self.step_state.item
-        state.evaluations += 1
-        if loss is None or self.strategy.kind != "step" or item is None or len(item.sizes) < 2:
-            return loss
-        weight = item.share / sum(item.sizes)
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
-        where = [float(item.step), float(state.evaluations)]
-        got = collectives.allreduce_sum([value * weight if weight else 0.0, *where, *(w * w for w in where)],
-                                        "hvdhetero.closure_loss")
-        n = len(item.sizes)
-        if any(abs(got[3 + i] * n - got[1 + i] ** 2) > 0.5 for i in range(2)):  # not every rank's the same
-            raise RuntimeError(f"optimizer.step(closure): the ranks evaluated the closure a different number of "
-                               f"times in step {item.step} (this rank: evaluation {state.evaluations}): their "
-                               f"optimizer's own decisions (LBFGS's tolerances, line search) went apart on sums their "
-                               "devices round differently; train it on ranks of one kind of device, or with --sync "
-                               "local:H, where each rank's optimizer steps on its own")
-        mean = got[0]
-        return torch.tensor(mean, dtype=loss.dtype) if isinstance(loss, torch.Tensor) else mean
+        """A closure's loss as every rank's optimizer must see it (rank/optimizer.py's mean_over_ranks)."""
+        return mean_over_ranks(loss, self.step_state, self.strategy.kind == "step")
 
     def after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
