@@ -524,8 +524,8 @@ def test_nanogpt_with_one_job_log_line_is_swept_judged_at_its_steps_and_pruned(t
                                                       "--metric", "val_loss", "--prune", "--script", script, "--",
                                                       *own)], timeout=400)
     out = proc.stdout + proc.stderr
-    records = {r["number"]: r for r in trials(folder) if r["state"] != "short"}
-    assert sorted(records) == list(range(6)) and {r["state"] for r in records.values()} <= {"complete", "pruned"}, out
+    records = {r["number"]: r for r in trials(folder) if r["state"] != "short"}  # (a short trial takes a number)
+    assert len(records) == 6 and {r["state"] for r in records.values()} <= {"complete", "pruned"}, out
     for r in trials(folder):  # a short trial of slow's, where the sweep's end left it time: cut at an evaluation
         assert r["state"] != "short" or (r["host"] == "slow" and r["steps"] % 100 == 0 and
                                          max(map(int, r["values"])) == r["steps"]), r
