@@ -108,3 +108,78 @@ def test_auto_times_the_candidates_in_turns(digits, monkeypatch):
     worker.tune_micro_batch(models.build("cnn", info), train, Worker(devices.select("cpu"), 1.0, None), 300)
     one_round = [c for c in MICRO_BATCH_CANDIDATES if c < 300] + [300]
     assert order == one_round * 4, order
+
+
+class Sentences(torch.utils.data.Dataset):
+    """Token sequences of 20 to 40, labelled; a DataLoader pads them with pad_sequence."""
+
+    def __init__(self, n=600):
+        g = torch.Generator().manual_seed(0)
+        self.seqs = [torch.randint(1, 16, (int(n),), generator=g) for n in torch.randint(20, 41, (n,), generator=g)]
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def __getitem__(self, i):
+        return self.seqs[i], i % 2
+
+
+def seq_first(samples):
+    """The PyTorch tutorials' collate for a model without batch_first: [sequence, batch] and [batch]."""
+    seqs, labels = zip(*samples)
+    return torch.nn.utils.rnn.pad_sequence(seqs), torch.tensor(labels)
+
+
+def batch_first(samples):
+    seqs, labels = zip(*samples)
+    return {"input_ids": torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), "labels": torch.tensor(labels)}
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.head = torch.nn.Embedding(16, 8), torch.nn.GRU(8, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(self.emb(x))[1][-1])
+
+
+def test_the_tuner_cuts_a_padded_sequence_first_batch_into_whole_sequences(monkeypatch):
+    """A DataLoader of [sequence, batch] batches (pad_sequence without batch_first, as for an RNN
+    or a Transformer without batch_first): the tuner's chunks are so many whole sequences, so
+    each candidate times its own size. They were cut along dimension 0, the sequence: a chunk
+    of 64 rows held every sequence whole (they are shorter than 64) and the targets' first 64,
+    so a `loss_fn=` failed ("Expected input batch_size (512) to match target batch_size"), and
+    the probe's own loss timed the same work for every candidate: noise chose the micro-batch."""
+    from hvdhetero.rank import batches, worker
+
+    widths = {}
+
+    def loss_fn(model, batch):
+        x, y = batch
+        widths.setdefault(worker_chunk[0], set()).add((x.shape[0] >= 20, x.shape[1]))
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    worker_chunk = [None]
+    real = worker.forward_backward
+
+    def recording(model, batch, me, *args, **kwargs):
+        worker_chunk[0] = me.micro_batch
+        return real(model, batch, me, *args, **kwargs)
+
+    monkeypatch.setattr(worker, "forward_backward", recording)
+    data = Sentences()
+    assert batches.sample_dim(data, seq_first) == 1 and batches.sample_dim(data, batch_first) == 0
+    worker.tune_micro_batch(Recurrent(), data, Worker(devices.select("cpu"), 1.0, None), 200, loss_fn, seq_first)
+    assert widths == {64: {(True, 64)}, 128: {(True, 128)}, 200: {(True, 200)}}, widths
+
+
+def test_a_value_every_sample_shares_stays_whole_in_a_chunk_of_a_sequence_first_batch():
+    """Beside [sequence, batch] inputs and their flattened targets, a scalar (a temperature, a
+    step count) is no sample's: each chunk gets it as it is (it raised "shape '[-1, 4]' is
+    invalid")."""
+    from hvdhetero.rank import batches
+
+    x, y, t = torch.arange(12).reshape(3, 4), torch.arange(12), torch.tensor(0.5)
+    xs, ys, ts = batches.take((x, y, t), 1, 3, dim=1)
+    assert xs.tolist() == [[1, 2], [5, 6], [9, 10]] and ys.tolist() == [1, 2, 5, 6, 9, 10] and ts is t

@@ -42,6 +42,8 @@ def take(batch, start: int, stop: int, dim: int = 0):
             return _rebuilt(b, sliced)
         if b.dim() > dim:
             return b.narrow(dim, start, min(stop, b.shape[dim]) - start)  # (a last chunk asks past the end)
+        if not b.dim() or b.numel() % whole:
+            return b  # not laid out by sample (a scalar every sample shares)
         return b.reshape(-1, whole)[:, start:stop].reshape(-1)
     return sliced(batch)
 
@@ -141,6 +143,24 @@ def first_tensor(batch, dim: int = 0):
         if found is not None:
             return found
     return None
+
+
+def sample_dim(dataset, collate_fn: Callable | None = None) -> int:
+    """The dimension along which `dataset`'s samples lie once collated: the one of its first
+    tensor that is 2 long for two samples and 3 for three (1 for pad_sequence's [sequence, batch]
+    without batch_first: an LSTM's, a Transformer's), 0 where that is dimension 0 or unclear. A
+    DataLoader's batches are dealt and cut by sample index, whatever their layout; the timing
+    probes cut theirs, and along dimension 0 they cut a padded sequence short (the micro-batch
+    tuner then timed one chunk whatever the candidate, and chose by noise)."""
+    found = None
+    for k in (2, 3):
+        try:
+            tensor = first_tensor(collate(dataset, [i % len(dataset) for i in range(k)], collate_fn))
+        except Exception:  # noqa: BLE001 - the probe that follows says what is wrong with the dataset
+            return 0
+        dims = set() if tensor is None else {d for d, n in enumerate(tensor.shape) if n == k}
+        found = dims if found is None else found & dims
+    return 0 if not found or 0 in found else min(found)
 
 
 def fewest_samples(model: torch.nn.Module) -> int:

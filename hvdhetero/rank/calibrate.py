@@ -79,7 +79,7 @@ def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_
     real model: the median of a few probes after one warm-up, and its standard error (the
     probes' spread). The model is left unchanged."""
     batch = batches.probe(dataset, n, me.device.torch_device, collate_fn)
-    dim = dim_of(dataset)
+    dim = dim_of(dataset, collate_fn)
     times = [forward_backward(model, batch, me, loss_fn=loss_fn, dim=dim)[1] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2], stdev(times) / len(times) ** 0.5

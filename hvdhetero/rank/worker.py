@@ -156,7 +156,7 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
-    dim = dim_of(dataset)
+    dim = dim_of(dataset, collate_fn)
     probes = {c: batches.probe(dataset, c * max(1, -(-512 // c)), me.device.torch_device, collate_fn)
               for c in candidates}
     per_sample = {c: float("inf") for c in candidates}
