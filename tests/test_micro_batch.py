@@ -130,9 +130,9 @@ def seq_first(samples):
     return torch.nn.utils.rnn.pad_sequence(seqs), torch.tensor(labels)
 
 
-def batch_first(samples):
-    seqs, labels = zip(*samples)
-    return {"input_ids": torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), "labels": torch.tensor(labels)}
+def as_tuples(samples):
+    """The detection tutorial's collate: a tuple of each sample's input and a tuple of its targets."""
+    return tuple(zip(*samples))
 
 
 class Recurrent(torch.nn.Module):
@@ -144,34 +144,46 @@ class Recurrent(torch.nn.Module):
         return self.head(self.rnn(self.emb(x))[1][-1])
 
 
-def test_the_tuner_cuts_a_padded_sequence_first_batch_into_whole_sequences(monkeypatch):
-    """A DataLoader of [sequence, batch] batches (pad_sequence without batch_first, as for an RNN
-    or a Transformer without batch_first): the tuner's chunks are so many whole sequences, so
-    each candidate times its own size. They were cut along dimension 0, the sequence: a chunk
-    of 64 rows held every sequence whole (they are shorter than 64) and the targets' first 64,
-    so a `loss_fn=` failed ("Expected input batch_size (512) to match target batch_size"), and
-    the probe's own loss timed the same work for every candidate: noise chose the micro-batch."""
-    from hvdhetero.rank import batches, worker
+def seq_first_loss(model, batch):
+    x, y = batch
+    assert x.shape[0] >= 20, "a sequence cut short"
+    return torch.nn.functional.cross_entropy(model(x), y), x.shape[1]
 
-    widths = {}
 
-    def loss_fn(model, batch):
-        x, y = batch
-        widths.setdefault(worker_chunk[0], set()).add((x.shape[0] >= 20, x.shape[1]))
-        return torch.nn.functional.cross_entropy(model(x), y)
+def tuples_loss(model, batch):
+    seqs, labels = batch
+    assert all(s.shape[0] >= 20 for s in seqs), "a sequence cut short"
+    x = torch.nn.utils.rnn.pad_sequence(list(seqs))
+    return torch.nn.functional.cross_entropy(model(x), torch.tensor(labels)), len(seqs)
 
-    worker_chunk = [None]
+
+@pytest.mark.parametrize("collate, loss", [(seq_first, seq_first_loss), (as_tuples, tuples_loss)])
+def test_the_tuner_times_chunks_of_whole_samples_whatever_the_collate_fn_lays_out(collate, loss, monkeypatch):
+    """A DataLoader of [sequence, batch] batches (pad_sequence without batch_first, for an RNN
+    or a Transformer without batch_first), or of a tuple of inputs and a tuple of targets (the
+    detection tutorial's): the tuner's chunks hold so many whole samples, collated from their
+    indices as the loader collates them, so each candidate times its own size. They were cut
+    from one collated batch along dimension 0: the sequences, whole where shorter than a chunk,
+    beside the targets' first rows (a `loss_fn=` failed: "Expected input batch_size (512) to
+    match target batch_size"), every candidate timing the same work, so noise chose; a tuple of
+    inputs was not cut at all: every candidate ran all 512 samples in one chunk."""
+    from hvdhetero.rank import worker
+
+    widths, chunk = {}, [None]
     real = worker.forward_backward
 
     def recording(model, batch, me, *args, **kwargs):
-        worker_chunk[0] = me.micro_batch
+        chunk[0] = me.micro_batch
         return real(model, batch, me, *args, **kwargs)
 
+    def loss_fn(model, batch):
+        value, width = loss(model, batch)
+        widths.setdefault(chunk[0], set()).add(width)
+        return value
+
     monkeypatch.setattr(worker, "forward_backward", recording)
-    data = Sentences()
-    assert batches.sample_dim(data, seq_first) == 1 and batches.sample_dim(data, batch_first) == 0
-    worker.tune_micro_batch(Recurrent(), data, Worker(devices.select("cpu"), 1.0, None), 200, loss_fn, seq_first)
-    assert widths == {64: {(True, 64)}, 128: {(True, 128)}, 200: {(True, 200)}}, widths
+    worker.tune_micro_batch(Recurrent(), Sentences(), Worker(devices.select("cpu"), 1.0, None), 200, loss_fn, collate)
+    assert widths == {64: {64}, 128: {128}, 200: {200}}, widths
 
 
 def test_a_value_every_sample_shares_stays_whole_in_a_chunk_of_a_sequence_first_batch():

@@ -1,4 +1,4 @@
-"""Scripts as users write them: eleven single-device training scripts in the styles people copy
+"""Scripts as users write them: twelve single-device training scripts in the styles people copy
 (tests/scripts/ported/*_single.py), each beside its hvdhetero port. A port changes at most 12
 lines (word_lm 14, for reasons of its original: MORE_CHANGED), trains through `invoke train --script` on two real ranks to the target its original
 reaches on one device, and the console shows what the user's own script printed, once.
@@ -6,7 +6,9 @@ reaches on one device, and the console shows what the user's own script printed,
 The ports also stand for the shapes calibration's default probe must time without a `loss_fn`:
 dict batches and a Hugging Face style output object (hf_style), a namedtuple batch from a
 collate_fn (char_lm), a summed output tuple (vae), a recurrent `forward(input, hidden)` called
-with hidden=None (word_lm); tests/scripts/probe_raises.py a probe that raises on one rank only.
+with hidden=None (word_lm), a tuple of images beside a tuple of target dicts and a detector that
+asserts its targets in training mode (detection); tests/scripts/probe_raises.py a probe that
+raises on one rank only.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ PORTS = {
     "word_lm": ([], r"\| valid loss +[\d.]+ \| valid ppl", r"valid ppl +([\d.]+)$", lambda v: v <= 2.3),
     "time_sequence": (["--steps", "3", "--length", "200"], r"^test loss:", r"^test loss: ([\d.e-]+)$",
                       lambda v: v <= 5e-4),
+    "detection": ([], r"^Test: recall", r"^Test: recall ([\d.]+)", lambda v: v >= 0.65),
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
            "reference": 6, "nanogpt": 3, "word_lm": 4,
-           "time_sequence": 3}
+           "time_sequence": 3, "detection": 4}
 """How often each prints its report: once an epoch (word_lm: its own epochs); gpt and nanogpt (loops over
 iterations) every 100; time_sequence after each LBFGS step."""
 MAIN_ONLY = {"nanogpt"}

@@ -150,6 +150,27 @@ def test_a_model_of_two_inputs_gets_all_but_the_targets():
     assert grads(model, ProbeLoss()(model, batch))
 
 
+def test_a_detection_model_gets_its_images_and_targets_as_the_tutorials_loop_passes_them():
+    """The detection tutorial's batch, a tuple of images and a tuple of target dicts, and a
+    torchvision detector, which asserts its targets in training mode (torch._assert raises an
+    AssertionError, which ended the probe: the job started from an equal split). `model(images,
+    targets)` returns its dict of losses."""
+    import torchvision
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.rpn import AnchorGenerator
+
+    backbone = nn.Sequential(nn.Conv2d(3, 8, 3, stride=4, padding=1), nn.ReLU())
+    backbone.out_channels = 8
+    model = FasterRCNN(backbone, num_classes=2, min_size=32, max_size=32, representation_size=16,
+                       rpn_anchor_generator=AnchorGenerator(sizes=((8, 16),), aspect_ratios=((1.0,),)),
+                       box_roi_pool=torchvision.ops.MultiScaleRoIAlign(featmap_names=["0"], output_size=3,
+                                                                       sampling_ratio=1))
+    images = tuple(torch.rand(3, 32, 32) for _ in range(2))
+    targets = tuple({"boxes": torch.tensor([[4.0, 4.0, 20.0, 20.0]]), "labels": torch.tensor([1])} for _ in range(2))
+    model.train()
+    assert grads(model, ProbeLoss()(model, (images, targets)))
+
+
 @pytest.mark.parametrize("out, expected", [
     (torch.tensor([1.0, 3.0], requires_grad=True), 2.0),  # a tensor: its mean
     ((torch.tensor([1.0, 3.0], requires_grad=True), torch.tensor([4.0], requires_grad=True)), 6.0),  # a VAE's

@@ -189,12 +189,6 @@ class BatchFunction:
         self.next_step, self.stream = int(state["step"]), state["stream"]
 
 
-def dim_of(dataset, collate_fn: Callable | None = None) -> int:
-    """The batch dimension of what `dataset` collates: a batch function's own, else where the
-    collated samples lie (batches.sample_dim: 1 for [sequence, batch])."""
-    return dataset.dim if isinstance(dataset, BatchFunction) else batches.sample_dim(dataset, collate_fn)
-
-
 class Exhausted(Exception):
     """The batch function raised StopIteration (a stream's end) when drawing step `step`."""
 

@@ -126,6 +126,28 @@ def probe(dataset, n: int, device: torch.device, collate_fn: Callable | None = N
     return to_device(collate(dataset, [i % len(dataset) for i in range(n)], collate_fn), device)
 
 
+@dataclasses.dataclass(frozen=True)
+class Chunks:
+    """A probe's batch as the loader hands a rank its share: collated chunk by chunk from the
+    samples' indices, so that each chunk holds whole samples whatever the collate_fn lays out (a
+    [sequence, batch] pad_sequence, the detection tutorial's tuple of images and tuple of target
+    dicts), where cutting one collated batch along its first dimension would cut a sequence or an
+    image's channels. `sizes`: each chunk's samples."""
+
+    parts: tuple
+    sizes: tuple[int, ...]
+
+
+def probe_chunks(dataset, n: int, chunk: int | None, device: torch.device,
+                 collate_fn: Callable | None = None) -> Chunks:
+    """`probe`'s n samples in chunks of at most `chunk` (all of them in one where None or 0)."""
+    indices = [i % len(dataset) for i in range(n)]
+    step = chunk or max(n, 1)
+    runs = [indices[i:i + step] for i in range(0, n, step)]
+    return Chunks(tuple(to_device(collate(dataset, run, collate_fn), device) for run in runs),
+                  tuple(len(run) for run in runs))
+
+
 def first_tensor(batch, dim: int = 0):
     """The first tensor in `batch` with a dimension `dim` (any tensor where dim is 0)."""
     if isinstance(batch, torch.Tensor):
@@ -143,24 +165,6 @@ def first_tensor(batch, dim: int = 0):
         if found is not None:
             return found
     return None
-
-
-def sample_dim(dataset, collate_fn: Callable | None = None) -> int:
-    """The dimension along which `dataset`'s samples lie once collated: the one of its first
-    tensor that is 2 long for two samples and 3 for three (1 for pad_sequence's [sequence, batch]
-    without batch_first: an LSTM's, a Transformer's), 0 where that is dimension 0 or unclear. A
-    DataLoader's batches are dealt and cut by sample index, whatever their layout; the timing
-    probes cut theirs, and along dimension 0 they cut a padded sequence short (the micro-batch
-    tuner then timed one chunk whatever the candidate, and chose by noise)."""
-    found = None
-    for k in (2, 3):
-        try:
-            tensor = first_tensor(collate(dataset, [i % len(dataset) for i in range(k)], collate_fn))
-        except Exception:  # noqa: BLE001 - the probe that follows says what is wrong with the dataset
-            return 0
-        dims = set() if tensor is None else {d for d, n in enumerate(tensor.shape) if n == k}
-        found = dims if found is None else found & dims
-    return 0 if not found or 0 in found else min(found)
 
 
 def fewest_samples(model: torch.nn.Module) -> int:

@@ -28,7 +28,6 @@ from hvdhetero.rank import batches
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.collectives import allreduce_sum
-from hvdhetero.rank.batch_function import dim_of
 from hvdhetero.rank.worker import Worker, cross_entropy_loss, forward_backward
 
 
@@ -78,9 +77,8 @@ def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_
     """This rank's compute time (forward + backward, straggling included) for n samples of the
     real model: the median of a few probes after one warm-up, and its standard error (the
     probes' spread). The model is left unchanged."""
-    batch = batches.probe(dataset, n, me.device.torch_device, collate_fn)
-    dim = dim_of(dataset, collate_fn)
-    times = [forward_backward(model, batch, me, loss_fn=loss_fn, dim=dim)[1] for _ in range(steps + 1)][1:]
+    batch = batches.probe_chunks(dataset, n, me.micro_batch, me.device.torch_device, collate_fn)
+    times = [forward_backward(model, batch, me, loss_fn=loss_fn)[1] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2], stdev(times) / len(times) ** 0.5
 
@@ -117,7 +115,8 @@ def wrong_call(err: Exception) -> bool:
     text = str(err)
     if "out of memory" in text or "CUDA error" in text:  # CUDA and MPS say so in their messages
         return False
-    return isinstance(err, (TypeError, AttributeError, KeyError, IndexError, ValueError, RuntimeError))
+    return isinstance(err, (TypeError, AttributeError, KeyError, IndexError, ValueError, RuntimeError,
+                            AssertionError))  # torchvision's detection models: "targets should not be none ..."
 
 
 class ProbeLoss:

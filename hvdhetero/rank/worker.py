@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from hvdhetero.rank import batches, devices
-from hvdhetero.rank.batch_function import dim_of
 from hvdhetero.config import check_micro_batch
 
 
@@ -104,28 +103,30 @@ def cross_entropy_loss(model, batch) -> torch.Tensor:
 
 
 def forward_backward(model, batch, me: Worker, before_last_backward=None,
-                     loss_fn: Callable = cross_entropy_loss, dim: int = 0) -> tuple[float, float]:
+                     loss_fn: Callable = cross_entropy_loss) -> tuple[float, float]:
     """Straggle (if asked), then forward and backward of `loss_fn(model, batch)` on this rank's
     batch, which may be empty, in chunks of at most `me.micro_batch` samples whose gradients
-    accumulate to the whole batch's mean. `before_last_backward()` runs just before the last
-    chunk's backward (the overlapping reducer arms its hooks there). What the timing probes,
-    the micro-batch tuner and the benchmark's bare-engine phases run; a training script steps
-    through `Job` (rank/job.py), which times the same way. `dim`: the batch's dimension (1 for a
-    batch function's [sequence, batch] windows). Returns (summed loss, seconds)."""
+    accumulate to the whole batch's mean; a probe's `batches.Chunks` in its own chunks.
+    `before_last_backward()` runs just before the last chunk's backward (the overlapping reducer
+    arms its hooks there). What the timing probes, the micro-batch tuner and the benchmark's
+    bare-engine phases run; a training script steps through `Job` (rank/job.py), which times the
+    same way. Returns (summed loss, seconds)."""
     t0 = time.perf_counter()
-    n = batches.size(batch, dim)
+    if isinstance(batch, batches.Chunks):
+        parts, n = list(zip(batch.parts, batch.sizes)), sum(batch.sizes)
+    else:
+        n = batches.size(batch)
+        chunk = min(me.micro_batch or n, n) or 1
+        parts = [(batches.take(batch, start, start + chunk), min(chunk, n - start)) for start in range(0, n, chunk)]
     slept = me.straggle(n)
     clock = me.busy_clock()
     busy0 = clock()
     loss_sum = 0.0
-    chunk = min(me.micro_batch or n, n)
-    for start in range(0, n, chunk or 1):
-        part = batches.take(batch, start, start + chunk, dim)
+    for i, (part, share) in enumerate(parts):
         loss = loss_fn(model, part)
-        share = min(chunk, n - start)
         if share != n:  # a chunk: weight its mean by its share of the batch
             loss = loss * (share / n)
-        if before_last_backward is not None and start + chunk >= n:
+        if before_last_backward is not None and i == len(parts) - 1:
             before_last_backward()
         loss.backward()
         loss_sum += loss.item() * n
@@ -156,8 +157,7 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
-    dim = dim_of(dataset, collate_fn)
-    probes = {c: batches.probe(dataset, c * max(1, -(-512 // c)), me.device.torch_device, collate_fn)
+    probes = {c: batches.probe_chunks(dataset, c * max(1, -(-512 // c)), c, me.device.torch_device, collate_fn)
               for c in candidates}
     per_sample = {c: float("inf") for c in candidates}
     # Round-robin: a warm-up round, then the fastest of 3 rounds per candidate. Timing the
@@ -165,10 +165,10 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     # them all alike; one after the other it once made 64 look fastest on both ranks.
     for round_ in range(4):
         for c, batch in probes.items():
-            probe.micro_batch = c
-            forward_backward(model, batch, probe, loss_fn=loss_fn, dim=dim)
+            probe.micro_batch = c  # (the chunks are the probe's own)
+            forward_backward(model, batch, probe, loss_fn=loss_fn)
             if round_:
-                per_sample[c] = min(per_sample[c], probe.last_compute / batches.size(batch, dim))
+                per_sample[c] = min(per_sample[c], probe.last_compute / sum(batch.sizes))
     model.zero_grad(set_to_none=True)
     # Largest first; a smaller chunk must be clearly faster (3%) to win over timing noise.
     best = largest
