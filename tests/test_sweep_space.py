@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 
 import pytest
 
@@ -66,6 +67,24 @@ def test_a_flag_is_passed_alone_or_not_at_all_as_argparses_store_true_reads_it(t
             "use_bn": use_bn, "compile": False}
     with pytest.raises(SystemExit):  # what a flag written as a value got: "ignored explicit argument 'True'"
         parser.parse_args(["--use_bn=True"])
+
+
+def test_a_flag_on_by_default_is_passed_as_argparses_boolean_optional_action_reads_it(tmp_path):
+    """`--amp` or `--no-amp`: a flag that is on unless turned off, where passing nothing for
+    false would run every false trial with it on, recorded as off."""
+    path = write(tmp_path, "amp: {choice: [true, false], flag: both}\nuse_bn: {choice: [true, false], flag: true}\n")
+    loaded = space.load(path)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--use_bn", action="store_true")
+    for amp, use_bn in itertools.product((True, False), repeat=2):
+        assert vars(parser.parse_args(loaded.argv({"amp": amp, "use_bn": use_bn}))) == {"amp": amp, "use_bn": use_bn}
+    assert loaded.argv({"amp": False, "use_bn": False}) == ["--no-amp"]
+    # a store_true flag written as both: its argparse has no --no-NAME
+    said = "error: rank 0 on host pc failed: SystemExit: 2: train.py: error: unrecognized arguments: --no-amp"
+    assert loaded.hint(said) == (
+        f"; the script has no --no-amp: --amp is a flag that is off unless given (argparse's store_true): write "
+        f"`flag: true` for amp in {path} (line 1), and each trial passes --amp or nothing")
 
 
 def test_a_trials_argparse_error_over_a_parameter_says_what_to_write_in_the_space(tmp_path):
@@ -141,7 +160,10 @@ BAD = {  # id: (text, line, key, what the message must say)
     "flag on a choice of words": ("o: {choice: [a, b], flag: true}\n", 1, "o.flag", "a flag (--NAME or nothing) is a "
                                   "choice of true and false; o lists a, b"),
     "flag on a range": ("x: {uniform: [0, 1], flag: true}\n", 1, "x.flag", "uniform takes step besides its range"),
-    "flag not a boolean": ("o: {choice: [true, false], flag: 1}\n", 1, "o.flag", "must be true or false"),
+    "flag not a boolean": ("o: {choice: [true, false], flag: 1}\n", 1, "o.flag", "must be true (--o or nothing), "
+                           "false or both (--o or --no-o, argparse's BooleanOptionalAction), got '1' (an integer)"),
+    "flag of another word": ("o: {choice: [true, false], flag: negated}\n", 1, "o.flag", "must be true (--o or "
+                             "nothing), false or both (--o or --no-o, argparse's BooleanOptionalAction), got 'negated'"),
     "empty choice": ("o: {choice: []}\n", 1, "o.choice", "must be a non-empty list of values"),
     "choice twice": ("o:\n  choice:\n    - adam\n    - sgd\n    - adam\n", 5, "o.choice",
                      "'adam' is listed twice (first on line 3)"),

@@ -7,6 +7,7 @@ script takes as its own argument (`--lr=0.003`), each with exactly one distribut
     optimizer: {choice: [adam, sgd]}
     compile:   {choice: [true, false]}            # --compile=True / --compile=False
     use_bn:    {choice: [true, false], flag: true}   # --use_bn / nothing (argparse's store_true)
+    amp:       {choice: [true, false], flag: both}   # --amp / --no-amp (argparse's BooleanOptionalAction)
 
     space = load("space.yaml")                   # SpaceError (file:line:key, exit 2) if anything is off
     space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr=0.003", "--optimizer=adam"]
@@ -33,7 +34,8 @@ KINDS = ("uniform", "loguniform", "int", "choice")
 in [low, high]; one of a list of values."""
 OPTIONS = {"uniform": ("step",), "loguniform": (), "int": ("step", "log"), "choice": ("flag",)}
 """What each distribution takes besides its own key: a grid step, (int) a log scale, or (a choice
-of true and false) whether the option is a flag that takes no value."""
+of true and false) whether the option is a flag that takes no value: `true` for `--NAME` or nothing,
+`both` for `--NAME` or `--no-NAME`."""
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z][A-Za-z0-9_-]*)*")
 """A parameter's name: it becomes the script's option --NAME; dotted, a nested setting's
 (minGPT's `--trainer.learning_rate=3e-4`)."""
@@ -52,16 +54,18 @@ class Param:
     log: bool = False
     choices: tuple = ()
     line: int = 0
-    flag: bool = False
-    """A choice of true and false for an option that takes no value (argparse's store_true):
-    true passes `--NAME`, false nothing."""
+    flag: bool | str = False
+    """A choice of true and false for an option that takes no value: true passes `--NAME`; false
+    nothing (True: argparse's store_true), or `--no-NAME` ("both": argparse's
+    BooleanOptionalAction, click's `--NAME/--no-NAME`), which a flag whose default is on needs."""
 
     def arg(self, value: Any) -> list[str]:
         """The script's argument for `value`, one word: ["--NAME=text"]. argparse, click and fire
         read it as `--NAME text`; nanoGPT's configurator (`--key=value` globals) reads only this
-        form; and a negative value cannot pass for an option. A flag's: ["--NAME"] or none."""
+        form; and a negative value cannot pass for an option. A flag's: ["--NAME"], or none or
+        ["--no-NAME"]."""
         if self.flag:
-            return [f"--{self.name}"] if value else []
+            return [f"--{self.name}"] if value else [f"--no-{self.name}"] if self.flag == "both" else []
         return [f"--{self.name}={format_value(value)}"]
 
 
@@ -91,6 +95,10 @@ class Space:
                 return (f"; the script refuses a value of {p.name} ({refused.group(1).strip()}): give {p.name} {where} "
                         "only values the script takes")
             unknown = said.partition("unrecognized arguments:")[2].split()
+            if p.flag == "both" and f"--no-{p.name}" in unknown:
+                return (f"; the script has no --no-{p.name}: --{p.name} is a flag that is off unless given (argparse's "
+                        f"store_true): write `flag: true` for {p.name} {where}, and each trial passes --{p.name} "
+                        "or nothing")
             ambiguous = re.search(rf"ambiguous option: --{re.escape(p.name)}(=\S*)? could match", said)
             if ambiguous or any(a == f"--{p.name}" or a.startswith(f"--{p.name}=") for a in unknown):
                 return (f"; the script has no option --{p.name}: name {p.name} {where} as the script's own option "
@@ -162,7 +170,11 @@ class _Reader(yaml_file.Reader):
         line = name_node.start_mark.line + 1
         if kind == "choice":
             choices = self.choices(items[kind][1], key)
-            flag = "flag" in items and self.construct(items["flag"][1], f"{name}.flag", ("bool",), "true or false")
+            forms = (f"true (--{name} or nothing), false or both (--{name} or --no-{name}, argparse's "
+                     "BooleanOptionalAction)")
+            flag = "flag" in items and self.construct(items["flag"][1], f"{name}.flag", ("bool", "str"), forms)
+            if isinstance(flag, str) and flag != "both":
+                raise self.error(items["flag"][1], f"{name}.flag", f"must be {forms}, got {flag!r}")
             if flag and not all(isinstance(c, bool) for c in choices):
                 raise self.error(items["flag"][1], f"{name}.flag", "a flag (--NAME or nothing) is a choice of true "
                                  f"and false; {name} lists {', '.join(map(format_value, choices))}")
