@@ -234,3 +234,32 @@ def test_a_weighted_random_sampler_draws_by_weight_across_the_ranks(tmp_path):
         assert len(drawn) == 200 and min(drawn) >= 0 and max(drawn) < 100
         assert 0.35 < sum(label < 10 for label in drawn) / 200 < 0.65, drawn
     assert ranks[0][0] != ranks[0][1]
+
+
+def test_a_scripts_own_counts_are_summed_over_the_ranks_after_the_loop_and_refused_inside_it(tmp_path):
+    """job.reduce, a DDP script's `dist.all_reduce`: each rank counts over its share of the epoch
+    (shares of 15 and 1 in micro-batches of 4: 24 batches and 6), the counts summed over the
+    ranks are the epoch's on both ranks, each leaf as it came (an int, a float, a tensor on the
+    device, a bool counted); op="max" the largest; op="mean" refused, saying why. Called inside
+    the loop, where the ranks' numbers of batches differ, it ends the job saying where to call it."""
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "reduces.py", "--run-dir",
+                    run_dir, "--micro-batch", "4", "--slowdown", "3", "--keep-checkpoints", "0"], timeout=300)
+    said = [json.loads(text.split("REDUCED ", 1)[1].splitlines()[0])
+            for text in (proc.stdout, (run_dir / "rank-1.log").read_text())]
+    for r in said:
+        assert r["total"] == said[0]["total"] and r["largest"] == said[0]["largest"], said
+        total, mine = r["total"], [s["mine"] for s in said]
+        assert total["seen"] == 96 and total["corrects"] == sum(m["corrects"] for m in mine), said
+        assert total["batches"] == sum(m["batches"] for m in mine) and total["any"] == 2, said
+        assert total["loss"] == pytest.approx(sum(m["loss"] for m in mine), rel=1e-12) and total["flags"] == [2, 2]
+        assert r["types"] == {"loss": "float", "corrects": "Tensor", "seen": "int", "batches": "int", "any": "int",
+                              "flags": "Tensor"}, r
+        assert r["tensor"] == ["cpu", "torch.int64", "torch.int64"], r
+        assert r["largest"] == [max(m["seen"] for m in mine), max(m["batches"] for m in mine)], said
+        assert r["largest_type"] == "tuple" and "a mean of each rank's mean is no mean over the samples" in r["refused"]
+    assert said[0]["mine"]["batches"] != said[1]["mine"]["batches"], said  # why the loop is no place for it
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "reduces.py", "--run-dir",
+                    tmp_path / "inloop", "--", "inloop"], timeout=300, check=False)
+    assert proc.returncode != 0 and "ConfigError: job.reduce() inside the loop over the prepared loader" in proc.stderr \
+        and "call job.reduce once after it" in proc.stderr, proc.stderr[-3000:]

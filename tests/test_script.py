@@ -69,6 +69,7 @@ def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
     assert 'ddp_habit.py:14 in <module>: dist.init_process_group(backend="gloo")' in said[1], said
     hint = next(line for line in said if "starts torch.distributed itself" in line)
     assert "remove init_process_group, the DistributedDataParallel wrapper and the DistributedSampler" in hint
+    assert "make a dist.all_reduce(t) of metrics t = job.reduce(t)" in hint
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "mp_spawn_habit.py", "--run-dir",
                     tmp_path / "spawned"], check=False, timeout=120)  # DDP's mp.spawn(main, nprocs=2) kept
     said = proc.stderr[proc.stderr.index("error: "):].splitlines()

@@ -30,8 +30,8 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     if _own_distributed(first):
         lines.append("  the script starts torch.distributed itself (a DDP or torchrun habit), which hvdhetero does "
                      "for it: remove init_process_group, the DistributedDataParallel wrapper and the "
-                     "DistributedSampler, and pass the model, optimizer and DataLoader to job.prepare "
-                     "(docs/api.md, 'From a DDP script')")
+                     "DistributedSampler, pass the model, optimizer and DataLoader to job.prepare, and make a "
+                     "dist.all_reduce(t) of metrics t = job.reduce(t) (docs/api.md, 'From a DDP script')")
     elif _any(first["error"], WRAPPER_GONE):
         lines.append("  where that was DDP's wrapper, which a port drops: `model.module` is `model` now, and "
                      "`with model.no_sync():` goes (each job.backward reduces; --micro-batch accumulates a step's "

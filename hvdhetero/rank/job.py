@@ -38,7 +38,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
-                            host, precision, records, resume, scheduling, start, validate, zeroing)
+                            host, precision, records, reduction, resume, scheduling, start, validate, zeroing)
 from hvdhetero.rank.batch_function import BatchFunction
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
@@ -332,6 +332,17 @@ class Job:
             return evaluation.evaluate(fn, dataset, batch_size, collate_fn, exchange, strategy=self.strategy,
                                        model=t.model if t else None, split=t.balancer.split if t else [1] * self.size,
                                        step=self.step, device=self.device, autocast=self.autocast)
+
+    def reduce(self, value, op: str = "sum"):
+        """`value` (a number, a tensor on any device, or a dict, list or tuple of them) summed over
+        the ranks, or their largest or smallest (`op="max"`, `"min"`), returned as it came on every
+        rank: a count or a sum over each rank's share of the epoch (running_corrects, a DDP script's
+        `dist.all_reduce(t)`) becomes the count over the whole epoch. Call it on every rank alike,
+        after the loop over the prepared loader, not inside it (rank/reduction.py)."""
+        t = self.training
+        reduction.check(op, in_loop=t is not None and t.loader.iterating)
+        with collectives.within("job.reduce()"):
+            return reduction.reduce(value, op)
 
     def barrier(self) -> None:
         """Wait until every rank gets here ("rank 0 downloads, the others wait"): bounded by 6 times
