@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -494,6 +495,40 @@ def test_a_flag_goes_alone_or_not_at_all_and_one_written_as_a_value_stops_the_sw
     for r in records:
         args = json.loads((folder / r["run_dir"] / "launch.json").read_text())["script_args"]
         assert args == ["--epochs=1", f"--lr={r['params']['lr']!r}", *(["--nesterov"] if r["params"]["nesterov"] else [])]
+
+
+@pytest.mark.slow
+def test_a_hydra_app_is_swept_with_overrides_and_a_key_its_config_lacks_stops_the_sweep_saying_so(tmp_path):
+    """tests/scripts/hydra_app (`@hydra.main` over a config group): every trial passes
+    `epochs=1 optimizer=adam optimizer.lr=0.01`, no dashes (`--optimizer.lr=0.01` is refused by
+    Hydra's own argparse), and records the val_acc the app logs; a key its config lacks stops the
+    sweep after one trial, naming the space's line."""
+    shutil.copytree(ROOT / "tests" / "scripts" / "hydra_app", tmp_path / "app")  # its outputs/ go there
+    script, space = tmp_path / "app" / "train.py", tmp_path / "space.yaml"
+    space.write_text("optimizer: {choice: [sgd, adam]}\noptimiser.lr: {loguniform: [0.003, 0.1]}\n")
+    command = sweep_cmd(inventory(tmp_path), space, tmp_path / "typo", "--hosts", "fast", "--trials", "3", "--budget",
+                        "1", "--metric", "val_acc", "--mode", "max", "--script", script)
+    proc = run_cmd(command, check=False, timeout=300)
+    assert proc.returncode == 2 and "ConfigCompositionException: Could not override 'optimiser.lr'" in proc.stderr \
+        and f"the script's config has no key optimiser.lr: name optimiser.lr in {space} (line 2)" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert len(trials(tmp_path / "typo")) <= 1
+    space.write_text("optimizer: {choice: [sgd, adam]}\noptimizer.lr: {loguniform: [0.003, 0.1]}\n")
+    folder = tmp_path / "sweep"
+    run_cmd([*command[:command.index(tmp_path / "typo")], folder, *command[command.index(tmp_path / "typo") + 1:]],
+            timeout=300)
+    records, kept = trials(folder), []
+    assert [r["state"] for r in records] == ["complete"] * 3, records
+    for r in records:
+        launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
+        params = r["params"]
+        assert launched["script_args"] == ["epochs=1", f"optimizer={params['optimizer']}",
+                                           f"optimizer.lr={params['optimizer.lr']!r}"], launched
+        logged = [x for x in metrics.records(folder / r["run_dir"] / "metrics.jsonl") if x["event"] == "log"]
+        assert len(logged) == 1 and r["value"] == logged[0]["val_acc"] > 0.5, (r, logged)
+        kept.append(launched["script_args"])
+    hydra = [yaml.safe_load(f.read_text()) for f in (tmp_path / "app" / "outputs").glob("*/*/.hydra/overrides.yaml")]
+    assert all(args in hydra for args in kept), (kept, hydra)  # Hydra's own record of each trial's overrides
 
 
 SMALL_GPT = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=16", "--eval_iters=4"]

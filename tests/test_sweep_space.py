@@ -87,6 +87,36 @@ def test_a_flag_on_by_default_is_passed_as_argparses_boolean_optional_action_rea
         f"`flag: true` for amp in {path} (line 1), and each trial passes --amp or nothing")
 
 
+def test_a_hydra_app_gets_its_values_as_overrides_and_a_key_its_config_lacks_is_named(tmp_path):
+    """A script with `@hydra.main` reads `optimizer.lr=0.01 optimizer=adam` (no dashes; a flag
+    as true or false); the sweep's budget too (`epochs=1`). Hydra's refusal of a key its config
+    lacks names the space's line; an app whose @hydra.main is in another file is told to sweep
+    that file."""
+    path = write(tmp_path, "optimizer: {choice: [sgd, adam]}\noptimizer.lr: {loguniform: [0.001, 0.1]}\n"
+                           "amp: {choice: [true, false], flag: true}\n")
+    app = tmp_path / "train.py"
+    app.write_text("import hydra\nfrom omegaconf import DictConfig\n\n\n"
+                   "@hydra.main(version_base=None, config_path='conf', config_name='config')\ndef main(cfg): ...\n")
+    loaded = space.load(path, str(app))
+    assert loaded.overrides and loaded.argv({"optimizer": "adam", "optimizer.lr": 0.01, "amp": False}) == [
+        "optimizer=adam", "optimizer.lr=0.01", "amp=False"]
+    assert loaded.option("epochs", 1) == "epochs=1" and space.load(path).option("epochs", 1) == "--epochs=1"
+    said = ("error: rank 0 on host pc failed: ConfigCompositionException: Could not override 'optimizer.lr'.\n"
+            "To append to your config use +optimizer.lr=0.01")
+    assert loaded.hint(said) == (f"; the script's config has no key optimizer.lr: name optimizer.lr in {path} (line 2) "
+                                 "as in its config (--cfg job prints it), or +optimizer.lr to add it")
+    plain = tmp_path / "launch.py"
+    plain.write_text("from app.train import main  # its @hydra.main is there\n\nmain()\n")
+    other = space.load(path, str(plain))
+    assert not other.overrides and other.argv({"optimizer": "sgd", "optimizer.lr": 0.01, "amp": True}) == [
+        "--optimizer=sgd", "--optimizer.lr=0.01", "--amp"]
+    usage = ("error: rank 0 on host pc failed: SystemExit: 2: launch.py: error: unrecognized arguments: "
+             "--optimizer=sgd (usage: launch.py [overrides ...])")  # as the rank says it (rank/runner.py)
+    assert other.hint(usage).startswith(
+        f"; the script is a Hydra app (its usage ends in [overrides ...]), which takes key=value without dashes, but its "
+        f"@hydra.main is not in {plain}: sweep the file that has it (--script)")
+
+
 def test_a_trials_argparse_error_over_a_parameter_says_what_to_write_in_the_space(tmp_path):
     path = write(tmp_path, "lr: {loguniform: [0.01, 0.1]}\nuse_bn: {choice: [true, false]}\n")
     loaded = space.load(path)

@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     from hvdhetero.rank import host
 
     host.hide_gpus(host.settings(config.hosts))  # before the script asks torch for CUDA
+    # A Hydra app's @hydra.main catches any error, prints it and exits 1: the console said only
+    # "SystemExit: 1" (no error, no line). Raised whole, it is reported as any other script's.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     if args.workdir:
         os.chdir(os.path.expanduser(args.workdir))
     exit_with = None
@@ -84,13 +87,17 @@ def main(argv: list[str] | None = None) -> None:
 def usage_error(done: SystemExit) -> str:
     """What argparse said before it exited (a script's argument it refused: `argument --use_bn:
     ignored explicit argument 'True'`), read from its `error` frame in the exit's traceback, as
-    ": prog: error: message"; "" for any other exit."""
+    ": prog: error: message" (and Hydra's "(usage: prog [overrides ...])": a Hydra app takes
+    key=value); "" for any other exit."""
     tb = done.__traceback__
     while tb is not None:
         frame = tb.tb_frame
         if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
             parser, message = frame.f_locals.get("self"), frame.f_locals.get("message")
-            return f": {getattr(parser, 'prog', '')}: error: {message}" if message else ""
+            prog = getattr(parser, "prog", "")
+            hydra = any(getattr(a, "dest", "") == "overrides" for a in getattr(parser, "_actions", ()))
+            return (f": {prog}: error: {message}{f' (usage: {prog} [overrides ...])' if hydra else ''}"
+                    if message else "")
         tb = tb.tb_next
     return ""
 

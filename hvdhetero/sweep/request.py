@@ -50,7 +50,7 @@ class Request:
 
     def trial_args(self, space: spaces.Space, values: dict[str, Any]) -> list[str]:
         """What follows `--` in a trial's invoke train: the script's (or recipe's) arguments, the budget, the values."""
-        budget = [f"--epochs={self.budget}"] if self.budget and self.script else []
+        budget = [space.option("epochs", self.budget)] if self.budget and self.script else []
         return [*self.script_args, *budget, *space.argv(values)]
 
 

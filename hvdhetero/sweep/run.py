@@ -42,7 +42,7 @@ def new_folder(run_dir: str, runs: Path, name: str) -> Path:
 
 def start(request: Request, folder: Path, tasks_root: Path, recipe_check, recipe_flags: list[str]) -> Path:
     """A new sweep: checked (exit 2, nothing written: check_before), then run in `folder`."""
-    space = spaces.load(request.space)
+    space = spaces.load(request.space, request.script)
     check_before(request, space, tasks_root, recipe_check, recipe_flags)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):

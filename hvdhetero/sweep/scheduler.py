@@ -48,7 +48,7 @@ class Sweep:
 
         self.request, self.folder, self.tasks_root = request, folder, tasks_root
         self.board = board.Board(out or sys.stdout, self.board_rows, self.board_title, request.metric)
-        self.space = spaces.load(request.space)
+        self.space = spaces.load(request.space, request.script)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1) if request.prune \
             else optuna.pruners.NopPruner()

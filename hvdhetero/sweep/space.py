@@ -11,6 +11,7 @@ script takes as its own argument (`--lr=0.003`), each with exactly one distribut
 
     space = load("space.yaml")                   # SpaceError (file:line:key, exit 2) if anything is off
     space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr=0.003", "--optimizer=adam"]
+    load("space.yaml", "train.py").argv(...)     -> ["lr=0.003", "optimizer=adam"] for a Hydra app
     space.distributions()                        -> Optuna's, for study.ask()
 
 Every check runs when the file is read, before a trial starts: a bad space launches nothing.
@@ -59,11 +60,13 @@ class Param:
     nothing (True: argparse's store_true), or `--no-NAME` ("both": argparse's
     BooleanOptionalAction, click's `--NAME/--no-NAME`), which a flag whose default is on needs."""
 
-    def arg(self, value: Any) -> list[str]:
+    def arg(self, value: Any, overrides: bool = False) -> list[str]:
         """The script's argument for `value`, one word: ["--NAME=text"]. argparse, click and fire
         read it as `--NAME text`; nanoGPT's configurator (`--key=value` globals) reads only this
         form; and a negative value cannot pass for an option. A flag's: ["--NAME"], or none or
-        ["--no-NAME"]."""
+        ["--no-NAME"]. A Hydra app's (`overrides`): ["NAME=text"], a flag's too (true/false)."""
+        if overrides:
+            return [f"{self.name}={format_value(value)}"]
         if self.flag:
             return [f"--{self.name}"] if value else [f"--no-{self.name}"] if self.flag == "both" else []
         return [f"--{self.name}={format_value(value)}"]
@@ -73,10 +76,18 @@ class Param:
 class Space:
     path: Path
     params: tuple[Param, ...]
+    script: str = ""
+    overrides: bool = False
+    """The script is a Hydra app (`@hydra.main` in it: `hydra_app`): its arguments are overrides,
+    `optimizer.lr=0.01 optimizer=adam`, which it reads without dashes."""
 
     def argv(self, values: dict[str, Any]) -> list[str]:
         """The script's arguments for one trial's values, in the file's order."""
-        return [a for p in self.params for a in p.arg(values[p.name])]
+        return [a for p in self.params for a in p.arg(values[p.name], self.overrides)]
+
+    def option(self, name: str, value: Any) -> str:
+        """An argument of the sweep's own for the script (the budget's epochs) in the script's form."""
+        return f"{name}={format_value(value)}" if self.overrides else f"--{name}={format_value(value)}"
 
     def hint(self, said: str) -> str:
         """What to change in the space where a trial's error (`said`) is the script's argparse
@@ -84,7 +95,19 @@ class Space:
         ("argument -b/--use_bn: ignored explicit argument 'True'"), a value it does not take
         ("argument --opt: invalid choice: 'True'", "invalid float value"), an option it does not
         have ("unrecognized arguments: --lr=0.01", "ambiguous option: --lr=0.01 could match
-        --lr_decay, --lr_warmup"); "" otherwise."""
+        --lr_decay, --lr_warmup"); a Hydra app's config without the key; "" otherwise."""
+        if "[overrides ...]" in said and "unrecognized arguments: --" in said and not self.overrides:
+            return (f"; the script is a Hydra app (its usage ends in [overrides ...]), which takes key=value without "
+                    f"dashes, but its @hydra.main is not in {self.script or 'the script'}: sweep the file that has it "
+                    "(--script), and each trial passes NAME=VALUE")
+        if self.overrides:
+            missing = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", said)
+            key = missing and (missing.group(1) or missing.group(2))
+            p = next((p for p in self.params if p.name == key), None)
+            if p is not None:
+                return (f"; the script's config has no key {key}: name {key} in {self.path} (line {p.line}) as in its "
+                        f"config (--cfg job prints it), or +{key} to add it")
+            return ""
         for p in self.params:
             where = f"in {self.path} (line {p.line})"
             refused = re.search(rf"argument (?:\S+/)?--{re.escape(p.name)}: (.+)$", said)
@@ -131,9 +154,26 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def load(path: str | Path) -> Space:
-    """Read and check a space file; SpaceError names the file, line and key of the first problem."""
-    path = Path(path)
+HYDRA_MAIN = re.compile(r"^\s*@\s*(hydra\.)?main\s*\(", re.M)
+
+
+def hydra_app(script: str) -> bool:
+    """Whether `script` is a Hydra app: it imports hydra and decorates its main with @hydra.main."""
+    try:
+        text = Path(script).read_text(errors="replace") if script else ""
+    except OSError:
+        return False
+    return bool(HYDRA_MAIN.search(text) and re.search(r"^\s*(import|from)\s+hydra\b", text, re.M))
+
+
+def load(path: str | Path, script: str = "") -> Space:
+    """Read and check a space file; SpaceError names the file, line and key of the first problem.
+    `script`: the script the sweep runs (a Hydra app takes its values as overrides)."""
+    space = _load(Path(path))
+    return Space(space.path, space.params, script, hydra_app(script))
+
+
+def _load(path: Path) -> Space:
     root = yaml_file.compose(path, SpaceError, f"write one, {EXAMPLE} (one line per parameter)",
                              f"it needs at least one parameter, {EXAMPLE}")
     reader = _Reader(path)
