@@ -258,8 +258,14 @@ def test_a_scripts_own_counts_are_summed_over_the_ranks_after_the_loop_and_refus
         assert r["tensor"] == ["cpu", "torch.int64", "torch.int64"], r
         assert r["largest"] == [max(m["seen"] for m in mine), max(m["batches"] for m in mine)], said
         assert r["largest_type"] == "tuple" and "a mean of each rank's mean is no mean over the samples" in r["refused"]
+        assert r["ordered"] == {"x": 11, "y": 22}, r  # each rank's dict in its own order, summed by key
     assert said[0]["mine"]["batches"] != said[1]["mine"]["batches"], said  # why the loop is no place for it
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "reduces.py", "--run-dir",
                     tmp_path / "inloop", "--", "inloop"], timeout=300, check=False)
     assert proc.returncode != 0 and "ConfigError: job.reduce() inside the loop over the prepared loader" in proc.stderr \
         and "call job.reduce once after it" in proc.stderr, proc.stderr[-3000:]
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "reduces.py", "--run-dir",
+                    tmp_path / "mismatch", "--", "mismatch"], timeout=300, check=False)
+    assert proc.returncode != 0 and "ConfigError: job.reduce(value): rank 1's value differs from rank 0's at " \
+        "value['a'] (rank 0: a number (integers), rank 1: nothing): every rank must pass the same keys" in proc.stderr \
+        and "then also: rank " in proc.stderr, proc.stderr[-3000:]  # every rank says so, none waits

@@ -186,12 +186,18 @@ def test_the_tuner_times_chunks_of_whole_samples_whatever_the_collate_fn_lays_ou
     assert widths == {64: {64}, 128: {128}, 200: {200}}, widths
 
 
-def test_a_value_every_sample_shares_stays_whole_in_a_chunk_of_a_sequence_first_batch():
-    """Beside [sequence, batch] inputs and their flattened targets, a scalar (a temperature, a
-    step count) is no sample's: each chunk gets it as it is (it raised "shape '[-1, 4]' is
-    invalid")."""
-    from hvdhetero.rank import batches
 
-    x, y, t = torch.arange(12).reshape(3, 4), torch.arange(12), torch.tensor(0.5)
-    xs, ys, ts = batches.take((x, y, t), 1, 3, dim=1)
-    assert xs.tolist() == [[1, 2], [5, 6], [9, 10]] and ys.tolist() == [1, 2, 5, 6, 9, 10] and ts is t
+def test_a_probes_last_chunk_too_small_for_batchnorm_joins_the_one_before(digits):
+    """A share of 13 in micro-batches of 4 is probed as the loader runs it, 4 + 4 + 5: a last
+    chunk of one failed a BatchNorm model's probe ("Expected more than 1 value per channel")
+    and the job started from an equal split."""
+    from hvdhetero.rank import batches, calibrate
+
+    train, info = digits
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.Linear(16, 10))
+    assert batches.probe_chunks(train, 13, 4, torch.device("cpu"), fewest=2).sizes == (4, 4, 5)
+    assert batches.probe_chunks(train, 13, 4, torch.device("cpu")).sizes == (4, 4, 4, 1)
+    me = Worker(devices.select("cpu"), 1.0, None, micro_batch=4)
+    seconds, _ = calibrate.probe_seconds(model, train, me, 13)
+    assert seconds > 0 and me.last_compute > 0

@@ -105,6 +105,23 @@ def test_a_hydra_app_gets_its_values_as_overrides_and_a_key_its_config_lacks_is_
             "To append to your config use +optimizer.lr=0.01")
     assert loaded.hint(said) == (f"; the script's config has no key optimizer.lr: name optimizer.lr in {path} (line 2) "
                                  "as in its config (--cfg job prints it), or +optimizer.lr to add it")
+    said = ("error: rank 0 on host pc failed: MissingConfigException: In 'config': Could not find "
+            "'optimizer/adamw'")
+    assert loaded.hint(said) == (f"; the script's config group optimizer has no option adamw: give optimizer in {path} "
+                                 "(line 1) only the group's options (the files of its optimizer/ folder)")
+    assert loaded.hint("error: rank 0 on host pc failed: ConfigCompositionException: Could not override "
+                       "'epochs'.").startswith("; the script's config has no key epochs, which --budget sets")
+    # a string its grammar would read as something else is quoted
+    words = space.load(write(tmp_path, "name: {choice: ['a,b', '1e-3', 'null', resnet-50]}\n", "words.yaml"), str(app))
+    assert [words.argv({"name": v})[0] for v in words.params[0].choices] == [
+        "name='a,b'", "name='1e-3'", "name='null'", "name=resnet-50"]
+    for imported, decorated in (("import hydra as hy", "@hy.main(config_path=None)"), ("import os, hydra", "@hydra.main()"),
+                                ("from hydra import main", "@main(config_path=None)"),
+                                ("from hydra import compose, main as hm", "@hm()")):
+        app.write_text(f"{imported}\n\n\n{decorated}\ndef run(cfg): ...\n")
+        assert space.load(path, str(app)).overrides, (imported, decorated)
+    app.write_text("import hydra\n\n\n@main(x)\ndef run(cfg): ...\n")  # a decorator of its own named main
+    assert not space.load(path, str(app)).overrides
     plain = tmp_path / "launch.py"
     plain.write_text("from app.train import main  # its @hydra.main is there\n\nmain()\n")
     other = space.load(path, str(plain))
@@ -113,8 +130,8 @@ def test_a_hydra_app_gets_its_values_as_overrides_and_a_key_its_config_lacks_is_
     usage = ("error: rank 0 on host pc failed: SystemExit: 2: launch.py: error: unrecognized arguments: "
              "--optimizer=sgd (usage: launch.py [overrides ...])")  # as the rank says it (rank/runner.py)
     assert other.hint(usage).startswith(
-        f"; the script is a Hydra app (its usage ends in [overrides ...]), which takes key=value without dashes, but its "
-        f"@hydra.main is not in {plain}: sweep the file that has it (--script)")
+        f"; the script is a Hydra app (its usage ends in [overrides ...]), which takes key=value without dashes, but no "
+        f"@hydra.main was recognised in {plain}: sweep the file that has it (--script)")
 
 
 def test_a_trials_argparse_error_over_a_parameter_says_what_to_write_in_the_space(tmp_path):

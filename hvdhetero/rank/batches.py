@@ -42,8 +42,6 @@ def take(batch, start: int, stop: int, dim: int = 0):
             return _rebuilt(b, sliced)
         if b.dim() > dim:
             return b.narrow(dim, start, min(stop, b.shape[dim]) - start)  # (a last chunk asks past the end)
-        if not b.dim() or b.numel() % whole:
-            return b  # not laid out by sample (a scalar every sample shares)
         return b.reshape(-1, whole)[:, start:stop].reshape(-1)
     return sliced(batch)
 
@@ -139,11 +137,15 @@ class Chunks:
 
 
 def probe_chunks(dataset, n: int, chunk: int | None, device: torch.device,
-                 collate_fn: Callable | None = None) -> Chunks:
-    """`probe`'s n samples in chunks of at most `chunk` (all of them in one where None or 0)."""
+                 collate_fn: Callable | None = None, fewest: int = 1) -> Chunks:
+    """`probe`'s n samples in chunks of at most `chunk` (all of them in one where None or 0), a
+    last chunk of fewer than `fewest` joined to the one before, as the loader joins it."""
     indices = [i % len(dataset) for i in range(n)]
     step = chunk or max(n, 1)
     runs = [indices[i:i + step] for i in range(0, n, step)]
+    if len(runs) > 1 and len(runs[-1]) < fewest:  # BatchNorm refuses a chunk of one (rank/loader.py)
+        last = runs.pop()
+        runs[-1] = runs[-1] + last
     return Chunks(tuple(to_device(collate(dataset, run, collate_fn), device) for run in runs),
                   tuple(len(run) for run in runs))
 

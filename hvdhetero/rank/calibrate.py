@@ -77,7 +77,8 @@ def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_
     """This rank's compute time (forward + backward, straggling included) for n samples of the
     real model: the median of a few probes after one warm-up, and its standard error (the
     probes' spread). The model is left unchanged."""
-    batch = batches.probe_chunks(dataset, n, me.micro_batch, me.device.torch_device, collate_fn)
+    batch = batches.probe_chunks(dataset, n, me.micro_batch, me.device.torch_device, collate_fn,
+                                 batches.fewest_samples(model))
     times = [forward_backward(model, batch, me, loss_fn=loss_fn)[1] for _ in range(steps + 1)][1:]
     model.zero_grad(set_to_none=True)
     return sorted(times)[len(times) // 2], stdev(times) / len(times) ** 0.5

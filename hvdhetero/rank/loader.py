@@ -67,8 +67,9 @@ class Loader:
         self.before_step = before_step or (lambda item: None)
         """Called before a step's first chunk is collated (a checkpoint taken there resumes at it)."""
         self.epoch = epoch
-        self.iterating = False
-        """A loop over this epoch's batches is under way (job.reduce is refused there)."""
+        self.iterating = 0
+        """Loops over this epoch's batches under way, or iterators over them still open (job.reduce
+        is refused there: the ranks take different numbers of batches)."""
         self.group = group or (lambda step, left: 1)
         """(first global step, steps left in the epoch) -> how many steps this rank merges."""
         self.prefetch_factor = prefetch_factor or 2  # DataLoader's default
@@ -132,11 +133,11 @@ class Loader:
             self.sampler.set_batch_sizes(self._pending.pop(0)[1])
 
     def __iter__(self):
-        self.iterating = True
+        self.iterating += 1
         try:
             yield from self._batches()
         finally:
-            self.iterating = False
+            self.iterating -= 1
 
     def _batches(self):
         if self.num_workers == 0:

@@ -2,31 +2,36 @@
 `dist.all_reduce(t)` sums them, or torchvision's `utils.reduce_dict(loss_dict)`.
 
     running_corrects = job.reduce(running_corrects)       # every rank's count: the epoch's
-    totals = job.reduce({"loss": loss_sum, "n": seen})     # a dict (or list, tuple) in one exchange
+    totals = job.reduce({"loss": loss_sum, "n": seen})     # a dict (or list, tuple) at once
 
-A number, a bool (counted), a tensor on any device, or a dict, list or tuple of them comes back
-as it went, every leaf its type on its device, summed (or the largest, the smallest) over the
-ranks. Float64 on the wire: integers are exact up to 2^53.
+A number (Python's or NumPy's), a bool (counted by a sum), a tensor on any device, or a dict,
+list or tuple of them comes back as it went, every leaf its type on its device, summed (or the
+largest, the smallest) over the ranks. Integers go as int64 (exact; a Python int beyond int64 is
+refused), floats as float64. A dict's keys are matched by name, whatever order each rank filled
+it in (per-class counts); ranks whose values differ in keys or shapes are told so, every one.
 
 Every rank must call it as often: it is a collective, bounded in time like the job's own. Inside
 the loop over the prepared loader the ranks take different numbers of batches (a share of zero
 takes none, micro-batches and by-speed inner steps take several), so a call there is refused on
-every rank, saying to sum over the loop and reduce after it. A mean over the ranks is refused
-too: their shares differ, so the mean of their means is no mean over the samples.
+every rank that reaches it, saying to sum over the loop and reduce after it. A mean over the
+ranks is refused too: their shares differ, so the mean of their means is no mean over the samples.
 """
 
 from __future__ import annotations
 
+import copy
 import numbers
 from typing import Any
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import collectives
 
 OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
+INT64 = (-2 ** 63, 2 ** 63 - 1)
 
 
 def check(op: str, in_loop: bool) -> None:
@@ -39,50 +44,117 @@ def check(op: str, in_loop: bool) -> None:
     if op not in OPS:
         raise ConfigError(f"job.reduce(value, op={op!r}): op is one of {', '.join(map(repr, OPS))}")
     if in_loop:
-        raise ConfigError("job.reduce() inside the loop over the prepared loader: the ranks take different numbers of "
-                          "batches there (a rank's share may be none, or several micro-batches), and every rank must "
-                          "call job.reduce as often; add up over the loop and call job.reduce once after it")
+        raise ConfigError("job.reduce() inside the loop over the prepared loader (or with an iterator over it still "
+                          "open): the ranks take different numbers of batches there (a rank's share may be none, or "
+                          "several micro-batches), and every rank must call job.reduce as often; add up over the loop "
+                          "and call job.reduce once after it")
 
 
 def reduce(value: Any, op: str = "sum") -> Any:
-    """`value` reduced over the ranks by `op` (module docstring), in one collective."""
-    leaves: list = []
-    _leaves(value, leaves)
+    """`value` reduced over the ranks by `op` (module docstring)."""
+    leaves: list[tuple[str, Any]] = []
+    _leaves(value, "value", leaves)
     if not leaves:
         raise ConfigError(f"job.reduce(value): value holds no number or tensor ({type(value).__name__}); pass a "
                           "number, a tensor, or a dict, list or tuple of them")
-    flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float64) if isinstance(t, torch.Tensor)
-                      else torch.tensor([float(t)], dtype=torch.float64) for t in leaves])
-    collectives.allreduce_(flat, OPS[op], "hvdhetero.job_reduce", "job.reduce()")
-    done, at = [], 0
-    for leaf in leaves:
-        n = leaf.numel() if isinstance(leaf, torch.Tensor) else 1
-        part, at = flat[at:at + n], at + n
-        if isinstance(leaf, torch.Tensor):
-            dtype = torch.int64 if leaf.dtype is torch.bool and op == "sum" else leaf.dtype  # a count of trues
-            done.append(part.reshape(leaf.shape).to(leaf.device, dtype))
-        else:
-            done.append(int(part.item()) if isinstance(leaf, numbers.Integral) else part.item())
+    kinds = [(path, _integral(leaf), tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else ()) for path, leaf in leaves]
+    if hvd.size() > 1:
+        _same_everywhere(kinds)
+    ints = [leaf for (_, leaf), (_, integral, _) in zip(leaves, kinds) if integral]
+    floats = [leaf for (_, leaf), (_, integral, _) in zip(leaves, kinds) if not integral]
+    out = iter(_reduced(ints, torch.int64, op) + _reduced(floats, torch.float64, op))
+    by_path = {}
+    for (path, _), (_, integral, _) in sorted(zip(leaves, kinds), key=lambda x: not x[1][1]):  # ints first, as sent
+        by_path[path] = next(out)
+    done = [_as(leaf, by_path[path], op) for path, leaf in leaves]
     return _rebuilt(value, iter(done))
 
 
-def _leaves(value: Any, out: list) -> None:
+def _integral(leaf) -> bool:
+    if isinstance(leaf, torch.Tensor):
+        return not leaf.dtype.is_floating_point
+    return isinstance(leaf, (numbers.Integral, np.bool_))
+
+
+def _same_everywhere(kinds: list) -> None:
+    """Every rank passed the same keys, kinds and shapes: else each rank says where they differ."""
+    every = collectives.allgather_object(kinds, "hvdhetero.job_reduce_shape", "job.reduce()")
+    for rank, theirs in enumerate(every):
+        if theirs != every[0]:
+            mine = dict((p, (i, s)) for p, i, s in every[0])
+            other = dict((p, (i, s)) for p, i, s in theirs)
+            where = next((p for p in [*mine, *other] if mine.get(p) != other.get(p)), "value")
+            raise ConfigError(f"job.reduce(value): rank {rank}'s value differs from rank 0's at {where} (rank 0: "
+                              f"{_said(mine.get(where))}, rank {rank}: {_said(other.get(where))}): every rank must "
+                              "pass the same keys, and tensors of the same shapes")
+
+
+def _said(kind) -> str:
+    if kind is None:
+        return "nothing"
+    integral, shape = kind
+    return ("a tensor of shape " + str(list(shape)) if shape else "a number") + (" (integers)" if integral else "")
+
+
+def _reduced(leaves: list, dtype: torch.dtype, op: str) -> list[torch.Tensor]:
+    """The leaves' values reduced, in one exchange per dtype: a flat CPU tensor for each leaf."""
+    if not leaves:
+        return []
+    parts = [leaf.detach().reshape(-1).to("cpu", dtype) if isinstance(leaf, torch.Tensor)
+             else torch.tensor([int(leaf) if dtype is torch.int64 else float(leaf)], dtype=dtype) for leaf in leaves]
+    flat = torch.cat(parts)
+    collectives.allreduce_(flat, OPS[op], f"hvdhetero.job_reduce.{str(dtype).rsplit('.', 1)[-1]}", "job.reduce()")
+    out, at = [], 0
+    for part in parts:
+        out.append(flat[at:at + len(part)])
+        at += len(part)
+    return out
+
+
+def _as(leaf, part: torch.Tensor, op: str):
+    """The reduced `part` as `leaf` was: its type, dtype, shape and device (a bool summed: a count)."""
+    if isinstance(leaf, torch.Tensor):
+        dtype = torch.int64 if leaf.dtype is torch.bool and op == "sum" else leaf.dtype
+        return part.reshape(leaf.shape).to(leaf.device, dtype)
+    value = part.item()
+    if isinstance(leaf, (bool, np.bool_)):
+        return int(value) if op == "sum" else type(leaf)(value)
+    if isinstance(leaf, (np.integer, np.floating)):
+        return type(leaf)(value)
+    return int(value) if isinstance(leaf, numbers.Integral) else float(value)
+
+
+def _leaves(value: Any, path: str, out: list) -> None:
+    """(path, leaf) for every number and tensor in `value`, a dict's in its keys' sorted order."""
     if isinstance(value, dict):
-        for v in value.values():
-            _leaves(v, out)
+        for k in sorted(value, key=repr):
+            _leaves(value[k], f"{path}[{k!r}]", out)
     elif isinstance(value, (list, tuple)):
-        for v in value:
-            _leaves(v, out)
-    elif isinstance(value, torch.Tensor) or isinstance(value, numbers.Real):
-        out.append(value)
+        for i, v in enumerate(value):
+            _leaves(v, f"{path}[{i}]", out)
+    elif isinstance(value, torch.Tensor):
+        if value.is_complex():
+            raise ConfigError(f"job.reduce(value): {path} is a complex tensor; pass its real and imaginary parts")
+        out.append((path, value))
+    elif isinstance(value, (numbers.Real, np.bool_)):
+        if isinstance(value, numbers.Integral) and not INT64[0] <= int(value) <= INT64[1]:
+            raise ConfigError(f"job.reduce(value): {path} is {value}, beyond a 64-bit integer")
+        out.append((path, value))
     else:
-        raise ConfigError(f"job.reduce(value): a {type(value).__name__} is no number or tensor; pass numbers, "
-                          "tensors, or a dict, list or tuple of them")
+        raise ConfigError(f"job.reduce(value): {path} is a {type(value).__name__}, no number or tensor; pass "
+                          "numbers, tensors, or a dict, list or tuple of them")
 
 
 def _rebuilt(value: Any, done) -> Any:
+    """`value` with its leaves, in `_leaves`' order, taken from `done`; a dict as its own type
+    (a defaultdict, a Counter) with its keys in its own order."""
     if isinstance(value, dict):
-        return type(value)((k, _rebuilt(v, done)) for k, v in value.items())
+        values = {k: _rebuilt(value[k], done) for k in sorted(value, key=repr)}
+        new = copy.copy(value)
+        new.clear()
+        for k in value:  # (a Counter's update would add)
+            new[k] = values[k]
+        return new
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return type(value)(*[_rebuilt(v, done) for v in value])
     if isinstance(value, (list, tuple)):

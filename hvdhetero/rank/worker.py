@@ -157,8 +157,8 @@ def tune_micro_batch(model, dataset, me: Worker, largest: int, loss_fn: Callable
     if len(candidates) == 1:
         return None
     probe = me.fresh(slowdown=1.0)
-    probes = {c: batches.probe_chunks(dataset, c * max(1, -(-512 // c)), c, me.device.torch_device, collate_fn)
-              for c in candidates}
+    probes = {c: batches.probe_chunks(dataset, c * max(1, -(-512 // c)), c, me.device.torch_device, collate_fn,
+                                      batches.fewest_samples(model)) for c in candidates}
     per_sample = {c: float("inf") for c in candidates}
     # Round-robin: a warm-up round, then the fastest of 3 rounds per candidate. Timing the
     # candidates in turns (not one after the other) lets a drift of the machine's speed touch

@@ -66,7 +66,7 @@ class Param:
         form; and a negative value cannot pass for an option. A flag's: ["--NAME"], or none or
         ["--no-NAME"]. A Hydra app's (`overrides`): ["NAME=text"], a flag's too (true/false)."""
         if overrides:
-            return [f"{self.name}={format_value(value)}"]
+            return [f"{self.name}={override_value(value)}"]
         if self.flag:
             return [f"--{self.name}"] if value else [f"--no-{self.name}"] if self.flag == "both" else []
         return [f"--{self.name}={format_value(value)}"]
@@ -98,16 +98,10 @@ class Space:
         --lr_decay, --lr_warmup"); a Hydra app's config without the key; "" otherwise."""
         if "[overrides ...]" in said and "unrecognized arguments: --" in said and not self.overrides:
             return (f"; the script is a Hydra app (its usage ends in [overrides ...]), which takes key=value without "
-                    f"dashes, but its @hydra.main is not in {self.script or 'the script'}: sweep the file that has it "
-                    "(--script), and each trial passes NAME=VALUE")
+                    f"dashes, but no @hydra.main was recognised in {self.script or 'the script'}: sweep the file that "
+                    "has it (--script), and each trial passes NAME=VALUE")
         if self.overrides:
-            missing = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", said)
-            key = missing and (missing.group(1) or missing.group(2))
-            p = next((p for p in self.params if p.name == key), None)
-            if p is not None:
-                return (f"; the script's config has no key {key}: name {key} in {self.path} (line {p.line}) as in its "
-                        f"config (--cfg job prints it), or +{key} to add it")
-            return ""
+            return self._hydra_hint(said)
         for p in self.params:
             where = f"in {self.path} (line {p.line})"
             refused = re.search(rf"argument (?:\S+/)?--{re.escape(p.name)}: (.+)$", said)
@@ -126,6 +120,25 @@ class Space:
             if ambiguous or any(a == f"--{p.name}" or a.startswith(f"--{p.name}=") for a in unknown):
                 return (f"; the script has no option --{p.name}: name {p.name} {where} as the script's own option "
                         "(its --help lists them)")
+        return ""
+
+    def _hydra_hint(self, said: str) -> str:
+        """What to change where a Hydra app refused a trial's overrides: a key its config lacks (the
+        budget's `epochs` among them), an option its config group lacks."""
+        missing = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", said)
+        key = missing and (missing.group(1) or missing.group(2))
+        group = re.search(r"Could not find '([^']+)/([^'/]+)'", said)
+        for p in self.params:
+            where = f"in {self.path} (line {p.line})"
+            if p.name == key:
+                return (f"; the script's config has no key {key}: name {key} {where} as in its config (--cfg job "
+                        f"prints it), or +{key} to add it")
+            if group and p.name == group.group(1):
+                return (f"; the script's config group {p.name} has no option {group.group(2)}: give {p.name} {where} "
+                        f"only the group's options (the files of its {p.name}/ folder)")
+        if key == "epochs":
+            return ("; the script's config has no key epochs, which --budget sets (epochs=N): leave --budget out, or "
+                    "give its config an epochs key")
         return ""
 
     def distributions(self) -> dict:
@@ -154,16 +167,33 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-HYDRA_MAIN = re.compile(r"^\s*@\s*(hydra\.)?main\s*\(", re.M)
-
-
 def hydra_app(script: str) -> bool:
-    """Whether `script` is a Hydra app: it imports hydra and decorates its main with @hydra.main."""
+    """Whether `script` is a Hydra app: it decorates a function with hydra's main, however it
+    imported it (`import hydra [as h]` and `@hydra.main(`, `from hydra import main [as m]` and
+    `@main(`)."""
     try:
         text = Path(script).read_text(errors="replace") if script else ""
     except OSError:
         return False
-    return bool(HYDRA_MAIN.search(text) and re.search(r"^\s*(import|from)\s+hydra\b", text, re.M))
+    names = [rf"{re.escape(m)}\.main" for m in ["hydra", *re.findall(r"^\s*import\s+hydra\s+as\s+(\w+)", text, re.M)]
+             if re.search(r"^\s*import\s+(.*,\s*)?hydra\b", text, re.M)]
+    names += [re.escape(m or "main") for m in
+              re.findall(r"^\s*from\s+hydra\s+import\s+.*\bmain\b(?:\s+as\s+(\w+))?", text, re.M)]
+    return bool(names) and re.search(rf"^\s*@\s*({'|'.join(names)})\s*\(", text, re.M) is not None
+
+
+HYDRA_PLAIN = re.compile(r"[A-Za-z_][\w./-]*")
+"""A string a Hydra override takes as it is; any other (a comma, a space, brackets, a number's
+text, null) is quoted."""
+
+
+def override_value(value: Any) -> str:
+    """A value as a Hydra override reads it back: a string quoted where its grammar would read it
+    otherwise (`'a,b'` is no list, `'1e-3'` no float, `'null'` no None)."""
+    if isinstance(value, str) and (not HYDRA_PLAIN.fullmatch(value) or value.lower() in ("null", "true", "false",
+                                                                                         "nan", "inf")):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return format_value(value)
 
 
 def load(path: str | Path, script: str = "") -> Space:

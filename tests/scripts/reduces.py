@@ -1,8 +1,9 @@
 """job.reduce as a port of a DDP script uses it: each rank counts over its share of the epoch
 (the transfer-learning tutorial's running_loss and running_corrects), then the counts are summed
-over the ranks once the loop is done. `inloop` calls it inside the loop instead (refused).
+over the ranks once the loop is done. `inloop` calls it inside the loop instead (refused);
+`mismatch` with a key on rank 0 that rank 1 lacks (refused on both).
 
-    invoke train --script tests/scripts/reduces.py [-- inloop]
+    invoke train --script tests/scripts/reduces.py [-- inloop|mismatch]
 """
 
 import json
@@ -37,6 +38,10 @@ for epoch in job.epochs(1):
             "any": batches > 3, "flags": torch.tensor([batches > 3, True])}
     total = job.reduce(mine)
     largest = job.reduce((seen, batches), op="max")
+    # a dict filled in the order each rank met its keys: summed by key
+    ordered = job.reduce({"x": 1, "y": 2} if job.rank == 0 else {"y": 20, "x": 10})
+    if sys.argv[1:] == ["mismatch"]:
+        job.reduce({"a": 1} if job.rank == 0 else {"b": 1})
 try:
     job.reduce(running_loss, op="mean")
     refused = ""
@@ -47,4 +52,4 @@ print("REDUCED " + json.dumps({
     "total": {**total, "corrects": total["corrects"].item(), "flags": total["flags"].tolist()},
     "types": {k: type(v).__name__ for k, v in total.items()},
     "tensor": [str(total["corrects"].device), str(total["corrects"].dtype), str(total["flags"].dtype)],
-    "largest": largest, "largest_type": type(largest).__name__, "refused": refused}), flush=True)
+    "largest": largest, "largest_type": type(largest).__name__, "refused": refused, "ordered": ordered}), flush=True)
