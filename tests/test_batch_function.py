@@ -290,6 +290,8 @@ def test_micro_batches_of_a_batch_function_train_one_model(tmp_path):
     assert set(found) == {0, 1} and len(set(found.values())) == 1, proc.stdout[-2000:]
     rows = [int(n) for n in re.findall(r"rank \d rows (\d+) digest", proc.stdout)]
     assert all(n <= 8 for n in rows), rows
+    # job.reduce after the loop (the function's iterator still open: it was refused as "inside the loop")
+    assert re.findall(r"rank \d counted (\d+) ranks", proc.stdout) == ["2", "2"], proc.stdout[-2000:]
     losses = [float(v) for v in re.findall(r"^step \d+: val loss ([\d.]+)$", proc.stdout, re.M)]
     assert losses[-1] < 0.8 * losses[0], losses
 

@@ -340,7 +340,8 @@ class Job:
         `dist.all_reduce(t)`) becomes the count over the whole epoch. Call it on every rank alike,
         after the loop over the prepared loader, not inside it (rank/reduction.py)."""
         t = self.training
-        reduction.check(op, in_loop=t is not None and t.loader.iterating)
+        # (a batch function's calls keep one iterator open for the run: its loop is the script's own)
+        reduction.check(op, in_loop=t is not None and not t.one_pass and t.loader.iterating > 0)
         with collectives.within("job.reduce()"):
             return reduction.reduce(value, op)
 

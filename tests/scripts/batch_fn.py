@@ -97,3 +97,4 @@ else:
         X, Y = train_step(X, Y)
 digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
 print(f"rank {job.rank} rows {len(X)} digest {digest[:16]}", flush=True)
+print(f"rank {job.rank} counted {job.reduce(1)} ranks", flush=True)  # after the loop: every rank's 1
