@@ -26,7 +26,6 @@ them imports the Job; docs/layout.md walks one step through them).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -37,12 +36,11 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (averaging, calibrate, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
-                            host, precision, records, reduction, resume, scheduling, start, validate, zeroing)
-from hvdhetero.rank.batch_function import BatchFunction
+from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation, host,
+                            precision, preparing, records, reduction, scheduling, zeroing)
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_state, sparse_params
+from hvdhetero.rank.reducer import average_buffers
 from hvdhetero.rank.registry import Registry, TrainState
 from hvdhetero.rank.step_state import StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
@@ -122,52 +120,9 @@ class Job:
         if self.training is not None:
             raise ConfigError("job.prepare() was already called: one prepare per job (a GAN's two models, each with "
                               "its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data))")
-        parts = validate.parts_arguments(model, optimizer, scheduler)
-        cfg = self.config
-        if parts.several:
-            validate.several_optimizers(cfg)
-        data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers, batch_dim)
-        if isinstance(data.dataset, BatchFunction):  # a get_batch of the script's: rank 0's stream, a first draw
-            data = data.dataset.shared(data, self.size)
-        model = parts.model
-        validate.prepare_arguments(model, parts.optimizers, data.dataset, data.global_batch, self.device, self.size)
-        calibrate.materialize(model, data.dataset, self.device, data.collate_fn, loss_fn)  # lazy modules shaped
-        broadcast_state(model, parts.optimizers)
-        scheduling.install()  # before Training wraps a `scheduler=`: what it steps in turn is torch's
-        reducer = Reducer(model.parameters(), cfg.compression, overlap=cfg.overlap, sparse=sparse_params(model))
-        # several optimizers (a GAN's): each rank's share in one piece, step sync (validate.several_optimizers)
-        timed_as = dataclasses.replace(cfg, micro_batch="0", sync="step") if parts.several else cfg
-        if validate.closure_optimizers(cfg, parts.optimizers):  # LBFGS: the share in one piece
-            timed_as = dataclasses.replace(timed_as, micro_batch="0")
-        if loss_fn is None and isinstance(parts.given[0], (tuple, list)) and len(parts.given[0]) > 1:
-            loss_fn = calibrate.SeveralModels(len(parts.given[0]))
-        begun = start.calibrate(timed_as, self.me, model, data.dataset, data.global_batch, self.size, loss_fn,
-                                data.collate_fn)
-        mode = start.sync_mode(timed_as, self.records, begun, model,
-                               step_only=f"{len(parts.optimizers)} optimizers: {validate.SEVERAL_STEP_ONLY}"
-                               if parts.several else "")
-        t = self.training = Training(cfg, self.me, self.records, self.train_state, self.step_state, self.loss_scale,
-                                     model=model, optimizers=parts.optimizers, reducer=reducer, data=data,
-                                     begun=begun, mode=mode, schedulers=parts.schedulers, tracked=self._tracked,
-                                     device=self.device)
-        self.strategy = t.strategy
-        clipping.take_over(self.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
-        averaging.take_over(self.step_state)  # torch's AveragedModel (an EMA) averages once a step
-        zeroing.take_over(self.step_state, t.reducer.params)  # and model.zero_grad() zeroes once a step
-        scheduling.take_over(self.step_state, [*parts.schedulers, *self._tracked.parts.values()],  # so do LR schedulers
-                             given=parts.schedulers)
-        # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
-        resumed = elastic.rejoin(t) if t.elastic else None
-        if resumed is None and cfg.resume:
-            resumed = resume.resume_from_disk(t)
-        t.schedule.retime(begun.balancer.step_time(begun.balancer.split) if begun.timed else 0.0)
-        start.record(self.records, cfg, self.me, self.precision, begun.balancer, t.host_names, resumed, self.step)
-        if t.elastic:
-            elastic.commit(t, check_hosts=False)
-        given_model, given_optimizer = parts.given
-        if isinstance(given_optimizer, (tuple, list)):  # as passed: a tuple (optG, optD) comes back as one
-            return given_model, (list if isinstance(given_optimizer, list) else tuple)(t.optimizers), t.batches
-        return given_model, t.optimizer, t.batches
+        return preparing.prepare(self, model, optimizer, dataset, global_batch=global_batch, collate_fn=collate_fn,
+                                 num_workers=num_workers, loss_fn=loss_fn, scheduler=scheduler, batch_dim=batch_dim,
+                                 tracked=self._tracked)
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """Backward of this chunk's loss (the mean over the batch the loader gave), then, on the
