@@ -53,7 +53,7 @@ PORTS = {
     "nanogpt": (["--max_iters=200"], r"^step \d+: train loss", r"^step \d+: train loss [\d.]+, val loss ([\d.]+)$",
                 lambda v: v <= 0.30),
     "word_lm": ([], r"\| valid loss +[\d.]+ \| valid ppl", r"valid ppl +([\d.]+)$", lambda v: v <= 2.3),
-    "time_sequence": (["--steps", "3", "--length", "200"], r"^test loss:", r"^test loss: ([\d.e-]+)$",
+    "time_sequence": (["--steps", "3", "--length", "120"], r"^test loss:", r"^test loss: ([\d.e-]+)$",
                       lambda v: v <= 5e-4),
     "detection": ([], r"^Test: recall", r"^Test: recall ([\d.]+)", lambda v: v >= 0.65),
 }
