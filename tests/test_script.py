@@ -301,3 +301,26 @@ def test_a_resumed_script_that_accumulates_gradients_goes_on_from_the_checkpoint
     run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
     lines = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
     assert lines == [{"epoch": 0, "batches": 14, "step": 7}, {"epoch": 1, "batches": 6, "step": 14}], lines
+
+
+def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early_end(tmp_path):
+    """Rank 1 ends its script after 8 steps; rank 0, left in a collective without it, stops
+    answering (Horovod's shutdown hung a rank whole, its heartbeat too, once in CI): the console
+    names rank 1's early end and what to do, then rank 0's silence, not a frozen rank 0 alone.
+    A stand-in for horovodrun prints the ranks' lines, then nothing."""
+    import sys
+
+    from hvdhetero import progress
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    lines = [f"[0]<stderr>:{progress.ALIVE_TAG}" + '{"rank": 0, "host": "pc", "pid": 1}',
+             f"[1]<stderr>:{progress.ALIVE_TAG}" + '{"rank": 1, "host": "mac", "pid": 2}',
+             f"[1]<stdout>:{progress.done_line(8)}"]
+    stand_in = f"import time\nprint({chr(10).join(lines)!r}, flush=True)\ntime.sleep(30)\n"
+    with pytest.raises(LaunchError) as said:
+        supervise._run([sys.executable, "-c", stand_in], {}, tmp_path, None, "pc", None, 2.0, None, ["pc", "mac"])
+    text = str(said.value)
+    assert text.startswith("rank 1 on host mac ended its script after 8 steps while rank 0 on host pc went on: every "
+                           "rank must take the same steps"), text
+    assert "\n  rank 0 then gave no response for 2 s; the job was stopped" in text, text

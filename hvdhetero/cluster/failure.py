@@ -8,22 +8,29 @@ group or its wrapper, a device the script names itself). supervise.py raises it;
 from __future__ import annotations
 
 
+def left_early(ended: dict[int, tuple[int | None, str]] | None, rank: int, host: str, theirs: int | None = None) -> str:
+    """The line naming the first other rank that had ended its script (`ended`: rank -> (its job
+    step then, its host)) while `rank` went on, and what to do; "" where none had."""
+    early = {r: e for r, e in (ended or {}).items() if r != rank}
+    if not early:
+        return ""
+    other, (step, other_host) = min(early.items())
+    return (f"rank {other} on host {other_host} ended its script{_after(step)} while rank {rank} on host {host} went "
+            f"on{_after(theirs) if theirs != step else ''}: every rank must take the same steps and make the same job "
+            "calls; a loop that stops early on one rank's own numbers (its loss, an evaluation of its own) stops that "
+            "rank alone: decide on what every rank gets alike (job.evaluate's sums) and end with job.stop() "
+            "(docs/api.md)")
+
+
 def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | None = None) -> str:
     """One message for the console: the first rank that failed, where, what, its last frames.
     Where that failure is a collective left without a peer and a peer had ended its script
     (`ended`: rank -> (its job step then, its host)), the message is that peer's early end: the
     failure only follows from it."""
     first = failures[0]
-    early = {r: e for r, e in (ended or {}).items() if r != first["rank"]}
+    early = left_early(ended, first["rank"], first["host"], first.get("step"))
     if early and _left_alone(first["error"]):
-        rank, (step, host) = min(early.items())
-        theirs = first.get("step")
-        lines = [f"rank {rank} on host {host} ended its script{_after(step)} while rank {first['rank']} on host "
-                 f"{first['host']} went on{_after(theirs) if theirs != step else ''}: every rank must take the same "
-                 "steps and make the same job calls; a loop that stops early on one rank's own numbers (its loss, an "
-                 "evaluation of its own) stops that rank alone: decide on what every rank gets alike "
-                 "(job.evaluate's sums) and end with job.stop() (docs/api.md)",
-                 f"  rank {first['rank']} then failed: {first['error'].split('. ')[0]}"]
+        lines = [early, f"  rank {first['rank']} then failed: {first['error'].split('. ')[0]}"]
     else:
         lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
     lines += [f"  {frame}" for frame in first["frames"]]

@@ -130,8 +130,13 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
                   file=sys.stderr, flush=True)
         except _Silent as silent:
             _stop(proc)
-            raise LaunchError(f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
-                              f"(frozen, asleep or cut off); the job was stopped" + _ended(watch)
+            # left waiting by a rank that had ended its script (Horovod's shutdown can hang the other
+            # rank whole, its heartbeat too): the early end is what to fix
+            early = failure.left_early(ended, silent.rank, silent.host)
+            raise LaunchError((f"{early}\n  rank {silent.rank} then gave no response for {silent.seconds:.0f} s; "
+                               "the job was stopped" if early else
+                               f"rank {silent.rank} on host {silent.host}: no response for {silent.seconds:.0f} s "
+                               f"(frozen, asleep or cut off); the job was stopped") + _ended(watch)
                               + _output_hint(logs, silent.rank) + resume_hint(run_dir, rank0_host)) from None
         except elastic_hosts.TooFew:
             _stop(proc)
