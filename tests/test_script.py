@@ -174,8 +174,11 @@ def test_a_rank_that_stops_early_on_its_own_loss_is_named_with_the_way_out(tmp_p
     said = proc.stderr[proc.stderr.index("error: "):].splitlines()
     assert said[0].startswith("error: rank 1 on host local ended its script after 8 steps while rank 0 on host "
                               "local went on: every rank must take the same steps"), proc.stderr
-    assert said[1] == "  rank 0 then failed: HorovodInternalError: Horovod has been shut down", said
-    assert "stops_alone.py" in said[2] and "job.backward(loss)" in said[2], said
+    if said[1].startswith("  rank 0 then gave no response"):  # Horovod's shutdown hung rank 0 whole (once in 15 CI runs)
+        assert re.fullmatch(r"  rank 0 then gave no response for 4\d s; the job was stopped", said[1]), said
+    else:
+        assert said[1] == "  rank 0 then failed: HorovodInternalError: Horovod has been shut down", said
+        assert "stops_alone.py" in said[2] and "job.backward(loss)" in said[2], said
     assert "rank 1: loss" in (run_dir / "rank-1.log").read_text()
 
 
