@@ -136,16 +136,23 @@ class Chunks:
     sizes: tuple[int, ...]
 
 
+def cut(indices: list[int], chunk: int | None, fewest: int = 1) -> list[list[int]]:
+    """`indices` in runs of at most `chunk` (one run where None or 0), a last run of fewer than
+    `fewest` joined to the one before (BatchNorm refuses a batch of one: 40 + 41). The loader's
+    micro-batches and the probes' alike."""
+    size = chunk or len(indices) or 1
+    runs = [indices[i:i + size] for i in range(0, len(indices), size)]
+    if len(runs) > 1 and len(runs[-1]) < fewest:
+        last = runs.pop()
+        runs[-1] = runs[-1] + last
+    return runs
+
+
 def probe_chunks(dataset, n: int, chunk: int | None, device: torch.device,
                  collate_fn: Callable | None = None, fewest: int = 1) -> Chunks:
     """`probe`'s n samples in chunks of at most `chunk` (all of them in one where None or 0), a
     last chunk of fewer than `fewest` joined to the one before, as the loader joins it."""
-    indices = [i % len(dataset) for i in range(n)]
-    step = chunk or max(n, 1)
-    runs = [indices[i:i + step] for i in range(0, n, step)]
-    if len(runs) > 1 and len(runs[-1]) < fewest:  # BatchNorm refuses a chunk of one (rank/loader.py)
-        last = runs.pop()
-        runs[-1] = runs[-1] + last
+    runs = cut([i % len(dataset) for i in range(n)], chunk, fewest)
     return Chunks(tuple(to_device(collate(dataset, run, collate_fn), device) for run in runs),
                   tuple(len(run) for run in runs))
 

@@ -119,11 +119,7 @@ class Loader:
                 indices += self.sampler.step_indices(order, s)
                 sizes = [a + b for a, b in zip(sizes, self.sampler.step_sizes(s))]
             step += merged
-            size = self.chunk or len(indices)
-            parts = [indices[i:i + size] for i in range(0, len(indices), size)]
-            if len(parts) > 1 and len(parts[-1]) < self.fewest:  # BatchNorm refuses a chunk of one: 40 + 41
-                last = parts.pop()
-                parts[-1] = parts[-1] + last
+            parts = batches.cut(indices, self.chunk, self.fewest)
             for i, part in enumerate(parts):
                 yield part, Item(epoch * steps + step - 1, i, len(parts), len(part), len(indices), tuple(sizes),
                                  merged, tuple(part))

@@ -60,14 +60,12 @@ def reduce(value: Any, op: str = "sum") -> Any:
     kinds = [(path, _integral(leaf), tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else ()) for path, leaf in leaves]
     if hvd.size() > 1:
         _same_everywhere(kinds)
-    ints = [leaf for (_, leaf), (_, integral, _) in zip(leaves, kinds) if integral]
-    floats = [leaf for (_, leaf), (_, integral, _) in zip(leaves, kinds) if not integral]
-    out = iter(_reduced(ints, torch.int64, op) + _reduced(floats, torch.float64, op))
-    by_path = {}
-    for (path, _), (_, integral, _) in sorted(zip(leaves, kinds), key=lambda x: not x[1][1]):  # ints first, as sent
-        by_path[path] = next(out)
-    done = [_as(leaf, by_path[path], op) for path, leaf in leaves]
-    return _rebuilt(value, iter(done))
+    reduced: list = [None] * len(leaves)
+    for integral, dtype in ((True, torch.int64), (False, torch.float64)):
+        which = [i for i, (_, kind, _) in enumerate(kinds) if kind is integral]
+        for i, part in zip(which, _reduced([leaves[i][1] for i in which], dtype, op)):
+            reduced[i] = part
+    return _rebuilt(value, iter([_as(leaf, part, op) for (_, leaf), part in zip(leaves, reduced)]))
 
 
 def _integral(leaf) -> bool:

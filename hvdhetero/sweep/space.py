@@ -19,6 +19,7 @@ Every check runs when the file is read, before a trial starts: a bad space launc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -199,8 +200,7 @@ def override_value(value: Any) -> str:
 def load(path: str | Path, script: str = "") -> Space:
     """Read and check a space file; SpaceError names the file, line and key of the first problem.
     `script`: the script the sweep runs (a Hydra app takes its values as overrides)."""
-    space = _load(Path(path))
-    return Space(space.path, space.params, script, hydra_app(script))
+    return dataclasses.replace(_load(Path(path)), script=script, overrides=hydra_app(script))
 
 
 def _load(path: Path) -> Space:
