@@ -208,7 +208,9 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     """A script that counts steps, not epochs (no job.epochs), renews the loader's iterator at
     each pass's end and once mid-pass: every pass deals a new order, the whole passes cover the
     96 samples once across both ranks, and job.epoch counts the passes (a DataLoader reshuffles
-    at every iter(); each pass dealt the same order before)."""
+    at every iter(); each pass dealt the same order before). A whole pass ends with BatchNorm's
+    statistics averaged, as an epoch's end would (there is none): a script evaluating there sees one
+    model on every rank."""
     found = two_ranks("api_passes.py", "API_PASSES", tmp_path)
     ranks = found["passes"]
     assert [len(passes) for passes in ranks] == [4, 4], ranks
@@ -219,6 +221,8 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     orders = [tuple(ranks[0][p][:8]) for p in range(4)]
     assert len(set(orders)) == 4, orders
     assert found["step"] == 15 and found["epoch"] == 3, found
+    means = found["means"]  # after passes 0 and 1, and the last; each rank's shares' means differ
+    assert len(means[0]) == 3 and means[0] == means[1] and means[0][0] != means[0][1], means
 
 
 def test_a_weighted_random_sampler_draws_by_weight_across_the_ranks(tmp_path):

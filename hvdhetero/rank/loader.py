@@ -83,6 +83,9 @@ class Loader:
         self.fewest = 1
         """The fewest samples a chunk may hold (batches.fewest_samples: 2 with BatchNorm); a shorter
         last chunk of a step joins the one before."""
+        self.after_pass: Callable[[], None] = lambda: None
+        """Called when a loop has taken every batch of the epoch (not when it left the loop early);
+        every rank gets there after the same global step."""
 
     def __len__(self) -> int:
         """Steps per epoch (the same on every rank)."""
@@ -134,6 +137,7 @@ class Loader:
             yield from self._batches()
         finally:
             self.iterating -= 1
+        self.after_pass()
 
     def _batches(self):
         if self.num_workers == 0:

@@ -72,6 +72,8 @@ class Training:
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
+        if not called:
+            self.loader.after_pass = self.pass_ended
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step, mean_loss=self.mean_loss)
                            for index, o in enumerate(optimizers)]
@@ -111,6 +113,8 @@ class Training:
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
         self._passed = False  # a pass over the loader began outside job.epochs
+        self._averaged_at = -1
+        """The global step after which the loop's end last averaged the buffers (pass_ended)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -386,6 +390,16 @@ class Training:
                 self.schedule.retime(max(landed[0]))
             self.rebalance(*landed, item, after_step)
 
+    def pass_ended(self) -> None:
+        """A loop took every batch of the epoch: under step sync, BatchNorm-style buffers are
+        averaged now, so that the script's own evaluation after its loop sees the one model on
+        every rank (the same figures, the same best-model or early-stopping decision), as the
+        epoch's end would give it. Local/diloco's replicas differ until a round's end: their
+        buffers are averaged where the models are made one (the epoch's end, job.evaluate, job.save)."""
+        if self.strategy.always_one_model:
+            average_buffers(self.model)
+            self._averaged_at = self.train.step
+
     # -- job.epochs --------------------------------------------------------------------------------
 
     def end_epoch(self, more: bool) -> None:
@@ -394,7 +408,8 @@ class Training:
         self.strategy.pause()
         step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
-        average_buffers(self.model)
+        if self._averaged_at != self.train.step:  # not already at the loop's end, with no step since
+            average_buffers(self.model)
         self.schedule.retime(step_s[0])
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due

@@ -1,7 +1,9 @@
 """A loop over steps, not job.epochs (max_steps training): the prepared loader iterated pass
 after pass, a pass cut short by the step budget, then a new iterator. Each pass must deal a new
 order, as a DataLoader with shuffle=True does at every iter(), and cover the dataset once across
-the ranks. Rank 0 prints, as JSON, every pass's labels per rank, job.epoch and job.step.
+the ranks. A BatchNorm layer's running mean, as each whole pass ends, must be one on every rank
+(averaged as the loop takes its last batch; there is no epoch's end). Rank 0 prints, as JSON,
+every pass's labels and those means per rank, job.epoch and job.step.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_passes.py RUN_DIR
 """
@@ -17,15 +19,16 @@ import hvdhetero as hh
 
 job = hh.init(run_dir=sys.argv[1], micro_batch="0")
 y = torch.arange(96)
-model = torch.nn.Linear(1, 1)
+model = torch.nn.Sequential(torch.nn.BatchNorm1d(1), torch.nn.Linear(1, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
 loader = DataLoader(TensorDataset(y.float().view(-1, 1), y), batch_size=16, shuffle=True)
 model, optimizer, loader = job.prepare(model, optimizer, loader)
-passes, it = [[]], iter(loader)
+passes, means, it = [[]], [], iter(loader)
 for step in range(15):  # 2.5 passes of 6 steps
     try:
         x, labels = next(it)
-    except StopIteration:
+    except StopIteration:  # a whole pass taken
+        means.append(model[0].running_mean.item())
         it = iter(loader)
         x, labels = next(it)
         passes.append([])
@@ -35,6 +38,8 @@ for step in range(15):  # 2.5 passes of 6 steps
     optimizer.zero_grad()
 it = iter(loader)  # a new iterator after a cut pass: one more whole pass, in a new order
 passes.append([int(v) for _, labels in it for v in labels])  # drawn only: no step
-every = hvd.allgather_object(passes)
+means.append(model[0].running_mean.item())
+every, means = hvd.allgather_object(passes), hvd.allgather_object(means)
 if job.is_main:
-    print("API_PASSES " + json.dumps({"passes": every, "epoch": job.epoch, "step": job.step}), flush=True)
+    print("API_PASSES " + json.dumps({"passes": every, "means": means, "epoch": job.epoch, "step": job.step}),
+          flush=True)
