@@ -40,6 +40,12 @@ def messages():
      "GAN's): local and diloco rounds count one optimizer's steps; use --sync step (the default)"),
     ("a tuple holding no model", "ConfigError: job.prepare(model, ...): expected a torch.nn.Module (or a tuple of "
      "them, a GAN's generator and discriminator), got str"),
+    ("epochs from a float", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the "
+     "loop's range, got n=10.0, start=0: pass int(...) where a config gives a float or a string"),
+    ("epochs from a range of step 2", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, "
+     "or the loop's range of step 1 alone (job.epochs(range(1, epochs + 1))), got range(0, 10, 2)"),
+    ("no epochs", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the loop's "
+     "range, got n=0, start=0"),
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]

@@ -1,4 +1,4 @@
-"""Scripts as users write them: thirteen single-device training scripts in the styles people copy
+"""Scripts as users write them: fourteen single-device training scripts in the styles people copy
 (tests/scripts/ported/*_single.py), each beside its hvdhetero port. A port changes at most 12
 lines (word_lm 14, for reasons of its original: MORE_CHANGED), trains through `invoke train --script` on two real ranks to the target its original
 reaches on one device, and the console shows what the user's own script printed, once.
@@ -57,12 +57,14 @@ PORTS = {
                       lambda v: v <= 5e-4),
     "detection": ([], r"^Test: recall", r"^Test: recall ([\d.]+)", lambda v: v >= 0.65),
     "transfer": ([], r"^val Loss", r"^val Loss: [\d.]+ Acc: ([\d.]+)$", lambda v: v >= 0.9),
+    "seq2seq": ([], r"^\d+m \d+s \(- \d+m \d+s\) \(\d+ \d+%\) [\d.]+$", r"^translated exactly: ([\d.]+)$",
+                lambda v: v >= 0.85),
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
            "reference": 6, "nanogpt": 3, "word_lm": 4,
-           "time_sequence": 3, "detection": 4, "transfer": 5}
+           "time_sequence": 3, "detection": 4, "transfer": 5, "seq2seq": 4}
 """How often each prints its report: once an epoch (word_lm: its own epochs); gpt and nanogpt (loops over
-iterations) every 100; time_sequence after each LBFGS step."""
+iterations) every 100; time_sequence after each LBFGS step; seq2seq every 5 epochs."""
 MAIN_ONLY = {"nanogpt"}
 """Ports whose report rank 0 alone prints (nanoGPT's master_process evaluates and prints)."""
 LOOPED = {"gpt", "nanogpt", "word_lm", "time_sequence"}
@@ -78,12 +80,14 @@ swings from epoch to epoch (its last epoch's: 0.395 in one CI run, 0.78 to 0.87 
 here, of one commit; the epochs before it 0.74 and 0.72), on one device as on two. transfer's
 validation accuracy, over 40 images, moves by 0.025 an image and swung from 1.0 to 0.9 in its last
 epoch on one device."""
-EVALUATED = {"classifier", "hf_style", "reference", "detection", "transfer"}
-"""Ports whose report is their own evaluation after the loop over the prepared loader, which every
-rank runs: under step sync it sees the one model (BatchNorm's statistics averaged as the loop takes
+EVALUATED = {**{name: PORTS[name][1] for name in ("classifier", "hf_style", "reference", "detection", "transfer")},
+             "seq2seq": r"^translated exactly"}
+"""Ports whose own evaluation after the loop over the prepared loader, which every rank runs, prints
+these lines: under step sync it sees the one model (BatchNorm's statistics averaged as the loop takes
 its last batch), so rank 1 prints what rank 0 does, to the digit."""
-UNTIMED = {"gan": "hvdhetero: could not time the model before training (rank 0: NotImplementedError: job.prepare got 2 "
-                  "models, which no default probe calls as your step does); starting from an equal split"}
+UNTIMED = {name: "hvdhetero: could not time the model before training (rank 0: NotImplementedError: job.prepare got 2 "
+                  "models, which no default probe calls as your step does); starting from an equal split"
+           for name in ("gan", "seq2seq")}
 """Ports the default probe cannot time (no loss_fn given): the line each prints once instead."""
 
 
@@ -178,7 +182,7 @@ def test_the_port_trains_to_the_same_target_on_two_ranks(name, tmp_path_factory)
     else:
         assert len(set(end["param_digests"])) == 1
         if name in EVALUATED:
-            said = re.compile(report + ".*$", re.M)
+            said = re.compile(EVALUATED[name] + ".*$", re.M)
             assert said.findall((run_dir / "rank-1.log").read_text()) == said.findall(proc.stdout), proc.stdout[-3000:]
     output = proc.stdout + proc.stderr
     if name in UNTIMED:

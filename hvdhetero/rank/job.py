@@ -26,6 +26,7 @@ them imports the Job; docs/layout.md walks one step through them).
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -166,14 +167,15 @@ class Job:
         """The device's mixed precision when the job's --precision asks for it; else nothing."""
         return self.precision.autocast()
 
-    def epochs(self, n: int, start: int = 0):
+    def epochs(self, n: int | range, start: int = 0):
         """The epoch numbers start..n-1 (`start`: where a script's own --resume goes on, as
         `range(args.start_epoch, args.epochs)`; a --resume of the job's own goes on from its
         checkpoint's, the later of the two); each ends with every rank's training loss and speed
         in the metrics and BatchNorm-style buffers averaged across ranks. After the last, the
-        run's end record (every rank's parameter digest) is written."""
-        if n < 1 or start < 0:
-            raise ConfigError(f"job.epochs(n, start=0) needs n >= 1 and start >= 0, got n={n}, start={start}")
+        run's end record (every rank's parameter digest) is written. `n` may be the loop's own
+        range, as the script had it (`job.epochs(range(1, args.epochs + 1))`): its numbers, as
+        job.epochs(stop, start=its start)."""
+        n, start = _epoch_numbers(n, start)
         self._stopping = False
         first = max(start, self.train_state.start_epoch)
         if first >= n and self.is_main and elastic.running(self.config) is None:
@@ -363,3 +365,21 @@ class Job:
         digests = collectives.allgather_object(digest, "hvdhetero.digests", "the run's end record")
         self.records.end(digests, self.step)
         self.ended = True
+
+
+def _epoch_numbers(n, start) -> tuple[int, int]:
+    """job.epochs' arguments as (stop, start): a count and a start, or the loop's own range
+    (`range(1, epochs + 1)`, `range(start_epoch, epochs)`); anything else said, naming it."""
+    usage = "job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the loop's range"
+    if isinstance(n, range):
+        if n.step != 1 or start:
+            raise ConfigError(f"{usage} of step 1 alone (job.epochs(range(1, epochs + 1))), got {n!r}"
+                              + (f" and start={start!r}" if start else ""))
+        n, start = n.stop, n.start
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or isinstance(start, bool) \
+            or not isinstance(start, numbers.Integral):
+        raise ConfigError(f"{usage}, got n={n!r}, start={start!r}: pass int(...) where a config gives a float or "
+                          "a string")
+    if n < 1 or start < 0:
+        raise ConfigError(f"{usage}, got n={n}, start={start}")
+    return int(n), int(start)
