@@ -62,7 +62,7 @@ PORTS = {
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
            "reference": 6, "nanogpt": 3, "word_lm": 4,
-           "time_sequence": 3, "detection": 4, "transfer": 5, "seq2seq": 4}
+           "time_sequence": 3, "detection": 4, "transfer": 5, "seq2seq": 3}
 """How often each prints its report: once an epoch (word_lm: its own epochs); gpt and nanogpt (loops over
 iterations) every 100; time_sequence after each LBFGS step; seq2seq every 5 epochs."""
 MAIN_ONLY = {"nanogpt"}

@@ -4,7 +4,7 @@ optimizers; both optimizers step after the one job.backward, on the whole global
 gradients. The TensorDataset is built on the rank's device, as the tutorial builds it on its own.
 Every rank translates every pair with the one model after training, so each prints the same share.
 
-    invoke train --script tests/scripts/ported/seq2seq.py -- --epochs 20
+    invoke train --script tests/scripts/ported/seq2seq.py -- --epochs 15
 """
 
 import argparse
@@ -289,7 +289,7 @@ def evaluateRandomly(encoder, decoder, n=3):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=15)
     args = parser.parse_args()
 
     hidden_size = 128

@@ -9,7 +9,7 @@ since the start and left, and `evaluateRandomly`'s greedy decoding. Sentences of
 word) stand in for the tutorial's eng-fra.txt (no download), and the script ends with the share of
 all the pairs it translates exactly.
 
-    python tests/scripts/ported/seq2seq_single.py --epochs 20
+    python tests/scripts/ported/seq2seq_single.py --epochs 15
 """
 
 import argparse
@@ -289,7 +289,7 @@ def evaluateRandomly(encoder, decoder, n=3):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=15)
     args = parser.parse_args()
 
     hidden_size = 128
