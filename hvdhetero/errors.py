@@ -23,13 +23,17 @@ class ConfigError(HvdHeteroError):
     exit_code = 2
 
 
+TOP = "(top level)"
+"""The key of a problem with the file as a whole (missing, not YAML, not a mapping)."""
+
+
 class YamlFileError(ConfigError):
     """A YAML file the user wrote is malformed; the message names the file, line, key and what is allowed."""
 
     def __init__(self, path: str, line: int | None, key: str, problem: str):
         self.path, self.line, self.key, self.problem = str(path), line, key, problem
         where = f"{self.path}:{line}" if line is not None else self.path
-        super().__init__(f"{where}: key '{key}': {problem}")
+        super().__init__(f"{where}: {problem}" if key == TOP else f"{where}: key '{key}': {problem}")
 
 
 class InventoryError(YamlFileError):

@@ -13,9 +13,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from hvdhetero.errors import YamlFileError
-
-TOP = "(top level)"
+from hvdhetero.errors import TOP, YamlFileError
 KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
          "null": "empty", "timestamp": "a date"}
 
@@ -35,7 +33,8 @@ def compose(path: Path, error: type[YamlFileError], missing: str, empty: str) ->
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise error(path, None, TOP, f"file not found; {missing}") from None
+        looked = "" if path.is_absolute() else f" (looked for {path.absolute()})"
+        raise error(path, None, TOP, f"file not found{looked}; {missing}") from None
     except OSError as e:
         raise error(path, None, TOP, f"cannot read the file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from hvdhetero.errors import ConfigError, InventoryError
 from hvdhetero.cluster.inventory import Host, Inventory, Pins, default_path, load
 
@@ -227,7 +228,8 @@ def test_malformed_inventory(tmp_path, text, line, key, match):
         load(path)
     message = str(raised.value)
     assert message.startswith(f"{path}:{line}: ")
-    assert f"key '{key}'" in message
+    # a problem of the file as a whole names no key: "inventory.yaml:10: not valid YAML: ..."
+    assert f"key '{key}'" in message if key != "(top level)" else "key '" not in message, message
     assert (raised.value.line, raised.value.key) == (line, key)
     assert raised.value.exit_code == 2
 
@@ -281,11 +283,18 @@ def test_transport_defaults_to_uv_and_takes_tcp(tmp_path):
     assert tcp.pins.transport == "tcp"
 
 
-def test_missing_file_says_how_to_create_it(tmp_path):
+def test_missing_file_says_how_to_create_it(tmp_path, monkeypatch):
     path = tmp_path / "nope.yaml"
     with pytest.raises(InventoryError, match=r"file not found; create it .*HVDHETERO_INVENTORY") as raised:
         load(path)
     assert str(raised.value).startswith(f"{path}: ")
+    # invoke run from another folder (invoke -r): the folder it looked in, and the checkout's file to copy
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InventoryError) as raised:
+        load("inventory.yaml")
+    assert str(raised.value) == (f"inventory.yaml: file not found (looked for {tmp_path / 'inventory.yaml'}); create it "
+                                 f"from {ROOT / 'inventory.yaml'} (its `local` host runs two CPU ranks here), or point "
+                                 "$HVDHETERO_INVENTORY at yours"), str(raised.value)
 
 
 def test_unreadable_or_empty_file(tmp_path):

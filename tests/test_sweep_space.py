@@ -226,7 +226,9 @@ def test_a_bad_space_file_is_refused_naming_the_file_line_and_key(tmp_path, text
     err = refused.value
     assert (err.path, err.line, err.key) == (str(path), line, key), str(err)
     assert said in err.problem, str(err)
-    assert str(err).startswith(f"{path}:{line}: key '{key}': ") and err.exit_code == 2
+    named = "" if key == "(top level)" else f"key '{key}': "  # the file as a whole: no key named
+    assert str(err).startswith(f"{path}:{line}: {named}") and "(top level)" not in str(err) and err.exit_code == 2, \
+        str(err)
 
 
 def test_a_missing_or_empty_space_file_says_what_to_write(tmp_path):

@@ -124,8 +124,10 @@ assert set(_HOST_RULES) == set(_HOST_DEFAULTS) - {"name", "line"}, "every Host f
 
 def _compose(path: Path) -> yaml.Node:
     """The YAML node tree of the file; InventoryError if it is missing, unreadable or empty."""
-    return yaml_file.compose(path, InventoryError, "create it from the inventory.yaml at the root of the hvdhetero "
-                             f"repository, or point ${ENV_VAR} at yours", "it needs at least pins: and hosts:")
+    shipped = Path(__file__).resolve().parents[2] / "inventory.yaml"  # the checkout's, beside tasks.py
+    source = shipped if shipped.is_file() else "the inventory.yaml at the root of the hvdhetero repository"
+    return yaml_file.compose(path, InventoryError, f"create it from {source} (its `local` host runs two CPU ranks "
+                             f"here), or point ${ENV_VAR} at yours", "it needs at least pins: and hosts:")
 
 
 class _Reader(yaml_file.Reader):
