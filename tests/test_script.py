@@ -40,12 +40,33 @@ def test_a_users_own_script_trains_to_its_target_on_two_ranks(tmp_path):
         assert [int(r.split(",")[0]) for r in rows] == list(range(12)), rows
 
 
-def test_a_missing_script_is_refused_before_anything_starts(tmp_path):
+def test_a_missing_script_or_one_that_is_not_python_is_refused_before_anything_starts(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", tmp_path / "nope.py", "--run-dir", tmp_path / "r"],
                    check=False, timeout=60)
     assert proc.returncode == 2
     assert f"error: --script {tmp_path / 'nope.py'}: no such file" in proc.stderr
     assert "horovodrun" not in proc.stdout and not (tmp_path / "r").exists()
+    # a syntax error: its line, as Python says it, before any rank starts (every rank failed with it)
+    (tmp_path / "typo.py").write_text("import torch\nmodel = torch.nn.Linear(4, 2\nprint(model)\n")
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", tmp_path / "typo.py", "--run-dir", tmp_path / "r"],
+                   check=False, timeout=60)
+    said = proc.stderr[proc.stderr.index("error: "):].splitlines()
+    assert proc.returncode == 2 and said[0].startswith(f"error: --script {tmp_path / 'typo.py'}:2: SyntaxError: "
+                                                       "'(' was never closed"), proc.stderr
+    assert said[1] == "    model = torch.nn.Linear(4, 2" and "nothing was started" in said[2], said
+    assert "horovodrun" not in proc.stdout and not (tmp_path / "r").exists()
+
+
+def test_a_module_the_rank_lacks_is_said_with_where_to_install_it():
+    """torch's missing-package error as a rank's would be (the runner's path to the console is
+    the DDP test's below): the console adds where the package goes, here and on remote hosts."""
+    with pytest.raises(ModuleNotFoundError) as raised:
+        import torchaudio_nowhere.io  # noqa: F401
+    said = failure.summary([{"rank": 1, "host": "mac", "frames": ["train.py:3 in <module>: import torchaudio_nowhere.io"],
+                             "error": f"{raised.type.__name__}: {raised.value}"}])
+    assert "host mac has no module torchaudio_nowhere: install its pip package there" in said, said
+    assert "add NAME==VERSION to pins.packages, then invoke provision" in said, said
+    assert "has no module" not in failure.summary([{"rank": 1, "host": "mac", "frames": [], "error": "ValueError: x"}])
 
 
 def test_a_script_outside_its_workdir_is_refused(tmp_path):

@@ -7,6 +7,8 @@ group or its wrapper, a device the script names itself). supervise.py raises it;
 
 from __future__ import annotations
 
+import re
+
 
 def left_early(ended: dict[int, tuple[int | None, str]] | None, rank: int, host: str, theirs: int | None = None) -> str:
     """The line naming the first other rank that had ended its script (`ended`: rank -> (its job
@@ -52,6 +54,11 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
         lines.append("  tensors on two devices: a device the script chose itself (`\"cuda\" if "
                      "torch.cuda.is_available() else \"cpu\"` is the CPU on a Mac) beside the batches' job.device: "
                      "use `device = job.device` for every `.to(device)` (docs/api.md, 'Scripts as users write them')")
+    if missing := MISSING_MODULE.search(first["error"]):
+        lines.append(f"  host {first['host']} has no module {missing.group(1)}: install its pip package there (this "
+                     "machine's ranks run the checkout's .venv: .venv/bin/pip install NAME; a remote host's packages "
+                     "come from the inventory: add NAME==VERSION to pins.packages, then invoke provision) "
+                     "(docs/hosts.md)")
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
     others = list(dict.fromkeys(  # once each: a rank's DataLoader workers may fail with it
@@ -79,6 +86,9 @@ NO_SUCH_DEVICE = ("Torch not compiled with CUDA enabled", "Found no NVIDIA drive
                   "not linked with support for mps devices")
 """torch's errors for a device the rank's host has not: `.cuda()` on a Mac (a build without CUDA)
 or on a PC without a driver, `"mps"` on Linux."""
+
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^'.]+)")
+"""A package the script imports that the rank's environment lacks (its top-level name)."""
 
 TWO_DEVICES = ("Expected all tensors to be on the same device",)
 """torch's error for an operation across devices: on a Mac, a script's own `device` (the CPU where

@@ -22,6 +22,7 @@ import re
 import secrets
 import stat
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -80,6 +81,7 @@ def locate(script: str, workdir: str = "") -> tuple[Path, str]:
     path = Path(script).resolve()
     if not path.is_file():
         raise ConfigError(f"--script {script}: no such file")
+    _compiles(script, path)
     folder = Path(workdir).resolve() if workdir else path.parent
     if not folder.is_dir():
         raise ConfigError(f"--workdir {workdir}: no such directory")
@@ -87,6 +89,20 @@ def locate(script: str, workdir: str = "") -> tuple[Path, str]:
         raise ConfigError(f"--script {script} is not inside --workdir {folder}: the ranks start there, and only "
                           "that folder is shipped to the hosts")
     return folder, path.relative_to(folder).as_posix()
+
+
+def _compiles(script: str, path: Path) -> None:
+    """A script that is not valid Python is refused before any rank starts, with its line (this
+    machine's Python reads it as the local ranks' does; pins.python is every host's)."""
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
+        line = getattr(e, "lineno", None)
+        text = (getattr(e, "text", None) or "").strip()
+        shown = f"\n    {text}" if text.strip() else ""
+        raise ConfigError(f"--script {script}{f':{line}' if line else ''}: {type(e).__name__}: "
+                          f"{getattr(e, 'msg', None) or e}{shown}\n  (Python {sys.version_info[0]}."
+                          f"{sys.version_info[1]} read it; nothing was started)") from None
 
 
 def ignore_patterns(folder: Path) -> tuple[str, ...]:
