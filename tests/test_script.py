@@ -102,6 +102,9 @@ def test_a_ddp_scripts_own_process_group_is_said_with_what_to_remove(tmp_path):
            "initialized, please make sure to call init_process_group."}
     assert "starts torch.distributed itself" in failure.summary([ddp])
     assert "starts torch.distributed itself" not in failure.summary([{**ddp, "error": "ValueError: boom"}])
+    local = failure.summary([{**ddp, "error": "KeyError: 'LOCAL_RANK'"}])  # torchrun's, read before the group
+    assert "the script reads torchrun's LOCAL_RANK, which invoke train does not set: the rank is job.rank" in local
+    assert "torchrun's" not in failure.summary([{**ddp, "error": "KeyError: 'LOCAL_RANKS'"}])
     for left in ("module", "no_sync"):  # DDP's wrapper dropped, still reached through
         said = failure.summary([{**ddp, "error": f"AttributeError: 'Net' object has no attribute '{left}'"}])
         assert "where that was DDP's wrapper, which a port drops: `model.module` is `model` now" in said, said

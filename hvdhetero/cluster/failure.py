@@ -36,7 +36,12 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     else:
         lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
     lines += [f"  {frame}" for frame in first["frames"]]
-    if _own_distributed(first):
+    if torchrun := TORCHRUN_VARIABLE.search(first["error"]):
+        lines.append(f"  the script reads torchrun's {torchrun.group(1)}, which invoke train does not set: the rank is "
+                     "job.rank, the ranks job.size, this rank's device job.device; drop torch.distributed's set-up "
+                     "(init_process_group, the DDP wrapper, the DistributedSampler) and pass the model, optimizer and "
+                     "DataLoader to job.prepare (docs/api.md, 'From a DDP script')")
+    elif _own_distributed(first):
         lines.append("  the script starts torch.distributed itself (a DDP or torchrun habit), which hvdhetero does "
                      "for it: remove init_process_group, the DistributedDataParallel wrapper and the "
                      "DistributedSampler, pass the model, optimizer and DataLoader to job.prepare, and make a "
@@ -78,6 +83,10 @@ DISTRIBUTED = ("using env:// rendezvous", "Default process group has not been in
 """torch.distributed's errors for a process group the script would start (init_process_group without
 torchrun's variables) or assumes started (DDP, DistributedSampler, dist.get_rank())."""
 
+
+TORCHRUN_VARIABLE = re.compile(r"KeyError: '((?:LOCAL_|GROUP_|ROLE_)?RANK|(?:LOCAL_)?WORLD_SIZE|MASTER_ADDR|"
+                               r"MASTER_PORT)'")
+"""os.environ[...] of a variable torchrun sets for each process (LOCAL_RANK before init_process_group)."""
 
 WRAPPER_GONE = ("object has no attribute 'module'", "object has no attribute 'no_sync'")
 """torch's errors for DDP's wrapper reached after the port dropped it: model.module, model.no_sync()."""
