@@ -46,6 +46,8 @@ def messages():
      "or the loop's range of step 1 alone (job.epochs(range(1, epochs + 1))), got range(0, 10, 2)"),
     ("no epochs", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the loop's "
      "range, got n=0, start=0"),
+    ("an empty range of epochs", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or "
+     "the loop's range, got range(1, 1), which holds no epoch"),
 ])
 def test_prepare_refuses_with_the_fix(messages, case, message):
     assert messages[case].startswith(message), messages[case]

@@ -64,9 +64,14 @@ def test_a_module_the_rank_lacks_is_said_with_where_to_install_it():
         import torchaudio_nowhere.io  # noqa: F401
     said = failure.summary([{"rank": 1, "host": "mac", "frames": ["train.py:3 in <module>: import torchaudio_nowhere.io"],
                              "error": f"{raised.type.__name__}: {raised.value}"}])
-    assert "host mac has no module torchaudio_nowhere: install its pip package there" in said, said
-    assert "add NAME==VERSION to pins.packages, then invoke provision" in said, said
-    assert "has no module" not in failure.summary([{"rank": 1, "host": "mac", "frames": [], "error": "ValueError: x"}])
+    assert "host mac has no module torchaudio_nowhere: a module of yours belongs in the --workdir folder" in said, said
+    assert ".venv/bin/pip install torchaudio_nowhere, by its pip name) and into a remote host's through the " \
+           "inventory's pins.packages (name==version), then invoke provision" in said, said
+    older = failure.summary([{"rank": 1, "host": "mac", "frames": [],  # torchvision there, too old for the module
+                              "error": "ModuleNotFoundError: No module named 'torchvision.transforms.v2'"}])
+    assert "has no module torchvision.transforms.v2 (of torchvision: not there, or a version without it)" in older
+    for other in ("ValueError: x", "ModuleNotFoundError: No module named '_lzma'"):  # Python's own C module: no pip
+        assert "has no module" not in failure.summary([{"rank": 1, "host": "mac", "frames": [], "error": other}])
 
 
 def test_a_script_outside_its_workdir_is_refused(tmp_path):

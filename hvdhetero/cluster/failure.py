@@ -59,10 +59,14 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
         lines.append("  tensors on two devices: a device the script chose itself (`\"cuda\" if "
                      "torch.cuda.is_available() else \"cpu\"` is the CPU on a Mac) beside the batches' job.device: "
                      "use `device = job.device` for every `.to(device)` (docs/api.md, 'Scripts as users write them')")
-    if missing := MISSING_MODULE.search(first["error"]):
-        lines.append(f"  host {first['host']} has no module {missing.group(1)}: install its pip package there (this "
-                     "machine's ranks run the checkout's .venv: .venv/bin/pip install NAME; a remote host's packages "
-                     "come from the inventory: add NAME==VERSION to pins.packages, then invoke provision) "
+    if (missing := MISSING_MODULE.search(first["error"])) and not missing.group(1).startswith("_"):
+        name = missing.group(1)
+        top = name.split(".")[0]
+        of = f" (of {top}: not there, or a version without it)" if top != name else ""
+        lines.append(f"  host {first['host']} has no module {name}{of}: a module of yours belongs in the --workdir "
+                     "folder, which every host gets a copy of (not in .hvdheteroignore); a package goes into the "
+                     f".venv of this machine's ranks (.venv/bin/pip install {top}, by its pip name) and into a remote "
+                     "host's through the inventory's pins.packages (name==version), then invoke provision "
                      "(docs/hosts.md)")
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
@@ -96,8 +100,10 @@ NO_SUCH_DEVICE = ("Torch not compiled with CUDA enabled", "Found no NVIDIA drive
 """torch's errors for a device the rank's host has not: `.cuda()` on a Mac (a build without CUDA)
 or on a PC without a driver, `"mps"` on Linux."""
 
-MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^'.]+)")
-"""A package the script imports that the rank's environment lacks (its top-level name)."""
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
+"""A module the script imports that the rank's host lacks: a package not installed there, or a
+module of the script's own folder that was not shipped (a C module of Python's own, `_lzma`, is
+neither)."""
 
 TWO_DEVICES = ("Expected all tensors to be on the same device",)
 """torch's error for an operation across devices: on a Mac, a script's own `device` (the CPU where

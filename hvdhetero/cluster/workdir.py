@@ -23,6 +23,7 @@ import secrets
 import stat
 import subprocess
 import sys
+import warnings
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -75,13 +76,16 @@ sys.exit("cannot rename %s to %s" % (tmp, final))
 """
 
 
-def locate(script: str, workdir: str = "") -> tuple[Path, str]:
+def locate(script: str, workdir: str = "", syntax: bool = True) -> tuple[Path, str]:
     """(the folder the ranks start in, the script's path inside it) for `invoke train --script
-    SCRIPT [--workdir DIR]`: DIR, by default the script's own folder."""
+    SCRIPT [--workdir DIR]`: DIR, by default the script's own folder. `syntax`: this Python reads
+    the script as the ranks' does (a local rank runs it, or pins.python is this one): one it
+    cannot compile is refused here."""
     path = Path(script).resolve()
     if not path.is_file():
         raise ConfigError(f"--script {script}: no such file")
-    _compiles(script, path)
+    if syntax:
+        _compiles(script, path)
     folder = Path(workdir).resolve() if workdir else path.parent
     if not folder.is_dir():
         raise ConfigError(f"--workdir {workdir}: no such directory")
@@ -92,10 +96,11 @@ def locate(script: str, workdir: str = "") -> tuple[Path, str]:
 
 
 def _compiles(script: str, path: Path) -> None:
-    """A script that is not valid Python is refused before any rank starts, with its line (this
-    machine's Python reads it as the local ranks' does; pins.python is every host's)."""
+    """A script that is not valid Python is refused before any rank starts, with its line."""
     try:
-        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        with warnings.catch_warnings():  # the script's own SyntaxWarnings are the ranks' to show
+            warnings.simplefilter("ignore")
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
         line = getattr(e, "lineno", None)
         text = (getattr(e, "text", None) or "").strip()

@@ -174,17 +174,21 @@ class Job:
         in the metrics and BatchNorm-style buffers averaged across ranks. After the last, the
         run's end record (every rank's parameter digest) is written. `n` may be the loop's own
         range, as the script had it (`job.epochs(range(1, args.epochs + 1))`): its numbers, as
-        job.epochs(stop, start=its start)."""
+        job.epochs(stop, start=its start), the live table counting the range's epochs (1/15 for
+        the first of range(1, 16))."""
+        given = n
         n, start = _epoch_numbers(n, start)
+        counted_from = start if isinstance(given, range) else 0
         self._stopping = False
         first = max(start, self.train_state.start_epoch)
         if first >= n and self.is_main and elastic.running(self.config) is None:
             where = ("at its newest checkpoint" if self.train_state.start_epoch >= n
                      else f"by the script's start epoch ({start})")
-            print(f"hvdhetero: the run had finished its {n} epochs {where}; nothing left to train", flush=True)
+            said = f"the epochs of the loop's {given!r}" if isinstance(given, range) else f"its {n} epochs"
+            print(f"hvdhetero: the run had finished {said} {where}; nothing left to train", flush=True)
         t = self.training
         if t is not None:  # overlapped rounds end with the epochs (RoundClock.due)
-            t.epochs, t.in_epochs = n, True
+            t.epochs, t.in_epochs, t.epochs_from = n, True, counted_from
         try:
             for epoch in range(first, n):
                 self.epoch = epoch
@@ -372,9 +376,11 @@ def _epoch_numbers(n, start) -> tuple[int, int]:
     (`range(1, epochs + 1)`, `range(start_epoch, epochs)`); anything else said, naming it."""
     usage = "job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the loop's range"
     if isinstance(n, range):
-        if n.step != 1 or start:
+        if n.step != 1 or start or n.start < 0:
             raise ConfigError(f"{usage} of step 1 alone (job.epochs(range(1, epochs + 1))), got {n!r}"
                               + (f" and start={start!r}" if start else ""))
+        if not n:
+            raise ConfigError(f"{usage}, got {n!r}, which holds no epoch")
         n, start = n.stop, n.start
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or isinstance(start, bool) \
             or not isinstance(start, numbers.Integral):

@@ -83,9 +83,10 @@ class Loader:
         self.fewest = 1
         """The fewest samples a chunk may hold (batches.fewest_samples: 2 with BatchNorm); a shorter
         last chunk of a step joins the one before."""
-        self.after_pass: Callable[[], None] = lambda: None
-        """Called when a loop has taken every batch of the epoch (not when it left the loop early);
-        every rank gets there after the same global step."""
+        self.after_pass: Callable[[int], None] = lambda began: None
+        """Called when a loop has taken every batch of the epoch (not when it left the loop early),
+        with what `began()` said as it started; every rank gets there after the same global step."""
+        self.began: Callable[[], int] = lambda: 0
 
     def __len__(self) -> int:
         """Steps per epoch (the same on every rank)."""
@@ -133,11 +134,12 @@ class Loader:
 
     def __iter__(self):
         self.iterating += 1
+        began = self.began()
         try:
             yield from self._batches()
         finally:
             self.iterating -= 1
-        self.after_pass()
+        self.after_pass(began)
 
     def _batches(self):
         if self.num_workers == 0:

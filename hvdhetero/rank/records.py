@@ -102,14 +102,15 @@ class RunRecords:
 
     def progress(self, *, samples: int, compute_s: float, wait_s: float, exchanged: tuple[int, float],
                  split: list[int], step: int, steps: int | None, epoch: int, epochs: int | None,
-                 taken: int) -> None:
+                 taken: int, first: int = 0) -> None:
         """This rank's step for the launcher's live table (progress.Reporter: its running totals,
         its own clock and the epoch's position, about once a second); rank 0 adds its loss and
         the script's last logged scalars. `exchanged`: local/diloco's rounds and the seconds the
         last exchange blocked this rank (counted once a round). `epochs`: None outside job.epochs
         (a script's own `for epoch in range(n)` says no total); `steps`: None in an endless epoch
         (a sampler that never runs out), whose loss is that of its last batches. `taken`: the
-        optimizer steps taken (job.step: a sweep times a loop of the script's own by them)."""
+        optimizer steps taken (job.step: a sweep times a loop of the script's own by them). `first`:
+        the epoch the live table counts as its first (1 for job.epochs(range(1, n + 1)))."""
         if not self.report_progress:
             return
         rank, host_name, device, size = self.who
@@ -117,6 +118,8 @@ class RunRecords:
             self.reporter = progress.Reporter(rank, host_name, device, size=size)
         wait_s += self.reporter.exchanged(*exchanged)
         job = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps, "taken": taken}
+        if first:
+            job["first"] = first
         if self.is_main:
             recent = [sum(x) for x in zip(*self.recent)] if steps is None and self.recent else None
             job.update(loss=recent[0] / recent[1] if recent else self.loss_sum / max(self.samples, 1),

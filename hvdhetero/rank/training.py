@@ -73,7 +73,7 @@ class Training:
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         if not called:
-            self.loader.after_pass = self.pass_ended
+            self.loader.began, self.loader.after_pass = lambda: self.train.step, self.pass_ended
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step, mean_loss=self.mean_loss)
                            for index, o in enumerate(optimizers)]
@@ -103,8 +103,9 @@ class Training:
         """Per rank: its inventory host (checkpoints record them; a resume compares)."""
         self.schedule = CheckpointSchedule(config.checkpoint_every, config.checkpoint_minutes,
                                            config.keep_checkpoints)
-        self.epochs, self.in_epochs = 1, False
-        """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs."""
+        self.epochs, self.in_epochs, self.epochs_from = 1, False, 0
+        """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs;
+        the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
@@ -113,8 +114,6 @@ class Training:
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
         self._passed = False  # a pass over the loader began outside job.epochs
-        self._averaged_at = -1
-        """The global step after which the loop's end last averaged the buffers (pass_ended)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -295,6 +294,7 @@ class Training:
                               step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
                               steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
+                              first=self.epochs_from,
                               taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
@@ -390,15 +390,16 @@ class Training:
                 self.schedule.retime(max(landed[0]))
             self.rebalance(*landed, item, after_step)
 
-    def pass_ended(self) -> None:
-        """A loop took every batch of the epoch: under step sync, BatchNorm-style buffers are
-        averaged now, so that the script's own evaluation after its loop sees the one model on
-        every rank (the same figures, the same best-model or early-stopping decision), as the
-        epoch's end would give it. Local/diloco's replicas differ until a round's end: their
-        buffers are averaged where the models are made one (the epoch's end, job.evaluate, job.save)."""
-        if self.strategy.always_one_model:
+    def pass_ended(self, began: int) -> None:
+        """A loop took every batch of the epoch, from global step `began`: where it trained (every
+        rank's did, in step), under step sync, BatchNorm-style buffers are averaged now, so that the
+        script's own evaluation after its loop sees the one model on every rank (the same figures,
+        the same best-model or early-stopping decision), as the epoch's end would give it. A pass
+        that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
+        replicas differ until a round's end: their buffers are averaged where the models are made
+        one (the epoch's end, job.evaluate, job.save)."""
+        if self.strategy.always_one_model and self.train.step > began:
             average_buffers(self.model)
-            self._averaged_at = self.train.step
 
     # -- job.epochs --------------------------------------------------------------------------------
 
@@ -408,8 +409,7 @@ class Training:
         self.strategy.pause()
         step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
-        if self._averaged_at != self.train.step:  # not already at the loop's end, with no step since
-            average_buffers(self.model)
+        average_buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
         self.schedule.retime(step_s[0])
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due

@@ -63,7 +63,7 @@ except Exception as err:  # noqa: BLE001
     out["a second model prepared"] = f"{type(err).__name__}: {err}"
 # job.epochs given what a config or a loop holds: a float, a range of another step, nothing to count
 for name, args in {"epochs from a float": (10.0,), "epochs from a range of step 2": (range(0, 10, 2),),
-                   "no epochs": (0,)}.items():
+                   "no epochs": (0,), "an empty range of epochs": (range(1, 1),)}.items():
     try:
         next(job.epochs(*args))
         out[name] = "accepted"
