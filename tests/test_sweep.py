@@ -144,6 +144,9 @@ def test_a_metric_is_taken_at_the_epoch_it_was_logged_in_not_at_the_last_log_of_
                            "logged_epochs": {"val_loss": 1, "train_loss": 1}})
     assert trial.epoch_values("val_loss") == {0: 0.9, 1: 0.5}
     assert trial.epoch_values("train_loss") == {1: 0.7}
+    # job.epochs(range(1, 16)): epoch 1 is the first of 15 on the sweep's table, as on the live line
+    trial.progressed(4.0, {"epoch": 1, "epochs": 16, "first": 1, "step": 2, "steps": 10})
+    assert trial.where() == "1/15", trial.where()
 
 
 def test_a_loop_of_the_scripts_own_is_judged_at_the_steps_it_logged_at_and_timed_by_the_ended_trials(tmp_path):

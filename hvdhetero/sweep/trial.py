@@ -136,7 +136,8 @@ class Trial:
     def progressed(self, at: float, p: dict) -> None:
         done = None
         if p.get("epochs") and p.get("steps"):
-            self.position = (int(p["epoch"]), int(p["epochs"]))
+            first = int(p.get("first", 0))  # job.epochs(range(1, n + 1)): shown 1/n, as the live line does
+            self.position = (int(p["epoch"]) - first, int(p["epochs"]) - first)
             self.length = p["epochs"]
             done = p["epoch"] + p["step"] / p["steps"]
         elif p.get("epochs") is None and p.get("taken") is not None:
