@@ -3,6 +3,8 @@ recipe is, and what the user sees when it is wrong."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 
@@ -356,3 +358,20 @@ def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early
     assert text.startswith("rank 1 on host mac ended its script after 8 steps while rank 0 on host pc went on: every "
                            "rank must take the same steps"), text
     assert "\n  rank 0 then gave no response for 2 s; the job was stopped" in text, text
+
+
+def test_ranks_on_one_host_saving_and_loading_one_path_never_read_it_half_written(tmp_path):
+    """tests/scripts/save_race.py: the quickstart's save-then-load, on both local ranks at once, 100
+    times. torch's save truncated and rewrote the file another rank was loading: 2 loads in 30
+    failed before saves to a path were made atomic (rank/saving.py). The file keeps the mode
+    torch's own save gives it, and no temporary file is left."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "save_race.py", "--run-dir", tmp_path / "run", "--",
+             out], timeout=300)
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    umask = os.umask(0)
+    os.umask(umask)
+    for rank in ranks:
+        assert rank["failed"] == [] and rank["mode"] == oct(0o666 & ~umask), rank
+    assert sorted(p.name for p in out.iterdir()) == ["model.pth", "rank-0.json", "rank-1.json"], ranks
