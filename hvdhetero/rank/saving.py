@@ -9,8 +9,8 @@ failed when two local ranks saved and loaded a 2.7 MB state dict after a barrier
 
 Replaced once a process by the runner, before the script runs: a save to a path of a regular file
 (or of none yet) goes to a temporary file in the same folder, renamed over the path when written
-whole, with the mode torch's own would give it. A reader then finds the old file or the new one,
-never half of one; the ranks' models are one, so either is the same. A file object, a symlink, a
+whole, with the mode torch's own would leave it with (an existing file's, else open()'s). A
+reader then finds the old file or the new one, never half of one; the ranks' models are one, so either is the same. A file object, a symlink, a
 folder that cannot take the temporary file: torch's own save, as it was.
 """
 
@@ -37,11 +37,12 @@ def install() -> None:
         path = Path(f)
         if path.is_symlink() or (path.exists() and not path.is_file()) or not os.access(path.parent or ".", os.W_OK):
             return torchs(obj, f, *args, **kwargs)
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~umask  # what torch's leaves it with
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
             torchs(obj, tmp, *args, **kwargs)
-            os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+            os.chmod(tmp, mode)  # not mkstemp's 0600
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
