@@ -10,8 +10,9 @@ failed when two local ranks saved and loaded a 2.7 MB state dict after a barrier
 Replaced once a process by the runner, before the script runs: a save to a path of a regular file
 (or of none yet) goes to a temporary file in the same folder, renamed over the path when written
 whole, with the mode torch's own would leave it with (an existing file's, else open()'s). A
-reader then finds the old file or the new one, never half of one; the ranks' models are one, so either is the same. A file object, a symlink, a
-folder that cannot take the temporary file: torch's own save, as it was.
+reader then finds the old file or the new one, never half of one; the ranks' models are one, so
+either is the same. A file object, a symlink, a folder that cannot take the temporary file:
+torch's own save, as it was.
 """
 
 from __future__ import annotations
