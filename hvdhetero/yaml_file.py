@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from hvdhetero.errors import TOP, YamlFileError
+
 KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
          "null": "empty", "timestamp": "a date"}
 

@@ -156,11 +156,11 @@ class Board:
         step_rate = rows[0].steps_per_s if rows and rows[0].rank == 0 else None
         left = job["steps"] - job["step"] if job["steps"] is not None else None
         first = job.get("first", 0)  # job.epochs(range(1, n + 1)): its epoch 1 is the first of n
+        epoch = job["epoch"] - first
         epochs = job["epochs"] - first if job.get("epochs") else None
-        run_left = left + max(epochs - (job["epoch"] - first) - 1, 0) * job["steps"] if epochs and left is not None \
-            else None
+        run_left = left + max(epochs - epoch - 1, 0) * job["steps"] if epochs and left is not None else None
         logged_epoch = job["logged_epoch"] - first if job.get("logged_epoch") is not None else None
-        return Status(job["epoch"] - first, epochs, job["step"], job["steps"], job.get("loss"),
+        return Status(epoch, epochs, job["step"], job["steps"], job.get("loss"),
                       _ordered(job.get("logged") or {}), logged_epoch, sum(rates) if rates else None,
                       left / step_rate if step_rate and left is not None else None,
                       run_left / step_rate if step_rate and run_left is not None else None)

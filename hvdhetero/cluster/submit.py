@@ -94,9 +94,8 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
     if script:
         from hvdhetero.cluster import workdir as wd
 
-        this_python = f"{sys.version_info[0]}.{sys.version_info[1]}"
         folder, rel = wd.locate(script, request.workdir,  # a remote host's newer Python may read what this cannot
-                                syntax=any(h.is_local for h in selected) or inventory.pins.python == this_python)
+                                syntax=any(h.is_local for h in selected) or inventory.pins.python == wd.THIS_PYTHON)
         digest = wd.digest(folder) if remote else None  # each host starts in its copy, named by content
         program = launch.script(rel, "~/" + wd.remote_dir(digest) if remote else str(folder), request.script_args)
     else:  # the recipe's options, those after -- too, checked here rather than on every rank

@@ -23,8 +23,8 @@ import secrets
 import stat
 import subprocess
 import sys
-import warnings
 import tempfile
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +76,10 @@ sys.exit("cannot rename %s to %s" % (tmp, final))
 """
 
 
+THIS_PYTHON = "%d.%d" % sys.version_info[:2]
+"""The launcher's Python, as pins.python names a version."""
+
+
 def locate(script: str, workdir: str = "", syntax: bool = True) -> tuple[Path, str]:
     """(the folder the ranks start in, the script's path inside it) for `invoke train --script
     SCRIPT [--workdir DIR]`: DIR, by default the script's own folder. `syntax`: this Python reads
@@ -104,10 +108,10 @@ def _compiles(script: str, path: Path) -> None:
     except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
         line = getattr(e, "lineno", None)
         text = (getattr(e, "text", None) or "").strip()
-        shown = f"\n    {text}" if text.strip() else ""
+        shown = f"\n    {text}" if text else ""
         raise ConfigError(f"--script {script}{f':{line}' if line else ''}: {type(e).__name__}: "
-                          f"{getattr(e, 'msg', None) or e}{shown}\n  (Python {sys.version_info[0]}."
-                          f"{sys.version_info[1]} read it; nothing was started)") from None
+                          f"{getattr(e, 'msg', None) or e}{shown}\n  (Python {THIS_PYTHON} read it; nothing was "
+                          "started)") from None
 
 
 def ignore_patterns(folder: Path) -> tuple[str, ...]:
