@@ -262,10 +262,20 @@ class Balancer:
         samples where 149 were due, the slow rank idle 40 ms a step: a gain of 0.9%). But not
         when the ranks timed alike within the probes' `noise` (each rank's standard error): a
         tiny model's step (0.2 ms, launches and Python whatever the share) moved two alike CPU
-        ranks from [32, 32] to [18, 46] on its noise alone."""
+        ranks from [32, 32] to [18, 46] on its noise alone. Where calibration kept the equal split
+        (the ranks timed alike within its probes' noise, or a gain under `threshold`), its fit of
+        a_i and p_i is that noise, and the split follows each rank's samples per second as
+        measured here instead, which never starves a rank: the fit gave the least share to one of
+        two alike CPU ranks of a tiny model (0.3 ms a step, all but fixed cost) that this probe
+        timed 100-200 us slower, [1, 63] in 4 runs of 6, where its one sample showed no
+        per-sample cost and it stayed."""
         for rank, per_sample in self._measured(step_seconds, sizes):
             self.seconds_per_sample[rank] = per_sample
-        target = self.target()
+        if self.split == self.equal:
+            speeds = [n / max(t, 1e-9) for n, t in zip(sizes, step_seconds)]
+            target = proportional_split(self.global_batch, speeds, self.minimum, self.caps)
+        else:
+            target = self.target()
         if target != self.split and self._beyond_noise(max(step_seconds) - min(step_seconds), step_seconds, noise):
             self._move(target, step, f"refined: measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
         return self.split
