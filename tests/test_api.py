@@ -210,7 +210,9 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     96 samples once across both ranks, and job.epoch counts the passes (a DataLoader reshuffles
     at every iter(); each pass dealt the same order before). A whole pass ends with BatchNorm's
     statistics averaged, as an epoch's end would (there is none): a script evaluating there sees one
-    model on every rank."""
+    model on every rank. A pass begun with no step taken since the epoch's began (rank 0's alone, a
+    batch drawn before the loop) deals that epoch again: rank 0's pass alone moved its epoch ahead
+    of rank 1's, so the next pass dealt the two ranks shares of two different orders."""
     found = two_ranks("api_passes.py", "API_PASSES", tmp_path)
     ranks = found["passes"]
     assert [len(passes) for passes in ranks] == [4, 4], ranks
@@ -223,6 +225,11 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     assert found["step"] == 15 and found["epoch"] == 3, found
     means = found["means"]  # after passes 0 and 1; each rank's shares' means differ
     assert len(means[0]) == 2 and means[0] == means[1] and means[0][0] != means[0][1], means
+    afters = found["afters"]  # after rank 0's pass alone and a batch drawn before the loop: one epoch on both ranks,
+    assert sorted(afters[0] + afters[1]) == list(range(96)) and found["epochs"] == [3, 3], found
+    for r, peek in enumerate(found["peeks"]):  # pass 3's order (no step taken since it began: no new epoch)
+        assert afters[r][:len(peek)] == ranks[r][3][:len(peek)], found
+    assert all(after[:len(peek)] == peek for peek, after in zip(found["peeks"], afters)), found
 
 
 def test_a_weighted_random_sampler_draws_by_weight_across_the_ranks(tmp_path):

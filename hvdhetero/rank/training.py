@@ -113,7 +113,7 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
-        self._passed = False  # a pass over the loader began outside job.epochs
+        self._epoch_began: int | None = None  # outside job.epochs: the step its epoch's first pass began at
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -160,14 +160,16 @@ class Training:
     def pass_epoch(self) -> int:
         """The epoch a new pass over the loader deals (the sampler's shuffle and the global step
         numbers follow it): job.epochs' own; outside it, as a DataLoader reshuffles at every
-        `iter()`, each pass after the first is the next epoch (a loop over steps, not epochs,
-        dealt the same order every pass, and a split decided in its last steps never came)."""
+        `iter()`, a pass begun after a step since the epoch's first pass began is the next epoch (a
+        loop over steps, not epochs, dealt the same order every pass, and a split decided in its
+        last steps never came). One begun with no step taken since deals that epoch again: the DDP
+        tutorial's `next(iter(loader))` before its loop counted every epoch twice, and a pass that
+        rank 0 alone takes (counting its share) moved its epoch ahead of the other ranks'."""
         if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
             return 0
-        if not self.in_epochs:
-            if self._passed:
-                self.train.epoch += 1
-            self._passed = True
+        if not self.in_epochs and (self._epoch_began is None or self.train.step > self._epoch_began):
+            self.train.epoch += self._epoch_began is not None
+            self._epoch_began = self.train.step
         return self.train.epoch
 
     def merged(self, step: int, left: int) -> int:

@@ -3,8 +3,9 @@ after pass, a pass cut short by the step budget, then a new iterator. Each pass 
 order, as a DataLoader with shuffle=True does at every iter(), and cover the dataset once across
 the ranks. A BatchNorm layer's running mean, as each whole pass ends, must be one on every rank
 (averaged as the loop takes its last batch; there is no epoch's end); a pass of rank 0's alone
-that takes no step exchanges nothing at its end (it would wait for rank 1). Rank 0 prints, as JSON,
-every pass's labels and those means per rank, job.epoch and job.step.
+that takes no step exchanges nothing at its end (it would wait for rank 1), and is no new epoch:
+the ranks' next pass deals them one order; so is a batch drawn before a loop (`next(iter(loader))`).
+Rank 0 prints, as JSON, every pass's labels and those means per rank, job.epoch and job.step.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_passes.py RUN_DIR
 """
@@ -42,7 +43,16 @@ passes.append([int(v) for _, labels in it for v in labels])  # drawn only: no st
 epoch = job.epoch
 if job.is_main:  # a pass of rank 0's alone that takes no step: no exchange to wait for at its end
     sum(len(labels) for _, labels in loader)
+steps = job.step
+peek = next(iter(loader))[1].tolist()  # the DDP tutorial's look at a batch before its loop: no pass of its own
+after = []
+for x, labels in loader:  # every rank, after rank 0's pass alone: one epoch's order on both
+    after += labels.tolist()
+    job.backward(model(x).pow(2).mean())
+    optimizer.step()
+    optimizer.zero_grad()
 every, means = hvd.allgather_object(passes), hvd.allgather_object(means)
+peeks, afters, epochs = hvd.allgather_object(peek), hvd.allgather_object(after), hvd.allgather_object(job.epoch)
 if job.is_main:
-    print("API_PASSES " + json.dumps({"passes": every, "means": means, "epoch": epoch, "step": job.step}),
-          flush=True)
+    print("API_PASSES " + json.dumps({"passes": every, "means": means, "epoch": epoch, "step": steps, "peeks": peeks,
+                                      "afters": afters, "epochs": epochs}), flush=True)
