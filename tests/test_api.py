@@ -207,12 +207,12 @@ def test_ranks_whose_arithmetic_differs_hold_one_model_wherever_it_shows(tmp_pat
 def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     """A script that counts steps, not epochs (no job.epochs), renews the loader's iterator at
     each pass's end and once mid-pass: every pass deals a new order, the whole passes cover the
-    96 samples once across both ranks, and job.epoch counts the passes (a DataLoader reshuffles
+    96 samples once across both ranks, and job.epoch counts the passes that trained (a DataLoader reshuffles
     at every iter(); each pass dealt the same order before). A whole pass ends with BatchNorm's
     statistics averaged, as an epoch's end would (there is none): a script evaluating there sees one
-    model on every rank. A pass begun with no step taken since the epoch's began (rank 0's alone, a
-    batch drawn before the loop) deals that epoch again: rank 0's pass alone moved its epoch ahead
-    of rank 1's, so the next pass dealt the two ranks shares of two different orders."""
+    model on every rank. A pass that takes no step (rank 0's alone, between passes or inside one; a
+    batch drawn before the loop) starts no epoch: rank 0's pass alone moved its epoch ahead of rank
+    1's, so the next pass dealt the two ranks shares of two different orders."""
     found = two_ranks("api_passes.py", "API_PASSES", tmp_path)
     ranks = found["passes"]
     assert [len(passes) for passes in ranks] == [4, 4], ranks
@@ -222,7 +222,7 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     assert len(joined[2]) == 48 and len(set(joined[2])) == 48
     orders = [tuple(ranks[0][p][:8]) for p in range(4)]
     assert len(set(orders)) == 4, orders
-    assert found["step"] == 15 and found["epoch"] == 3, found
+    assert found["step"] == 15 and found["epoch"] == 2, found  # pass 3, drawn only, started no epoch of the job's
     means = found["means"]  # after passes 0 and 1; each rank's shares' means differ
     assert len(means[0]) == 2 and means[0] == means[1] and means[0][0] != means[0][1], means
     afters = found["afters"]  # after rank 0's pass alone and a batch drawn before the loop: one epoch on both ranks,
@@ -230,6 +230,20 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     for r, peek in enumerate(found["peeks"]):  # pass 3's order (no step taken since it began: no new epoch)
         assert afters[r][:len(peek)] == ranks[r][3][:len(peek)], found
     assert all(after[:len(peek)] == peek for peek, after in zip(found["peeks"], afters)), found
+
+
+def test_a_start_epoch_only_rank_0_resumed_from_is_every_ranks(tmp_path):
+    """tests/jobs/api_start.py: rank 0 resumes itself (weights and epoch 3, from a file only its host
+    holds), rank 1 starts at 0. Both train epochs 3 and 4 (8 steps) on rank 0's weights, as one
+    model, and rank 0 says once that the ranks' starts differed. Before, rank 1 trained 5 epochs
+    to rank 0's 2, and the job failed when rank 0's loop ended."""
+    found, output = two_ranks("api_start.py", "API_START", tmp_path, with_output=True)
+    assert found["trained"] == [[3, 4], [3, 4]] and found["step"] == 8, found
+    weights = found["weights"]  # rank 0's 2.0 trained toward 3 on both ranks, as one model
+    assert weights[0] == weights[1] and 2.2 < weights[0][0] < 3, found
+    said = "hvdhetero: job.epochs(start=) differs between the ranks (rank 0: 3, rank 1: 0): every rank starts at " \
+           "rank 0's epoch 3"
+    assert output.count(said) == 1, output[-3000:]
 
 
 def test_a_weighted_random_sampler_draws_by_weight_across_the_ranks(tmp_path):

@@ -113,7 +113,8 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
-        self._epoch_began: int | None = None  # outside job.epochs: the step its epoch's first pass began at
+        self._taken = 0  # loader steps this process took (every rank takes the same)
+        self._epoch_began: int | None = None  # outside job.epochs: _taken as its epoch's first step was taken
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -160,17 +161,26 @@ class Training:
     def pass_epoch(self) -> int:
         """The epoch a new pass over the loader deals (the sampler's shuffle and the global step
         numbers follow it): job.epochs' own; outside it, as a DataLoader reshuffles at every
-        `iter()`, a pass begun after a step since the epoch's first pass began is the next epoch (a
-        loop over steps, not epochs, dealt the same order every pass, and a split decided in its
-        last steps never came). One begun with no step taken since deals that epoch again: the DDP
-        tutorial's `next(iter(loader))` before its loop counted every epoch twice, and a pass that
-        rank 0 alone takes (counting its share) moved its epoch ahead of the other ranks'."""
+        `iter()`, a pass begun after a step was taken in the epoch's is the next epoch (a loop over
+        steps, not epochs, dealt the same order every pass, and a split decided in its last steps
+        never came), one begun before deals the epoch again; the job's epoch moves only when a pass
+        takes its first step (`pass_stepped`), as every rank does. The DDP tutorial's
+        `next(iter(loader))` before its loop counted every epoch twice, and a pass that rank 0 alone
+        takes (counting its share) moved its epoch ahead of the other ranks'."""
         if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
             return 0
-        if not self.in_epochs and (self._epoch_began is None or self.train.step > self._epoch_began):
-            self.train.epoch += self._epoch_began is not None
-            self._epoch_began = self.train.step
-        return self.train.epoch
+        if self.in_epochs:
+            return self.train.epoch
+        return self.train.epoch + (self._epoch_began is not None and self._taken > self._epoch_began)
+
+    def pass_stepped(self, item: Item) -> None:
+        """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
+        deals is the job's from now on (pass_epoch)."""
+        if not self.in_epochs and not self.one_pass:
+            epoch = item.step // len(self.loader)
+            if self._epoch_began is None or epoch > self.train.epoch:
+                self.train.epoch, self._epoch_began = epoch, self._taken
+        self._taken += item.steps
 
     def merged(self, step: int, left: int) -> int:
         """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
@@ -281,6 +291,7 @@ class Training:
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
+        self.pass_stepped(item)
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
                 self.schedule.paced(walls)

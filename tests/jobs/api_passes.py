@@ -4,7 +4,8 @@ order, as a DataLoader with shuffle=True does at every iter(), and cover the dat
 the ranks. A BatchNorm layer's running mean, as each whole pass ends, must be one on every rank
 (averaged as the loop takes its last batch; there is no epoch's end); a pass of rank 0's alone
 that takes no step exchanges nothing at its end (it would wait for rank 1), and is no new epoch:
-the ranks' next pass deals them one order; so is a batch drawn before a loop (`next(iter(loader))`).
+the ranks' next pass deals them one order; so is a batch drawn before a loop (`next(iter(loader))`)
+and one rank 0 alone draws inside a pass.
 Rank 0 prints, as JSON, every pass's labels and those means per rank, job.epoch and job.step.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_passes.py RUN_DIR
@@ -38,6 +39,8 @@ for step in range(15):  # 2.5 passes of 6 steps
     job.backward(model(x).pow(2).mean())
     optimizer.step()
     optimizer.zero_grad()
+    if step == 8 and job.is_main:  # a look of rank 0's alone at a batch, inside a pass: no epoch of its own
+        next(iter(loader))
 it = iter(loader)  # a new iterator after a cut pass: one more whole pass, in a new order
 passes.append([int(v) for _, labels in it for v in labels])  # drawn only: no step, no exchange
 epoch = job.epoch
