@@ -179,6 +179,7 @@ class Job:
         given = n
         n, start = _epoch_numbers(n, start)
         counted_from = start if isinstance(given, range) else 0
+        start = self._rank_0s_start(start)
         self._stopping = False
         first = max(start, self.train_state.start_epoch)
         if first >= n and self.is_main and elastic.running(self.config) is None:
@@ -205,6 +206,22 @@ class Job:
             if t is not None:
                 t.in_epochs = False
         self._end()
+
+    def _rank_0s_start(self, start: int) -> int:
+        """Rank 0's `start` on every rank (one small exchange), said once where the ranks' differ: a
+        script that resumes itself from a file only rank 0's host holds (torchrun's snapshot) goes
+        on there on every rank, as job.prepare gave every rank rank 0's weights; before, the other
+        ranks trained epochs rank 0 never took, and the job failed at rank 0's end."""
+        if self.size == 1:
+            return start
+        starts = [round(s) for s in collectives.allreduce_sum(host.one_hot(float(start)), "hvdhetero.epochs_start")]
+        if len(set(starts)) > 1 and self.is_main:
+            each = ", ".join(f"rank {r}: {s}" for r, s in enumerate(starts))
+            print(f"hvdhetero: job.epochs(start=) differs between the ranks ({each}): every rank starts at rank 0's "
+                  f"epoch {starts[0]}, as it trains rank 0's weights (job.prepare); a file of the script's own that "
+                  "only rank 0's host holds (torchrun's snapshot) resumes rank 0 alone: --resume loads the job's "
+                  "checkpoints on every rank", flush=True)
+        return starts[0]
 
     def stop(self) -> None:
         """End training after this epoch (early stopping): `job.epochs` yields no more and
