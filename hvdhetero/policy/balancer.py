@@ -271,13 +271,18 @@ class Balancer:
         per-sample cost and it stayed."""
         for rank, per_sample in self._measured(step_seconds, sizes):
             self.seconds_per_sample[rank] = per_sample
-        if self.split == self.equal:
-            speeds = [n / max(t, 1e-9) for n, t in zip(sizes, step_seconds)]
+        by_speed = self.split == self.equal
+        if by_speed and min(step_seconds) <= 0:  # no time measured: no speed to split by
+            return self.split
+        if by_speed:
+            speeds = [n / t for n, t in zip(sizes, step_seconds)]
             target = proportional_split(self.global_batch, speeds, self.minimum, self.caps)
         else:
             target = self.target()
         if target != self.split and self._beyond_noise(max(step_seconds) - min(step_seconds), step_seconds, noise):
-            self._move(target, step, f"refined: measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
+            why = (f"by the samples per second measured at {self.split} ({', '.join(_s(t) for t in step_seconds)} s)"
+                   if by_speed else f"measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
+            self._move(target, step, f"refined: {why}")
         return self.split
 
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
