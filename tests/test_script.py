@@ -337,6 +337,23 @@ def test_a_resumed_script_that_accumulates_gradients_goes_on_from_the_checkpoint
     assert lines == [{"epoch": 0, "batches": 14, "step": 7}, {"epoch": 1, "batches": 6, "step": 14}], lines
 
 
+def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step_goes_on(tmp_path):
+    """tests/scripts/own_loop_resume.py: a max_steps loop (no job.epochs), a checkpoint every pass's
+    4 steps, taken as pass 1's first step comes; rank 1 fails at step 5. Resumed, it trains steps
+    4-11 (8 batches) in passes 1 and 2. The checkpoint held pass 0's epoch with the loader at pass 1,
+    and the resumed run dealt pass 0's epoch past its end: nothing, for good."""
+    import json
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    first = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "own_loop_resume.py", "--run-dir", run_dir,
+                     "--checkpoint-every", "4", "--", "--out", out], check=False, timeout=300)
+    assert first.returncode == 1 and "rank 1 fails once, at step 5" in first.stderr, first.stderr[-2000:]
+    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
+    lines = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 12, "epoch": 2, "batches": 8}], lines
+
+
 def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early_end(tmp_path):
     """Rank 1 ends its script after 8 steps; rank 0, left in a collective without it, stops
     answering (Horovod's shutdown hung a rank whole, its heartbeat too, once in CI): the console

@@ -263,8 +263,8 @@ class Job:
     @property
     def epoch(self) -> int:
         """The epoch in progress: job.epochs sets it; a loop of its own over the prepared loader
-        (steps, not epochs) counts its passes, each dealt in a new order (a pass begun and left,
-        as `next(iter(loader))` is, counts too)."""
+        (steps, not epochs) counts its passes that took a step, each dealt in a new order (a pass
+        that takes none, as `next(iter(loader))` or rank 0's alone, starts no epoch)."""
         return self.train_state.epoch
 
     @epoch.setter

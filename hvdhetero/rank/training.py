@@ -171,7 +171,9 @@ class Training:
             return 0
         if self.in_epochs:
             return self.train.epoch
-        return self.train.epoch + (self._epoch_began is not None and self._taken > self._epoch_began)
+        if self._epoch_began is None:  # resumed: where the loader stands (a checkpoint taken as a pass's first
+            return max(self.train.epoch, self.loader.start_step // len(self.loader))  # step came holds the epoch before)
+        return self.train.epoch + (self._taken > self._epoch_began)
 
     def pass_stepped(self, item: Item) -> None:
         """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass

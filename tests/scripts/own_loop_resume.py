@@ -1,0 +1,42 @@
+"""A loop over steps of its own (max_steps, no job.epochs), checkpointed by hvdhetero every 4
+steps, one pass's worth: the checkpoint after pass 0 is taken as pass 1's first step comes.
+Rank 1 fails once, at step 5 (a marker file says it did). Run by tests/test_script.py: the
+resumed run goes on from step 4 in pass 1 and stops at step 12, as one that never failed.
+
+    invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+import hvdhetero as hh
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+
+job = hh.init()
+x = torch.linspace(-1, 1, 64).view(-1, 1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, 3 * x), batch_size=16, shuffle=True)
+model = torch.nn.Linear(1, 1).to(job.device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer, loader = job.prepare(model, optimizer, loader)  # 4 steps a pass
+marker = os.path.join(args.out, "failed-once")
+batches = 0
+for _ in range(6):  # passes until 12 steps (at most 6: a pass that deals nothing ends it too)
+    if job.step >= 12:
+        break
+    for inputs, targets in loader:
+        if job.step == 5 and job.rank == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("rank 1 fails once, at step 5")
+        job.backward(F.mse_loss(model(inputs), targets))
+        optimizer.step()
+        optimizer.zero_grad()
+        batches += 1
+with open(os.path.join(args.out, f"rank{job.rank}.jsonl"), "a") as f:
+    f.write(json.dumps({"step": job.step, "epoch": job.epoch, "batches": batches}) + "\n")
