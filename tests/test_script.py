@@ -320,20 +320,26 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     assert second != first[0], "the script's own torch.manual_seed counts (hh.init() reseeded with --seed before)"
 
 
+def failed_once_then_resumed(tmp_path, script: str, every: int, failure: str) -> list[dict]:
+    """`script` run with --checkpoint-every `every` fails once on rank 1 (saying `failure`), then is
+    resumed with --resume: the lines rank 0 wrote to OUT/rank0.jsonl."""
+    import json
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    first = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / script, "--run-dir", run_dir,
+                     "--checkpoint-every", str(every), "--", "--out", out], check=False, timeout=300)
+    assert first.returncode == 1 and failure in first.stderr, first.stderr[-2000:]
+    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
+    return [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+
+
 def test_a_resumed_script_that_accumulates_gradients_goes_on_from_the_checkpoints_batch(tmp_path):
     """Two batches per optimizer step, a checkpoint every 2 optimizer steps: the last one before
     rank 1 fails at epoch 1's batch 9 is taken as batch 8 begins (optimizer step 11). The
     resumed epoch runs batches 8-13, not all 14 again (a resume went to optimizer step 11's
     batch, 11, of the epoch before: the whole epoch redone, the schedule ahead)."""
-    import json
-
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    first = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "accumulate.py", "--run-dir", run_dir,
-                     "--checkpoint-every", "2", "--", "--out", out], check=False, timeout=300)
-    assert first.returncode == 1 and "rank 1 fails once, in epoch 1" in first.stderr, first.stderr[-2000:]
-    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
-    lines = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    lines = failed_once_then_resumed(tmp_path, "accumulate.py", 2, "rank 1 fails once, in epoch 1")
     assert lines == [{"epoch": 0, "batches": 14, "step": 7}, {"epoch": 1, "batches": 6, "step": 14}], lines
 
 
@@ -342,15 +348,7 @@ def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step
     4 steps, taken as pass 1's first step comes; rank 1 fails at step 5. Resumed, it trains steps
     4-11 (8 batches) in passes 1 and 2. The checkpoint held pass 0's epoch with the loader at pass 1,
     and the resumed run dealt pass 0's epoch past its end: nothing, for good."""
-    import json
-
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    first = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "own_loop_resume.py", "--run-dir", run_dir,
-                     "--checkpoint-every", "4", "--", "--out", out], check=False, timeout=300)
-    assert first.returncode == 1 and "rank 1 fails once, at step 5" in first.stderr, first.stderr[-2000:]
-    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
-    lines = [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
+    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 4, "rank 1 fails once, at step 5")
     assert lines == [{"step": 12, "epoch": 2, "batches": 8}], lines
 
 

@@ -171,8 +171,9 @@ class Training:
             return 0
         if self.in_epochs:
             return self.train.epoch
-        if self._epoch_began is None:  # resumed: where the loader stands (a checkpoint taken as a pass's first
-            return max(self.train.epoch, self.loader.start_step // len(self.loader))  # step came holds the epoch before)
+        if self._epoch_began is None:  # no step taken yet: where the loader stands, resumed (a checkpoint taken
+            # as a pass's first step came holds the epoch before, and the loader at the new pass)
+            return max(self.train.epoch, self.loader.start_step // len(self.loader))
         return self.train.epoch + (self._taken > self._epoch_began)
 
     def pass_stepped(self, item: Item) -> None:
