@@ -236,11 +236,17 @@ def test_a_start_epoch_only_rank_0_resumed_from_is_every_ranks(tmp_path):
     """tests/jobs/api_start.py: rank 0 resumes itself (weights and epoch 3, from a file only its host
     holds), rank 1 starts at 0. Both train epochs 3 and 4 (8 steps) on rank 0's weights, as one
     model, and rank 0 says once that the ranks' starts differed. Before, rank 1 trained 5 epochs
-    to rank 0's 2, and the job failed when rank 0's loop ended."""
+    to rank 0's 2, and the job failed when rank 0's loop ended. A pass of the script's own after
+    job.epochs is epoch 5, in a new order: before, it dealt epoch 4 again, order and step numbers."""
     found, output = two_ranks("api_start.py", "API_START", tmp_path, with_output=True)
     assert found["trained"] == [[3, 4], [3, 4]] and found["step"] == 8, found
     weights = found["weights"]  # rank 0's 2.0 trained toward 3 on both ranks, as one model
     assert weights[0] == weights[1] and 2.2 < weights[0][0] < 3, found
+    seen = found["seen"]  # the pass after job.epochs: epoch 5, a new order over the whole set (it dealt epoch 4 again)
+    assert [s["epoch"] for s in seen] == [5, 5] and found["steps"] == 12, found
+    for name in ("epoch 4", "after"):
+        assert sorted(seen[0][name] + seen[1][name]) == list(range(64)), (name, seen)
+    assert [s["after"] for s in seen] != [s["epoch 4"] for s in seen], seen
     said = "hvdhetero: job.epochs(start=) differs between the ranks (rank 0: 3, rank 1: 0): every rank starts at " \
            "rank 0's epoch 3"
     assert output.count(said) == 1, output[-3000:]

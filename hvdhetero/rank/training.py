@@ -113,8 +113,7 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
-        self._taken = 0  # loader steps this process took (every rank takes the same)
-        self._epoch_began: int | None = None  # outside job.epochs: _taken as its epoch's first step was taken
+        self._stepped_in: int | None = None  # the epoch of the last step this process took (every rank takes it)
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -166,24 +165,26 @@ class Training:
         never came), one begun before deals the epoch again; the job's epoch moves only when a pass
         takes its first step (`pass_stepped`), as every rank does. The DDP tutorial's
         `next(iter(loader))` before its loop counted every epoch twice, and a pass that rank 0 alone
-        takes (counting its share) moved its epoch ahead of the other ranks'."""
+        takes (counting its share) moved its epoch ahead of the other ranks'. A loop of its own after
+        job.epochs deals the epoch after job.epochs' last (it dealt that last epoch again)."""
         if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
             return 0
         if self.in_epochs:
             return self.train.epoch
-        if self._epoch_began is None:  # no step taken yet: where the loader stands, resumed (a checkpoint taken
+        if self._stepped_in is None:  # no step taken yet: where the loader stands, resumed (a checkpoint taken
             # as a pass's first step came holds the epoch before, and the loader at the new pass)
             return max(self.train.epoch, self.loader.start_step // len(self.loader))
-        return self.train.epoch + (self._taken > self._epoch_began)
+        return self._stepped_in + 1
 
     def pass_stepped(self, item: Item) -> None:
         """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
         deals is the job's from now on (pass_epoch)."""
-        if not self.in_epochs and not self.one_pass:
-            epoch = item.step // len(self.loader)
-            if self._epoch_began is None or epoch > self.train.epoch:
-                self.train.epoch, self._epoch_began = epoch, self._taken
-        self._taken += item.steps
+        if self.one_pass:
+            return
+        epoch = item.step // len(self.loader)
+        if not self.in_epochs and (self._stepped_in is None or epoch > self.train.epoch):
+            self.train.epoch = epoch
+        self._stepped_in = epoch
 
     def merged(self, step: int, left: int) -> int:
         """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
