@@ -114,6 +114,9 @@ class Training:
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
         self._stepped_in: int | None = None  # the epoch of the last step this process took (every rank takes it)
+        self.continues_at: int | None = None
+        """The loader step after the last step taken, where training goes on (None: none taken since the start
+        or a resume): a step handed out elsewhere (a pass of rank 0's alone) takes no checkpoint."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -149,13 +152,27 @@ class Training:
 
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
-        (every rank at the same step), and under --elastic a commit."""
-        self.loader_at = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
+        (every rank at the same step), and under --elastic a commit; not where the step is not
+        where training goes on (a look of rank 0's alone at another pass's batch, `next(iter(loader))`
+        inside a loop): their collectives waited there on rank 0 alone, until the job failed."""
+        first = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
+        if not self._goes_on(first):
+            return
+        self.loader_at = first
         if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
                 and self.strategy.between_rounds):
             elastic.commit(self)
+
+    def _goes_on(self, first: int) -> bool:
+        """Whether a step from loader step `first` is where training goes on: the step after the last
+        one taken, or a later one of its pass (batches the loop skipped). A new pass after one cut
+        short (a step budget) goes on from its second step."""
+        at = self.continues_at
+        if at is None or first == at:
+            return True
+        return first > at and (self.one_pass or first // len(self.loader) == at // len(self.loader))
 
     def pass_epoch(self) -> int:
         """The epoch a new pass over the loader deals (the sampler's shuffle and the global step
@@ -179,6 +196,7 @@ class Training:
     def pass_stepped(self, item: Item) -> None:
         """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
         deals is the job's from now on (pass_epoch)."""
+        self.continues_at = item.step + 1
         if self.one_pass:
             return
         epoch = item.step // len(self.loader)
@@ -414,9 +432,16 @@ class Training:
         the same best-model or early-stopping decision), as the epoch's end would give it. A pass
         that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
         replicas differ until a round's end: their buffers are averaged where the models are made
-        one (the epoch's end, job.evaluate, job.save)."""
-        if self.strategy.always_one_model and self.train.step > began:
+        one (the epoch's end, job.evaluate, job.save). Outside job.epochs, a periodic checkpoint due
+        is taken now, where every rank that trained the pass is: a pass of rank 0's alone after it
+        (counting its share) took it there alone, its collectives waiting until the job failed."""
+        if self.train.step <= began:
+            return
+        if self.strategy.always_one_model:
             average_buffers(self.model)
+        if self.train.checkpoint_due and not self.in_epochs and self.continues_at is not None:
+            self.loader_at = self.continues_at
+            resume.save_checkpoint(self, epoch_done=False)
 
     # -- job.epochs --------------------------------------------------------------------------------
 
