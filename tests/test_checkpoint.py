@@ -19,6 +19,20 @@ from hvdhetero.policy.checkpoints import RETIME, CheckpointSchedule
 from hvdhetero.rank import checkpoint
 
 
+def test_a_file_job_save_writes_has_the_mode_torch_save_gives_it(tmp_path):
+    """job.save's model (and a checkpoint) is readable as torch.save's is under the umask in force:
+    it was 0o600, a temporary file's mode, where torch.save left 0o644."""
+    before = os.umask(0o022)
+    try:
+        checkpoint.save_object({"w": torch.ones(2)}, tmp_path / "model.pt")
+        torch.save({"w": torch.ones(2)}, tmp_path / "torch.pt")
+    finally:
+        os.umask(before)
+    modes = [(tmp_path / name).stat().st_mode & 0o777 for name in ("model.pt", "torch.pt")]
+    assert modes == [0o644, 0o644], [oct(m) for m in modes]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "torch.pt"]  # no temporary file left
+
+
 @pytest.mark.parametrize("every_steps, minutes, keep, step_s, expected", [
     (25, 0, 3, 0.5, 25),      # --checkpoint-every alone
     (0, 1, 3, 0.5, 120),      # one minute at 0.5 s a step

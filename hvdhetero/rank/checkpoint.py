@@ -9,7 +9,7 @@ mid-way keeps every line it finished.)
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,13 @@ import torch
 
 def save_object(obj: Any, path: str | Path) -> Path:
     """torch.save `obj` to `path` atomically: temp file in the same directory, fsync, rename,
-    fsync of the directory (so the rename itself survives a power cut)."""
+    fsync of the directory (so the rename itself survives a power cut). The file's mode is what
+    the umask makes of 0o666, as torch.save's (a temporary file's own 0o600 left job.save's model
+    unreadable to the user's other accounts and services)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
