@@ -95,7 +95,7 @@ def test_plain_lines_print_a_block_once_every_rank_ended_the_epoch():
     assert out.getvalue() == "", "no block yet: none is due, and rank 1 has not ended the epoch"
     display.update(record(1, 11.0, 20, share=30, step=20, **position))
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("epoch 1/3  step 20/20 (100%)  ETA 0:00 (run 0:02)  loss 0.4123  test_accuracy 0.9000")
+    assert lines[0].startswith("epoch 1/3  step 20/20 (100%)  ETA 0:00 (run ETA 0:02)  loss 0.4123  test_accuracy 0.9000")
     assert lines[0].endswith("  1,240 samples/s")  # 20 steps x 32 + 20 x 30 in one second
     assert lines[1:] == [
         "  rank 0  pc   cpu  share 32/64      640 samples/s  compute 20.0 ms  comm/wait 10.0 ms per step",
@@ -114,7 +114,7 @@ def test_a_scripts_own_epoch_loop_shows_its_epochs_without_a_total():
     assert line.startswith("epoch 5  step 100/200 (50%)  ETA 0:10  loss 0.5000"), line
     assert live.epoch_line(status).startswith("epoch 5 done: loss 0.5000,")
     board.update(record(0, 111.0, 110, epoch=4, epochs=6, step=110, steps=200))
-    assert live.status_line(board.status()).startswith("epoch 5/6  step 110/200 (55%)  ETA 0:09 (run 0:29)")
+    assert live.status_line(board.status()).startswith("epoch 5/6  step 110/200 (55%)  ETA 0:09 (run ETA 0:29)")
 
 
 def test_an_endless_epoch_shows_its_steps_and_recent_loss_without_a_total_or_eta():
@@ -186,20 +186,35 @@ def test_failures_a_ranks_workers_wrote_into_one_line_are_each_read_and_a_cut_on
                               "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}{"cut\n'], shown, results=results)
     assert failures == [first, second] and results == [{"event": "end"}]
 
-def test_an_other_ranks_python_warning_is_said_once_unless_rank_0_printed_it_too():
+def test_a_python_warning_is_said_once_by_the_rank_that_printed_it_first():
     """What a device of its own says reaches the console: the Mac's rank disabling a script's
-    GradScaler("cuda"); a warning every rank prints comes once, as rank 0's."""
+    GradScaler("cuda"); a warning every rank prints comes once, as the first rank's (rank 0's own
+    with its source line); a process that prints it again (a filter changed since) is not repeated
+    either: a DataLoader's warning on the workers a rank's cores allow came 4 times."""
     shown = Shown()
     cuda = "UserWarning: torch.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+    workers = "UserWarning: This DataLoader will create 2 worker processes in total."
     console.relay(["[1]<stderr>:/venv/torch/amp/grad_scaler.py:136: " + cuda + "\n",
                    "[1]<stderr>:  warnings.warn(\n",
                    "[0]<stderr>:/w/train.py:9: FutureWarning: old API\n",
+                   "[0]<stderr>:  old()\n",
                    "[1]<stderr>:/venv/torch/amp/grad_scaler.py:136: " + cuda + "\n",
-                   "[1]<stderr>:/w/train.py:9: FutureWarning: old API\n"],
+                   "[1]<stderr>:/w/train.py:9: FutureWarning: old API\n",
+                   "[0]<stderr>:/venv/torch/amp/grad_scaler.py:136: " + cuda + "\n",
+                   "[0]<stderr>:  warnings.warn(\n",
+                   "[0]<stderr>:/venv/torch/utils/data/dataloader.py:431: " + workers + "\n",
+                   "[0]<stderr>:  self.check_worker_number_rationality()\n",
+                   "[0]<stdout>:epoch 1\n",
+                   "[0]<stderr>:/venv/torch/utils/data/dataloader.py:431: " + workers + "\n",
+                   "[0]<stderr>:  self.check_worker_number_rationality()\n",
+                   "[0]<stderr>:/venv/torch/utils/data/dataloader.py:437: " + workers + "\n",
+                   "[0]<stdout>:  indented, no warning's\n"],
                   shown, hidden_note="hvdhetero: the other ranks' output is in run/rank-N.log")
     assert [c[1] for c in shown.calls if c[0] == "echo"] == [
         "hvdhetero: the other ranks' output is in run/rank-N.log\n",
-        "hvdhetero: rank 1 warned: " + cuda + "\n", "/w/train.py:9: FutureWarning: old API\n"]
+        "hvdhetero: rank 1 warned: " + cuda + "\n", "/w/train.py:9: FutureWarning: old API\n", "  old()\n",
+        "/venv/torch/utils/data/dataloader.py:431: " + workers + "\n", "  self.check_worker_number_rationality()\n",
+        "epoch 1\n", "  indented, no warning's\n"]
 
 
 def test_a_scripts_cuda_autocast_on_a_rank_without_cuda_is_said_to_run_in_float32_with_the_way_out():
@@ -321,7 +336,7 @@ def test_a_terminal_shows_the_live_table_with_a_row_per_rank(tmp_path):
     assert code == 0, text[-3000:]
     assert re.search(r"rank\s+\S host\s+\S device\s+\S share \S samples/s \S compute ms \S comm/wait ms", text), text
     assert re.search(ROW.format(rank=0), text) and re.search(ROW.format(rank=1), text), text[-3000:]
-    assert re.search(r"epoch 1/1  step (\d+)/\1 \(100%\)  ETA 0:00 \(run 0:00\)  loss \d\.\d{4}  [\d,]+ samples/s",
+    assert re.search(r"epoch 1/1  step (\d+)/\1 \(100%\)  ETA 0:00 \(run ETA 0:00\)  loss \d\.\d{4}  [\d,]+ samples/s",
                      text), text[-3000:]
     assert "epoch 1/1 done: loss " in text
     assert "\x1b[1A" in out, "drawn in place (the cursor goes back up), not printed again and again"

@@ -58,12 +58,20 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     """The prefix rank 0's lines come with: horovodrun's launch-time rank, which --elastic
     renumbers (rank 0's host dropped, the new rank 0 prints as [1]); its progress records say."""
     warned: set[tuple[str, str]] = set()
-    """Python warnings shown: an other rank's is said once, unless rank 0 printed the same."""
+    """Python warnings shown: each said once, by whichever rank printed it first (a process prints
+    one again once a filter changed, and every rank prints it: a DataLoader's warning on the
+    workers a rank's cores allow came 4 times)."""
+    repeated = None
+    """The rank (and stream) whose warning was left out as said already: its source line, next, goes too."""
     try:
         for line in lines:
             match = PREFIX.match(line)
             body = line[match.end():] if match else line
             rank = int(match.group(1)) if match else None
+            if repeated is not None:
+                source, repeated = match is not None and match.group(1, 2) == repeated and body.startswith("  "), None
+                if source:
+                    continue
             if alive is not None and rank in alive:  # a beating rank's lines count too
                 alive[rank] = (time.monotonic(), alive[rank][1])
             if DONE_TAG in body:  # a rank that finished its script beats no more: not silent
@@ -109,6 +117,9 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
             if HOROVOD_LOOP_ERROR in body:
                 continue
             warning = WARNING.match(body)
+            if warning and warning.group(1, 2) in warned:
+                repeated = match.group(1, 2) if match else None
+                continue
             if rank is None or rank == main or body.startswith(OUR_LINES):
                 display.echo(body)
                 if warning and warning.group(1, 2) not in warned:
