@@ -45,7 +45,8 @@ def test_a_rank_without_samples_is_left_out_of_the_bound():
 
 def test_the_line_names_the_rank_waited_for_and_the_ways_out_that_fit_the_options():
     """The rank waited for is another than the fast one, even where the balancer made their
-    times alike; --equal-split is named only where it is set, DiLoCo not under --sync auto."""
+    times alike; --equal-split is named only where it is set, DiLoCo not under --sync auto; ranks
+    of one host (the default `local`'s two) are told to run one rank there, not to leave it out."""
     v = watch(SETTLE, 0.05, [0.030, 0.029], [60, 4])[0]
     assert v.fastest == 0 and v.waited_for([0.030, 0.029]) == 1
     plain = v.line(61, ["pc", "mac"], [0.030, 0.029], [60, 4], equal_split=False, auto=False)
@@ -53,3 +54,6 @@ def test_the_line_names_the_rank_waited_for_and_the_ways_out_that_fit_the_option
     assert "--equal-split" not in plain
     forced = v.line(61, ["pc", "mac"], [0.030, 0.029], [60, 4], equal_split=True, auto=True)
     assert "Train without --equal-split, or without the slower ranks" in forced and "diloco" not in forced
+    shared = v.line(61, ["local", "local"], [0.030, 0.029], [60, 4], equal_split=False, auto=True)
+    assert "Train with one rank on local (`slots: 1` for it in the inventory: its ranks share its cores" in shared
+    assert "--hosts" not in shared  # one host: leaving one out leaves nothing

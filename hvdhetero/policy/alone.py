@@ -55,7 +55,11 @@ class Verdict:
         """What the console says, with the ways out that fit the job's options."""
         fast, slow = self.fastest, self.waited_for(times)
         ways = ["without --equal-split"] if equal_split else []
-        ways.append("without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot alone)")
+        if hosts[fast] == hosts[slow]:  # the ranks share one machine's cores (the default `local` host's two)
+            ways.append(f"with one rank on {hosts[fast]} (`slots: 1` for it in the inventory: its ranks share its "
+                        "cores; with `device: cuda,cpu`, its GPU slot alone)")
+        else:
+            ways.append("without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot alone)")
         if not auto:
             ways.append("with an exchange every H steps (--sync diloco:32 --overlap-sync)")
         samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"

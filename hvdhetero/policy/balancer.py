@@ -418,7 +418,8 @@ class Balancer:
             return None
         self._failed_trials += 1
         return self._move(left, step, f"model's split {tried} measured {_s(ours)} s/step against {_s(theirs)} "
-                                      f"at {left}, {left} kept")
+                                      f"at {left}, {left} kept: no faster beyond the noise of either (standard "
+                                      f"errors {_s(ours_se)} and {_s(theirs_se)})")
 
     def _start_probe(self, split: list[int], step: int, reason: str) -> list[int]:
         self._probe, self._probed, self._left, self._probe_start = split, [], self.split, self._steps

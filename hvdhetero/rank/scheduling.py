@@ -122,7 +122,8 @@ def _once_a_step(torchs):
             _Job.said.add(id(self))
             if current.job is None or current.job.is_main:
                 print(f"hvdhetero: the {type(self).__name__} on the job's optimizer is in no checkpoint: pass it as "
-                      "job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its schedule",
+                      "job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its schedule; "
+                      "it steps as it does now, where your script steps it",
                       flush=True)
         return _once(torchs, self, state, args, kwargs)
 
