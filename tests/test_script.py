@@ -268,7 +268,7 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     # len(loader), the steps, which the chunks pass: docs/api.md says so)
     assert [b.split(":")[0] for b in bars] == ["epoch 0", "epoch 1"] and "18it" in bars[-1], proc.stdout
     assert sorted(p.name for p in run_dir.glob("epoch*.pt")) == ["epoch0-step2.pt", "epoch1-step2.pt"]
-    assert "hvdhetero: the script left job.epochs' loop in epoch 2 (break or return)" in proc.stdout, proc.stdout
+    assert "hvdhetero: the script left job.epochs' loop in epoch 2 (3/3 on the live line) (break or return)" in proc.stdout, proc.stdout
     assert set(torch.load(run_dir / "epoch1-step2.pt", weights_only=True)) >= {"1.running_mean", "1.running_var"}
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank in ranks:
@@ -373,6 +373,34 @@ def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early
     assert text.startswith("rank 1 on host mac ended its script after 8 steps while rank 0 on host pc went on: every "
                            "rank must take the same steps"), text
     assert "\n  rank 0 then gave no response for 2 s; the job was stopped" in text, text
+
+
+def test_a_torch_load_of_a_name_job_save_wrote_elsewhere_is_refused_naming_both_files(tmp_path):
+    """tests/scripts/save_load.py: the quickstart ported with job.save(state, "model.pth") and its
+    torch.load("model.pth") kept. job.save wrote into the run directory, so the load read the
+    working folder's model.pth: an older run's, evaluated without a word, or none. Each such load
+    is refused naming both files and the way out; one the script's own torch.save wrote since loads."""
+    import shutil
+    import time
+
+    folder, out, run = tmp_path / "project", tmp_path / "out", tmp_path / "run"
+    folder.mkdir()
+    out.mkdir()
+    shutil.copy(SCRIPTS / "save_load.py", folder)
+    torch.save({"old": torch.zeros(1)}, folder / "best.pth")
+    os.utime(folder / "best.pth", (time.time() - 3600, time.time() - 3600))  # an earlier run's
+    run_cmd([VENV_BIN / "invoke", "train", "--script", folder / "save_load.py", "--run-dir", run, "--", out],
+            timeout=300)
+    for r in (0, 1):
+        said = json.loads((out / f"rank-{r}.json").read_text())
+        assert said["best.pth"].startswith(f"torch.load('best.pth') reads {folder / 'best.pth'}, which is an older "
+                                           "file, of "), said
+        assert (f"job.save(..., 'best.pth') wrote its file to the run directory, {run / 'best.pth'} (on rank 0's "
+                "host). Load that path (os.path.join(job.run_dir, 'best.pth'), on rank 0), or keep torch.save(..., "
+                "'best.pth') in place of job.save") in said["best.pth"], said
+        assert said["fresh.pth"] == ["bias", "weight"], said
+        assert said["none.pth"].startswith(f"torch.load('none.pth') reads {folder / 'none.pth'}, which is no file"), said
+    assert (run / "best.pth").is_file() and not (folder / "none.pth").exists()
 
 
 def test_ranks_on_one_host_saving_and_loading_one_path_never_read_it_half_written(tmp_path):

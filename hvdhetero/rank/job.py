@@ -38,7 +38,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation, host,
-                            precision, preparing, records, reduction, scheduling, zeroing)
+                            precision, preparing, records, reduction, saving, scheduling, zeroing)
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import average_buffers
@@ -84,8 +84,9 @@ class Job:
         self._last_norm = torch.tensor(0.0)
         self._carried: Carried | None = None
         """job.carry's state, every row's latest (rank/carry.py)."""
-        self.left_epochs: int | None = None
-        """The epoch whose loop body the script left early (break): it has no record, the run's end no digests."""
+        self.left_epochs: str | None = None
+        """The epoch whose loop body the script left early (break), as the loop and the live line number it:
+        it has no record, the run's end no digests."""
         self.ended = self.closed = False
         """Whether the run's end record is written; whether `close` ran."""
         if current.runner_seed is None or torch.initial_seed() == current.runner_seed:
@@ -197,7 +198,8 @@ class Job:
                 try:
                     yield epoch
                 except GeneratorExit:  # `break` or `return` out of the loop, or an exception through it
-                    self.left_epochs = epoch  # the runner says which, once the script has ended
+                    # the runner says which, once the script has ended: the number the loop got, the live line's count
+                    self.left_epochs = f"{epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line)"
                     raise
                 self._end_epoch(more=not self._stopping and epoch + 1 < n)
                 if self._stopping:
@@ -344,6 +346,7 @@ class Job:
         path = self.run_dir / name
         if self.is_main:
             checkpoint.save_object(obj, path)
+        saving.saved(name, path)  # a torch.load(name) after it reads this, not the working folder's (rank/saving.py)
         return path
 
     def finish(self) -> None:

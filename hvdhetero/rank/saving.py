@@ -14,6 +14,12 @@ open()'s under the umask in force). A reader then finds the old file or the new 
 one; the ranks' models are one, so either is the same. A file object, a symlink, a file torch
 could not write (read-only), a folder that cannot take the temporary file or refuses the rename:
 torch's own save, as it was.
+
+A `torch.load` of the name the script gave `job.save` (a port of that quickstart that turned its
+save into `job.save(state, "model.pth")` and kept `torch.load("model.pth")`) reads another file:
+job.save wrote into the run directory, and the path is the working folder's, a file of an earlier
+run (a stale model, evaluated silently) or none. Such a load is refused, naming both paths and the
+way out, unless that file was written since (a torch.save of the script's own too).
 """
 
 from __future__ import annotations
@@ -21,9 +27,41 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from pathlib import Path
 
 import torch
+
+_SAVED: dict[str, tuple[Path, float]] = {}
+"""job.save's names in this process (normalised), each with the path it wrote and when."""
+
+
+def saved(name: str, path: Path) -> None:
+    """job.save(obj, `name`) wrote `path` (on rank 0; every rank that calls it records it)."""
+    _SAVED[os.path.normpath(name)] = (Path(path), time.time())
+
+
+def elsewhere(f) -> str | None:
+    """Why a torch.load of `f` does not read what job.save wrote under that name, or None."""
+    if not _SAVED or not isinstance(f, (str, os.PathLike)):
+        return None
+    name = os.path.normpath(os.fspath(f))
+    if name not in _SAVED:
+        return None
+    wrote, at = _SAVED[name]
+    here = Path(name).resolve()
+    if here == wrote.resolve():
+        return None
+    try:
+        if here.stat().st_mtime >= at - 1.0:  # written since job.save: the script's own torch.save
+            return None
+        found = f"an older file, of {time.strftime('%Y-%m-%d %H:%M', time.localtime(here.stat().st_mtime))}"
+    except OSError:
+        found = "no file"
+    return (f"torch.load({os.fspath(f)!r}) reads {here}, which is {found}: the script's job.save(..., {name!r}) "
+            f"wrote its file to the run directory, {wrote} (on rank 0's host). Load that path "
+            f"(os.path.join(job.run_dir, {name!r}), on rank 0), or keep torch.save(..., {name!r}) in place of "
+            "job.save, which every rank writes whole and can read back")
 
 
 def install() -> None:
@@ -63,3 +101,12 @@ def install() -> None:
     save.__doc__, save.__qualname__, save.__wrapped__ = torchs.__doc__, torchs.__qualname__, torchs
     save._hvdhetero_torch = torchs
     torch.save = save
+    torchl = torch.load
+
+    def load(f, *args, **kwargs):
+        if said := elsewhere(f):
+            raise FileNotFoundError(said)
+        return torchl(f, *args, **kwargs)
+
+    load.__doc__, load.__qualname__, load.__wrapped__ = torchl.__doc__, torchl.__qualname__, torchl
+    torch.load = load
