@@ -10,7 +10,8 @@
 The Job (rank/job.py) is the façade a script talks to; rank/resume.py, rank/elastic.py and
 rank/evaluation.py are given this object (its parts, not the Job). What the ranks share in a
 step is in `step_state` (rank/step_state.py); how their models stay one is `strategy`
-(rank/strategy.py); where the job is, `train` (rank/registry.py's TrainState).
+(rank/strategy.py); where the job is, `train` (rank/registry.py's TrainState), and where a loop
+over the loader stands, pass by pass, `passes` (rank/passes.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
+from hvdhetero.rank.passes import Passes
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_tensors, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
@@ -64,14 +66,18 @@ class Training:
         self.sampler = WeightedBatchSampler(len(data.dataset), self.balancer.split, self.rank, seed=config.seed,
                                             shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw,
                                             min_share=batches.fewest_samples(model))
+        self.passes = Passes(train)
+        """Where a loop over the loader stands, pass by pass (rank/passes.py)."""
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
                              worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
-                             prefetch_factor=data.prefetch_factor, on_item=self.on_item, epoch=self.pass_epoch,
-                             before_step=self.before_step, group=self.merged if inner == "by-speed" else None)
+                             prefetch_factor=data.prefetch_factor, on_item=self.on_item,
+                             epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
+                             group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
+        self.passes.loader, self.passes.one_pass = self.loader, called is not None
         if not called:
             self.loader.began, self.loader.after_pass = lambda: self.train.step, self.pass_ended
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
@@ -113,10 +119,6 @@ class Training:
         self.loader_at = 0
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
-        self._stepped_in: int | None = None  # the epoch of the last step this process took (every rank takes it)
-        self.continues_at: int | None = None
-        """The loader step after the last step taken, where training goes on (None: none taken since the start
-        or a resume): a step handed out elsewhere (a pass of rank 0's alone) takes no checkpoint."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self._unshared: list[torch.nn.Parameter] = []
@@ -130,7 +132,7 @@ class Training:
     @property
     def one_pass(self) -> bool:
         """The loader draws from a batch function: one endless pass, not one an epoch."""
-        return isinstance(self.batches, NextBatch)
+        return self.passes.one_pass
 
     @property
     def elastic(self) -> bool:
@@ -156,7 +158,7 @@ class Training:
         where training goes on (a look of rank 0's alone at another pass's batch, `next(iter(loader))`
         inside a loop): their collectives waited there on rank 0 alone, until the job failed."""
         first = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
-        if not self._goes_on(first):
+        if not self.passes.goes_on(first):
             return
         self.loader_at = first
         if self.train.checkpoint_due:
@@ -164,45 +166,6 @@ class Training:
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
                 and self.strategy.between_rounds):
             elastic.commit(self)
-
-    def _goes_on(self, first: int) -> bool:
-        """Whether a step from loader step `first` is where training goes on: the step after the last
-        one taken, or a later one of its pass (batches the loop skipped). A new pass after one cut
-        short (a step budget) goes on from its second step."""
-        at = self.continues_at
-        if at is None or first == at:
-            return True
-        return first > at and (self.one_pass or first // len(self.loader) == at // len(self.loader))
-
-    def pass_epoch(self) -> int:
-        """The epoch a new pass over the loader deals (the sampler's shuffle and the global step
-        numbers follow it): job.epochs' own; outside it, as a DataLoader reshuffles at every
-        `iter()`, a pass begun after a step was taken in the epoch's is the next epoch (a loop over
-        steps, not epochs, dealt the same order every pass, and a split decided in its last steps
-        never came), one begun before deals the epoch again; the job's epoch moves only when a pass
-        takes its first step (`pass_stepped`), as every rank does. The DDP tutorial's
-        `next(iter(loader))` before its loop counted every epoch twice, and a pass that rank 0 alone
-        takes (counting its share) moved its epoch ahead of the other ranks'. A loop of its own after
-        job.epochs deals the epoch after job.epochs' last (it dealt that last epoch again)."""
-        if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
-            return 0
-        if self.in_epochs:
-            return self.train.epoch
-        if self._stepped_in is None:  # no step taken yet: where the loader stands, resumed (a checkpoint taken
-            # as a pass's first step came holds the epoch before, and the loader at the new pass)
-            return max(self.train.epoch, self.loader.start_step // len(self.loader))
-        return self._stepped_in + 1
-
-    def pass_stepped(self, item: Item) -> None:
-        """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
-        deals is the job's from now on (pass_epoch)."""
-        self.continues_at = item.step + 1
-        if self.one_pass:
-            return
-        epoch = item.step // len(self.loader)
-        if not self.in_epochs and (self._stepped_in is None or epoch > self.train.epoch):
-            self.train.epoch = epoch
-        self._stepped_in = epoch
 
     def merged(self, step: int, left: int) -> int:
         """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
@@ -313,7 +276,7 @@ class Training:
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
-        self.pass_stepped(item)
+        self.passes.stepped(item, self.in_epochs)
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
                 self.schedule.paced(walls)
@@ -439,8 +402,8 @@ class Training:
             return
         if self.strategy.always_one_model:
             average_buffers(self.model)
-        if self.train.checkpoint_due and not self.in_epochs and self.continues_at is not None:
-            self.loader_at = self.continues_at
+        if self.train.checkpoint_due and not self.in_epochs and self.passes.continues_at is not None:
+            self.loader_at = self.passes.continues_at
             resume.save_checkpoint(self, epoch_done=False)
 
     # -- job.epochs --------------------------------------------------------------------------------
