@@ -159,6 +159,22 @@ def test_invoke_check_names_hosts_whose_env_paths_differ(tmp_path):
     assert "all hosts ready" not in proc.stdout and "unreachable" not in proc.stdout  # nothing was contacted
 
 
+def test_invoke_check_on_the_default_inventory_reads_its_local_host_without_ssh(tmp_path):
+    """A new user's first `invoke check`: the `local` host (address localhost, which train starts
+    without SSH) was asked for an sshd on port 22 and failed, exit 3. Its env is read here, the
+    checkout's own (its digest stamp aside); a local env that is missing is named with the fix."""
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "check"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("local: ok: Python 3.11, torch ") and "check: all hosts ready" in proc.stdout
+    path = tmp_path / "inventory.yaml"  # a copy elsewhere: its relative env is that folder's .venv, none
+    path.write_text((ROOT / "inventory.yaml").read_text())
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "check", "--inventory", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"local: failed: {path}: host 'local' has env '.venv', but {tmp_path / '.venv/bin/python'} does not " \
+           f"exist; set `env: {ROOT / '.venv'}` for it" in proc.stdout and "sshd" not in proc.stdout, proc.stdout
+
+
 def test_invoke_check_refuses_a_missing_identity_as_an_inventory_error(tmp_path):
     path = tmp_path / "inventory.yaml"
     path.write_text(TWO_HOSTS.format(a="192.0.2.1", b=f"identity: {tmp_path / 'nokey'}"))

@@ -162,8 +162,12 @@ def local_python(inventory: Inventory, host: Host) -> str:
     """The local `host`'s env interpreter; ConfigError with the fix if there is none."""
     python = env_python(inventory, host)
     if not Path(python).exists():
+        ours = Path(__file__).resolve().parents[2] / ".venv"  # this checkout's, where ci/setup made it
+        fix = (f"set `env: {ours}` for it (relative paths start at the inventory file's directory; this "
+               "checkout's env is there)" if (ours / "bin" / "python").exists() and Path(python).parents[1] != ours
+               else "run ci/setup, or fix env: (relative paths start at the inventory file's directory)")
         raise ConfigError(f"{inventory.path}: host '{host.name}' has env {host.env!r}, but {python} does not "
-                          "exist; run ci/setup, or fix env: (relative paths start at the inventory file's directory)")
+                          f"exist; {fix}")
     return python
 
 

