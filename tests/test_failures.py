@@ -71,16 +71,20 @@ def test_a_rank_killed_ends_the_job_with_one_message_and_the_resume_command_whic
     assert a["param_digests"] == b["param_digests"] and a["test_accuracy"] == b["test_accuracy"], (a, b)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "Ctrl-C"])
 def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothing(tmp_path, signum):
-    """`kill PID` of `invoke train` (or its terminal closed) stops the ranks as Ctrl-C does;
-    Python's default for these signals runs no cleanup, which left horovodrun and both ranks
-    training on (seen when a benchmark was killed)."""
+    """`kill PID` of `invoke train` (or its terminal closed) stops the ranks; Python's default for
+    these signals runs no cleanup, which left horovodrun and both ranks training on (seen when a
+    benchmark was killed). Ctrl-C reaches the terminal's whole process group: it ended in Invoke's
+    silent exit 1, no word of the stop or the resume."""
     run_dir = tmp_path / "run"
     proc = started(run_dir)
-    os.kill(proc.pid, signum)  # the launcher alone, not its process group
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)  # as a terminal's Ctrl-C: every process of the foreground group
+    else:
+        os.kill(proc.pid, signum)  # the launcher alone, not its process group
     out, took = ended(proc, 30)
-    name = signal.Signals(signum).name
+    name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
     assert proc.returncode == 128 + signum and took < 30, (proc.returncode, took, out[-3000:])
     assert f"hvdhetero: {name}: the job was stopped" in out and f"resume with: invoke train --resume {run_dir}" in out
     assert "Traceback" not in out, out[-3000:]

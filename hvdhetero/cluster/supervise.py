@@ -66,25 +66,29 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
 
 
 class _Terminated(BaseException):
-    """SIGTERM or SIGHUP reached the launcher (`kill`, a closed terminal, a service stopped)."""
+    """SIGTERM, SIGHUP or SIGINT reached the launcher (`kill`, a closed terminal, a service
+    stopped, Ctrl-C)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum, self.name = signum, signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            self.name = "Ctrl-C (SIGINT)"
 
 
 @contextlib.contextmanager
 def _stop_on_terminate():
-    """While the job runs, SIGTERM and SIGHUP stop it as Ctrl-C does, instead of ending the
-    launcher on the spot: Python's default for them runs no cleanup, which left horovodrun and
-    its ranks running. A second signal while the job is being stopped is ignored (the stop is
+    """While the job runs, SIGTERM, SIGHUP and Ctrl-C (SIGINT) stop it, saying so with the resume
+    command, instead of ending the launcher on the spot: Python's default for the first two runs
+    no cleanup, which left horovodrun and its ranks running, and Ctrl-C's KeyboardInterrupt ended
+    in Invoke's silent exit 1. A second signal while the job is being stopped is ignored (the stop is
     bounded: cluster/supervise.py _stop), and so is one that comes while the job is already being
     stopped for another reason. A signal ignored already stays ignored (`nohup invoke train`).
     Only the main thread can take signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    wanted = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
+    wanted = [s for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if signal.getsignal(s) is not signal.SIG_IGN]
 
     def stop(signum, frame):
         for s in wanted:
