@@ -9,7 +9,7 @@ import pytest
 
 from conftest import VENV_BIN, run_cmd
 from hvdhetero import metrics
-from hvdhetero.policy.plan import Measured, advise, make, predict, render
+from hvdhetero.policy.plan import Measured, Plan, advise, make, predict, render
 
 
 def pc_and_mac(exchange_s: float, global_batch: int = 512) -> Measured:
@@ -144,8 +144,15 @@ def test_a_link_that_costs_more_than_the_slow_host_adds_means_the_fast_host_alon
 def test_one_host_with_two_ranks_weighs_each_rank_alone():
     m = Measured(hosts=["local", "local"], devices=["cpu", "cpu"], overhead=[0.001, 0.003], per_sample=[1e-4, 3e-4],
                  global_batch=64, wire_bytes=600_000, latency_s=0.001, exchange_s=0.002, copy_s=0.0)
-    labels = {p.label for p in predict(m)}
+    predictions = predict(m)
+    labels = {p.label for p in predictions}
     assert {"local[0] alone", "local[1] alone", "local[0]+local[1] step"} <= labels
+    alone = next(p for p in predictions if p.label == "local[0] alone")  # advised, the command said --hosts local,
+    said = render(Plan(m, predictions, alone, "use local[0] alone"))  # which starts both ranks
+    assert said.endswith("  invoke train --hosts local ...   (with `slots: 1` for local in the inventory: --hosts "
+                         "alone starts every rank of it)"), said
+    together = next(p for p in predictions if p.label == "local[0]+local[1] step")
+    assert render(Plan(m, predictions, together, "use both")).endswith("invoke train --hosts local --sync step ...")
 
 
 def test_a_job_that_cannot_run_rounds_is_planned_in_step_sync_and_the_plan_says_why():
@@ -165,6 +172,7 @@ def test_invoke_plan_on_two_local_ranks_prints_the_table_and_writes_the_plan(tmp
     out = tmp_path / "plan.json"
     proc = run_cmd([VENV_BIN / "invoke", "plan", "--slowdown", "3", "--out", out], timeout=300)
     assert "advice: " in proc.stdout and "local[0] alone" in proc.stdout, proc.stdout[-3000:]
+    assert "never called job.prepare" not in proc.stdout, "the plan ends the job inside job.prepare: no misuse"
     plan = json.loads(out.read_text())
     m = plan["measured"]
     assert m["hosts"] == ["local", "local"] and m["wire_bytes"] > 500_000 and m["exchange_s"] > 0
@@ -178,7 +186,7 @@ def test_invoke_plan_on_two_local_ranks_prints_the_table_and_writes_the_plan(tmp
 @pytest.mark.slow
 def test_train_sync_auto_uses_the_plan_for_these_hosts(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--sync", "auto", "--epochs", "2", "--run-dir", tmp_path], timeout=300)
-    chosen = re.search(r"^hvdhetero: --sync auto chose (\S+?)( overlapped)?: predicted", proc.stdout, re.M)
+    chosen = re.search(r"^hvdhetero: --sync auto chose (\S+?)( overlapped)?( by-speed)?: predicted", proc.stdout, re.M)
     assert chosen, proc.stdout[-3000:]
     records = metrics.records(tmp_path / "metrics.jsonl")
     plan = next(r for r in records if r["event"] == "plan")

@@ -105,6 +105,13 @@ def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
     run = runs.read_run(write_run(tmp_path / "auto", unfinished))
     assert run.label == "auto (auto -> diloco:32 overlapped)"
     assert report.headline(run)["finished"] == "no (last record at 4.1 s)"
+    # stopped after epoch 0 (kept up to its checkpoint at 102.0), resumed at 200.0: both stretches' wall time,
+    # where the end record's own 2.5 s (the resumed stretch) read less than the epochs' 4.0 s of training
+    resumed = [*TWO_EPOCHS[:3], _start(t=200.0), _epoch(202.0, 1, 20, [20, 44], [180, 460], [1.2, 0.4], [0.1, 0.8]),
+               {"event": "end", "time": 202.5, "seconds": 2.5}]
+    head = report.headline(runs.read_run(write_run(tmp_path / "resumed", resumed)))
+    assert head["wall time"] == "4.5 s" and head["training time (epochs)"] == "4.0 s", head
+    assert head["resumed"] == "at step ?, 100 s after the start", head
 
 
 def test_a_torn_last_line_is_left_out_and_any_other_bad_line_named(tmp_path):

@@ -41,7 +41,7 @@ def headline(run: Run) -> dict[str, str]:
             "final split": "/".join(str(n) for n in last.get("split") or []),
             "epochs": str(len(epochs)),
             "steps": str(epoch_steps(run)[-1][1]),
-            "wall time": duration(run.end["seconds"]) if run.end else "-",
+            "wall time": duration(run.before_s + run.end["seconds"]) if run.end else "-",
             "training time (epochs)": duration(seconds),
             "samples/s (all epochs)": f"{samples / seconds:,.0f}" if seconds else "-",
             "samples/s (last epoch)": f"{last['samples'] / last['seconds']:,.0f}",
@@ -54,7 +54,7 @@ def headline(run: Run) -> dict[str, str]:
             "steps": f"{max(r.get('step', 0) for r in run.logs)} at the last "
                      + ("live line (the script calls no job.log: its loss is rank 0's share's, as the live line "
                         "shows it)" if run.live_loss else "job.log"),
-            "wall time": duration(run.end["seconds"]) if run.end else "-",
+            "wall time": duration(run.before_s + run.end["seconds"]) if run.end else "-",
         })
         if run.windows:  # step sync: the steps between its job.log calls
             seconds = sum(w["seconds"] for w in run.windows)

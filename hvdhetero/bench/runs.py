@@ -36,6 +36,9 @@ class Run:
     end: dict | None = None
     resumes: list[dict] = field(default_factory=list)
     """The start records of each --resume after the first start."""
+    before_s: float = 0.0
+    """Resumed: the wall seconds of the stretches before the last start (each from its start record to
+    its last record kept), which the end record's own seconds leave out."""
     plan: dict | None = None
     """--sync auto: the plan it chose from (its `chose`: the mode)."""
     launch: dict | None = None
@@ -129,6 +132,7 @@ def read_run(folder: str | Path) -> Run:
               windows=by["window"], live_loss=bool(live),
               splits=by["split"],
               exchanges=by["exchange"], end=(by["end"] or [None])[-1], resumes=by["start"][1:],
+              before_s=_before_last_start(records),
               plan=(by["plan"] or [None])[0], launch=launch, torn_last_line=torn)
     run.label = f"{folder.name} ({run.sync})"
     return run
@@ -185,3 +189,17 @@ def default_out(folders: list[Path]) -> Path:
     if len(folders) == 1:
         return first / "report"
     return first / ("report-vs-" + "-".join(Path(f).resolve().name for f in folders[1:]))
+
+
+def _before_last_start(records: list[dict]) -> float:
+    """The wall seconds of every stretch of a resumed run before its last start record: each from
+    its start to its last record (a resume cut what came after its checkpoint)."""
+    done, began, last = 0.0, None, None
+    for r in records:
+        if r["event"] == "start":
+            if began is not None:
+                done += last - began
+            began = last = r["time"]
+        elif began is not None and "time" in r:
+            last = r["time"]
+    return done

@@ -136,6 +136,12 @@ class Prediction:
                 + (" by-speed" if self.inner_steps != "same" else ""))
 
     @property
+    def one_slot(self) -> str | None:
+        """The host whose one rank alone this is, where the host runs several (`local[1] alone`):
+        `--hosts` alone starts them all, its `slots: 1` in the inventory one."""
+        return self.names[0] if self.sync == "alone" and "[" in self.hosts[0] else None
+
+    @property
     def flags(self) -> str:
         """The `invoke train` options that run it."""
         hosts = f"--hosts {','.join(self.names)}"
@@ -280,7 +286,9 @@ def render(plan: Plan) -> str:
     if plan.step_only:
         lines.append(f"local/diloco: not weighed: {plan.step_only}")
     lines.append(f"advice: {plan.reason}")
-    lines.append(f"  invoke train {plan.advice.flags} ...")
+    one = plan.advice.one_slot
+    lines.append(f"  invoke train {plan.advice.flags} ..." + (f"   (with `slots: 1` for {one} in the inventory: "
+                                                              "--hosts alone starts every rank of it)" if one else ""))
     return "\n".join(lines)
 
 

@@ -154,6 +154,8 @@ def never_joined_hint() -> None:
         return  # `invoke train --script x.py -- --help`: the script printed its help and ended
     if job is None:
         missing = "never called hh.init() nor job.prepare(...)"
+    elif job.config.plan_only:  # invoke plan times the model inside job.prepare and ends the job there
+        return
     elif getattr(job, "training", None) is None:
         missing = "never called job.prepare(model, optimizer, dataset, global_batch=...)"
     else:
