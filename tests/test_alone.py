@@ -56,4 +56,6 @@ def test_the_line_names_the_rank_waited_for_and_the_ways_out_that_fit_the_option
     assert "Train without --equal-split, or without the slower ranks" in forced and "diloco" not in forced
     shared = v.line(61, ["local", "local"], [0.030, 0.029], [60, 4], equal_split=False, auto=True)
     assert "Train with one rank on local (`slots: 1` for it in the inventory: its ranks share its cores" in shared
+    tiny = v.line(61, ["pc", "mac"], [0.0004, 0.00031], [60, 4], equal_split=False, auto=True)
+    assert "waits for rank 1 (mac), 0.31 ms for its 4 samples" in tiny, tiny  # it read "0 ms"
     assert "--hosts" not in shared  # one host: leaving one out leaves nothing

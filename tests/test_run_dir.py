@@ -40,6 +40,7 @@ def test_latest_is_the_newest_run_with_a_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("make, says", [
+    (lambda d: None, "no such folder"),
     (lambda d: d.mkdir(), "launch.json not found (not a run directory invoke train wrote)"),
     (lambda d: (d.mkdir(), (d / "launch.json").write_text('{"hosts": ["loc')), "is not the JSON invoke train writes"),
     (lambda d: a_run(d, checkpoint=False), "the run has no checkpoint in"),

@@ -49,6 +49,9 @@ def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
     else:
         folder = Path(resume).resolve()
     launched = folder / LAUNCH
+    if not folder.is_dir():
+        raise ConfigError(f"--resume {resume}: no such folder {folder}; name a run directory (its path is on the run's "
+                          f"console and under {runs}), or `--resume latest`")
     if not launched.is_file():
         raise ConfigError(f"--resume {resume}: {launched} not found (not a run directory invoke train wrote)")
     try:

@@ -66,7 +66,7 @@ class Verdict:
         return (f"hvdhetero: step {step}: the job trains about {self.batch / self.job_s:,.0f} samples/s, where rank "
                 f"{fast} ({hosts[fast]}) alone would train about {self.batch / self.alone_s:,.0f} (its own steps "
                 f"here, scaled to the whole batch): {self.ratio:.2f}x. Each step waits for rank {slow} "
-                f"({hosts[slow]}), {times[slow] * 1e3:,.0f} ms for its {samples}, and for the gradients' exchange. "
+                f"({hosts[slow]}), {_ms(times[slow])} ms for its {samples}, and for the gradients' exchange. "
                 f"Train {', or '.join(ways)}; `invoke plan` predicts each (metrics.jsonl: slower_than_alone)")
 
 
@@ -99,3 +99,9 @@ class AloneWatch:
             return None
         self.said = True
         return Verdict(mode(r for _, r in self.alone), alone_s, job_s, int(median(self.batches)))
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to two significant digits below 10 (a tiny model's 0.3 ms read "0 ms")."""
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 10 else f"{ms:.2g}"
