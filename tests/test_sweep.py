@@ -266,6 +266,48 @@ def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_
     assert sweep.cut_due(diverged), "a value that is not finite ends a short trial too (the study is told none)"
 
 
+def test_a_trial_that_ended_before_a_ctrl_c_was_seen_is_recorded_as_it_ended(tmp_path, monkeypatch):
+    """Ctrl-C stops the running trials, and --resume asks them again; a trial whose run had ended
+    (both epochs trained, invoke train exited 0) before the sweep saw it was dropped with them and
+    trained again on --resume. Real scheduler and study; the trials' processes are stand-ins."""
+    from hvdhetero.sweep import scheduler
+    from hvdhetero.sweep.request import Request
+    from hvdhetero.sweep.trial import Trial
+
+    class Ended(Running):
+        returncode = 0
+
+        def wait(self, timeout=None):
+            return self.returncode
+
+    class Stopped(Running):
+        def wait(self, timeout=None):
+            self.returncode = 143
+            return self.returncode
+
+    procs = iter([Ended(), Stopped()])
+
+    def start(cls, trial, host, run_dir, argv, stopped_on, short=0, cut_at=None):
+        return cls(trial, host, run_dir, next(procs), time.time(), stopped_on, short=short, cut_at=cut_at)
+
+    monkeypatch.setattr(Trial, "start", classmethod(start))
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    (tmp_path / "sweep").mkdir()
+    sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
+                                    trials=3, metric="val_loss", script=str(tmp_path / "train.py")),
+                            tmp_path / "sweep", ROOT, out=io.StringIO())
+    for host in ("fast", "slow"):
+        sweep.launch(sweep.study.ask(sweep.space.distributions()), host, [])
+    sweep.running["fast"].progressed(time.time(), {"epoch": 1, "epochs": 2, "step": 10, "steps": 10, "logs": [
+        {"epoch": 0, "step": 10, "val_loss": 0.7}, {"epoch": 1, "step": 20, "val_loss": 0.5}]})
+    sweep.interrupt()
+    assert [(r["number"], r["host"], r["state"], r["value"]) for r in trials(tmp_path / "sweep")] == [
+        (0, "fast", "complete", 0.5)]
+    assert [t.state.name for t in sweep.study.trials] == ["COMPLETE", "RUNNING"] and not sweep.running
+    assert sweep.done() == 1
+
+
 def test_a_loop_learns_the_steps_between_its_values_from_complete_trials_and_on_resume(tmp_path):
     from hvdhetero.sweep.hosts import Hosts
 

@@ -17,6 +17,7 @@ fastest host alone would.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdhetero.errors import ConfigError, LaunchError
+from hvdhetero.errors import ConfigError, HvdHeteroError, LaunchError
 from hvdhetero.policy import sweep as policy
 from hvdhetero.sweep import board, records
 from hvdhetero.sweep.hosts import HOST_FAILURES, Hosts
@@ -364,7 +365,12 @@ class Sweep:
 
     def interrupt(self) -> None:
         """Stop every running trial (Ctrl-C, an error): they stay running in the study, and
-        --resume asks them again. Bounded: a trial that does not end in STOP_GRACE_S is killed."""
+        --resume asks them again. Bounded: a trial that does not end in STOP_GRACE_S is killed.
+        One whose run had ended already, not yet seen, is taken as it ended: a Ctrl-C dropped a
+        trial that had trained its every epoch, and --resume ran it again."""
+        for trial in [t for t in self.running.values() if not t.stopping and t.proc.poll() is not None]:
+            with contextlib.suppress(HvdHeteroError):  # what it says (a metric it never logged) can wait
+                self.ended(trial)
         for trial in self.running.values():
             trial.stopping = ""
             trial.stop("interrupted")
