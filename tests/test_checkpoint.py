@@ -195,7 +195,7 @@ def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
     assert [p.name for p in checkpoint.listed(tmp_path)] == ["step-000000040.pt"]
 
 
-@pytest.mark.parametrize("resume, says", [("latest-does-not-exist", "launch.json"), ("latest", "no run under")])
+@pytest.mark.parametrize("resume, says", [("latest-does-not-exist", "no such folder"), ("latest", "no run under")])
 def test_resume_of_something_that_is_not_a_run_exits_2(resume, says, tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", resume], cwd=ROOT, check=False, timeout=60,
                    env={"HVDHETERO_RUNS": str(tmp_path)})
