@@ -48,6 +48,17 @@ def test_rates_come_from_the_ranks_clocks_not_from_when_lines_arrive():
     assert status.eta_epoch_s == pytest.approx(10) and status.eta_run_s == pytest.approx(30)  # 100 + 200 steps left
 
 
+def test_every_ranks_share_is_from_rank_0s_latest_split():
+    """Each rank's line is of its own moment: a split moved from [2, 2] to [1, 3] between rank 1's
+    line and rank 0's showed shares 1/4 and 2/4 at once. Rank 0's line carries the split."""
+    board = live.Board()
+    board.update(record(1, 10.0, 5, share=2, batch=4))
+    board.update(record(0, 20.0, 6, share=1, batch=4, split=[1, 3]))
+    assert [(r.share, r.batch) for r in board.rows()] == [(1, 4), (3, 4)]
+    board.update(record(2, 30.0, 6, share=9, batch=12))  # a rank the split does not know yet keeps its own
+    assert [(r.share, r.batch) for r in board.rows()] == [(1, 4), (3, 4), (9, 12)]
+
+
 def test_a_repeated_or_too_close_line_gives_no_wild_rate():
     board = live.Board()
     board.update(record(0, 5.0, 1))

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 from hvdhetero import progress
@@ -142,8 +142,15 @@ class Board:
                                                for t in self.tracks.values())
 
     def rows(self) -> list[Row]:
+        """Every rank's row; the shares from rank 0's latest split where its line has one: each rank's
+        own line is of its own moment, and a split moved between two of them showed 2/4 and 3/4."""
         with self.lock:
-            return [self.tracks[r].row() for r in sorted(self.tracks)]
+            rows = [self.tracks[r].row() for r in sorted(self.tracks)]
+            split = self.tracks[0].last.get("split") if 0 in self.tracks else None
+        if not (isinstance(split, list) and all(isinstance(n, int) for n in split)):
+            return rows
+        return [replace(r, share=split[r.rank], batch=sum(split)) if r.rank < len(split) else r
+                for r in rows]
 
     def status(self) -> Status | None:
         rows = self.rows()

@@ -110,7 +110,8 @@ class RunRecords:
         (a script's own `for epoch in range(n)` says no total); `steps`: None in an endless epoch
         (a sampler that never runs out), whose loss is that of its last batches. `taken`: the
         optimizer steps taken (job.step: a sweep times a loop of the script's own by them). `first`:
-        the epoch the live table counts as its first (1 for job.epochs(range(1, n + 1)))."""
+        the epoch the live table counts as its first (1 for job.epochs(range(1, n + 1))). Rank 0's
+        line carries the whole split, which the table shows every rank's share from."""
         if not self.report_progress:
             return
         rank, host_name, device, size = self.who
@@ -127,7 +128,7 @@ class RunRecords:
                        logged_epoch=self.logged[-1]["epoch"] if self.logged else None,
                        logged_epochs={k: e for k, e in self.last_epochs.items()
                                       if isinstance(self.last_scalars.get(k), (int, float))},
-                       logs=list(self.unsent))
+                       logs=list(self.unsent), split=list(split))
         if self.reporter.step(samples=samples, compute_s=compute_s, wait_s=wait_s, share=split[rank],
                               batch=sum(split), epoch_end=step == steps, **job):
             self.unsent = []
