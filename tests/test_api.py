@@ -214,10 +214,6 @@ def test_a_loop_over_steps_deals_a_new_order_every_pass(tmp_path):
     batch drawn before the loop) starts no epoch: rank 0's pass alone moved its epoch ahead of rank
     1's, so the next pass dealt the two ranks shares of two different orders."""
     found = two_ranks("api_passes.py", "API_PASSES", tmp_path)
-    # every 7 steps, the last (21) as the last pass ended: before, rank 0's pass alone after it took it alone and the
-    # job failed (Horovod shut down under it as rank 1 ended)
-    assert found["last_step"] == 21 and sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.pt")) == [
-        "step-000000007.pt", "step-000000014.pt", "step-000000021.pt"], found
     ranks = found["passes"]
     assert [len(passes) for passes in ranks] == [4, 4], ranks
     joined = [ranks[0][p] + ranks[1][p] for p in range(4)]  # each pass's labels, both ranks'

@@ -1,6 +1,6 @@
-"""rank/passes.py: the epoch each pass over the prepared loader deals, and the step where training
-goes on, driven step by step as the loader and job.backward drive them (no process: the ranks'
-side of it runs in tests/jobs/api_passes.py and api_start.py)."""
+"""rank/passes.py: the epoch each pass over the prepared loader deals, driven step by step as the
+loader and job.backward drive them (no process: the ranks' side of it runs in
+tests/jobs/api_passes.py and api_start.py)."""
 
 from __future__ import annotations
 
@@ -29,12 +29,11 @@ def passes(start_step: int = 0, epoch: int = 0) -> Passes:
 
 
 def take(p: Passes, steps: int, in_epochs: bool = False) -> list[int]:
-    """A pass as a loop takes it: its epoch asked at iter(), `steps` steps taken, each handed out
-    where training goes on. The loader steps taken."""
+    """A pass as a loop takes it: its epoch asked at iter(), `steps` steps taken. The loader steps
+    taken."""
     epoch = p.epoch(in_epochs)
     taken = []
     for step in range(epoch * STEPS, epoch * STEPS + steps):
-        assert p.goes_on(step), (step, p.continues_at)
         p.stepped(Item(step, 0, 1, 8, 8, (8, 8)), in_epochs)
         taken.append(step)
     return taken
@@ -45,21 +44,18 @@ def test_a_loop_over_steps_deals_each_pass_that_follows_a_step_a_new_epoch():
     assert take(p, STEPS) == list(range(6)) and p.train.epoch == 0
     assert take(p, 3) == [6, 7, 8] and p.train.epoch == 1  # cut short by a step budget
     assert p.epoch(False) == 2  # a new iterator after the cut: a new order, as a DataLoader's
-    assert not p.goes_on(12) and p.goes_on(9)  # not where training goes on until its second step...
-    p.stepped(Item(12, 0, 1, 8, 8, (8, 8)), False)  # (...whose first, taken, makes it so)
-    assert p.train.epoch == 2 and p.goes_on(13) and p.epoch(False) == 3
+    p.stepped(Item(12, 0, 1, 8, 8, (8, 8)), False)
+    assert p.train.epoch == 2 and p.epoch(False) == 3
 
 
-def test_a_pass_that_takes_no_step_starts_no_epoch_and_takes_no_checkpoint_inside_another():
+def test_a_pass_that_takes_no_step_starts_no_epoch():
     p = passes()
     assert p.epoch(False) == 0  # next(iter(loader)) before the loop: drawn only
     assert take(p, 4) == [0, 1, 2, 3]
-    assert p.epoch(False) == 1 and not p.goes_on(6)  # rank 0's look at a batch inside the pass: elsewhere
-    assert p.goes_on(4) and p.goes_on(5)  # the pass goes on, batches skipped too
+    assert p.epoch(False) == 1  # rank 0's look at a batch inside the pass: the next epoch's, moving nothing
     for step in (4, 5):  # the pass's last steps
         p.stepped(Item(step, 0, 1, 8, 8, (8, 8)), False)
-    assert p.goes_on(6)  # the next pass's first step is where it goes on
-    assert p.epoch(False) == p.epoch(False) == 1  # rank 0's pass alone, then every rank's: one order
+    assert p.train.epoch == 0 and p.epoch(False) == p.epoch(False) == 1  # rank 0's pass alone, then every rank's
 
 
 def test_a_pass_of_the_scripts_own_after_job_epochs_deals_the_next_epoch():
@@ -72,14 +68,12 @@ def test_a_pass_of_the_scripts_own_after_job_epochs_deals_the_next_epoch():
     assert take(p, STEPS) == list(range(30, 36)) and p.train.epoch == 5
 
 
-def test_a_resumed_loop_deals_where_the_loader_stands_and_goes_on_from_anywhere():
+def test_a_resumed_loop_deals_where_the_loader_stands_and_a_batch_function_one_pass():
     p = passes(start_step=12, epoch=1)  # a checkpoint taken as pass 2's first step came: epoch 1's, loader at 12
-    assert p.epoch(False) == 2 and p.goes_on(12)
+    assert p.epoch(False) == 2
     p.stepped(Item(12, 0, 1, 8, 8, (8, 8)), False)
-    p.restarted()  # an elastic reset back to a commit
-    assert p.continues_at is None and p.goes_on(9)
+    assert p.train.epoch == 2 and p.epoch(False) == 3
     batch_function = passes()
     batch_function.one_pass = True
-    assert batch_function.epoch(False) == 0
     batch_function.stepped(Item(40, 0, 1, 8, 8, (8, 8)), False)
-    assert batch_function.goes_on(41) and batch_function.goes_on(50) and not batch_function.goes_on(39)
+    assert batch_function.epoch(False) == batch_function.epoch(True) == 0 and batch_function.train.epoch == 0

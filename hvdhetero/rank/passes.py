@@ -4,8 +4,6 @@
     passes.loader, passes.one_pass = ...   # once made
     iter(loader)        -> passes.epoch(in_epochs): the epoch the new pass deals
     a step taken        -> passes.stepped(item, in_epochs)
-    a step handed out   -> passes.goes_on(first): whether training goes on there (a checkpoint due is taken)
-    a resume, a reset   -> passes.restarted()
 
 Inside job.epochs a pass deals job.epochs' epoch. Outside it, as a DataLoader reshuffles at every
 `iter()`, a pass begun after a step was taken in the epoch's deals the next epoch, and one begun
@@ -16,8 +14,6 @@ every rank does. What each got wrong before:
 - the DDP tutorial's `next(iter(loader))` before its loop counted every epoch twice;
 - a pass rank 0 took alone (counting its share) moved its epoch ahead of the other ranks';
 - a pass of the script's own after job.epochs dealt job.epochs' last epoch again.
-A step handed out where training does not go on (rank 0's look at another pass's batch) takes no
-checkpoint: its collectives waited there on rank 0 alone, until the job failed.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class Passes:
-    """The epoch each pass deals and the step where training goes on, on one rank."""
+    """The epoch each pass over the loader deals, on one rank."""
 
     def __init__(self, train: TrainState):
         self.train = train
@@ -41,8 +37,6 @@ class Passes:
         """A batch function's loader: one endless pass, its rows by global step."""
         self.stepped_in: int | None = None
         """The epoch of the last step taken (None: none since the start or a resume)."""
-        self.continues_at: int | None = None
-        """The loader step after the last step taken, where training goes on."""
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
@@ -58,24 +52,9 @@ class Passes:
     def stepped(self, item: Item, in_epochs: bool) -> None:
         """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
         deals is the job's from now on."""
-        self.continues_at = item.step + 1
         if self.one_pass:
             return
         epoch = item.step // len(self.loader)
         if not in_epochs and (self.stepped_in is None or epoch > self.train.epoch):
             self.train.epoch = epoch
         self.stepped_in = epoch
-
-    def goes_on(self, first: int) -> bool:
-        """Whether a step from loader step `first` is where training goes on: the step after the last
-        one taken, or a later one of its pass (batches the loop skipped). A new pass after one cut
-        short (a step budget) goes on from its second step."""
-        at = self.continues_at
-        if at is None or first == at:
-            return True
-        return first > at and (self.one_pass or first // len(self.loader) == at // len(self.loader))
-
-    def restarted(self) -> None:
-        """Training goes on from a restored position (a resume, an elastic reset), wherever the
-        steps taken before were."""
-        self.continues_at = None

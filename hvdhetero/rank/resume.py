@@ -65,7 +65,6 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
     t.train.load_state_dict(state)
     t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
     t.loader.start_step = state.get("loader_step", t.train.step)  # checkpoints before it: no accumulation known
-    t.passes.restarted()
 
 
 def save_checkpoint(t: Training, epoch_done: bool) -> None:

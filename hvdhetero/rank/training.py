@@ -154,13 +154,8 @@ class Training:
 
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
-        (every rank at the same step), and under --elastic a commit; not where the step is not
-        where training goes on (a look of rank 0's alone at another pass's batch, `next(iter(loader))`
-        inside a loop): their collectives waited there on rank 0 alone, until the job failed."""
-        first = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
-        if not self.passes.goes_on(first):
-            return
-        self.loader_at = first
+        (every rank at the same step), and under --elastic a commit."""
+        self.loader_at = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
         if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
@@ -395,16 +390,9 @@ class Training:
         the same best-model or early-stopping decision), as the epoch's end would give it. A pass
         that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
         replicas differ until a round's end: their buffers are averaged where the models are made
-        one (the epoch's end, job.evaluate, job.save). Outside job.epochs, a periodic checkpoint due
-        is taken now, where every rank that trained the pass is: a pass of rank 0's alone after it
-        (counting its share) took it there alone, its collectives waiting until the job failed."""
-        if self.train.step <= began:
-            return
-        if self.strategy.always_one_model:
+        one (the epoch's end, job.evaluate, job.save)."""
+        if self.strategy.always_one_model and self.train.step > began:
             average_buffers(self.model)
-        if self.train.checkpoint_due and not self.in_epochs and self.passes.continues_at is not None:
-            self.loader_at = self.passes.continues_at
-            resume.save_checkpoint(self, epoch_done=False)
 
     # -- job.epochs --------------------------------------------------------------------------------
 
