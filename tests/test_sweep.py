@@ -270,6 +270,7 @@ def test_a_trial_that_ended_before_a_ctrl_c_was_seen_is_recorded_as_it_ended(tmp
     """Ctrl-C stops the running trials, and --resume asks them again; a trial whose run had ended
     (both epochs trained, invoke train exited 0) before the sweep saw it was dropped with them and
     trained again on --resume. Real scheduler and study; the trials' processes are stand-ins."""
+    from hvdhetero.cluster import console
     from hvdhetero.sweep import scheduler
     from hvdhetero.sweep.request import Request
     from hvdhetero.sweep.trial import Trial
@@ -299,8 +300,11 @@ def test_a_trial_that_ended_before_a_ctrl_c_was_seen_is_recorded_as_it_ended(tmp
                             tmp_path / "sweep", ROOT, out=io.StringIO())
     for host in ("fast", "slow"):
         sweep.launch(sweep.study.ask(sweep.space.distributions()), host, [])
-    sweep.running["fast"].progressed(time.time(), {"epoch": 1, "epochs": 2, "step": 10, "steps": 10, "logs": [
-        {"epoch": 0, "step": 10, "val_loss": 0.7}, {"epoch": 1, "step": 20, "val_loss": 0.5}]})
+    ended = sweep.running["fast"]
+    ended.run_dir.mkdir(parents=True, exist_ok=True)
+    with (ended.run_dir / console.PROGRESS_FILE).open("a") as f:  # its last lines, written after the last poll
+        f.write(json.dumps({"at": time.time(), "progress": {"epoch": 1, "epochs": 2, "step": 10, "steps": 10, "logs": [
+            {"epoch": 0, "step": 10, "val_loss": 0.7}, {"epoch": 1, "step": 20, "val_loss": 0.5}]}}) + "\n")
     sweep.interrupt()
     assert [(r["number"], r["host"], r["state"], r["value"]) for r in trials(tmp_path / "sweep")] == [
         (0, "fast", "complete", 0.5)]

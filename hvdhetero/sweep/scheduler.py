@@ -368,9 +368,16 @@ class Sweep:
         --resume asks them again. Bounded: a trial that does not end in STOP_GRACE_S is killed.
         One whose run had ended already, not yet seen, is taken as it ended: a Ctrl-C dropped a
         trial that had trained its every epoch, and --resume ran it again."""
-        for trial in [t for t in self.running.values() if not t.stopping and t.proc.poll() is not None]:
-            with contextlib.suppress(HvdHeteroError):  # what it says (a metric it never logged) can wait
-                self.ended(trial)
+        try:
+            for trial in [t for t in self.running.values() if not t.stopping and t.proc.poll() is not None]:
+                with contextlib.suppress(HvdHeteroError):  # what it says (a metric it never logged) can wait
+                    trial.read()  # what it wrote last (its end record), as poll reads it
+                    self.report(trial, prune=False)
+                    self.ended(trial)
+        finally:
+            self._stop_running()
+
+    def _stop_running(self) -> None:
         for trial in self.running.values():
             trial.stopping = ""
             trial.stop("interrupted")
