@@ -109,9 +109,14 @@ def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
     # where the end record's own 2.5 s (the resumed stretch) read less than the epochs' 4.0 s of training
     resumed = [*TWO_EPOCHS[:3], _start(t=200.0), _epoch(202.0, 1, 20, [20, 44], [180, 460], [1.2, 0.4], [0.1, 0.8]),
                {"event": "end", "time": 202.5, "seconds": 2.5}]
+    resumed[3]["resumed_from"] = "runs/x/checkpoints/step-000000010.pt"
     head = report.headline(runs.read_run(write_run(tmp_path / "resumed", resumed)))
     assert head["wall time"] == "4.5 s" and head["training time (epochs)"] == "4.0 s", head
     assert head["resumed"] == "at step ?, 100 s after the start", head
+    # an --elastic reset's start record is no new launch: the end record's seconds count from the first Job
+    elastic = [*resumed[:3], _start(t=103.0, resumed_from="elastic commit at step 10"), *resumed[4:5],
+               {"event": "end", "time": 202.5, "seconds": 102.5}]
+    assert report.headline(runs.read_run(write_run(tmp_path / "elastic", elastic)))["wall time"] == "102.5 s"
 
 
 def test_a_torn_last_line_is_left_out_and_any_other_bad_line_named(tmp_path):

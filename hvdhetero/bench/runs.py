@@ -192,11 +192,15 @@ def default_out(folders: list[Path]) -> Path:
 
 
 def _before_last_start(records: list[dict]) -> float:
-    """The wall seconds of every stretch of a resumed run before its last start record: each from
-    its start to its last record (a resume cut what came after its checkpoint)."""
+    """The wall seconds of every stretch of a resumed run before its last launch: each from its
+    first start record to its last record (a resume cut what came after its checkpoint). The start
+    records an --elastic reset writes begin no stretch: the end record's seconds count from the
+    launch's first Job."""
     done, began, last = 0.0, None, None
     for r in records:
-        if r["event"] == "start":
+        launched = r["event"] == "start" and (began is None or not str(r.get("resumed_from") or "elastic")
+                                              .startswith("elastic"))
+        if launched:
             if began is not None:
                 done += last - began
             began = last = r["time"]
