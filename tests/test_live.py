@@ -219,7 +219,11 @@ def test_a_python_warning_is_said_once_by_the_rank_that_printed_it_first():
                    "[0]<stderr>:/venv/torch/utils/data/dataloader.py:431: " + workers + "\n",
                    "[0]<stderr>:  self.check_worker_number_rationality()\n",
                    "[0]<stderr>:/venv/torch/utils/data/dataloader.py:437: " + workers + "\n",
-                   "[0]<stdout>:  indented, no warning's\n"],
+                   "[0]<stdout>:  indented, no warning's\n",
+                   "[1]<stderr>:/venv/torch/utils/data/dataloader.py:431: " + workers + "\n",
+                   "[0]<stderr>:/venv/torch/utils/data/dataloader.py:431: " + workers + "\n",
+                   "[1]<stderr>:  self.check_worker_number_rationality()\n",
+                   "[0]<stderr>:  self.check_worker_number_rationality()\n"],
                   shown, hidden_note="hvdhetero: the other ranks' output is in run/rank-N.log")
     assert [c[1] for c in shown.calls if c[0] == "echo"] == [
         "hvdhetero: the other ranks' output is in run/rank-N.log\n",

@@ -62,15 +62,16 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     one again once a filter changed, and every rank prints it: a DataLoader's warning on the
     workers a rank's cores allow came 4 times)."""
     repeated = None
-    """The rank (and stream) whose warning was left out as said already: its source line, next, goes too."""
+    """The rank and stream whose warning was left out as said already: its source line, its next
+    line there, goes too (other ranks' lines may come between)."""
     try:
         for line in lines:
             match = PREFIX.match(line)
             body = line[match.end():] if match else line
             rank = int(match.group(1)) if match else None
-            if repeated is not None:
-                source, repeated = match is not None and match.group(1, 2) == repeated and body.startswith("  "), None
-                if source:
+            if repeated is not None and match is not None and match.group(1, 2) == repeated:
+                repeated = None  # that rank's next line on that stream: the warning's source line, or not
+                if body.startswith("  "):
                     continue
             if alive is not None and rank in alive:  # a beating rank's lines count too
                 alive[rank] = (time.monotonic(), alive[rank][1])
@@ -117,7 +118,7 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
             if HOROVOD_LOOP_ERROR in body:
                 continue
             warning = WARNING.match(body)
-            if warning and warning.group(1, 2) in warned:
+            if warning and warning.group(1, 2) in warned and not all_ranks:  # --all-ranks-output: every line
                 repeated = match.group(1, 2) if match else None
                 continue
             if rank is None or rank == main or body.startswith(OUR_LINES):
