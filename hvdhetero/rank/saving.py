@@ -19,7 +19,8 @@ A `torch.load` of the name the script gave `job.save` (a port of that quickstart
 save into `job.save(state, "model.pth")` and kept `torch.load("model.pth")`) reads another file:
 job.save wrote into the run directory, and the path is the working folder's, a file of an earlier
 run (a stale model, evaluated silently) or none. Such a load is refused, naming both paths and the
-way out, unless that file was written since (a torch.save of the script's own too).
+way out, unless that file was written in this run (a torch.save of the script's own too, before or
+after job.save).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from pathlib import Path
 
 import torch
 
-_SAVED: dict[str, tuple[Path, float]] = {}
-"""job.save's names in this process (normalised), each with the path it wrote and when."""
+_SAVED: dict[str, Path] = {}
+"""job.save's names in this process (normalised), each with the path it wrote."""
+_SINCE = time.time()
+"""When this run began here (install() sets it, before the script runs): a file older is an earlier run's."""
 
 
 def saved(name: str, path: Path) -> None:
     """job.save(obj, `name`) wrote `path` (on rank 0; every rank that calls it records it)."""
-    _SAVED[os.path.normpath(name)] = (Path(path), time.time())
+    _SAVED[os.path.normpath(name)] = Path(path)
 
 
 def elsewhere(f) -> str | None:
@@ -48,12 +51,12 @@ def elsewhere(f) -> str | None:
     name = os.path.normpath(os.fspath(f))
     if name not in _SAVED:
         return None
-    wrote, at = _SAVED[name]
+    wrote = _SAVED[name]
     here = Path(name).resolve()
     if here == wrote.resolve():
         return None
     try:
-        if here.stat().st_mtime >= at - 1.0:  # written since job.save: the script's own torch.save
+        if here.stat().st_mtime >= _SINCE - 2.0:  # written in this run (the script's own torch.save too)
             return None
         found = f"an older file, of {time.strftime('%Y-%m-%d %H:%M', time.localtime(here.stat().st_mtime))}"
     except OSError:
@@ -66,6 +69,8 @@ def elsewhere(f) -> str | None:
 
 def install() -> None:
     """Replace torch.save (once a process)."""
+    global _SINCE
+    _SINCE = time.time()
     torchs = torch.save
     if getattr(torchs, "_hvdhetero_torch", None) is not None:
         return
