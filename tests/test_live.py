@@ -197,6 +197,23 @@ def test_failures_a_ranks_workers_wrote_into_one_line_are_each_read_and_a_cut_on
                               "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}{"cut\n'], shown, results=results)
     assert failures == [first, second] and results == [{"event": "end"}]
 
+def test_a_result_line_mpirun_cut_into_pieces_is_joined_not_shown():
+    """mpirun cuts a rank's line longer than its 4 KB read into pieces, the later ones on lines of
+    their own without the rank's prefix: a 150-epoch run's result line (its every epoch's figures)
+    reached the console as 6 lines of raw JSON, and the result was lost. A heartbeat of another
+    rank may come between the pieces; a short line cut by its rank's end is left out, as before."""
+    shown, results = Shown(), []
+    result = {"event": "end", "history": [{"epoch": e, "test_loss": 0.0401795864105224} for e in range(300)]}
+    line = "[1,0]<stdout>:" + progress.RESULT_TAG + json.dumps(result)
+    pieces = [line[i:i + 4096] + "\n" for i in range(0, len(line), 4096)]
+    assert len(pieces) > 3
+    beat = "[1,1]<stderr>:" + progress.ALIVE_TAG + json.dumps({"rank": 1, "host": "pc", "pid": 7}) + "\n"
+    cut = "[1,0]<stdout>:" + progress.TAG + '{"rank": 0, "ho\n'
+    console.relay([pieces[0], beat, *pieces[1:], cut, "[1,0]<stdout>:epoch 150\n"], shown, results=results)
+    assert results == [result]
+    assert [c[1] for c in shown.calls if c[0] == "echo"] == ["epoch 150\n"]
+
+
 def test_a_python_warning_is_said_once_by_the_rank_that_printed_it_first():
     """What a device of its own says reaches the console: the Mac's rank disabling a script's
     GradScaler("cuda"); a warning every rank prints comes once, as the first rank's (rank 0's own

@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Iterable, Iterator
 
 from hvdhetero.progress import ALIVE_TAG, DONE_TAG, ERROR_TAG, PREFIX, RESULT_TAG, TAG, TAG_MARK
 
@@ -65,7 +65,7 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
     """The rank and stream whose warning was left out as said already: its source line, its next
     line there, goes too (other ranks' lines may come between)."""
     try:
-        for line in lines:
+        for line in joined(lines):
             match = PREFIX.match(line)
             body = line[match.end():] if match else line
             rank = int(match.group(1)) if match else None
@@ -198,6 +198,56 @@ def without_heartbeat(body: str) -> tuple[str, dict | None]:
     except ValueError:
         parsed = None
     return (text + "\n" if text else ""), parsed
+
+
+MAX_PIECES = 256
+"""The most pieces (4 KB each) a line cut by mpirun is joined from (1 MB: a result line's history)."""
+CUT_AT = 4000
+"""A tagged line cut short this long or longer may go on in pieces (mpirun's reads are 4 KB); a
+shorter one was cut by its rank's end."""
+
+
+def joined(lines: Iterable[str]) -> Iterator[str]:
+    """`lines` with each of our tagged lines whole: mpirun cuts a rank's line longer than its read
+    (4 KB: a 150-epoch run's result line, with every epoch's figures) into pieces, the later ones
+    on lines of their own without the rank's prefix, which the console showed as raw JSON. A
+    tagged line whose JSON is cut short is held and joined with the unprefixed lines after it
+    until it is whole; the ranks' prefixed lines pass meanwhile (a heartbeat on the other stream).
+    One never whole goes on as it came (a rank killed mid-write: left out, as before)."""
+    held, pieces = None, 0
+    for line in lines:
+        if held is not None:
+            if PREFIX.match(line) is None and pieces < MAX_PIECES:
+                held, pieces = held.rstrip("\r\n") + line, pieces + 1
+                if _whole(held):
+                    yield held
+                    held = None
+                continue
+            if PREFIX.match(line) is None:  # too many pieces: give up on it
+                yield held
+                held = None
+        if held is None and len(line) >= CUT_AT and not _whole(line):
+            held, pieces = line, 0
+            continue
+        yield line
+    if held is not None:
+        yield held
+
+
+def _whole(line: str) -> bool:
+    """False for a rank's tagged line whose last JSON object is cut short; True for any other."""
+    match = PREFIX.match(line)
+    if match is None:
+        return True
+    body = line[match.end():].rstrip("\r\n")
+    tag = next((t for t in (TAG, RESULT_TAG, ERROR_TAG) if body.startswith(t)), None)
+    if tag is None:
+        return True
+    try:
+        json.JSONDecoder().raw_decode(body.split(tag)[-1])
+    except ValueError:
+        return False
+    return True
 
 
 def tagged(body: str, tag: str) -> list[dict]:
