@@ -103,8 +103,8 @@ TRAIN = Options(
     from_fields(JobConfig, exclude=_ENGINE_FIXED),
     Option("resume", "", "RUN_DIR or latest: continue that run from its newest checkpoint, with its own options "
            "and inventory file (--hosts, --inventory and --launcher may differ: a host fewer re-balances)"),
-    Option("launcher", "horovodrun", "what starts the ranks: horovodrun (mpirun under pins.backend mpi) or ray "
-           "(a Ray cluster on the hosts: invoke ray up; docs/ray.md)"),
+    Option("launcher", "", "what starts the ranks: horovodrun (the default; mpirun under pins.backend mpi) or ray "
+           "(a Ray cluster on the hosts: invoke ray up; docs/ray.md); --resume: the run's own unless given"),
     Option("ray_address", "", "with --launcher ray: the cluster's IP:PORT (default: the one invoke ray up started "
            "on the first host)"),
     *_LAUNCH,
@@ -124,7 +124,7 @@ def train(c, **given):
     """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
     (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
     run_dir, script = given["run_dir"], given["script"]
-    checks.one_of("launcher", given["launcher"], ("horovodrun", "ray"))
+    checks.one_of("launcher", given["launcher"] or "horovodrun", ("horovodrun", "ray"))
     if given["resume"]:
         changed = [checks.flag(k) for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
         changed += (["--run-dir"] if run_dir else []) + (["arguments after --"] if _script_args() else [])
@@ -134,7 +134,7 @@ def train(c, **given):
         request = submit.Request(given["hosts"], given["inventory"],
                                  {f.name: given[f.name] for f in fields(JobConfig) if f.name not in _ENGINE_FIXED},
                                  script, given["workdir"], recipe_argv({k: given[k] for k in _RECIPE_TRAIN}, script),
-                                 _script_args(), given["launcher"], given["ray_address"])
+                                 _script_args(), given["launcher"] or "horovodrun", given["ray_address"])
     run_dir, _ = submit.submit(request, RUNS, run_dir, name=Path(request.script).stem if request.script
                                else given["dataset"], recipe_check=check_argv, dry_run=given["dry_run"],
                                verbose=given["verbose"], all_ranks=given["all_ranks_output"])

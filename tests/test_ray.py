@@ -54,6 +54,9 @@ def test_train_through_ray_with_no_cluster_says_how_to_start_one(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no Ray node of hvdhetero's is running on local" in proc.stdout + proc.stderr
     assert "invoke ray up --hosts local" in proc.stdout + proc.stderr
+    # and nothing that reads as a failed training (it said "training failed" and "start the run again")
+    assert "training failed" not in proc.stderr and "start the run again" not in proc.stderr, proc.stderr
+    assert "error: the job did not start: its launcher refused it, saying why above" in proc.stderr, proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +146,11 @@ def test_killing_a_ranks_actor_ends_the_job_in_words_within_30_s_and_leaves_noth
     while job_pids(run_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert job_pids(run_dir) == {}
-    # and the run resumes through Ray from its checkpoint
-    resumed = ray_invoke("train", "--resume", run_dir, "--launcher", "ray", inventory=inventory)
+    # and the run resumes through Ray from its checkpoint, by the command it printed: its launch.json names Ray
+    # (the command went through horovodrun, another engine, without a word)
+    dry = ray_invoke("train", "--resume", run_dir, "--dry-run", inventory=inventory)
+    assert "-m hvdhetero.cluster.ray_driver --plan" in dry.stdout, dry.stdout[-2000:]
+    resumed = ray_invoke("train", "--resume", run_dir, inventory=inventory)
     records = metrics.records(run_dir / "metrics.jsonl")
     assert records[-1]["event"] == "end" and [r["epoch"] for r in records if r["event"] == "epoch"][-1] == 3, \
         resumed.stdout[-2000:]  # epochs count from 0

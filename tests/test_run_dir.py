@@ -27,7 +27,7 @@ def test_launch_json_holds_what_resume_relaunches_with(tmp_path):
     assert folder == str(tmp_path / "r")
     assert saved == {"hosts": ["local"], "rank0_local": True, "script": "", "workdir": "",
                      "recipe": ["--dataset", "digits"], "script_args": ["--repeat", "2"], "settings": {"seed": 3},
-                     "inventory": ""}
+                     "inventory": "", "launcher": "horovodrun"}
 
 
 def test_latest_is_the_newest_run_with_a_checkpoint(tmp_path):

@@ -375,6 +375,22 @@ def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early
     assert "\n  rank 0 then gave no response for 2 s; the job was stopped" in text, text
 
 
+def test_a_launcher_that_refuses_the_job_is_not_told_as_a_failed_training(tmp_path):
+    """The Ray driver with no node on the first host says why and exits 2 before any rank starts:
+    the console added "training failed: the job's launcher exited with 2" and "no checkpoint was
+    written yet; start the run again". A stand-in for the driver says its line and exits 2."""
+    import sys
+
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    stand_in = "import sys\nprint('hvdhetero ray: no Ray node of hvdhetero\\'s is running on local', flush=True)\n" \
+               "sys.exit(2)\n"
+    with pytest.raises(LaunchError) as said:
+        supervise._run([sys.executable, "-c", stand_in], {}, tmp_path, tmp_path, None, None, 30.0, None, ["local"])
+    assert str(said.value) == "the job did not start: its launcher refused it, saying why above"
+
+
 def test_a_torch_load_of_a_name_job_save_wrote_elsewhere_is_refused_naming_both_files(tmp_path):
     """tests/scripts/save_load.py: the quickstart ported with job.save(state, "model.pth") and its
     torch.load("model.pth") kept. job.save wrote into the run directory, so the load read the

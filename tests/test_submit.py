@@ -52,6 +52,23 @@ def test_resume_takes_the_runs_own_request_and_only_the_hosts_may_change(tmp_pat
         submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=["--epochs", "--seed"])
 
 
+def test_resume_takes_the_launcher_the_run_was_started_with_unless_another_is_given(tmp_path):
+    """A run started with --launcher ray printed `resume with: invoke train --resume RUN_DIR`, and
+    that command relaunched it with horovodrun, another engine, without a word."""
+    from hvdhetero.cluster import run_dir
+
+    run_dir.write_launch(tmp_path / "r", ["local"], True, "", "", [], [], {}, launcher="ray")
+    (tmp_path / "r" / "checkpoints").mkdir()
+    (tmp_path / "r" / "checkpoints" / "step-00000010.pt").write_bytes(b"")
+    assert submit.resumed(str(tmp_path / "r"), tmp_path, None, None, [])[0].launcher == "ray"
+    assert submit.resumed(str(tmp_path / "r"), tmp_path, None, None, [], launcher="horovodrun")[0].launcher == \
+        "horovodrun"
+    old = a_run(tmp_path / "old")  # a launch.json from before it was recorded: horovodrun's
+    (old / "launch.json").write_text((old / "launch.json").read_text().replace('"launcher": "horovodrun"', '"x": 0'))
+    assert "launcher" not in (old / "launch.json").read_text()
+    assert submit.resumed(str(old), tmp_path, None, None, [])[0].launcher == "horovodrun"
+
+
 def test_resume_takes_the_inventory_the_run_was_started_with_unless_another_is_given(tmp_path):
     """A run started with --inventory gpu.yaml resumes on its hosts: the default inventory.yaml
     has no host of that name (found on the GPU machine, issue 32)."""

@@ -22,14 +22,15 @@ def new(name: str, run_dir: str | Path | None, runs: Path) -> str:
 
 
 def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, script: str, workdir: str,
-                 recipe: list[str], script_args: list[str], settings: dict[str, Any], inventory: str = "") -> None:
+                 recipe: list[str], script_args: list[str], settings: dict[str, Any], inventory: str = "",
+                 launcher: str = "horovodrun") -> None:
     """What --resume relaunches with (written once the hosts passed their checks); `inventory`:
-    the file given with --inventory, absolute ("" for the default one)."""
+    the file given with --inventory, absolute ("" for the default one); `launcher`: horovodrun or ray."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / LAUNCH).write_text(json.dumps(
         {"hosts": hosts, "rank0_local": rank0_local, "script": script, "workdir": workdir, "recipe": recipe,
          "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"},
-         "inventory": inventory}, indent=1))
+         "inventory": inventory, "launcher": launcher}, indent=1))
 
 
 def has_checkpoint(folder: Path) -> bool:

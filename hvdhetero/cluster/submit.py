@@ -57,10 +57,11 @@ class PreflightFailed(HvdHeteroError):
 
 
 def resumed(resume: str, runs: Path, hosts: str | None, inventory: str | None,
-            changed: list[str], launcher: str = "horovodrun", ray_address: str = "") -> tuple[Request, str]:
-    """--resume RUN_DIR|latest: the run's own request from its launch.json (hosts and inventory as
-    given, else the run's) and its folder; `changed` names the options given that a resume cannot
-    change."""
+            changed: list[str], launcher: str = "", ray_address: str = "") -> tuple[Request, str]:
+    """--resume RUN_DIR|latest: the run's own request from its launch.json (hosts, inventory and
+    launcher as given, else the run's: the resume command a Ray run printed, without --launcher
+    ray, relaunched it with horovodrun) and its folder; `changed` names the options given that a
+    resume cannot change."""
     if changed:
         raise ConfigError(f"--resume continues the run with its own options; only --hosts, --inventory and "
                           f"--launcher may "
@@ -68,7 +69,8 @@ def resumed(resume: str, runs: Path, hosts: str | None, inventory: str | None,
     run_dir, saved = run_dirs.resumable(resume, runs)
     return Request(hosts or saved["hosts"], inventory or saved.get("inventory") or None,
                    {**saved["settings"], "resume": True}, saved["script"],
-                   saved["workdir"], saved["recipe"], saved["script_args"], launcher, ray_address), run_dir
+                   saved["workdir"], saved["recipe"], saved["script_args"],
+                   launcher or saved.get("launcher") or "horovodrun", ray_address), run_dir
 
 
 def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: str,
@@ -126,7 +128,7 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
     if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
         run_dirs.write_launch(run_dir, [h.name for h in selected], selected[0].is_local, script, request.workdir,
                               request.recipe, request.script_args, settings,
-                              str(Path(request.inventory).resolve()) if request.inventory else "")
+                              str(Path(request.inventory).resolve()) if request.inventory else "", request.launcher)
     watch = None
     if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
         from hvdhetero.cluster import elastic_hosts

@@ -164,6 +164,9 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
     first = next(iter(exits.items()), None)
     if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
         raise LaunchError(failure.summary(failures, ended) + resume_hint(run_dir, rank0_host))
+    if proc.returncode == REFUSED and not (exits or failures or alive or results):
+        # its reason is on the console already: no "training failed", no resume of a run that never began
+        raise LaunchError("the job did not start: its launcher refused it, saying why above")
     if proc.returncode != 0 or failures:  # a rank killed first: the others' errors follow from it
         # a rank's host from its heartbeats, else from where horovodrun put it (one that failed
         # before its first heartbeat)
@@ -185,6 +188,9 @@ SSH_LOST = 255
 """ssh's own exit code: the connection to the host failed or was cut (a rank on another host)."""
 ACTOR_LOST = -1000
 """The Ray driver's exit code for a rank whose actor or node died (cluster/ray_driver.py)."""
+REFUSED = 2
+"""A launcher's exit code for a job it refused to start, its reason printed (the Ray driver with no
+node on the first host; horovodrun's argument errors): no rank began."""
 
 
 def _signalled(code: int) -> bool:
