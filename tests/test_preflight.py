@@ -175,6 +175,16 @@ def test_invoke_check_on_the_default_inventory_reads_its_local_host_without_ssh(
            f"exist; set `env: {ROOT / '.venv'}` for it" in proc.stdout and "sshd" not in proc.stdout, proc.stdout
 
 
+def test_invoke_provision_sets_up_a_local_host_here_without_ssh():
+    """`invoke provision` on the default inventory asked localhost:22 for an sshd and failed, exit
+    3, where the local host's env is this checkout's, which ci/setup made: it is checked here."""
+    proc = subprocess.run([str(VENV_BIN / "invoke"), "provision"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "local: setup: nothing to change, env is up to date" in proc.stdout and "sshd" not in proc.stdout
+    assert proc.stdout.splitlines()[-1].split() == ["local", "ok", "nothing", "changed"], proc.stdout
+
+
 def test_invoke_check_refuses_a_missing_identity_as_an_inventory_error(tmp_path):
     path = tmp_path / "inventory.yaml"
     path.write_text(TWO_HOSTS.format(a="192.0.2.1", b=f"identity: {tmp_path / 'nokey'}"))

@@ -245,15 +245,35 @@ def _do(conn, host: Host, step: Step, report: HostReport, log) -> None:
 
 def provision(inventory: Inventory, hosts: list[Host], *, accept_new: bool = False,
               install_system: bool = False, dry_run: bool = False, log=print) -> list[HostReport]:
-    """Provision `hosts` in parallel; one report per host, in order."""
+    """Provision `hosts` in parallel; one report per host, in order. A local host (address
+    localhost, which train starts without SSH) is set up here, as ci/setup does it."""
     log = whole_lines(log)
-    with tempfile.TemporaryDirectory(prefix="hvdhetero-wheel-") as tmp:
-        artifacts = build_artifacts(Path(tmp))
-        digest = source_digest()
-        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-            futures = [pool.submit(provision_host, inventory, h, artifacts, digest, accept_new=accept_new,
-                                   install_system=install_system, dry_run=dry_run, log=log) for h in hosts]
-            return [f.result() for f in futures]
+    reports = {h.name: _provision_here(inventory, h, dry_run, log) for h in hosts if h.is_local}
+    remote = [h for h in hosts if not h.is_local]
+    if remote:
+        with tempfile.TemporaryDirectory(prefix="hvdhetero-wheel-") as tmp:
+            artifacts = build_artifacts(Path(tmp))
+            digest = source_digest()
+            with ThreadPoolExecutor(max_workers=len(remote)) as pool:
+                futures = [pool.submit(provision_host, inventory, h, artifacts, digest, accept_new=accept_new,
+                                       install_system=install_system, dry_run=dry_run, log=log) for h in remote]
+                reports.update((f.result().host, f.result()) for f in futures)
+    return [reports[h.name] for h in hosts]
+
+
+def _provision_here(inventory: Inventory, host: Host, dry_run: bool, log) -> HostReport:
+    """A local host's env brought to the pins on this machine (cluster/provision.py's setup_local,
+    what ci/setup runs): `invoke provision` asked localhost:22 for an sshd and failed, exit 3."""
+    from hvdhetero.cluster import provision as here
+
+    if dry_run:
+        log(f"{host.name}: a local host: its env is set up here as ci/setup does; a dry run changes nothing")
+        return HostReport(host.name)
+    try:
+        changed = here.setup_local(inventory.path, host.name, log=lambda line: log(f"{host.name}: {line}"))
+    except HvdHeteroError as e:
+        return HostReport(host.name, "failed", reason=str(e))
+    return HostReport(host.name, "changed" if changed else "ok", changes=changed)
 
 
 def whole_lines(log):
