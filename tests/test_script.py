@@ -391,6 +391,35 @@ def test_a_launcher_that_refuses_the_job_is_not_told_as_a_failed_training(tmp_pa
     assert str(said.value) == "the job did not start: its launcher refused it, saying why above"
 
 
+def test_open_mpis_help_blocks_about_a_rank_that_died_stay_off_the_console(tmp_path, capsys):
+    """backend mpi, a rank killed: mpirun printed 21 lines of its own ("Primary job terminated
+    normally, but 1 process returned...", "An MPI communication peer process has unexpectedly
+    disconnected", a PMIX ERROR) before the one message that names the rank, which horovodrun's
+    jobs get alone. A stand-in for mpirun prints the ranks' lines, then its own, and exits 1."""
+    import sys
+
+    from hvdhetero import progress
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    rule = "-" * 74
+    lines = [f"[1,0]<stderr>:{progress.ALIVE_TAG}" + '{"rank": 0, "host": "local", "pid": 1}',
+             f"[1,1]<stderr>:{progress.ALIVE_TAG}" + '{"rank": 1, "host": "local", "pid": 2}',
+             "[1,0]<stdout>:epoch 1 done", rule, "Primary job  terminated normally, but 1 process returned",
+             "a non-zero exit code. Per user-direction, the job has been aborted.", rule, rule,
+             "An MPI communication peer process has unexpectedly disconnected.  This", "", "  Local host: vm", rule,
+             "[vm:13891] PMIX ERROR: UNREACHABLE in file pmix_server.c at line 2198", rule,
+             "mpirun noticed that process rank 1 with PID 2 on node vm exited on signal 9 (Killed).", rule]
+    stand_in = f"import sys\nprint({chr(10).join(lines)!r}, flush=True)\nsys.exit(1)\n"
+    with pytest.raises(LaunchError) as said:
+        supervise._run([sys.executable, "-c", stand_in], {}, tmp_path, tmp_path, None, None, 30.0, None,
+                       ["local", "local"])
+    assert str(said.value).startswith("rank 1 on host local killed by signal 9 (SIGKILL)"), said.value
+    shown = capsys.readouterr()
+    assert "epoch 1 done" in shown.out and not any(word in shown.out + shown.err for word in (
+        "Primary job", "peer process", "PMIX", "Local host", "mpirun noticed", "-----")), shown
+
+
 def test_a_torch_load_of_a_name_job_save_wrote_elsewhere_is_refused_naming_both_files(tmp_path):
     """tests/scripts/save_load.py: the quickstart ported with job.save(state, "model.pth") and its
     torch.load("model.pth") kept. job.save wrote into the run directory, so the load read the

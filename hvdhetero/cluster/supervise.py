@@ -201,6 +201,11 @@ def _signalled(code: int) -> bool:
 
 EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
 MPI_EXIT_LINE = re.compile(r"^mpirun noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+MPI_HELP_RULE = re.compile(r"^-{40,}\s*$")
+"""The dashed line that opens and closes each of Open MPI's help messages ("Primary job terminated
+normally, but 1 process returned a non-zero exit code", "An MPI communication peer process has
+unexpectedly disconnected")."""
+MPI_NOISE = re.compile(r"^\[[^\]\s]+:\d+\] PMIX ERROR: ")
 
 
 def _ended(watch: elastic_hosts.Watch | None) -> str:
@@ -241,6 +246,7 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
     ended = {} if ended is None else ended
     finish_s = float(os.environ.get("HVDHETERO_FINISH_S") or FINISH_S)
     all_done_at: float | None = None
+    in_help = False  # inside one of Open MPI's dashed help blocks, printed once the ranks ran (left out)
 
     def read():
         try:
@@ -282,6 +288,13 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
             prefix = progress.PREFIX.match(line)
             if watch is not None and not watch.read(line[prefix.end():] if prefix else line, bool(match)):
                 continue  # horovodrun's exit line (the watch said it in words), Horovod's reset noise
+            if prefix is None and (alive or done or exits):  # mpirun, once ranks ran: a rank that died is said
+                # in words at the end; its help blocks about the job it aborts (21 lines) said it before that
+                if MPI_HELP_RULE.match(line):
+                    in_help = not in_help
+                    continue
+                if in_help or MPI_NOISE.match(line):
+                    continue
             # Once a rank has ended, the rest is horovodrun stopping the others (its traceback,
             # the survivors' broken collectives): only our tagged lines go on to the relay.
             if watch is not None or not exits or any(tag in line for tag in (progress.ERROR_TAG, progress.RESULT_TAG,
