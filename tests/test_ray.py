@@ -228,6 +228,8 @@ def test_the_driver_runs_on_the_first_host_and_each_rank_from_its_own_env(tmp_pa
     assert plan["env"]["HOROVOD_GLOO_TIMEOUT_SECONDS"] and "PATH" not in plan["env"]  # nothing of the launcher's env
     with pytest.raises(ConfigError, match="pins.backend is mpi"):
         ray_cluster.check(replace(inventory, pins=replace(inventory.pins, backend="mpi")), hosts)
+    with pytest.raises(ConfigError, match="pins.backend is mpi"):  # not "add ray under pins" first, then this
+        ray_cluster.check(replace(inventory, pins=replace(inventory.pins, backend="mpi", ray=None)), hosts)
 
 
 def test_the_driver_gives_each_slot_horovodruns_variables():

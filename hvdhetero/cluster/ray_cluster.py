@@ -39,12 +39,12 @@ NODE_TIMEOUT_S = ray_node.START_TIMEOUT_S + 60
 def check(inventory: Inventory, hosts: Sequence[Host], what: str = "a Ray cluster") -> None:
     """What Ray asks of the inventory, before anything is contacted."""
     launch.check_machines(inventory, hosts, "Ray")
+    if inventory.pins.mpi:  # first: the Ray pin it would ask for next is of no use under mpi
+        raise ConfigError(f"{inventory.path}: the Ray launcher starts Gloo ranks; pins.backend is mpi (mpirun "
+                          "starts those): set backend: gloo, or train without --launcher ray")
     if not inventory.pins.ray:
         raise ConfigError(f"{inventory.path}: {what} needs Ray on every host: add `ray: \"{RAY_PIN}\"` under pins, "
                           f"then run invoke provision")
-    if inventory.pins.mpi:
-        raise ConfigError(f"{inventory.path}: the Ray launcher starts Gloo ranks; pins.backend is mpi (mpirun "
-                          "starts those): set backend: gloo, or train without --launcher ray")
 
 
 RAY_PIN = "2.60.0"
