@@ -252,6 +252,7 @@ def test_with_pins_ray_a_host_without_that_ray_is_named_with_the_fix_and_without
     mac, pc = verdicts(with_ray, without, pins=pins)
     assert mac.problems == [] and pc.problems == [
         "pc: ray not installed, pins.ray is 2.60.0 (mac has 2.60.0); run: invoke provision --hosts pc"]
+    assert "transport uv), Ray 2.60.0, interface (auto)" in preflight.report([mac])  # the version check compared
     older = {**facts(), "ray": "2.59.0"}
     _, pc = verdicts(with_ray, older, pins=pins)
     assert pc.problems[0].startswith("pc: ray 2.59.0, pins.ray is 2.60.0 (mac has 2.60.0)")

@@ -241,7 +241,7 @@ def report(results: list[HostFacts]) -> str:
                          f"{f['horovod']['horovod']} (patches {f['horovod']['patch_set'][:12]}, "
                          f"transport {f['horovod']['transport']}"
                          f"{', ' + f['horovod']['mpi'] if f['horovod'].get('mpi') else ''}), "
-                         f"interface {r.host.interface or '(auto)'}")
+                         f"{'Ray ' + f['ray'] + ', ' if f.get('ray') else ''}interface {r.host.interface or '(auto)'}")
         else:
             lines += [f"{r.host.name}: {r.status}: {p}" for p in r.problems]
     return "\n".join(lines)
