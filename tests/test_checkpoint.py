@@ -19,6 +19,22 @@ from hvdhetero.policy.checkpoints import RETIME, CheckpointSchedule
 from hvdhetero.rank import checkpoint
 
 
+def test_a_commit_taken_right_after_a_restore_holds_the_restored_loader_position():
+    """An --elastic rejoin restores the last commit, then commits at once (before any step): that
+    commit held loader step 0, not the restored 18, so a second reset before the next commit
+    dealt the epoch again from its start. The parts are stand-ins; resume.restore is the job's."""
+    from types import SimpleNamespace
+
+    from hvdhetero.rank import resume
+    from hvdhetero.rank.registry import TrainState
+
+    t = SimpleNamespace(parts=SimpleNamespace(load_state_dict=lambda state: None), train=TrainState(),
+                        strategy=SimpleNamespace(restart=lambda step: None), loader=SimpleNamespace(start_step=0),
+                        loader_at=0, config=SimpleNamespace(seed=0), rank=0)
+    resume.restore(t, {"step": 12, "epoch": 3, "epoch_done": False, "loader_step": 18}, rng=None)
+    assert (t.train.step, t.train.epoch, t.loader.start_step, t.loader_at) == (12, 3, 18, 18)
+
+
 def test_a_file_job_save_writes_has_the_mode_torch_save_gives_it(tmp_path):
     """job.save's model (and a checkpoint) is readable as torch.save's is under the umask in force:
     it was 0o600, a temporary file's mode, where torch.save left 0o644."""

@@ -119,10 +119,17 @@ def _gather_here(inventory: Inventory, host: Host, targets: str, packages: str) 
         return HostFacts(host, status="failed", error=str(e))
     except subprocess.TimeoutExpired:
         return HostFacts(host, status="failed", error=f"{host.name}: its env's Python gave no answer in 60 s")
+    except OSError as e:  # not executable, not a program
+        return HostFacts(host, status="failed", error=f"{host.name}: its env's Python does not start ({e}); run "
+                         "ci/setup, or fix env: for it")
     if r.returncode != 0:
         return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
                          f"({(r.stderr or r.stdout).strip()[-300:]}); run ci/setup")
-    return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
+    try:
+        return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return HostFacts(host, status="failed", error=f"{host.name}: its env {py} printed no facts "
+                         f"({r.stdout.strip()[-300:]!r}); run ci/setup")
 
 
 def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> None:

@@ -65,6 +65,7 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
     t.train.load_state_dict(state)
     t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
     t.loader.start_step = state.get("loader_step", t.train.step)  # checkpoints before it: no accumulation known
+    t.loader_at = t.loader.start_step  # a commit taken before the next step (an elastic rejoin's) holds it: it held 0
 
 
 def save_checkpoint(t: Training, epoch_done: bool) -> None:
