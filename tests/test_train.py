@@ -209,5 +209,6 @@ def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
                     "--run-dir", tmp_path], timeout=600)
     said = metrics.records(tmp_path / "metrics.jsonl", "slower_than_alone")
     assert len(said) == 1 and said[0]["rank"] == 0 and said[0]["slowest"] == 1 and said[0]["ratio"] < 0.5, said
-    line = next(ln for ln in proc.stdout.splitlines() if "slower ranks" in ln)
+    line = next(ln for ln in proc.stdout.splitlines() if "alone would train about" in ln)
     assert "where rank 0 (local) alone would train about" in line and "--sync diloco:32 --overlap-sync" in line, line
+    assert "Train with one rank on local (`slots: 1` for it in the inventory" in line, line  # its ranks share a host
