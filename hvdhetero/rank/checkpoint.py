@@ -23,8 +23,7 @@ def save_object(obj: Any, path: str | Path) -> Path:
     unreadable to the user's other accounts and services)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -36,6 +35,14 @@ def save_object(obj: Any, path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def temporary_beside(path: Path) -> tuple[int, Path]:
+    """A new file in `path`'s folder, open for writing, to be renamed over `path` once written
+    whole: made as open() makes a file (the umask in force applies, as to torch.save's), named
+    by this process and a random token (`.NAME.PID.TOKEN.tmp`: a glob of `.NAME*.tmp` finds it)."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), tmp
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import time
 from pathlib import Path
 
 import torch
+
+from hvdhetero.rank import checkpoint
 
 _SAVED: dict[str, Path] = {}
 """job.save's names in this process (normalised), each with the path it wrote."""
@@ -56,11 +57,13 @@ def elsewhere(f) -> str | None:
     if here == wrote.resolve():
         return None
     try:
-        if here.stat().st_mtime >= _SINCE - 2.0:  # written in this run (the script's own torch.save too)
-            return None
-        found = f"an older file, of {time.strftime('%Y-%m-%d %H:%M', time.localtime(here.stat().st_mtime))}"
+        written = here.stat().st_mtime
     except OSError:
         found = "no file"
+    else:
+        if written >= _SINCE - 2.0:  # written in this run (the script's own torch.save too)
+            return None
+        found = f"an older file, of {time.strftime('%Y-%m-%d %H:%M', time.localtime(written))}"
     return (f"torch.load({os.fspath(f)!r}) reads {here}, which is {found}: the script's job.save(..., {name!r}) "
             f"wrote its file to the run directory, {wrote} (on rank 0's host). Load that path "
             f"(os.path.join(job.run_dir, {name!r}), on rank 0), or keep torch.save(..., {name!r}) in place of "
@@ -83,9 +86,9 @@ def install() -> None:
         if path.is_symlink() or (exists and not (path.is_file() and os.access(path, os.W_OK))) \
                 or not os.access(path.parent, os.W_OK):  # a link, a file torch could not write: torch's own
             return torchs(obj, f, *args, **kwargs)
-        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:  # made as open() makes a file: the umask in force now applies
-            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            fd, tmp = checkpoint.temporary_beside(path)
+            os.close(fd)
         except OSError:  # a name too long with the suffix, a folder that takes no new file
             return torchs(obj, f, *args, **kwargs)
         try:
