@@ -216,16 +216,16 @@ def joined(lines: Iterable[str]) -> Iterator[str]:
     One never whole goes on as it came (a rank killed mid-write: left out, as before)."""
     held, pieces = None, 0
     for line in lines:
-        if held is not None:
-            if PREFIX.match(line) is None and pieces < MAX_PIECES:
-                held, pieces = held.rstrip("\r\n") + line, pieces + 1
-                if _whole(held):
-                    yield held
-                    held = None
-                continue
-            if PREFIX.match(line) is None:  # too many pieces: give up on it
+        piece = held is not None and PREFIX.match(line) is None
+        if piece and pieces < MAX_PIECES:
+            held, pieces = held.rstrip("\r\n") + line, pieces + 1
+            if _whole(held):
                 yield held
                 held = None
+            continue
+        if piece:  # too many pieces: give up on it
+            yield held
+            held = None
         if held is None and len(line) >= CUT_AT and not _whole(line):
             held, pieces = line, 0
             continue

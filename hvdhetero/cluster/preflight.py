@@ -17,7 +17,6 @@ import posixpath
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hvdhetero.cluster import horovod_build
 from hvdhetero.cluster import launch
@@ -80,7 +79,7 @@ class HostFacts:
     problems: list[str] = field(default_factory=list)
 
 
-SOURCE = str(Path(__file__).resolve().parents[1])
+SOURCE = str(remote_provision.ROOT / "hvdhetero")
 """This checkout's package folder: a local host's env that imports hvdhetero from here runs this checkout."""
 
 
@@ -102,10 +101,7 @@ def gather(inventory: Inventory, host: Host, peers: list[Host], accept_new: bool
     except Exception as e:  # noqa: BLE001 - a command timed out, the connection dropped: this host's status
         return HostFacts(host, status="unreachable", error=f"{host.name}: connected, then {type(e).__name__}: "
                          f"{str(e).strip()[-300:]} (asleep, overloaded or off the network?)")
-    if r.exited != 0:
-        return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
-                         f"({(r.stderr or r.stdout).strip()[-300:]}); run invoke provision --hosts {host.name}")
-    return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
+    return _facts(host, py, r.exited, r.stdout, r.stderr, f"invoke provision --hosts {host.name}")
 
 
 def _gather_here(inventory: Inventory, host: Host, targets: str, packages: str) -> HostFacts:
@@ -122,14 +118,20 @@ def _gather_here(inventory: Inventory, host: Host, targets: str, packages: str) 
     except OSError as e:  # not executable, not a program
         return HostFacts(host, status="failed", error=f"{host.name}: its env's Python does not start ({e}); run "
                          "ci/setup, or fix env: for it")
-    if r.returncode != 0:
+    return _facts(host, py, r.returncode, r.stdout, r.stderr, "ci/setup")
+
+
+def _facts(host: Host, py: str, code: int, out: str, err: str, fix: str) -> HostFacts:
+    """What ENV_FACTS_PY printed with `host`'s env Python `py` (on the host or here), or the
+    status saying why there is nothing to read and the command (`fix`) that sets the env up."""
+    if code != 0:
         return HostFacts(host, status="failed", error=f"{host.name}: its env {py} does not run "
-                         f"({(r.stderr or r.stdout).strip()[-300:]}); run ci/setup")
+                         f"({(err or out).strip()[-300:]}); run {fix}")
     try:
-        return HostFacts(host, facts=json.loads(r.stdout.strip().splitlines()[-1]))
+        return HostFacts(host, facts=json.loads(out.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         return HostFacts(host, status="failed", error=f"{host.name}: its env {py} printed no facts "
-                         f"({r.stdout.strip()[-300:]!r}); run ci/setup")
+                         f"({out.strip()[-300:]!r}); run {fix}")
 
 
 def problems(inventory: Inventory, results: list[HostFacts], digest: str) -> None:

@@ -257,7 +257,7 @@ def provision(inventory: Inventory, hosts: list[Host], *, accept_new: bool = Fal
             with ThreadPoolExecutor(max_workers=len(remote)) as pool:
                 futures = [pool.submit(provision_host, inventory, h, artifacts, digest, accept_new=accept_new,
                                        install_system=install_system, dry_run=dry_run, log=log) for h in remote]
-                reports.update((f.result().host, f.result()) for f in futures)
+                reports.update((h.name, f.result()) for h, f in zip(remote, futures))
     return [reports[h.name] for h in hosts]
 
 
