@@ -94,6 +94,31 @@ def test_refine_corrects_a_calibration_that_mis_extrapolated_to_the_slow_ranks_s
     assert b.history == [(0, first), (0, refined)]
 
 
+def test_refine_draws_each_ranks_line_through_its_share_and_its_farthest_probe():
+    """A --slowdown 3 straggler of a tiny model, as `invoke plan` timed it: probes of 16 and 64
+    samples (3.0 and 10.2 ms on the fast rank, 14.0 and 34.8 ms on the slow one) gave the slow
+    rank 5 of 64, where one noisy probe timed it at 7.2 ms, hardly above its fitted overhead
+    (7.0 ms). From that overhead its per-sample cost came out 40 us, and it stood alone at
+    9.6 ms, as fast as the fast rank (the plan: a ratio of 1.0 where 3.4 was measured), and the
+    split gave it 15. Through its 64-sample probe, alone it is what that probe measured."""
+    probes = [((16, 0.003044), (64, 0.010170)), ((16, 0.013958), (64, 0.034844))]
+    per_sample = [(big - small) / 48 for (_, small), (_, big) in probes]
+    overhead = [big - p * 64 for ((_, _), (_, big)), p in zip(probes, per_sample)]
+    noise = [2e-5, 2e-4]
+
+    def refined(anchors):
+        b = Balancer(global_batch=64, size=2)
+        assert b.calibrate(overhead, per_sample, noise=noise) == [59, 5]
+        split = b.refine([0.00912, 0.0072], [59, 5], noise=noise, anchors=anchors)
+        return split, [a + p * 64 for a, p in zip(b.overhead, b.seconds_per_sample)]
+
+    split, alone = refined(None)
+    assert alone[1] < 1.1 * alone[0] and split[1] >= 12, "the case: the overhead's noise, 13-fold"
+    split, alone = refined([probes[0][0], probes[1][1]])
+    assert alone[1] == pytest.approx(0.034844) and alone[0] == pytest.approx(0.00983, rel=0.01), alone
+    assert split[1] < 10 and split[0] + split[1] == 64, split
+
+
 def test_refine_moves_even_for_a_gain_below_the_hysteresis_threshold():
     # Measured at K=10: the two-point fit gave the slow rank 131 samples; timed at 131 it was
     # idle 40 ms a step. Giving it the ~149 due saves the job under 3% a step (below the online

@@ -85,6 +85,11 @@ destroy_process_group: 16 lines, 9 of them removed outright), as docs/api.md's "
 script" lists, and its loop over its snapshot's epochs goes through job.epochs (rank 0's start on
 every rank)."""
 ORIGINAL_LAUNCH = {"ddp": ["torchrun", "--standalone", "--nproc_per_node=2"]}
+TEARDOWN_ABORT = "terminate called without an active exception"
+"""What a torchrun rank of the DDP tutorial printed when gloo's threads aborted it in
+destroy_process_group, its other rank still evaluating and saving (CI, 2026-11-29: all 12 epochs
+trained and their MSE printed, then SIGABRT): a rare race in PyTorch's teardown, so the original
+runs once more and is judged on that run."""
 """Originals started by a launcher of their own (the DDP script by torchrun, its two processes
 over gloo on this host), not by `python` on one device."""
 PORT_ARGS = {"ddp": ["--batch_size", "64"]}
@@ -187,7 +192,11 @@ def test_the_original_reaches_its_target_on_one_device(name, tmp_path):
     data = [DATA[name], tmp_path / "data"] if name in DATA else []
     launch = [VENV_BIN / ORIGINAL_LAUNCH[name][0], *ORIGINAL_LAUNCH[name][1:]] if name in ORIGINAL_LAUNCH \
         else [VENV_BIN / "python"]
-    proc = run_cmd([*launch, PORTED / f"{name}_single.py", *args, *data], timeout=300, cwd=tmp_path)
+    proc = run_cmd([*launch, PORTED / f"{name}_single.py", *args, *data], timeout=300, cwd=tmp_path, check=False)
+    if proc.returncode and TEARDOWN_ABORT in proc.stderr:  # PyTorch's, not the script's: once more, afresh
+        (tmp_path / "again").mkdir()
+        proc = run_cmd([*launch, PORTED / f"{name}_single.py", *args, *data], timeout=300, cwd=tmp_path / "again")
+    assert proc.returncode == 0, f"{name}_single.py exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert met(last(metric, proc.stdout, JUDGED_OVER.get(name, 1))), proc.stdout[-2000:]
 
 

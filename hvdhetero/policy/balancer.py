@@ -253,7 +253,8 @@ class Balancer:
                 yield rank, per_sample
 
     def refine(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int = 0,
-               noise: Sequence[float] | None = None) -> list[int]:
+               noise: Sequence[float] | None = None,
+               anchors: Sequence[tuple[float, float]] | None = None) -> list[int]:
         """Re-measure at the calibrated split: each rank timed steps of exactly its share, which
         replace its per-sample cost outright (the calibration probes ran other batch sizes, and
         a_i + p_i * n only extrapolates to the share). Moves to the equal-time split of what was
@@ -268,9 +269,17 @@ class Balancer:
         measured here instead, which never starves a rank: the fit gave the least share to one of
         two alike CPU ranks of a tiny model (0.3 ms a step, all but fixed cost) that this probe
         timed 100-200 us slower, [1, 63] in 4 runs of 6, where its one sample showed no
-        per-sample cost and it stayed."""
+        per-sample cost and it stayed.
+
+        `anchors` (each rank's calibration probe farthest from its share: samples, seconds) draw
+        each rank's line through both measured points instead, its overhead kept only where the
+        two do not make one: from the calibrated overhead alone, a straggler's few samples
+        (5-10 of 64, --slowdown 3) carried its probes' noise into its per-sample cost 13-fold, and
+        `invoke plan` once put it alone at 1.6x the fast rank's time where it measured 3x."""
         for rank, per_sample in self._measured(step_seconds, sizes):
             self.seconds_per_sample[rank] = per_sample
+        for rank, anchor in enumerate(anchors or []):
+            self._through(rank, sizes[rank], step_seconds[rank], *anchor)
         by_speed = self.split == self.equal
         if by_speed and min(step_seconds) <= 0:  # no time measured: no speed to split by
             return self.split
@@ -284,6 +293,18 @@ class Balancer:
                    if by_speed else f"measured at {self.split}, predicts {_s(self.step_time(target))} s/step")
             self._move(target, step, f"refined: {why}")
         return self.split
+
+    def _through(self, rank: int, n: int, seconds: float, far: float, far_seconds: float) -> None:
+        """Rank `rank`'s a and p from the line through two single steps it measured: n samples
+        in `seconds` and `far` in `far_seconds`; left as they are where the two make no line of
+        a positive cost a sample, or its steps merge (a merged step pays part of a)."""
+        if n <= 0 or far == n or self.merged_steps(self.split)[rank] != 1:
+            return
+        p = (far_seconds - seconds) / (far - n)
+        if p <= 0:
+            return
+        a = seconds - p * n
+        self.overhead[rank], self.seconds_per_sample[rank] = (a, p) if a >= 0 else (0.0, seconds / n)
 
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
         """Feed every rank's compute time for a step and the samples each had; returns a new

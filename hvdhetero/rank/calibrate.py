@@ -32,15 +32,16 @@ from hvdhetero.rank.worker import Worker, cross_entropy_loss, forward_backward
 
 
 def timings(model, dataset, me: Worker, small: int, big: int, loss_fn: Callable,
-            collate_fn: Callable | None = None) -> tuple[float, float, float]:
+            collate_fn: Callable | None = None) -> tuple[float, float, float, tuple[tuple[int, float], ...]]:
     """This rank's per-step overhead a and per-sample seconds p, from probes at two batch sizes,
-    and the noise of a probe (the larger standard error of the two). Runs the user's model alone
-    (no collective): it may raise whatever the model raises."""
+    the noise of a probe (the larger standard error of the two), and the probes themselves
+    ((samples, seconds) each). Runs the user's model alone (no collective): it may raise
+    whatever the model raises."""
     t_small, noise_small = probe_seconds(model, dataset, me, small, loss_fn, collate_fn)
     t_big, noise_big = probe_seconds(model, dataset, me, big, loss_fn, collate_fn)
     p = (t_big - t_small) / (big - small) if big > small else t_big / big
     p = max(p, 0.1 * t_big / big)  # timing noise must not make p vanish
-    return max(0.0, t_big - p * big), p, max(noise_small, noise_big)
+    return max(0.0, t_big - p * big), p, max(noise_small, noise_big), ((small, t_small), (big, t_big))
 
 
 def calibrate(balancer: Balancer, model, dataset, me: Worker, small: int, big: int,
@@ -51,25 +52,29 @@ def calibrate(balancer: Balancer, model, dataset, me: Worker, small: int, big: i
 
 
 def split_from(balancer: Balancer, model, dataset, me: Worker, a: float, p: float, noise: float,
-               loss_fn: Callable, collate_fn: Callable | None = None) -> None:
+               probes: tuple[tuple[int, float], ...], loss_fn: Callable, collate_fn: Callable | None = None) -> None:
     """Set `balancer`'s split from this rank's (a, p) and every other rank's (a collective), then
-    refine it with one probe at exactly that split; each with the probes' noise, so that ranks
-    which time alike within it keep the split they have. A rank whose refining probe fails sends
-    -1: then every rank keeps the two-probe split (the first steps' timings correct it)."""
+    refine it with one probe at exactly that split, each rank's line drawn through that probe and
+    the one of its two `probes` farthest from its share; each with the probes' noise, so that
+    ranks which time alike within it keep the split they have. A rank whose refining probe fails
+    sends -1: then every rank keeps the two-probe split (the first steps' timings correct it)."""
     n = hvd.size()
     every = allreduce_sum(one_hot(a) + one_hot(p) + one_hot(noise), "hvdhetero.calibrate")
     balancer.calibrate(every[:n], every[n:2 * n], noise=every[2 * n:])
     sizes = list(balancer.split)
+    share = sizes[hvd.rank()]
     try:
-        mine, noise = probe_seconds(model, dataset, me, sizes[hvd.rank()], loss_fn, collate_fn)
+        mine, noise = probe_seconds(model, dataset, me, share, loss_fn, collate_fn)
     except Exception as err:  # noqa: BLE001 - the user's model at another batch size (out of memory, say)
         mine, noise = -1.0, 0.0
-        print(f"hvdhetero: rank {hvd.rank()}: the probe at its share ({sizes[hvd.rank()]} samples) failed "
+        print(f"hvdhetero: rank {hvd.rank()}: the probe at its share ({share} samples) failed "
               f"({probe_error(err)}); every rank keeps the calibrated split, and its first steps may fail alike",
               flush=True)
-    measured = allreduce_sum(one_hot(mine) + one_hot(noise), "hvdhetero.refine")
+    far, far_s = max(probes, key=lambda probe: abs(probe[0] - share))
+    measured = allreduce_sum(one_hot(mine) + one_hot(noise) + one_hot(far) + one_hot(far_s), "hvdhetero.refine")
     if min(measured[:n]) >= 0:
-        balancer.refine(measured[:n], sizes, noise=measured[n:])
+        balancer.refine(measured[:n], sizes, noise=measured[n:2 * n],
+                        anchors=list(zip(measured[2 * n:3 * n], measured[3 * n:])))
 
 
 def probe_seconds(model, dataset, me: Worker, n: int, loss_fn: Callable = cross_entropy_loss,
