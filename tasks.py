@@ -121,8 +121,9 @@ _RUN_OPTIONS = TRAIN.defaults(set(TRAIN.options) - {"hosts", "inventory", "resum
 @_user_errors
 @TRAIN.body
 def train(c, **given):
-    """Train on the inventory's hosts with horovodrun --gloo: your --script, or the built-in recipe
-    (default: digits on 2 CPU ranks here). Arguments after `--` go to the script."""
+    """Train your --script (or the built-in recipe) on the inventory's hosts, one model together.
+    Started by horovodrun (Gloo), mpirun (pins.backend mpi) or a Ray cluster (--launcher ray);
+    without options: digits on 2 CPU ranks here. Arguments after `--` go to the script."""
     run_dir, script = given["run_dir"], given["script"]
     checks.one_of("launcher", given["launcher"] or "horovodrun", ("horovodrun", "ray"))
     if given["resume"]:
@@ -168,9 +169,10 @@ SWEEP = Options(
 @_user_errors
 @SWEEP.body
 def sweep(c, **given):
-    """Hyper-parameter sweep: trials of your --script (or the built-in recipe) across the hosts, one
-    trial per host at a time, placed by each host's measured speed so that the sweep ends no later
-    than the fastest host alone. Arguments after `--` go to every trial's script."""
+    """Hyper-parameter sweep (Optuna): trials of your --script spread over every host.
+    Trials of your --script (or the built-in recipe), one per host at a time, placed by each
+    host's measured speed so that the sweep ends no later than the fastest host alone. Arguments
+    after `--` go to every trial's script."""
     from hvdhetero.sweep import run as sweeps
 
     if given["resume"]:
@@ -213,8 +215,10 @@ PLAN = Options(
 @PLAN.body
 def plan(c, hosts, inventory, script, workdir, dataset, model, batch_size, data_dir, compression, precision,
          micro_batch, slowdown, out, dry_run, verbose):
-    """Measure each host's speed on the model and the link between them, predict samples/s for
-    every subset of hosts and sync mode, and say which to use. Arguments after `--` go to the script."""
+    """Time the hosts and the link on your model, and say which hosts and --sync to train with.
+    Measures each host's speed on the model and the link between them, predicts samples/s for
+    every subset of hosts and sync mode, and says which to use. Arguments after `--` go to the
+    script."""
     checks.writable_file("out", out)
     recipe = recipe_argv(dict(dataset=dataset, model=model, batch_size=batch_size, data_dir=data_dir), script,
                          epochs=1)
@@ -234,8 +238,9 @@ def plan(c, hosts, inventory, script, workdir, dataset, model, batch_size, data_
       iterable=["run"])
 @_user_errors
 def report(c, run=None, out=""):
-    """Figures (loss, accuracy, samples/s per rank, batch split, step time) and one self-contained
-    report.html for a run, or several overlaid: invoke report RUN_DIR [RUN_DIR ...] (without
+    """Figures and one self-contained report.html for a run, several runs overlaid, or a sweep.
+    Loss, accuracy, samples/s per rank, batch split and step time for a run, or several
+    overlaid: invoke report RUN_DIR [RUN_DIR ...] (without
     run directories: the newest run under runs/). For a sweep: invoke report SWEEP_DIR (the
     best trial, the metric against trial and time, each parameter's effect, which host ran what)."""
     from hvdhetero.bench import report as rep
@@ -303,8 +308,8 @@ BENCH = Options(Option("hosts", None, "comma-separated inventory hosts (default:
 @_user_errors
 @BENCH.body
 def bench(c, hosts, inventory, **given):
-    """Benchmark ranks alone, plain Horovod and hvdhetero in one job; prints E and ratios (or
-    --allreduce, --to-accuracy, --sweep: docs/benchmarks.md)."""
+    """Benchmark hvdhetero against plain Horovod and each rank alone, in one job; prints ratios.
+    Also --allreduce, --to-accuracy and --sweep: docs/benchmarks.md."""
     options = BenchOptions(**{**given, "repeats": checks.integer("repeats", given["repeats"])})  # bad values: exit 2
     inventory_ = inv.load(inventory or inv.default_path())
     selected = inventory_.select(hosts)

@@ -214,3 +214,18 @@ def test_the_facade_check_sees_a_reach(tmp_path):
     (pkg / "bench.py").write_text("def f(job):\n    return job._x\n")
     assert job_reaches(pkg) == ["hvdhetero/bench.py:2 reads a private Job attribute",
                                 "hvdhetero/rank/resume.py imports the Job"]
+
+
+def test_invoke_list_says_each_task_in_a_whole_sentence():
+    """`invoke --list` shows a task's first docstring line: one cut mid-sentence read "predict
+    samples/s for" and "prints E and ratios (or"."""
+    proc = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    said: dict[str, str] = {}  # task: its line, its wrapped lines rejoined
+    for line in proc.stdout.splitlines()[2:]:
+        if line.startswith("  ") and not line.startswith("   "):
+            name, said[name] = (line.split(None, 1) + [""])[:2]
+        elif line.strip():
+            said[name] += " " + line.strip()
+    assert proc.returncode == 0 and len(said) >= 12, proc.stdout + proc.stderr
+    assert [name for name, text in said.items() if not text.endswith(".")] == [], proc.stdout
