@@ -21,6 +21,7 @@ from hvdhetero import checks
 from hvdhetero.bench.options import BenchOptions
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.cluster import launch
+from hvdhetero.cluster import run_dir as run_dirs
 from hvdhetero.cluster import submit
 from hvdhetero.config import JobConfig, check_micro_batch
 from hvdhetero.errors import HvdHeteroError
@@ -131,6 +132,10 @@ def train(c, **given):
         changed += (["--run-dir"] if run_dir else []) + (["arguments after --"] if _script_args() else [])
         request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed,
                                           given["launcher"], given["ray_address"])
+        if ended := run_dirs.finished(run_dir):
+            print(f"hvdhetero: --resume {given['resume']}: the run in {run_dir} trained to its end ({ended}); "
+                  "nothing is left to resume. To train on, start a new run (--epochs for how long)")
+            return
     else:
         request = submit.Request(given["hosts"], given["inventory"],
                                  {f.name: given[f.name] for f in fields(JobConfig) if f.name not in _ENGINE_FIXED},

@@ -120,7 +120,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path, mode, r
     assert len(starts) == 2 and starts[1]["resumed_from"] == str(newest[0])
 
 
-def test_checkpoints_are_kept_newest_k_and_hold_what_a_resume_needs(tmp_path):
+def test_checkpoints_are_kept_newest_k_hold_what_a_resume_needs_and_a_finished_run_resumes_to_nothing(tmp_path):
     train("--epochs", "2", "--checkpoint-every", "20", "--keep-checkpoints", "2", run_dir=tmp_path)
     kept = checkpoint.listed(tmp_path)
     # 90 steps an epoch: 20, 40, 60, 80, 90 (its end), 110, ..., 170, 180: N steps after the last one
@@ -130,6 +130,11 @@ def test_checkpoints_are_kept_newest_k_and_hold_what_a_resume_needs(tmp_path):
     assert {"model", "optimizer", "rng", "split", "config", "metrics_offset", "sync", "scheduler"} <= set(state)
     assert len(state["rng"]) == 2 and state["config"]["seed"] == 0
     assert not list((tmp_path / "checkpoints").glob(".*tmp")), "no temporary file left"
+    # resumed, the finished run says so and launches nothing (it said "resuming ... (epoch 3, ...)")
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path], timeout=60)
+    assert f"the run in {tmp_path} trained to its end (epoch 2, step 180); nothing is left to resume" in proc.stdout
+    assert "resuming from" not in proc.stdout and (tmp_path / "metrics.jsonl").read_bytes() == before
 
 
 def test_a_loop_of_its_own_is_retimed_from_its_slowest_ranks_whole_steps():

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hvdhetero import metrics
 from hvdhetero.errors import ConfigError
 
 LAUNCH = "launch.json"
@@ -31,6 +32,16 @@ def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, scrip
         {"hosts": hosts, "rank0_local": rank0_local, "script": script, "workdir": workdir, "recipe": recipe,
          "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"},
          "inventory": inventory, "launcher": launcher}, indent=1))
+
+
+def finished(folder: str | Path) -> str:
+    """Where the run in `folder` trained to its end (its metrics.jsonl, rank 0's where rank 0 ran
+    here, ends with its end record): its last epoch and step, in words; else ''."""
+    found = metrics.records(Path(folder) / "metrics.jsonl", missing_ok=True)
+    if not found or found[-1].get("event") != "end":
+        return ""
+    epochs = [r for r in found if r.get("event") == "epoch"]
+    return f"epoch {epochs[-1]['epoch'] + 1}, step {epochs[-1]['step']}" if epochs else "its script's own loop"
 
 
 def has_checkpoint(folder: Path) -> bool:
