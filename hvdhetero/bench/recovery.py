@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from hvdhetero import metrics
+from hvdhetero.cluster.checkout import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 INVOKE = Path(sys.executable).parent / "invoke"
 LONG = ["--epochs", "30", "--checkpoint-minutes", "0", "--", "--repeat", "4"]
 """A run that outlasts a measurement: 30 epochs of 90 steps."""

@@ -19,6 +19,7 @@ import yaml
 from hvdhetero.cluster.inventory_records import (BACKENDS, DEVICES, MPI_OPS, OPENMPI_SERIES, TRANSPORTS, Host,
                                                  Inventory, Pins)
 from hvdhetero import yaml_file
+from hvdhetero.cluster import checkout
 from hvdhetero.errors import InventoryError
 
 ENV_VAR = "HVDHETERO_INVENTORY"
@@ -124,7 +125,7 @@ assert set(_HOST_RULES) == set(_HOST_DEFAULTS) - {"name", "line"}, "every Host f
 
 def _compose(path: Path) -> yaml.Node:
     """The YAML node tree of the file; InventoryError if it is missing, unreadable or empty."""
-    shipped = Path(__file__).resolve().parents[2] / "inventory.yaml"  # the checkout's, beside tasks.py
+    shipped = checkout.INVENTORY
     source = shipped if shipped.is_file() else "the inventory.yaml at the root of the hvdhetero repository"
     return yaml_file.compose(path, InventoryError, f"create it from {source} (its `local` host runs two CPU ranks "
                              f"here), or point ${ENV_VAR} at yours", "it needs at least pins: and hosts:")

@@ -18,7 +18,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from hvdhetero import netinfo
-from hvdhetero.cluster import console, elastic_hosts
+from hvdhetero.cluster import checkout, console, elastic_hosts
 from hvdhetero.config import JobConfig, env_items
 from hvdhetero.errors import ConfigError
 from hvdhetero.cluster.inventory import Host, Inventory
@@ -162,7 +162,7 @@ def local_python(inventory: Inventory, host: Host) -> str:
     """The local `host`'s env interpreter; ConfigError with the fix if there is none."""
     python = env_python(inventory, host)
     if not Path(python).exists():
-        ours = Path(__file__).resolve().parents[2] / ".venv"  # this checkout's, where ci/setup made it
+        ours = checkout.VENV
         fix = (f"set `env: {ours}` for it (relative paths start at the inventory file's directory; this "
                "checkout's env is there)" if (ours / "bin" / "python").exists() and Path(python).parents[1] != ours
                else "run ci/setup, or fix env: (relative paths start at the inventory file's directory)")

@@ -18,6 +18,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from hvdhetero.cluster import checkout
 from hvdhetero.cluster import horovod_build
 from hvdhetero.cluster import launch
 from hvdhetero.cluster import mpi
@@ -79,7 +80,7 @@ class HostFacts:
     problems: list[str] = field(default_factory=list)
 
 
-SOURCE = str(remote_provision.ROOT / "hvdhetero")
+SOURCE = str(checkout.ROOT / "hvdhetero")
 """This checkout's package folder: a local host's env that imports hvdhetero from here runs this checkout."""
 
 

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster.checkout import ROOT
 from hvdhetero.cluster import inventory as inv
 from hvdhetero.errors import BuildError, HvdHeteroError
 from hvdhetero.cluster.launch import env_python
 
-ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".hvdhetero-setup.json"
 
 

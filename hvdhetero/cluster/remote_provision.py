@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvdhetero.cluster import horovod_build
+from hvdhetero.cluster.checkout import ROOT
 from hvdhetero.cluster import ssh
 from hvdhetero.errors import (BuildError, HostKeyError, HvdHeteroError, SSHAuthError, UnreachableError,
                               group_exit_code)
 from hvdhetero.cluster.inventory import Host, Inventory, Pins
 
-ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".hvdhetero-provisioned.json"
 
 # Printed by the host's interpreter before anything is installed: what the plan depends on.
