@@ -36,12 +36,18 @@ def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, scrip
 
 def finished(folder: str | Path) -> str:
     """Where the run in `folder` trained to its end (its metrics.jsonl, rank 0's where rank 0 ran
-    here, ends with its end record): its last epoch and step, in words; else ''."""
+    here, ends with its end record, and no checkpoint holds a later step than its last epoch's):
+    its last epoch and step, in words; else ''."""
     found = metrics.records(Path(folder) / "metrics.jsonl", missing_ok=True)
     if not found or found[-1].get("event") != "end":
         return ""
     epochs = [r for r in found if r.get("event") == "epoch"]
-    return f"epoch {epochs[-1]['epoch'] + 1}, step {epochs[-1]['step']}" if epochs else "its script's own loop"
+    if not epochs:
+        return "its script's own loop"
+    saved = [int(p.stem.removeprefix("step-")) for p in (Path(folder) / "checkpoints").glob("step-*.pt")
+             if p.stem.removeprefix("step-").isdigit()]
+    last = epochs[-1]
+    return "" if max(saved, default=0) > last["step"] else f"epoch {last['epoch'] + 1}, step {last['step']}"
 
 
 def has_checkpoint(folder: Path) -> bool:
