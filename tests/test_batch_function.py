@@ -320,6 +320,15 @@ def test_a_stream_read_whole_on_every_rank_trains_until_it_ends(tmp_path):
     ended = dict((int(r), (int(s), d)) for r, s, d in
                  re.findall(r"^(?:\[rank \d\] )?rank (\d) steps (\d+) digest (\w+)$", proc.stdout, re.M))
     assert ended == {0: (60, ended[0][1]), 1: (60, ended[0][1])}, proc.stdout[-2000:]
+    # in job.epochs, a stream made anew at each epoch's end is drawn from again; one left ended is said
+    for anew in (["--anew"], []):
+        epochs = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "stream_fn.py",
+                          "--all-ranks-output", "--run-dir", tmp_path / f"epochs{anew}", "--", "--epochs", "3", *anew],
+                         timeout=300)
+        ended = set(re.findall(r"^(?:\[rank \d\] )?rank \d steps (\d+) digest (\w+)$", epochs.stdout, re.M))
+        assert len(ended) == 1 and int(ended.pop()[0]) == (180 if anew else 60), epochs.stdout[-2000:]
+        said = epochs.stdout.count("hvdhetero: epoch 1 (2/3 on the live line) took no training step")
+        assert said == (0 if anew else 1) and "epoch 2 (3/3" not in epochs.stdout, epochs.stdout[-2000:]
     short = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "stream_fn.py",
                      "--run-dir", tmp_path / "short", "--", "--samples", "3010"], timeout=300, check=False)
     assert short.returncode != 0

@@ -202,7 +202,9 @@ class NextBatch:
     endless sequence on its device (a step's share, or its micro-batches in turn). It iterates
     too (`for x, y in batches:`), until the function raises StopIteration (`lambda: next(stream)`
     at the stream's end: every rank reads the same stream, so every rank ends at the same step);
-    a call then raises StopIteration, as next() does."""
+    a call then raises StopIteration, as next() does. A later call (the next epoch's loop) calls
+    the function again for the step it could not draw: a stream the script made anew goes on
+    there, and one it did not ends that loop at once."""
 
     def __init__(self, loader: Loader, step_state: StepState, model: torch.nn.Module):
         self.loader, self.state = loader, step_state
@@ -222,8 +224,8 @@ class NextBatch:
             self._it = iter(self.loader)
         try:
             return next(self._it)
-        except Exhausted as end:
-            self._it = _ended()
+        except Exhausted as end:  # the next call calls the function again, for that step: a stream made anew goes on
+            self._it, self.loader.start_step = None, end.step
             raise StopIteration(str(end)) from None
 
     def __iter__(self):
@@ -281,11 +283,6 @@ class _Unsaved:
 
     def __reduce__(self):
         return getattr, ({}, "get")
-
-
-def _ended():
-    """A stream that ended: every later call ends at once."""
-    return iter(())
 
 
 def _states() -> dict:

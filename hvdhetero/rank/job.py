@@ -191,6 +191,7 @@ class Job:
         t = self.training
         if t is not None:  # overlapped rounds end with the epochs (RoundClock.due)
             t.epochs, t.in_epochs, t.epochs_from = n, True, counted_from
+        said_empty = False  # an epoch that took no step (said once)
         try:
             for epoch in range(first, n):
                 self.epoch = epoch
@@ -201,6 +202,9 @@ class Job:
                     # the runner says which, once the script has ended: the number the loop got, the live line's count
                     self.left_epochs = f"{epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line)"
                     raise
+                if t is not None and not self.records.steps and not said_empty:
+                    said_empty = True
+                    self._took_no_step(epoch, counted_from, n)
                 self._end_epoch(more=not self._stopping and epoch + 1 < n)
                 if self._stopping:
                     break
@@ -208,6 +212,16 @@ class Job:
             if t is not None:
                 t.in_epochs = False
         self._end()
+
+    def _took_no_step(self, epoch: int, counted_from: int, n: int) -> None:
+        """Said once a run, by rank 0: an epoch of job.epochs ended with no step taken (a batch
+        function's stream that ended and was not made anew: every later loop over it ends at once)."""
+        if self.is_main:
+            print(f"hvdhetero: epoch {epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line) took no "
+                  "training step: its loop over the prepared batches yielded none. A batch function's stream "
+                  "(lambda: next(stream)) that ended yields none until the script makes it anew (stream = "
+                  "iter(...) before the loop: the next batch is drawn from it); else end with job.stop()",
+                  flush=True)
 
     def _rank_0s_start(self, start: int) -> int:
         """Rank 0's `start` on every rank (one small exchange), said once where the ranks' differ: a
