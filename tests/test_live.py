@@ -141,6 +141,9 @@ def test_an_endless_epoch_shows_its_steps_and_recent_loss_without_a_total_or_eta
     line = live.status_line(status)
     assert line.startswith(f"step 100  loss 0.2400 (last {progress.RECENT_BATCHES} batches)  train_loss 0.2425  "), line
     assert "ETA" not in line and "epoch" not in line
+    # a batch function's stream in job.epochs(5): the epoch is known, its steps are not
+    board.update(record(0, 112.0, 353, epoch=3, epochs=5, step=353, steps=None, loss=0.92))
+    assert live.status_line(board.status()).startswith("epoch 4/5  step 353  loss 0.9200 (last "), board.status()
 
 
 class Shown:

@@ -220,7 +220,7 @@ def status_line(status: Status | None) -> str:
     if status is None:
         return "starting"
     if status.steps is None:  # an endless epoch: the script's loop ends it, when is its own
-        parts = [f"step {status.step}"]
+        parts = ([_epoch(status)] if status.epochs else []) + [f"step {status.step}"]  # (a stream's, in job.epochs)
     else:
         eta = f"ETA {clock(status.eta_epoch_s)}" + (f" (run ETA {clock(status.eta_run_s)})" if status.epochs else "")
         parts = [_epoch(status), f"step {status.step}/{status.steps} ({100 * status.step // max(status.steps, 1)}%)",
