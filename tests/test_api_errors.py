@@ -71,6 +71,25 @@ def test_a_failures_summary_shows_a_line_of_the_users_script_when_the_error_is_d
     assert runner.shown(shallow) == shallow, "the script's frame is among the innermost: as they are"
 
 
+def test_a_refusal_of_ours_is_shown_at_the_scripts_call_not_in_hvdhetero():
+    """job.prepare's refusal of an IterableDataset listed four frames of hvdhetero's checks below
+    the script's call; a library's error keeps its frames (the summary picks among them: above)."""
+    import json
+
+    from hvdhetero.rank import runner
+    from hvdhetero.rank.job import _epoch_numbers
+
+    try:
+        _epoch_numbers(0, 0)  # raises ConfigError in hvdhetero/rank/job.py
+    except Exception as err:  # noqa: BLE001
+        assert [f.filename for f in runner.frames_of(err)] == [__file__]
+    try:
+        json.loads("{")  # another library's error: its frames stay
+    except ValueError as err:
+        frames = [f.filename for f in runner.frames_of(err)]
+        assert frames[0] == __file__ and frames[-1].endswith("json/decoder.py"), frames
+
+
 def test_a_script_that_never_joined_the_job_is_told_so_by_rank_0_only(monkeypatch, capsys):
     """A script run with `invoke train --script` that calls neither hh.init() nor job.prepare:
     its ranks each trained alone; rank 0 says so, the others and a one-rank job say nothing, nor

@@ -23,10 +23,15 @@ import traceback
 
 from hvdhetero import progress
 from hvdhetero.config import ENV_VAR, JobConfig
+from hvdhetero.errors import HvdHeteroError
 from hvdhetero.rank import current
 
 FRAMES = 4
 """Frames of the traceback the summary shows (the innermost ones)."""
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""hvdhetero's own folder: frames there are left out of the summary of an error of ours (a
+ConfigError refusing the script's call listed four frames of job.prepare's checks)."""
 
 
 def parse_args(argv: list[str] | None):
@@ -76,9 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         if current.job is not None:  # a loop of the script's own: rank 0's end record and its job.log values
             current.job.finish()
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
-        frames = [f for f in traceback.extract_tb(err.__traceback__)
-                  if not f.filename.startswith("<frozen") and f.filename != __file__]
-        fail(config, said(err), frames, traceback.format_exc())
+        fail(config, said(err), frames_of(err), traceback.format_exc())
     ended()
     if exit_with is not None:
         raise exit_with
@@ -212,6 +215,16 @@ def run_script(args) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def frames_of(err: BaseException) -> list:
+    """The traceback's frames, less Python's and this module's; of an error of ours (a refusal of
+    the script's call), only those outside hvdhetero: where the script made the call."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<frozen") and f.filename != __file__]
+    if isinstance(err, HvdHeteroError):
+        frames = [f for f in frames if not f.filename.startswith(PACKAGE)] or frames
+    return frames
+
+
 def shown(frames: list) -> list:
     """The frames a failure's summary shows: the innermost FRAMES, and before them the innermost
     frame of the user's own code where those are all in libraries (a BatchNorm's error raised four
@@ -225,8 +238,7 @@ def shown(frames: list) -> list:
 
 def _library(filename: str) -> bool:
     """A frame of an installed package (torch, horovod, ours), not of the user's script."""
-    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(
-        (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, "<"))
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith((PACKAGE, "<"))
 
 
 def host_name(config: JobConfig) -> str:
