@@ -379,7 +379,7 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
         return (f"\n  checkpoints, if any, are on {rank0_host} in {folder}"
                 f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
     if not saved:
-        return f"\n  no checkpoint was written yet (run directory {run_dir}); start the run again"
+        return f"\n  no checkpoint was written yet (run directory {run_dir}): a new run starts from the beginning"
     step = int(saved[-1].stem.split("-")[1])
     return (f"\n  newest checkpoint: {saved[-1]} (step {step})"
             f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
