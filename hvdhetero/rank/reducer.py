@@ -2,7 +2,9 @@
 
 Every gradient is copied into one fused CPU buffer (one allreduce per step instead of one per
 tensor), scaled by this rank's weight w_i = n_i / sum(n) (its share of the step's samples),
-summed across ranks with `op=Sum`, and copied back to the device. Per-rank weights cannot go
+summed across ranks with `op=Sum`, and copied back to the device. A flag per parameter rides
+along (whether the rank held a gradient for it): a parameter no rank's backward reached keeps
+no gradient, as on one device. Per-rank weights cannot go
 through Horovod's `prescale_factor` (it rejects factors that differ across ranks), hence the
 local scaling. Copies between device and CPU are blocking: non_blocking MPS<->CPU copies have
 returned wrong data in other projects.
@@ -14,7 +16,7 @@ also why parameters are broadcast through CPU copies rather than `hvd.broadcast_
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import horovod.torch as hvd
 import torch
@@ -26,16 +28,23 @@ WIRE_DTYPES = {"none": torch.float32, "fp16": torch.float16}
 
 @dataclass
 class _Bucket:
-    """A run of parameters reduced as one CPU buffer (one allreduce)."""
+    """A run of parameters reduced as one CPU message (one allreduce): their gradients (`buffer`),
+    then one flag each (`used`), how many ranks held a gradient for it."""
 
     params: list[torch.nn.Parameter]
-    buffer: torch.Tensor
+    message: torch.Tensor
     wire: torch.Tensor | None
     name: str
     sparse: frozenset = frozenset()
     """ids of the parameters whose gradients go back sparse (sparse_params)."""
     waiting: int = 0
     handle: object = None
+    buffer: torch.Tensor = field(init=False)
+    """The gradients: the message less its flags."""
+    used: torch.Tensor = field(init=False)
+
+    def __post_init__(self):
+        self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
 
     def pack(self, weight: float) -> None:
         chunks = self.buffer.split([p.numel() for p in self.params])
@@ -47,23 +56,28 @@ class _Bucket:
             else:
                 chunk.copy_(p.grad.detach().reshape(-1))
         self.buffer.mul_(weight)
+        self.used.copy_(torch.tensor([p.grad is not None for p in self.params], dtype=self.used.dtype))
 
     def launch(self, weight: float) -> None:
         self.pack(weight)
         if self.wire is not None:
-            self.wire.copy_(self.buffer)
+            self.wire.copy_(self.message)
         # Horovod: asynchronous named allreduce; names match across ranks, order need not.
-        self.handle = hvd.allreduce_async_(self.wire if self.wire is not None else self.buffer,
+        self.handle = hvd.allreduce_async_(self.wire if self.wire is not None else self.message,
                                            op=hvd.Sum, name=self.name)
 
     def finish(self, after: float = 1.0) -> None:
         wait(self.handle, "its gradients' reduction")
         self.handle = None
         if self.wire is not None:
-            self.buffer.copy_(self.wire)
+            self.message.copy_(self.wire)
         if after != 1.0:
             self.buffer.mul_(after)
-        for p, chunk in zip(self.params, self.buffer.split([p.numel() for p in self.params])):
+        for p, chunk, used in zip(self.params, self.buffer.split([p.numel() for p in self.params]),
+                                  self.used.tolist()):
+            if not used:  # no rank's backward reached it (an expert no sample chose): no gradient, as on one
+                p.grad = None  # device, where Adam and weight decay leave such a parameter alone
+                continue
             if id(p) in self.sparse:  # back as sparse on every rank (SparseAdam wants so), the rows any rank touched
                 p.grad = chunk.view_as(p).to_sparse(1).to(p.device)
                 continue
@@ -148,9 +162,9 @@ class Reducer:
         return new
 
     def _bucket(self, params, name) -> _Bucket:
-        buffer = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
-        wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(buffer, dtype=self.wire_dtype)
-        return _Bucket(params, buffer, wire, name, self.sparse)
+        message = torch.zeros(sum(p.numel() for p in params) + len(params), dtype=torch.float32)
+        wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(message, dtype=self.wire_dtype)
+        return _Bucket(params, message, wire, name, self.sparse)
 
     def _hook(self, bucket: _Bucket):
         def on_grad(_param):

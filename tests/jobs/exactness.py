@@ -66,4 +66,52 @@ for name, overlap, compression, micro in itertools.product(["sgd", "adam"], [Fal
                     "param_rel_err": rel(list(model.parameters()), list(ref.parameters()))})
 if hvd.rank() == 0:
     print("EXACTNESS " + json.dumps(results), flush=True)
+
+
+class Routed(torch.nn.Module):
+    """Each sample goes to expert 0 or 1 by the sign of its first feature; expert 2 is never
+    chosen (a mixture of experts' expert no sample picked this step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(64, 16)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(16, 10) for _ in range(3))
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        route = (x[:, 0] > 0).long()
+        return sum(torch.where((route == e)[:, None], self.experts[e](h), 0.0) if bool((route == e).any())
+                   else torch.zeros(len(x), 10) for e in (0, 1))
+
+
+# Every sample of rank 1 goes to expert 0: expert 1 has a gradient on rank 0 alone, expert 2 on
+# none, as on one device (None: AdamW's weight decay and step count leave it alone).
+gen = torch.Generator().manual_seed(3)
+xr, yr = torch.randn(STEPS * total, 64, generator=gen), torch.randint(0, 10, (STEPS * total,), generator=gen)
+for step in range(STEPS):
+    xr[step * total + SIZES[0]:(step + 1) * total, 0] = -xr[step * total + SIZES[0]:(step + 1) * total, 0].abs()
+torch.manual_seed(0)
+model = Routed()
+ref = copy.deepcopy(model)
+never = model.experts[2].weight.detach().clone()
+opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (model, ref))
+reducer = Reducer(model.parameters())
+nones = []
+for step in range(STEPS):
+    xb, yb = xr[step * total:(step + 1) * total], yr[step * total:(step + 1) * total]
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(xb[lo:lo + n]), yb[lo:lo + n]).backward()
+    reducer.reduce(n / total)
+    nones.append([p.grad is None for p in model.experts.parameters()])
+    ref_opt.zero_grad(set_to_none=True)
+    F.cross_entropy(ref(xb), yb).backward()
+    opt.step()
+    ref_opt.step()
+every = hvd.allgather_object(nones)
+if hvd.rank() == 0:
+    print("UNUSED " + json.dumps({"param_rel_err": rel(list(model.parameters()), list(ref.parameters())),
+                                  "expert_2_kept": torch.equal(model.experts[2].weight, never),
+                                  "grad_none": every, "ref_grad_none": [p.grad is None
+                                                                        for p in ref.experts.parameters()]}),
+          flush=True)
 hvd.shutdown()
