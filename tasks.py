@@ -130,11 +130,11 @@ def train(c, **given):
     if given["resume"]:
         changed = [checks.flag(k) for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
         changed += (["--run-dir"] if run_dir else []) + (["arguments after --"] if _script_args() else [])
-        request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed,
-                                          given["launcher"], given["ray_address"])
-        if ended := run_dirs.finished(run_dir):
-            print(f"hvdhetero: --resume {given['resume']}: the run in {run_dir} trained to its end ({ended}); "
-                  "nothing is left to resume. To train on, start a new run (--epochs for how long)")
+        try:
+            request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed,
+                                              given["launcher"], given["ray_address"])
+        except run_dirs.Finished as said:
+            print(said)
             return
     else:
         request = submit.Request(given["hosts"], given["inventory"],

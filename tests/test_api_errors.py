@@ -83,6 +83,11 @@ def test_a_refusal_of_ours_is_shown_at_the_scripts_call_not_in_hvdhetero():
         _epoch_numbers(0, 0)  # raises ConfigError in hvdhetero/rank/job.py
     except Exception as err:  # noqa: BLE001
         assert [f.filename for f in runner.frames_of(err)] == [__file__]
+    from hvdhetero.recipes import data
+    try:
+        data.load("imagenet", "unused")  # the built-in recipe is the script there: its frames stay
+    except Exception as err:  # noqa: BLE001
+        assert [f.filename for f in runner.frames_of(err)] == [__file__, data.__file__], runner.frames_of(err)
     try:
         json.loads("{")  # another library's error: its frames stay
     except ValueError as err:

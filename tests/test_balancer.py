@@ -106,10 +106,10 @@ def test_refine_draws_each_ranks_line_through_its_share_and_its_farthest_probe()
     overhead = [big - p * 64 for ((_, _), (_, big)), p in zip(probes, per_sample)]
     noise = [2e-5, 2e-4]
 
-    def refined(anchors):
-        b = Balancer(global_batch=64, size=2)
-        assert b.calibrate(overhead, per_sample, noise=noise) == [59, 5]
-        split = b.refine([0.00912, 0.0072], [59, 5], noise=noise, anchors=anchors)
+    def refined(anchors, slow=0.0072, merges=False):
+        b = Balancer(global_batch=64, size=2, merges=merges)
+        assert b.calibrate(overhead, per_sample, noise=noise) == ([50, 14] if merges else [59, 5])
+        split = b.refine([0.00912, slow], list(b.split), noise=noise, anchors=anchors)
         return split, [a + p * 64 for a, p in zip(b.overhead, b.seconds_per_sample)]
 
     split, alone = refined(None)
@@ -117,6 +117,11 @@ def test_refine_draws_each_ranks_line_through_its_share_and_its_farthest_probe()
     split, alone = refined([probes[0][0], probes[1][1]])
     assert alone[1] == pytest.approx(0.034844) and alone[0] == pytest.approx(0.00983, rel=0.01), alone
     assert split[1] < 10 and split[0] + split[1] == 64, split
+    # its probe far faster (2.0 ms): the line through both falls below zero at no samples; no
+    # overhead then, and the 64-sample probe's cost a sample, not the 5's
+    assert refined([probes[0][0], probes[1][1]], slow=0.002)[1][1] == pytest.approx(0.034844)
+    # --inner-steps by-speed merges the slow rank's steps, but a probe is one step: the same line
+    assert refined([probes[0][0], probes[1][1]], merges=True)[1][1] == pytest.approx(0.034844)
 
 
 def test_refine_moves_even_for_a_gain_below_the_hysteresis_threshold():

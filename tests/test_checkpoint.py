@@ -133,7 +133,7 @@ def test_checkpoints_are_kept_newest_k_hold_what_a_resume_needs_and_a_finished_r
     # resumed, the finished run says so and launches nothing (it said "resuming ... (epoch 3, ...)")
     before = (tmp_path / "metrics.jsonl").read_bytes()
     proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path], timeout=60)
-    assert f"the run in {tmp_path} trained to its end (epoch 2, step 180); nothing is left to resume" in proc.stdout
+    assert f"the run in {tmp_path} trained to its end (2 epochs, step 180); nothing is left to resume" in proc.stdout
     assert "resuming from" not in proc.stdout and (tmp_path / "metrics.jsonl").read_bytes() == before
 
 

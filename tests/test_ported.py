@@ -85,13 +85,13 @@ destroy_process_group: 16 lines, 9 of them removed outright), as docs/api.md's "
 script" lists, and its loop over its snapshot's epochs goes through job.epochs (rank 0's start on
 every rank)."""
 ORIGINAL_LAUNCH = {"ddp": ["torchrun", "--standalone", "--nproc_per_node=2"]}
+"""Originals started by a launcher of their own (the DDP script by torchrun, its two processes
+over gloo on this host), not by `python` on one device."""
 TEARDOWN_ABORT = "terminate called without an active exception"
 """What a torchrun rank of the DDP tutorial printed when gloo's threads aborted it in
 destroy_process_group, its other rank still evaluating and saving (CI, 2026-11-29: all 12 epochs
 trained and their MSE printed, then SIGABRT): a rare race in PyTorch's teardown, so the original
 runs once more and is judged on that run."""
-"""Originals started by a launcher of their own (the DDP script by torchrun, its two processes
-over gloo on this host), not by `python` on one device."""
 PORT_ARGS = {"ddp": ["--batch_size", "64"]}
 """What a port is given beyond its original's arguments: the DDP script's `--batch_size` is each
 process's (32, twice a step on torchrun's two), a port's loader batch the step's across every rank."""

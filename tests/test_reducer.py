@@ -56,10 +56,12 @@ def test_a_parameter_no_rank_used_keeps_no_gradient_as_on_one_device(said):
     """A mixture of experts: expert 1 picked by rank 0's samples alone, expert 2 by none. Its
     gradient came back zeros (not None), and AdamW's weight decay and moments moved the expert no
     sample chose (a helper's MoE port drifted 0.016 from one device in 64 steps)."""
-    r = said["UNUSED"]
-    assert r["ref_grad_none"] == [False] * 4 + [True] * 2, "the case: on one device expert 2 has no gradient"
-    assert all(step == r["ref_grad_none"] for rank in r["grad_none"] for step in rank), r["grad_none"]
-    assert r["expert_2_kept"] and r["param_rel_err"] <= 1e-5, r
+    for r in said["UNUSED"]:  # in one buffer, in buckets launched during backward, in fp16 on the wire
+        assert r["ref_grad_none"] == [False] * 4 + [True] * 2, "the case: on one device expert 2 has no gradient"
+        assert all(step == r["ref_grad_none"] for rank in r["grad_none"] for step in rank), r
+        # (fp16: AdamW's normalised steps at lr 1e-2 carry the wire's rounding, 2.4e-3 measured)
+        assert r["expert_2_kept"] and r["param_rel_err"] <= (1e-2 if r["compression"] == "fp16" else 1e-5), r
+    assert [r["buckets"] > 1 for r in said["UNUSED"]] == [False, True, False]
 
 
 def test_a_rank_waiting_for_a_late_one_leaves_the_cpu_idle_and_gives_up_at_the_bound(tmp_path):

@@ -66,3 +66,24 @@ def test_a_new_run_goes_under_runs_unless_given(tmp_path):
     assert run_dir.new("digits", None, tmp_path).startswith(str(tmp_path / "20"))
     assert run_dir.new("digits", "rel", tmp_path) == str((tmp_path.cwd() / "rel").resolve())
     assert json.dumps(run_dir.LAUNCH) == '"launch.json"'
+
+
+def test_only_a_run_whose_ranks_all_returned_is_finished_for_resume(tmp_path):
+    """A run's end record in metrics.jsonl is not its end: the script's code after its loop (a
+    test evaluation, an export) may still fail, and its resume runs that again. The launcher
+    marks a clean end; a run marked so is not relaunched, checkpoints or not, rank 0 here or not,
+    unless a checkpoint holds a later step (saved past the end)."""
+    failed_after = a_run(tmp_path / "failed")
+    (failed_after / "metrics.jsonl").write_text(json.dumps({"event": "epoch", "time": 1.0, "epoch": 0, "step": 10})
+                                                + "\n" + json.dumps({"event": "end", "time": 2.0}) + "\n")
+    assert run_dir.finished(failed_after) == "" and run_dir.resumable(str(failed_after), tmp_path)
+    for folder in (failed_after, a_run(tmp_path / "unsaved", checkpoint=False),
+                   a_run(tmp_path / "remote", checkpoint=False, rank0_local=False)):
+        run_dir.mark_ended(folder, [{"event": "log"}, {"event": "end", "step": 10, "seconds": 1.0}])
+        with pytest.raises(run_dir.Finished, match="trained to its end"):
+            run_dir.resumable(str(folder), tmp_path)
+    assert run_dir.finished(failed_after) == "1 epoch, step 10" and run_dir.finished(tmp_path / "remote") == "step 10"
+    (failed_after / "checkpoints" / "step-000000011.pt").write_bytes(b"")
+    assert run_dir.finished(failed_after) == "", "a checkpoint past the end: the rank side says what is left"
+    run_dir.mark_ended(tmp_path / "nothing", [{"event": "end", "step": 1}])
+    assert not (tmp_path / "nothing").exists(), "no run directory: no marker"

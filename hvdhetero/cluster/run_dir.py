@@ -34,20 +34,37 @@ def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, scrip
          "inventory": inventory, "launcher": launcher}, indent=1))
 
 
+ENDED = "ended.json"
+"""Written by the launcher when a run's every rank ended cleanly: rank 0's end result (its step)."""
+
+
+class Finished(Exception):
+    """--resume of a run that trained to its end: nothing to relaunch (said, exit 0)."""
+
+
+def mark_ended(run_dir: str | Path, results: list[dict]) -> None:
+    """The run ended cleanly (every rank's script returned): its end step, which --resume reads."""
+    end = next((r for r in reversed(results) if r.get("event") == "end"), None)
+    if end is not None and Path(run_dir, LAUNCH).is_file():
+        Path(run_dir, ENDED).write_text(json.dumps({"step": end.get("step"), "seconds": end.get("seconds")}))
+
+
 def finished(folder: str | Path) -> str:
-    """Where the run in `folder` trained to its end (its metrics.jsonl, rank 0's where rank 0 ran
-    here, ends with its end record, and no checkpoint holds a later step than its last epoch's):
-    its last epoch and step, in words; else ''."""
-    found = metrics.records(Path(folder) / "metrics.jsonl", missing_ok=True)
-    if not found or found[-1].get("event") != "end":
+    """Where the run in `folder` trained to its end (every rank's script returned, and no
+    checkpoint holds a later step than its end's): its epochs and step, in words; else ''. A run
+    that failed after its last epoch (in the script's code after its loop) is not: its resume
+    runs that code again."""
+    try:
+        end = json.loads(Path(folder, ENDED).read_text())
+    except (OSError, ValueError):
         return ""
-    epochs = [r for r in found if r.get("event") == "epoch"]
-    if not epochs:
-        return "its script's own loop"
+    step = end.get("step") or 0
     saved = [int(p.stem.removeprefix("step-")) for p in (Path(folder) / "checkpoints").glob("step-*.pt")
              if p.stem.removeprefix("step-").isdigit()]
-    last = epochs[-1]
-    return "" if max(saved, default=0) > last["step"] else f"epoch {last['epoch'] + 1}, step {last['step']}"
+    if max(saved, default=0) > step:
+        return ""
+    epochs = len({r.get("epoch") for r in metrics.records(Path(folder) / "metrics.jsonl", "epoch", missing_ok=True)})
+    return f"{epochs} epoch{'s' * (epochs != 1)}, step {step}" if epochs else f"step {step}"
 
 
 def has_checkpoint(folder: Path) -> bool:
@@ -77,6 +94,9 @@ def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
     except ValueError as err:
         raise ConfigError(f"--resume {resume}: {launched} is not the JSON invoke train writes ({err}); start the "
                           "run again") from None
+    if ended := finished(folder):
+        raise Finished(f"hvdhetero: --resume {resume}: the run in {folder} trained to its end ({ended}); nothing is "
+                       "left to resume. To train on, start a new run (--epochs for how long)")
     if saved.get("rank0_local", True) and not has_checkpoint(folder):
         raise ConfigError(f"--resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
                           "before its first; start it again)")

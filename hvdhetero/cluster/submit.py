@@ -137,10 +137,13 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
         elastic_hosts.write_discovery(Path(run_dir) / elastic_hosts.DISCOVERY, hosts, sys.executable)
         watch = elastic_hosts.Watch(hosts, config.min_hosts, elastic_hosts.kill_command(
             inventory, functools.partial(launch.ssh_argv, connect_s=5)))
-    return run_dir, launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
-                               rank0_host=None if selected[0].is_local else selected[0].name, watch=watch,
-                               rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks,
-                               stdin_pipe=request.launcher == "ray")
+    results = launch.run(argv, env, run_dir=None if settings.get("plan_only") else run_dir,
+                         rank0_host=None if selected[0].is_local else selected[0].name, watch=watch,
+                         rank_hosts=() if watch else launch.rank_hosts(selected), all_ranks=all_ranks,
+                         stdin_pipe=request.launcher == "ray")
+    if not settings.get("plan_only"):
+        run_dirs.mark_ended(run_dir, results)  # every rank's script returned: what --resume says of the run
+    return run_dir, results
 
 
 def preflight(inventory, hosts, accept_new: bool) -> None:

@@ -295,16 +295,20 @@ class Balancer:
         return self.split
 
     def _through(self, rank: int, n: int, seconds: float, far: float, far_seconds: float) -> None:
-        """Rank `rank`'s a and p from the line through two single steps it measured: n samples
-        in `seconds` and `far` in `far_seconds`; left as they are where the two make no line of
-        a positive cost a sample, or its steps merge (a merged step pays part of a)."""
-        if n <= 0 or far == n or self.merged_steps(self.split)[rank] != 1:
+        """Rank `rank`'s a and p from the line through two single steps it measured (probes
+        merge nothing): n samples in `seconds` and `far` in `far_seconds`; left as they are where
+        the two make no line of a positive cost a sample. A line below zero at no samples (a cost
+        a sample that grows with the batch, as on CPUs) is no overhead and the larger probe's
+        cost a sample: the smaller's, a straggler's few samples, carried its noise 13-fold."""
+        if n <= 0 or far == n:
             return
         p = (far_seconds - seconds) / (far - n)
         if p <= 0:
             return
         a = seconds - p * n
-        self.overhead[rank], self.seconds_per_sample[rank] = (a, p) if a >= 0 else (0.0, seconds / n)
+        if a < 0:
+            a, p = 0.0, max((n, seconds), (far, far_seconds))[1] / max(n, far)
+        self.overhead[rank], self.seconds_per_sample[rank] = a, p
 
     def observe(self, step_seconds: Sequence[float], sizes: Sequence[int], step: int) -> list[int] | None:
         """Feed every rank's compute time for a step and the samples each had; returns a new

@@ -204,7 +204,7 @@ class Job:
                     raise
                 if t is not None and not self.records.steps and not said_empty:
                     said_empty = True
-                    self._took_no_step(epoch, counted_from, n)
+                    self._took_no_step(epoch, counted_from, n, t.one_pass)
                 self._end_epoch(more=not self._stopping and epoch + 1 < n)
                 if self._stopping:
                     break
@@ -213,15 +213,18 @@ class Job:
                 t.in_epochs = False
         self._end()
 
-    def _took_no_step(self, epoch: int, counted_from: int, n: int) -> None:
+    def _took_no_step(self, epoch: int, counted_from: int, n: int, stream: bool) -> None:
         """Said once a run, by rank 0: an epoch of job.epochs ended with no step taken (a batch
         function's stream that ended and was not made anew: every later loop over it ends at once)."""
-        if self.is_main:
-            print(f"hvdhetero: epoch {epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line) took no "
-                  "training step: its loop over the prepared batches yielded none. A batch function's stream "
-                  "(lambda: next(stream)) that ended yields none until the script makes it anew (stream = "
-                  "iter(...) before the loop: the next batch is drawn from it); else end with job.stop()",
-                  flush=True)
+        if not self.is_main:
+            return
+        why = ("its loop over the prepared batches yielded none. A batch function's stream (lambda: next(stream)) "
+               "that ended yields none until the script makes it anew (stream = iter(...) before the loop: the "
+               "next batch is drawn from it); else end with job.stop()" if stream else
+               "no optimizer step came in its loop over the prepared loader (a loop that ends before its first "
+               "step, a budget of steps spent); to end training early, call job.stop()")
+        print(f"hvdhetero: epoch {epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line) took no "
+              f"training step: {why}", flush=True)
 
     def _rank_0s_start(self, start: int) -> int:
         """Rank 0's `start` on every rank (one small exchange), said once where the ranks' differ: a

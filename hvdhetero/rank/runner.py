@@ -33,6 +33,9 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 """hvdhetero's own folder: frames there are left out of the summary of an error of ours (a
 ConfigError refusing the script's call listed four frames of job.prepare's checks)."""
 
+RECIPES = os.path.join(PACKAGE, "recipes") + os.sep
+"""The built-in recipe's folder: the script, where no --script is given."""
+
 
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="python -m hvdhetero.rank.runner", description=__doc__.split("\n")[0])
@@ -220,8 +223,8 @@ def frames_of(err: BaseException) -> list:
     the script's call), only those outside hvdhetero: where the script made the call."""
     frames = [f for f in traceback.extract_tb(err.__traceback__)
               if not f.filename.startswith("<frozen") and f.filename != __file__]
-    if isinstance(err, HvdHeteroError):
-        frames = [f for f in frames if not f.filename.startswith(PACKAGE)] or frames
+    if isinstance(err, HvdHeteroError):  # (the built-in recipe is the script there: its frames stay)
+        frames = [f for f in frames if not f.filename.startswith(PACKAGE) or f.filename.startswith(RECIPES)] or frames
     return frames
 
 

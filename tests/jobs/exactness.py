@@ -90,28 +90,32 @@ gen = torch.Generator().manual_seed(3)
 xr, yr = torch.randn(STEPS * total, 64, generator=gen), torch.randint(0, 10, (STEPS * total,), generator=gen)
 for step in range(STEPS):
     xr[step * total + SIZES[0]:(step + 1) * total, 0] = -xr[step * total + SIZES[0]:(step + 1) * total, 0].abs()
-torch.manual_seed(0)
-model = Routed()
-ref = copy.deepcopy(model)
-never = model.experts[2].weight.detach().clone()
-opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (model, ref))
-reducer = Reducer(model.parameters())
-nones = []
-for step in range(STEPS):
-    xb, yb = xr[step * total:(step + 1) * total], yr[step * total:(step + 1) * total]
-    opt.zero_grad(set_to_none=True)
-    F.cross_entropy(model(xb[lo:lo + n]), yb[lo:lo + n]).backward()
-    reducer.reduce(n / total)
-    nones.append([p.grad is None for p in model.experts.parameters()])
-    ref_opt.zero_grad(set_to_none=True)
-    F.cross_entropy(ref(xb), yb).backward()
-    opt.step()
-    ref_opt.step()
-every = hvd.allgather_object(nones)
+unused = []
+for overlap, compression in [(False, "none"), (True, "none"), (False, "fp16")]:
+    torch.manual_seed(0)
+    model = Routed()
+    ref = copy.deepcopy(model)
+    never = model.experts[2].weight.detach().clone()
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (model, ref))
+    reducer = Reducer(model.parameters(), compression, overlap=overlap, bucket_mb=1e-4)  # (a bucket a tensor)
+    nones = []
+    for step in range(STEPS):
+        xb, yb = xr[step * total:(step + 1) * total], yr[step * total:(step + 1) * total]
+        opt.zero_grad(set_to_none=True)
+        if overlap:
+            reducer.prepare(n / total)
+        F.cross_entropy(model(xb[lo:lo + n]), yb[lo:lo + n]).backward()
+        reducer.reduce(n / total)
+        nones.append([p.grad is None for p in model.experts.parameters()])
+        ref_opt.zero_grad(set_to_none=True)
+        F.cross_entropy(ref(xb), yb).backward()
+        opt.step()
+        ref_opt.step()
+    unused.append({"overlap": overlap, "compression": compression, "buckets": len(reducer.buckets),
+                   "param_rel_err": rel(list(model.parameters()), list(ref.parameters())),
+                   "expert_2_kept": torch.equal(model.experts[2].weight, never),
+                   "grad_none": hvd.allgather_object(nones),
+                   "ref_grad_none": [p.grad is None for p in ref.experts.parameters()]})
 if hvd.rank() == 0:
-    print("UNUSED " + json.dumps({"param_rel_err": rel(list(model.parameters()), list(ref.parameters())),
-                                  "expert_2_kept": torch.equal(model.experts[2].weight, never),
-                                  "grad_none": every, "ref_grad_none": [p.grad is None
-                                                                        for p in ref.experts.parameters()]}),
-          flush=True)
+    print("UNUSED " + json.dumps(unused), flush=True)
 hvd.shutdown()
