@@ -463,3 +463,14 @@ def test_ranks_on_one_host_saving_and_loading_one_path_never_read_it_half_writte
     for rank in ranks:
         assert rank["failed"] == [] and rank["mode"] == oct(0o666 & ~umask), rank
     assert sorted(p.name for p in out.iterdir()) == ["model.pth", "rank-0.json", "rank-1.json"], ranks
+
+
+@pytest.mark.slow
+def test_a_loop_that_updates_by_hand_is_told_its_optimizer_never_stepped(tmp_path):
+    """tests/scripts/by_hand.py: makemore's `p.data += -lr * p.grad`. It trains (job.backward
+    reduces), but the job counts steps by the prepared optimizer's step(): job.step, the metrics
+    and checkpoints stood at 0 without a word. Rank 0 says so once, after 50 such steps."""
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "by_hand.py", "--run-dir", tmp_path,
+                    "--", "--steps", "120"], timeout=300)
+    said = "steps' gradients were reduced (job.backward) and the optimizer given to job.prepare never stepped"
+    assert proc.stdout.count(said) == 1 and "final loss" in proc.stdout, proc.stdout[-3000:]

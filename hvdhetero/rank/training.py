@@ -45,6 +45,10 @@ from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.validate import Data
 from hvdhetero.rank.sync import ParameterSync
 
+NEVER_STEPPED = 50
+"""Steps reduced with the prepared optimizer never stepped before rank 0 says so (a loop that
+updates the parameters by hand; accumulation over fewer batches steps before)."""
+
 
 class Training:
     """One rank's prepared job: model, optimizer, loader, balancer, strategy and records, and the
@@ -125,6 +129,8 @@ class Training:
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
         self.alone = AloneWatch()
         """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
+        self.unstepped = 0
+        """Steps reduced (a last chunk's job.backward) since the prepared optimizer last stepped."""
         self.again_at = -2
         """The last step reduced more than once (two losses backpropagated in turn, a GAN's three): the
         step times the ranks exchange cover its first backward only, no measure of the job against one rank."""
@@ -271,6 +277,13 @@ class Training:
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
+        self.unstepped += 1
+        if self.unstepped == NEVER_STEPPED and self.step_state.updates == 0 and self.is_main:
+            print(f"hvdhetero: {NEVER_STEPPED} steps' gradients were reduced (job.backward) and the optimizer given to "
+                  "job.prepare never stepped: the job counts its steps by that optimizer's step() (job.step, "
+                  "metrics, checkpoints, a resume's place), so they all stand at step 0. Update through it "
+                  "(torch.optim.SGD(parameters, lr=lr) does what `p.data += -lr * p.grad` does; set its "
+                  "param_groups' lr where the script changes lr)", flush=True)
         self.passes.stepped(item, self.in_epochs)
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
@@ -316,6 +329,7 @@ class Training:
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
         state.reduced = False
+        self.unstepped = 0
         skip = state.skip
         if turns is not None and state.item is not None:  # a GAN's: each optimizer on its own gradients
             skip = turns.overflowed(index)
