@@ -28,6 +28,8 @@ def messages():
     ("optimizer of another model",
      "ConfigError: job.prepare(): the optimizer holds 2 parameter(s) that are not the model's"),
     ("iterable dataset", "ConfigError: job.prepare(): the dataset must be map-style (__len__ and __getitem__)"),
+    ("a graph in the batch function", "ConfigError: job.prepare(model, optimizer, fn): the batch function returned a "
+     "torch.sparse_coo tensor of shape (10, 10) (a graph's adjacency, say), whose rows cannot be dealt to the ranks"),
     ("dataset without a global batch", "ConfigError: job.prepare(model, optimizer, dataset): pass global_batch=, "
      "the samples of one step on all ranks together (or pass your training DataLoader: its batch_size is taken)"),
     ("loader with a sampler of its own", "ConfigError: job.prepare(): the DataLoader draws its batches with a "

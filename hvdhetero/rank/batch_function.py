@@ -121,6 +121,12 @@ class BatchFunction:
                               "it must return one step's batch, as one device takes it (a tensor, or a tuple or "
                               f"dict of tensors with the samples along the {_nth(dim)} dimension)") from e
         for t in batches.tensors(first):
+            if t.layout != torch.strided:
+                raise ConfigError(
+                    f"job.prepare(model, optimizer, fn): the batch function returned a {t.layout} tensor of shape "
+                    f"{tuple(t.shape)} (a graph's adjacency, say), whose rows cannot be dealt to the ranks: keep "
+                    "what every sample shares out of the batch function (a graph: every rank holds it whole) and "
+                    "return the samples, as a graph's training node indices (docs/api.md, 'Parameters by hand, one graph')")
             if t.dim() > dim and t.shape[dim] != n:
                 shapes = ", ".join(str(tuple(x.shape)) for x in batches.tensors(first))
                 raise ConfigError(

@@ -29,9 +29,12 @@ cases = {
     "dataset without a global batch": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), data),
     "loader with a sampler of its own": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), DataLoader(
         data, batch_size=10, sampler=DistributedSampler(data, num_replicas=2, rank=0))),  # a DDP script's
+    "a graph in the batch function": lambda m: (m, torch.optim.SGD(m.parameters(), 0.1), lambda: (
+        torch.randn(10, 4), torch.eye(10).to_sparse(), torch.randint(2, (10,)))),  # a GCN's features, adjacency
 }
 batches = {"dataset smaller than the global batch": 101, "global batch below the ranks": 0,
-           "dataset without a global batch": None, "loader with a sampler of its own": None}
+           "dataset without a global batch": None, "loader with a sampler of its own": None,
+           "a graph in the batch function": None}
 out = {}
 for name, make in cases.items():
     model = nn.Linear(4, 2)
