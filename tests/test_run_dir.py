@@ -85,5 +85,7 @@ def test_only_a_run_whose_ranks_all_returned_is_finished_for_resume(tmp_path):
     assert run_dir.finished(failed_after) == "1 epoch, step 10" and run_dir.finished(tmp_path / "remote") == "step 10"
     (failed_after / "checkpoints" / "step-000000011.pt").write_bytes(b"")
     assert run_dir.finished(failed_after) == "", "a checkpoint past the end: the rank side says what is left"
+    run_dir.write_launch(failed_after, ["local"], True, "", "", [], [], {})  # --run-dir reused, or a resume
+    assert run_dir.finished(failed_after) == "", "a launch under way: the earlier run's end is past"
     run_dir.mark_ended(tmp_path / "nothing", [{"event": "end", "step": 1}])
     assert not (tmp_path / "nothing").exists(), "no run directory: no marker"

@@ -15,6 +15,8 @@ from hvdhetero import metrics
 from hvdhetero.errors import ConfigError
 
 LAUNCH = "launch.json"
+ENDED = "ended.json"
+"""Written by the launcher when a run's every rank ended cleanly: rank 0's end result (its step)."""
 
 
 def new(name: str, run_dir: str | Path | None, runs: Path) -> str:
@@ -28,14 +30,11 @@ def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, scrip
     """What --resume relaunches with (written once the hosts passed their checks); `inventory`:
     the file given with --inventory, absolute ("" for the default one); `launcher`: horovodrun or ray."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    Path(run_dir, ENDED).unlink(missing_ok=True)  # a launch under way: an earlier run's end in this folder is past
     (Path(run_dir) / LAUNCH).write_text(json.dumps(
         {"hosts": hosts, "rank0_local": rank0_local, "script": script, "workdir": workdir, "recipe": recipe,
          "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"},
          "inventory": inventory, "launcher": launcher}, indent=1))
-
-
-ENDED = "ended.json"
-"""Written by the launcher when a run's every rank ended cleanly: rank 0's end result (its step)."""
 
 
 class Finished(Exception):
