@@ -126,7 +126,8 @@ class BatchFunction:
                     f"job.prepare(model, optimizer, fn): the batch function returned a {t.layout} tensor of shape "
                     f"{tuple(t.shape)} (a graph's adjacency, say), whose rows cannot be dealt to the ranks: keep "
                     "what every sample shares out of the batch function (a graph: every rank holds it whole) and "
-                    "return the samples, as a graph's training node indices (docs/api.md, 'Parameters by hand, one graph')")
+                    "return the samples, as a graph's training node indices (docs/api.md, 'Parameters by hand, one "
+                    "graph'); a sparse input of one row a sample goes dense (.to_dense())")
             if t.dim() > dim and t.shape[dim] != n:
                 shapes = ", ".join(str(tuple(x.shape)) for x in batches.tensors(first))
                 raise ConfigError(

@@ -221,8 +221,8 @@ class Job:
         why = ("its loop over the prepared batches yielded none. A batch function's stream (lambda: next(stream)) "
                "that ended yields none until the script makes it anew (stream = iter(...) before the loop: the "
                "next batch is drawn from it); else end with job.stop()" if stream else
-               "no optimizer step came in its loop over the prepared loader (a loop that ends before its first "
-               "step, a budget of steps spent); to end training early, call job.stop()")
+               "no step's job.backward came in its loop over the prepared loader (a loop that ends before its "
+               "first step, a budget of steps spent); to end training early, call job.stop()")
         print(f"hvdhetero: epoch {epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line) took no "
               f"training step: {why}", flush=True)
 

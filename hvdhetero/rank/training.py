@@ -131,6 +131,8 @@ class Training:
         """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
         self.unstepped = 0
         """Steps reduced (a last chunk's job.backward) since the prepared optimizer last stepped."""
+        self._before_steps: torch.Tensor | None = None
+        """A few of the first parameter's values as the first of those steps was reduced."""
         self.again_at = -2
         """The last step reduced more than once (two losses backpropagated in turn, a GAN's three): the
         step times the ranks exchange cover its first backward only, no measure of the job against one rank."""
@@ -278,7 +280,12 @@ class Training:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
         self.unstepped += 1
-        if self.unstepped == NEVER_STEPPED and self.step_state.updates == 0 and self.is_main:
+        if self.unstepped == 1 and self.step_state.updates == 0 and self.reducer.params:
+            self._before_steps = self.reducer.params[0].detach().reshape(-1)[:16].clone()
+        if (self.unstepped == NEVER_STEPPED and self.step_state.updates == 0 and self.is_main
+                and self._before_steps is not None and not torch.equal(
+                    self._before_steps, self.reducer.params[0].detach().reshape(-1)[:16])):
+            # (parameters that moved: an update by hand; unmoved, the script accumulates over many batches)
             print(f"hvdhetero: {NEVER_STEPPED} steps' gradients were reduced (job.backward) and the optimizer given to "
                   "job.prepare never stepped: the job counts its steps by that optimizer's step() (job.step, "
                   "metrics, checkpoints, a resume's place), so they all stand at step 0. Update through it "

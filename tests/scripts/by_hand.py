@@ -1,9 +1,10 @@
 """Karpathy's makemore MLP loop as its lecture writes it: the parameters a list of tensors (here
 in an nn.ParameterList, as job.prepare takes a module), a batch drawn with torch.randint every
 iteration, and the update by hand, `p.data += -lr * p.grad`. The optimizer given to job.prepare
-never steps: the job says so. Rank 0 prints its final loss.
+never steps: the job says so. With --accumulate K the loop steps that optimizer every K batches
+instead (gradients accumulated over them: nothing to say). Rank 0 prints its final loss.
 
-    invoke train --script tests/scripts/by_hand.py -- --steps 80
+    invoke train --script tests/scripts/by_hand.py -- --steps 80 [--accumulate 60]
 """
 
 import argparse
@@ -15,6 +16,7 @@ import hvdhetero as hh
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=80)
+parser.add_argument("--accumulate", type=int, default=0)
 args = parser.parse_args()
 
 job = hh.init()
@@ -43,6 +45,12 @@ for i in range(args.steps):
     emb = C[Xb]
     h = torch.tanh(emb.view(-1, 30) @ W1 + b1)
     loss = F.cross_entropy(h @ W2 + b2, Yb)
+    if args.accumulate:
+        job.backward(loss / args.accumulate)
+        if (i + 1) % args.accumulate == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        continue
     for p in parameters:
         p.grad = None
     job.backward(loss)
