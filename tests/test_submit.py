@@ -83,3 +83,21 @@ def test_resume_takes_the_inventory_the_run_was_started_with_unless_another_is_g
     old = a_run(tmp_path / "old")  # a launch.json from before it was recorded: the default inventory
     (old / "launch.json").write_text((old / "launch.json").read_text().replace('"inventory": ""', '"x": 0'))
     assert submit.resumed(str(old), tmp_path, None, None, [])[0].inventory is None
+
+
+def test_a_new_run_into_a_folder_with_an_earlier_runs_checkpoints_is_refused(tmp_path):
+    """Its checkpoints would sit among the old run's, and its --resume would load the newest: the old run's."""
+    folder = a_run(tmp_path / "r")
+    request = submit.Request(None, None, {}, recipe=["--dataset", "digits"])
+    with pytest.raises(ConfigError) as refused:
+        submit.submit(request, tmp_path, str(folder), name="digits", recipe_check=check_argv, dry_run=True)
+    said = str(refused.value)
+    assert refused.value.exit_code == 2
+    assert f"--run-dir {folder} holds an earlier run's checkpoints (newest step-00000010.pt, step 10)" in said
+    assert f"invoke train --resume {folder}" in said and "its own folder" in said
+    resumed, run_dir = submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=[])
+    assert submit.submit(resumed, tmp_path, run_dir, name="digits", recipe_check=check_argv, dry_run=True)[0] == \
+        str(folder), "--resume goes into it"
+    (folder / "checkpoints" / "step-00000010.pt").unlink()
+    assert submit.submit(request, tmp_path, str(folder), name="digits", recipe_check=check_argv,
+                         dry_run=True)[0] == str(folder), "a folder without checkpoints takes a new run"

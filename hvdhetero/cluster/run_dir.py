@@ -58,16 +58,31 @@ def finished(folder: str | Path) -> str:
     except (OSError, ValueError):
         return ""
     step = end.get("step") or 0
-    saved = [int(p.stem.removeprefix("step-")) for p in (Path(folder) / "checkpoints").glob("step-*.pt")
-             if p.stem.removeprefix("step-").isdigit()]
-    if max(saved, default=0) > step:
+    if max((s for s, _ in checkpoints(folder)), default=0) > step:
         return ""
     epochs = len({r.get("epoch") for r in metrics.records(Path(folder) / "metrics.jsonl", "epoch", missing_ok=True)})
     return f"{epochs} epoch{'s' * (epochs != 1)}, step {step}" if epochs else f"step {step}"
 
 
+def checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
+    """The run's checkpoints (rank 0 writes RUN_DIR/checkpoints/step-<step>.pt): (step, path), oldest first."""
+    saved = ((p.stem.removeprefix("step-"), p) for p in (Path(folder) / "checkpoints").glob("step-*.pt"))
+    return sorted((int(step), p) for step, p in saved if step.isdigit())
+
+
 def has_checkpoint(folder: Path) -> bool:
-    return any((folder / "checkpoints").glob("step-*.pt"))
+    return bool(checkpoints(folder))
+
+
+def fresh(run_dir: str | Path) -> None:
+    """A new run (not --resume) may go into `run_dir` only where no earlier run left checkpoints:
+    its own would sit among them, and a later --resume would load the newest, maybe the old run's.
+    ConfigError (exit 2) saying how to go on otherwise."""
+    if saved := checkpoints(run_dir):
+        step, newest = saved[-1]
+        raise ConfigError(f"--run-dir {run_dir} holds an earlier run's checkpoints (newest {newest.name}, step "
+                          f"{step}): continue that run with `invoke train --resume {run_dir}`, or give a new "
+                          f"run its own folder (or delete {Path(run_dir) / 'checkpoints'} first)")
 
 
 def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:

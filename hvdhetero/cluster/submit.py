@@ -88,6 +88,8 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
     inventory = inv.load(request.inventory or inv.default_path())
     selected = inventory.select(request.hosts)
     run_dir = run_dirs.new(name, run_dir, runs)
+    if not settings.get("resume") and not settings.get("plan_only") and selected[0].is_local:
+        run_dirs.fresh(run_dir)  # (rank 0 on another host: its checkpoints are there)
     config = JobConfig(run_dir=run_dir, **settings)
     if config.tensorboard and selected[0].is_local and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package here (rank 0's host): pip install "

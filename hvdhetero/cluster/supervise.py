@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hvdhetero import progress
 from hvdhetero.cluster import console, elastic_hosts, failure, live
+from hvdhetero.cluster import run_dir as run_dirs
 from hvdhetero.errors import LaunchError
 
 # What horovodrun may forward to remote ranks: it copies its own environment into every rank's
@@ -374,12 +375,12 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
     if run_dir is None:
         return ""
     folder = Path(run_dir) / "checkpoints"
-    saved = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
+    saved = run_dirs.checkpoints(run_dir)
     if not saved and rank0_host:
         return (f"\n  checkpoints, if any, are on {rank0_host} in {folder}"
                 f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
     if not saved:
         return f"\n  no checkpoint was written yet (run directory {run_dir}): a new run starts from the beginning"
-    step = int(saved[-1].stem.split("-")[1])
-    return (f"\n  newest checkpoint: {saved[-1]} (step {step})"
+    step, newest = saved[-1]
+    return (f"\n  newest checkpoint: {newest} (step {step})"
             f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
