@@ -98,7 +98,14 @@ def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
     assert head["finished"] == "yes" and head["sync"] == "step" and head["hosts"] == "mac, pc"
     assert head["global batch"] == "64" and head["final split"] == "20/44" and head["steps"] == "20"
     assert head["samples/s (all epochs)"] == "320" and head["final test accuracy"] == "80.00%"
-    assert head["wall time"] == "5.0 s" and head["final train loss"] == "1"
+    assert head[report.WALL] == "5.0 s" and head["final train loss"] == "1"
+    # the recipe's own clocks, said as the script's and as durations, beside the job's two
+    timed = [*TWO_EPOCHS[:-1], {"event": "log", "time": 104.2, "epoch": 1, "step": 20, "train_seconds": 3.21,
+                                "elapsed_seconds": 3.9}, TWO_EPOCHS[-1]]
+    head = report.headline(runs.read_run(write_run(tmp_path / "timed", timed)))
+    assert (head["train seconds (the script's last job.log)"], head["elapsed seconds (the script's last job.log)"],
+            head[report.EPOCHS_TIME]) == ("3.2 s", "3.9 s", "4.0 s"), head
+    assert not any(k.startswith("final") and "seconds" in k for k in head), head
     assert [report.duration(s) for s in (59.94, 3000, 7002)] == ["59.9 s", "50 min", "1 h 57 min"]
     unfinished = [_start(sync="auto"), {"event": "plan", "time": 99.0, "chose": "diloco:32 overlapped"},
                   *TWO_EPOCHS[1:-1]]
@@ -111,12 +118,12 @@ def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
                {"event": "end", "time": 202.5, "seconds": 2.5}]
     resumed[3]["resumed_from"] = "runs/x/checkpoints/step-000000010.pt"
     head = report.headline(runs.read_run(write_run(tmp_path / "resumed", resumed)))
-    assert head["wall time"] == "4.5 s" and head["training time (epochs)"] == "4.0 s", head
+    assert head[report.WALL] == "4.5 s" and head[report.EPOCHS_TIME] == "4.0 s", head
     assert head["resumed"] == "at step ?, 100 s after the start", head
     # an --elastic reset's start record is no new launch: the end record's seconds count from the first Job
     elastic = [*resumed[:3], _start(t=103.0, resumed_from="elastic commit at step 10"), *resumed[4:5],
                {"event": "end", "time": 202.5, "seconds": 102.5}]
-    assert report.headline(runs.read_run(write_run(tmp_path / "elastic", elastic)))["wall time"] == "102.5 s"
+    assert report.headline(runs.read_run(write_run(tmp_path / "elastic", elastic)))[report.WALL] == "102.5 s"
 
 
 def test_a_torn_last_line_is_left_out_and_any_other_bad_line_named(tmp_path):

@@ -22,6 +22,10 @@ from pathlib import Path
 from hvdhetero.bench.runs import Run
 from hvdhetero.bench.series import epoch_steps, is_accuracy
 
+WALL = "wall time (the job's start to its end)"
+EPOCHS_TIME = "time in epochs (their loop bodies, evaluation included)"
+
+
 def headline(run: Run) -> dict[str, str]:
     """The numbers a reader compares first, formatted."""
     s, epochs = run.start, run.epochs
@@ -41,8 +45,8 @@ def headline(run: Run) -> dict[str, str]:
             "final split": "/".join(str(n) for n in last.get("split") or []),
             "epochs": str(len(epochs)),
             "steps": str(epoch_steps(run)[-1][1]),
-            "wall time": duration(run.before_s + run.end["seconds"]) if run.end else "-",
-            "training time (epochs)": duration(seconds),
+            WALL: duration(run.before_s + run.end["seconds"]) if run.end else "-",
+            EPOCHS_TIME: duration(seconds),
             "samples/s (all epochs)": f"{samples / seconds:,.0f}" if seconds else "-",
             "samples/s (last epoch)": f"{last['samples'] / last['seconds']:,.0f}",
             "final train loss": f"{last['loss']:.4g}",
@@ -54,14 +58,16 @@ def headline(run: Run) -> dict[str, str]:
             "steps": f"{max(r.get('step', 0) for r in run.logs)} at the last "
                      + ("live line (the script calls no job.log: its loss is rank 0's share's, as the live line "
                         "shows it)" if run.live_loss else "job.log"),
-            "wall time": duration(run.before_s + run.end["seconds"]) if run.end else "-",
+            WALL: duration(run.before_s + run.end["seconds"]) if run.end else "-",
         })
         if run.windows:  # step sync: the steps between its job.log calls
             seconds = sum(w["seconds"] for w in run.windows)
             out["samples/s (between job.log calls)"] = (
                 f"{sum(w['samples'] for w in run.windows) / seconds:,.0f}" if seconds else "-")
     for k, v in final.items():
-        if isinstance(v, float):
+        if isinstance(v, float) and "seconds" in k.split("_"):  # a time the script measured itself
+            out[f"{k.replace('_', ' ')} (the script's last job.log)"] = duration(v)
+        elif isinstance(v, float):
             out[f"final {k.replace('_', ' ')}"] = f"{v:.2%}" if is_accuracy(k) and 0 <= v <= 1 else f"{v:.4g}"
     if run.resumes:
         out["resumed"] = ", ".join(f"at step {r.get('step', '?')}, {r['time'] - run.t0:.0f} s after the start"
