@@ -187,17 +187,20 @@ def test_the_tuner_times_chunks_of_whole_samples_whatever_the_collate_fn_lays_ou
 
 
 
-def test_a_probes_last_chunk_too_small_for_batchnorm_joins_the_one_before(digits):
-    """A share of 13 in micro-batches of 4 is probed as the loader runs it, 4 + 4 + 5: a last
-    chunk of one failed a BatchNorm model's probe ("Expected more than 1 value per channel")
-    and the job started from an equal split."""
+def test_a_probes_chunks_are_cut_as_the_loader_cuts_them_none_too_small_for_batchnorm(digits):
+    """A share of 13 in micro-batches of at most 4 is probed as the loader runs it, 4 + 3 + 3 + 3
+    (a last chunk of one, 4 + 4 + 4 + 1, failed a BatchNorm model's probe: "Expected more than 1
+    value per channel", and the job started from an equal split); micro-batches of 1 hold two
+    samples at least with BatchNorm."""
     from hvdhetero.rank import batches, calibrate
 
     train, info = digits
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16),
                                 torch.nn.Linear(16, 10))
-    assert batches.probe_chunks(train, 13, 4, torch.device("cpu"), fewest=2).sizes == (4, 4, 5)
-    assert batches.probe_chunks(train, 13, 4, torch.device("cpu")).sizes == (4, 4, 4, 1)
-    me = Worker(devices.select("cpu"), 1.0, None, micro_batch=4)
-    seconds, _ = calibrate.probe_seconds(model, train, me, 13)
+    assert batches.probe_chunks(train, 13, 4, torch.device("cpu"), fewest=2).sizes == (4, 3, 3, 3)
+    assert batches.probe_chunks(train, 13, 4, torch.device("cpu")).sizes == (4, 3, 3, 3)
+    assert batches.probe_chunks(train, 5, 1, torch.device("cpu"), fewest=2).sizes == (3, 2)
+    assert batches.probe_chunks(train, 5, 1, torch.device("cpu")).sizes == (1,) * 5
+    me = Worker(devices.select("cpu"), 1.0, None, micro_batch=1)
+    seconds, _ = calibrate.probe_seconds(model, train, me, 5)
     assert seconds > 0 and me.last_compute > 0

@@ -31,7 +31,8 @@ def results(said):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_unequal_batches_match_one_process_on_the_joined_batch(results, optimizer, overlap, micro):
-    """Also with micro-batches: 37 = 4x8 + 5 and 11 = 8 + 3 accumulate to the same gradient."""
+    """Also with micro-batches of at most 8: 37 = 8 + 8 + 7 + 7 + 7 and 11 = 6 + 5 accumulate to the same
+    gradient."""
     r = results[(optimizer, overlap, "none", micro)]
     assert r["param_rel_err"] <= 1e-5, r
     assert r["grad_rel_err"] <= 1e-5, r

@@ -111,7 +111,7 @@ def test_a_rank_that_merges_steps_gets_the_same_samples_in_fewer_bigger_steps():
     assert [i.step for _, i in merged if i.chunk == 0] == [2, 5, 6]
     assert sum((b for b, _ in merged), []) == sum((b for b, _ in plain), [])
     first = [i for _, i in merged if i.step == 2]
-    assert [i.n for i in first] == [5, 5, 2] and first[0].share == 12 and first[0].sizes == (36, 12)
+    assert [i.n for i in first] == [4, 4, 4] and first[0].share == 12 and first[0].sizes == (36, 12)
     assert items(0, group=lambda step, left: 1) == items(0)
 
 
@@ -141,21 +141,31 @@ def test_a_merged_step_never_spans_a_change_of_split_and_every_sample_is_seen_on
     assert sorted(everything) == list(range(100))
 
 
-def test_a_steps_last_chunk_never_holds_fewer_samples_than_the_model_takes():
-    """A share of 81 in chunks of 40 ends in a chunk of 1, which BatchNorm1d refuses in training:
-    with `fewest` 2 (a BatchNorm model) it joins the chunk before (40 + 41); without, 40 + 40 + 1."""
+def test_a_share_is_cut_into_as_few_chunks_as_its_cap_allows_as_even_as_can_be():
+    """A share of 81 in chunks of at most 40 runs 27 + 27 + 27, not 40 + 40 + 1 (a chunk of one
+    costs a whole forward and backward, and BatchNorm1d refuses it in training); 65 at 64 runs
+    33 + 32. Where the cap is below what the model takes (`fewest` 2, a BatchNorm model), no chunk
+    is left that small."""
     import torch
 
+    from hvdhetero.rank import batches
     from hvdhetero.rank.loader import Loader
 
     data = torch.arange(162)
 
-    def chunks(fewest):
-        loader = Loader(data, WeightedBatchSampler(len(data), [81, 81], 0, seed=1), torch.device("cpu"), chunk=40)
+    def chunks(fewest, chunk=40):
+        loader = Loader(data, WeightedBatchSampler(len(data), [81, 81], 0, seed=1), torch.device("cpu"), chunk=chunk)
         loader.fewest = fewest
         return [len(batch) for batch in loader]
 
-    assert chunks(1) == [40, 40, 1] and chunks(2) == [40, 41]
+    assert chunks(1) == chunks(2) == [27, 27, 27]
+    assert chunks(2, chunk=1) == [3] + [2] * 39 and chunks(1, chunk=1) == [1] * 81
+    assert chunks(1, chunk=0) == chunks(1, chunk=81) == [81]
+    assert [b - a for a, b in batches.spans(65, 64)] == [33, 32] and batches.spans(0, 8) == []
+    for n, chunk in ((37, 8), (11, 8), (1000, 64), (7, 3)):
+        sizes = [b - a for a, b in batches.spans(n, chunk)]
+        assert sum(sizes) == n and max(sizes) <= chunk and max(sizes) - min(sizes) <= 1, (n, chunk, sizes)
+        assert len(sizes) == -(-n // chunk), "as few chunks as the cap allows"
 
 
 class WhichWorker(torch.utils.data.Dataset):

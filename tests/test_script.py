@@ -264,7 +264,7 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     bars = [line for line in proc.stdout.splitlines() if "it/s]" in line or "s/it]" in line]
-    # one line a bar, as it ended: 6 steps of 3 chunks (40 + 40 + 36 or 37) each (tqdm's total is
+    # one line a bar, as it ended: 6 steps of 3 chunks (at most 40: 39 + 39 + 38 or 39) each (tqdm's total is
     # len(loader), the steps, which the chunks pass: docs/api.md says so)
     assert [b.split(":")[0] for b in bars] == ["epoch 0", "epoch 1"] and "18it" in bars[-1], proc.stdout
     assert sorted(p.name for p in run_dir.glob("epoch*.pt")) == ["epoch0-step2.pt", "epoch1-step2.pt"]
@@ -274,7 +274,7 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     for rank in ranks:
         assert rank["env"] == {"WILD_TAG": "from-the-flag", "OMP_NUM_THREADS": "1", "WILD_LIST": "0,1",
                                "WILD_SECRET": None}, rank
-        assert max(rank["sizes"]) == 40 and min(rank["sizes"]) >= 2, rank["sizes"]  # chunks of 40
+        assert set(rank["sizes"]) <= {38, 39}, rank["sizes"]  # 116 or 117 in chunks of at most 40, evenly
         # job.clip_grad_norm_ between a step's chunks: the last step's norm, not None
         norms = rank["norms"]  # 0 before the first step's reduction (its first 2 chunks), then norms
         assert len(norms) == len(rank["sizes"]) and norms[:2] == [0, 0] and all(n > 0 for n in norms[2:]), norms

@@ -136,22 +136,29 @@ class Chunks:
     sizes: tuple[int, ...]
 
 
+def spans(n: int, chunk: int | None, fewest: int = 1) -> list[tuple[int, int]]:
+    """`n` samples as (start, end) runs of at most `chunk` (one run where None or 0), as few as
+    that allows and as even as can be (65 at 64: 33 + 32, not 64 + 1; 81 at 40: 27 + 27 + 27), none
+    of fewer than `fewest` where that can be (BatchNorm refuses a batch of one); none for no samples."""
+    if n <= 0:
+        return []
+    runs = min(-(-n // chunk), max(1, n // fewest)) if chunk else 1
+    base, extra = divmod(n, runs)
+    ends = [0]
+    for i in range(runs):
+        ends.append(ends[-1] + base + (i < extra))
+    return list(zip(ends, ends[1:]))
+
+
 def cut(indices: list[int], chunk: int | None, fewest: int = 1) -> list[list[int]]:
-    """`indices` in runs of at most `chunk` (one run where None or 0), a last run of fewer than
-    `fewest` joined to the one before (BatchNorm refuses a batch of one: 40 + 41). The loader's
-    micro-batches and the probes' alike."""
-    size = chunk or len(indices) or 1
-    runs = [indices[i:i + size] for i in range(0, len(indices), size)]
-    if len(runs) > 1 and len(runs[-1]) < fewest:
-        last = runs.pop()
-        runs[-1] = runs[-1] + last
-    return runs
+    """`indices` in `spans`: the loader's micro-batches and the probes' alike."""
+    return [indices[a:b] for a, b in spans(len(indices), chunk, fewest)]
 
 
 def probe_chunks(dataset, n: int, chunk: int | None, device: torch.device,
                  collate_fn: Callable | None = None, fewest: int = 1) -> Chunks:
-    """`probe`'s n samples in chunks of at most `chunk` (all of them in one where None or 0), a
-    last chunk of fewer than `fewest` joined to the one before, as the loader joins it."""
+    """`probe`'s n samples in chunks of at most `chunk` (all of them in one where None or 0), cut
+    as the loader cuts a share (`spans`)."""
     runs = cut([i % len(dataset) for i in range(n)], chunk, fewest)
     return Chunks(tuple(to_device(collate(dataset, run, collate_fn), device) for run in runs),
                   tuple(len(run) for run in runs))

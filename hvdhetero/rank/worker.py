@@ -116,8 +116,7 @@ def forward_backward(model, batch, me: Worker, before_last_backward=None,
         parts, n = list(zip(batch.parts, batch.sizes)), sum(batch.sizes)
     else:
         n = batches.size(batch)
-        chunk = min(me.micro_batch or n, n) or 1
-        parts = [(batches.take(batch, start, start + chunk), min(chunk, n - start)) for start in range(0, n, chunk)]
+        parts = [(batches.take(batch, a, b), b - a) for a, b in batches.spans(n, me.micro_batch)]
     slept = me.straggle(n)
     clock = me.busy_clock()
     busy0 = clock()
