@@ -279,18 +279,7 @@ class Training:
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
-        self.unstepped += 1
-        if self.unstepped == 1 and self.step_state.updates == 0 and self.reducer.params:
-            self._before_steps = self.reducer.params[0].detach().reshape(-1)[:16].clone()
-        if (self.unstepped == NEVER_STEPPED and self.step_state.updates == 0 and self.is_main
-                and self._before_steps is not None and not torch.equal(
-                    self._before_steps, self.reducer.params[0].detach().reshape(-1)[:16])):
-            # (parameters that moved: an update by hand; unmoved, the script accumulates over many batches)
-            print(f"hvdhetero: {NEVER_STEPPED} steps' gradients were reduced (job.backward) and the optimizer given to "
-                  "job.prepare never stepped: the job counts its steps by that optimizer's step() (job.step, "
-                  "metrics, checkpoints, a resume's place), so they all stand at step 0. Update through it "
-                  "(torch.optim.SGD(parameters, lr=lr) does what `p.data += -lr * p.grad` does; set its "
-                  "param_groups' lr where the script changes lr)", flush=True)
+        self._unstepped_step()
         self.passes.stepped(item, self.in_epochs)
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
@@ -309,6 +298,25 @@ class Training:
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
                               first=self.epochs_from,
                               taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
+
+    def _unstepped_step(self) -> None:
+        """One more reduced step the prepared optimizer has not stepped after: at the NEVER_STEPPED-th
+        with no update yet, where the parameters moved all the same (updated by hand; unmoved, the
+        script accumulates over many batches), rank 0 says the job's steps stand still. Costs an int
+        compare a step, and a 16-value copy at the first."""
+        self.unstepped += 1
+        if self.step_state.updates or not self.reducer.params:
+            return
+        first = self.reducer.params[0].detach().reshape(-1)[:16]
+        if self.unstepped == 1:
+            self._before_steps = first.clone()
+        elif (self.unstepped == NEVER_STEPPED and self.is_main and self._before_steps is not None
+              and not torch.equal(self._before_steps, first)):
+            print(f"hvdhetero: {NEVER_STEPPED} steps' gradients were reduced (job.backward) and the optimizer given to "
+                  "job.prepare never stepped: the job counts its steps by that optimizer's step() (job.step, "
+                  "metrics, checkpoints, a resume's place), so they all stand at step 0. Update through it "
+                  "(torch.optim.SGD(parameters, lr=lr) does what `p.data += -lr * p.grad` does; set its "
+                  "param_groups' lr where the script changes lr)", flush=True)
 
     def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
         """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would
