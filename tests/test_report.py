@@ -82,6 +82,27 @@ def test_step_time_splits_compute_communication_and_the_rest_per_rank(tmp_path):
     assert series.step_times(runs.read_run(write_run(tmp_path / "old", old_format(TWO_EPOCHS)))) is None
 
 
+def test_a_run_resumed_on_more_hosts_shows_every_rank_each_where_it_ran(tmp_path):
+    """Stopped after epoch 0 on mac and pc, resumed on three hosts (rank 1 now on box): the third
+    rank is in the headline and every figure from its start on, with a gap before (a helper's
+    report of such a run named two ranks beside a split of three)."""
+    three = {**_start(t=200.0, resumed_from="runs/x/checkpoints/step-000000010.pt"), "ranks": 3,
+             "host_names": ["mac", "box", "pc"], "devices": ["mps", "cpu", "cuda"]}
+    records = [*TWO_EPOCHS[:3], three, {"event": "split", "time": 200.0, "step": 10, "split": [16, 8, 40]},
+               _epoch(202.0, 1, 20, [16, 8, 40], [160, 80, 400], [1.0, 0.8, 0.5], [0.2, 0.3, 0.6]),
+               {"event": "end", "time": 202.5, "seconds": 2.5}]
+    run = runs.read_run(write_run(tmp_path / "r", records))
+    assert run.ranks == ["rank 0: mac, mps", "rank 1: pc, cuda, then box, cpu", "rank 2: pc, cuda"]
+    assert report.headline(run)["ranks"] == "; ".join(run.ranks) and report.headline(run)["final split"] == "16/8/40"
+    _, per_rank = series.throughput(run)
+    assert [s.values[1] for s in per_rank] == [80.0, 40.0, 200.0]
+    assert per_rank[2].values[0] != per_rank[2].values[0], "no third rank in epoch 0: a gap (NaN)"
+    assert [s.values[-1] for s in series.split_series(run)] == [16, 8, 40]
+    _, (_, *second), (_, *third) = series.step_times(run)
+    assert third == pytest.approx([50.0, 60.0, 90.0]), "its 10 steps alone: 0.5 s, 0.6 s and the rest of 2.0 s"
+    assert second[0] == pytest.approx((0.5 + 0.8) / 20 * 1000), "rank 1 over both epochs' 20 steps"
+
+
 def test_split_and_logged_scalars_over_time_and_epochs(tmp_path):
     run = runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))
     mac, pc = series.split_series(run)

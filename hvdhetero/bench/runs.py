@@ -71,11 +71,19 @@ class Run:
 
     @property
     def ranks(self) -> list[str]:
-        """Each rank named by its host and device: `rank 0: local, cpu (1 threads)`."""
-        s = self.start
-        hosts = s.get("host_names") or s.get("hostnames") or ["?"] * s["ranks"]
-        devices = s.get("devices") or ["?"] * s["ranks"]
-        return [f"rank {i}: {h}, {d}" for i, (h, d) in enumerate(zip(hosts, devices))]
+        """Each rank named by its host and device, `rank 0: local, cpu (1 threads)`: every rank of
+        every start (a resume on more hosts, an elastic rejoin), each host and device it had in turn
+        (`rank 1: mac, mps, then pc, cuda`)."""
+        had: list[list[str]] = []
+        for s in [self.start, *self.resumes]:
+            hosts = s.get("host_names") or s.get("hostnames") or ["?"] * s["ranks"]
+            devices = s.get("devices") or ["?"] * s["ranks"]
+            for i, (h, d) in enumerate(zip(hosts, devices)):
+                if i == len(had):
+                    had.append([])
+                if f"{h}, {d}" not in had[i][-1:]:
+                    had[i].append(f"{h}, {d}")
+        return [f"rank {i}: {', then '.join(names)}" for i, names in enumerate(had)]
 
 
 # -- reading -------------------------------------------------------------------------------------

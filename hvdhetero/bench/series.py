@@ -81,7 +81,10 @@ def throughput(run: Run) -> tuple[Series, list[Series]]:
     per_rank = []
     for i, name in enumerate(run.ranks):
         values = []
-        for e in periods:
+        for e in periods:  # (a period without this rank, fewer hosts then: a gap in its line)
+            if i >= len(e.get("rank_samples") or e["split"]):
+                values.append(float("nan"))
+                continue
             n = e["rank_samples"][i] if "rank_samples" in e else e["samples"] * e["split"][i] / sum(e["split"])
             values.append(n / max(e["seconds"], 1e-9))
         per_rank.append(Series(name, seconds, done, values, steps))
@@ -95,7 +98,7 @@ def split_series(run: Run) -> list[Series]:
     out = []
     for i, name in enumerate(run.ranks):
         t = [max(0.0, s["time"] - run.t0) for s in run.splits] + [end]
-        v = [s["split"][i] for s in run.splits]
+        v = [s["split"][i] if i < len(s["split"]) else float("nan") for s in run.splits]
         out.append(Series(name, t, [], v + v[-1:]))
     return out
 
@@ -109,18 +112,21 @@ def step_times(run: Run) -> list[tuple[str, float, float, float]] | None:
     timed = [e for e in run.epochs if "compute_s" in e and "comm_s" in e]
     if timed:
         bounds = dict(zip((e["epoch"] for e in run.epochs), epoch_steps(run)))
-        steps = sum(max(1, bounds[e["epoch"]][1] - bounds[e["epoch"]][0]) for e in timed)
+        steps = [max(1, bounds[e["epoch"]][1] - bounds[e["epoch"]][0]) for e in timed]
     elif run.windows and not run.epochs:
         timed = run.windows
-        steps = sum(w["steps"] for w in timed)
+        steps = [w["steps"] for w in timed]
     else:
         return None
-    wall = sum(e["seconds"] for e in timed)
     out = []
-    for i, name in enumerate(run.ranks):
-        compute = sum(e["compute_s"][i] for e in timed)
-        comm = sum(e["comm_s"][i] for e in timed)
-        out.append((name, 1000 * compute / steps, 1000 * comm / steps, 1000 * max(0.0, wall - compute - comm) / steps))
+    for i, name in enumerate(run.ranks):  # over the periods the rank took part in (fewer hosts at times)
+        there = [(e, n) for e, n in zip(timed, steps) if i < len(e["compute_s"])]
+        if not there:
+            continue
+        taken = max(1, sum(n for _, n in there))
+        compute, comm = sum(e["compute_s"][i] for e, _ in there), sum(e["comm_s"][i] for e, _ in there)
+        rest = sum(e["seconds"] for e, _ in there) - compute - comm
+        out.append((name, 1000 * compute / taken, 1000 * comm / taken, 1000 * max(0.0, rest) / taken))
     return out
 
 
