@@ -204,3 +204,33 @@ def test_a_probes_chunks_are_cut_as_the_loader_cuts_them_none_too_small_for_batc
     me = Worker(devices.select("cpu"), 1.0, None, micro_batch=1)
     seconds, _ = calibrate.probe_seconds(model, train, me, 5)
     assert seconds > 0 and me.last_compute > 0
+
+
+def test_a_script_accumulating_of_its_own_is_told_what_an_explicit_micro_batch_does_to_its_count(capsys):
+    """--micro-batch 40 stays the user's: a rank whose steps it cuts, reaching a step with the last
+    one reduced and not stepped, says a count of batches counts chunks (and what to count); auto's
+    chunk waits for the first step's end and is handed out only once the optimizer stepped there."""
+    from hvdhetero.rank.accumulation import Accumulation
+    from hvdhetero.rank.loader import Loader
+    from hvdhetero.rank.sampler import WeightedBatchSampler
+
+    def loader(chunk):
+        return Loader(torch.arange(162), WeightedBatchSampler(162, [81, 81], 0, seed=1), torch.device("cpu"), chunk=chunk)
+
+    explicit = loader(40)
+    told = Accumulation(explicit, 40, auto=False, is_main=True)
+    items = []
+    explicit.on_item = items.append
+    batches = iter(explicit)
+    next(batches)
+    told.step_begins(items[-1], unstepped=0)  # the first step: nothing reduced yet
+    told.step_begins(items[-1], unstepped=1)
+    told.step_begins(items[-1], unstepped=2)
+    out = capsys.readouterr().out
+    assert out.count("--micro-batch 40 hands its loop each step's share in chunks") == 1, out
+    assert "job.sync_gradients" in out and explicit.chunk == 40
+    auto = loader(40)
+    waits = Accumulation(auto, 40, auto=True, is_main=True)
+    assert [len(b) for b in auto][:1] == [81] and auto.chunk is None, "whole until the first step's end"
+    waits.updated()
+    assert auto.chunk == 40 and capsys.readouterr().out == ""

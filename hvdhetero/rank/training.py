@@ -28,6 +28,7 @@ from hvdhetero.errors import ConfigError
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
+from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
@@ -78,6 +79,9 @@ class Training:
                              epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
+        self.accumulation = Accumulation(self.loader, me.micro_batch, auto=config.micro_batch == "auto",
+                                         is_main=self.is_main)
+        """auto's chunks once the script stepped at its first step's end, whole shares where it accumulates."""
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
@@ -164,6 +168,7 @@ class Training:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
         (every rank at the same step), and under --elastic a commit."""
         self.loader_at = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
+        self.accumulation.step_begins(item, self.unstepped)
         if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
         if (self.elastic and self.train.step - self.train.last_commit >= self.config.commit_every
@@ -354,6 +359,7 @@ class Training:
         if state.stepped:  # a GAN's generator after its discriminator: the same global step
             return not skip
         state.updates += 1
+        self.accumulation.updated()
         self.train.step += state.item.steps if state.item is not None else 1
         state.stepped = turns is not None and state.item is not None
         return not skip
