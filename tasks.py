@@ -257,11 +257,13 @@ def report(c, run=None, out=""):
     if any(sweep_report.is_sweep(f) for f in folders):
         if len(folders) > 1:
             raise Exit("error: a sweep's folder is reported on its own: invoke report SWEEP_DIR", code=2)
-        page, drawn = sweep_report.write(sweep_report.read(folders[0]), Path(out) if out else folders[0] / "report")
+        target = Path(out) if out else folders[0] / "report"
+        page, drawn = rd.writing(target, lambda: sweep_report.write(sweep_report.read(folders[0]), target))
         print("\n".join(str(f.path) for f in drawn) + f"\nreport: {page}")
         return
     runs = rd.read_runs(folders)  # every run read (bad input: exit 2) before anything is written
-    page, drawn = rep.write(runs, Path(out) if out else rd.default_out(folders))
+    target = Path(out) if out else rd.default_out(folders)
+    page, drawn = rd.writing(target, lambda: rep.write(runs, target))
     print("\n".join(str(f.path) for f in drawn) + f"\nreport: {page}")
 
 

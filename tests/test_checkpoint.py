@@ -203,7 +203,7 @@ def test_a_scheduler_not_torchs_steps_once_a_step_checkpoints_and_stays_out_of_t
             assert state["scheduler"] == {"warmup": 5, "total": 40, "lr": 0.05, "n": state["step"]}
 
 
-def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
+def test_the_newest_checkpoint_that_loads_is_taken_and_those_passed_over_are_said(tmp_path, capsys):
     model = torch.nn.Linear(2, 2)
     for step in (10, 20, 30):
         checkpoint.save_object({"format": checkpoint.FORMAT, "step": step, "model": model.state_dict()},
@@ -212,6 +212,10 @@ def test_the_newest_checkpoint_that_loads_is_taken(tmp_path):
     torch.save({"format": checkpoint.FORMAT, "step": 40, "hostile": Path("/")}, checkpoint.path_for(tmp_path, 40))
     path, state = checkpoint.newest(tmp_path)  # 40 needs unpickling a Path: refused by weights_only
     assert path.name == "step-000000020.pt" and state["step"] == 20
+    said = capsys.readouterr().out.splitlines()
+    assert [line.split(" does not load")[0] for line in said] == [
+        f"hvdhetero: {checkpoint.path_for(tmp_path, 40)}", f"hvdhetero: {checkpoint.path_for(tmp_path, 30)}"], said
+    assert all(line.endswith("passed over for the one before") for line in said), said
     checkpoint.keep_newest(tmp_path, 1)
     assert [p.name for p in checkpoint.listed(tmp_path)] == ["step-000000040.pt"]
 

@@ -89,3 +89,62 @@ def test_only_a_run_whose_ranks_all_returned_is_finished_for_resume(tmp_path):
     assert run_dir.finished(failed_after) == "", "a launch under way: the earlier run's end is past"
     run_dir.mark_ended(tmp_path / "nothing", [{"event": "end", "step": 1}])
     assert not (tmp_path / "nothing").exists(), "no run directory: no marker"
+
+
+def test_a_new_run_goes_only_where_no_earlier_run_trained(tmp_path):
+    """A folder whose run trained (metrics with epochs or logs, no checkpoint left) or trained to
+    its end is refused, saying how to go on: the new run's metrics would run on from the old
+    run's and invoke report drew both as one. A run that stopped before training leaves start
+    records and live lines only: the new run starts them anew. A file where the folder goes, or
+    above it, is named."""
+    def folder_with(name, *records):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return folder
+
+    start = {"event": "start", "time": 1.0, "ranks": 2}
+    trained = folder_with("trained", start, {"event": "epoch", "time": 2.0, "epoch": 0})
+    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {trained} holds an earlier run's metrics.jsonl (it "
+                                                    "trained, and kept no checkpoint to resume from): give the new "
+                                                    f"run its own folder (or delete {trained} first)")):
+        run_dir.fresh(trained)
+    ended = a_run(tmp_path / "ended", checkpoint=False)
+    (ended / "ended.json").write_text('{"step": 12}')
+    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {ended} holds a run that trained to its end (step 12)")):
+        run_dir.fresh(ended)
+    stopped = folder_with("stopped", start)
+    (stopped / "progress.jsonl").write_text("{}\n")
+    run_dir.fresh(stopped)
+    run_dir.write_launch(stopped, ["local"], True, "", "", [], [], {"seed": 1})
+    assert sorted(p.name for p in stopped.iterdir()) == ["launch.json"], "the stopped run's leftovers went"
+    resumed = folder_with("resumed", start)
+    run_dir.write_launch(resumed, ["local"], True, "", "", [], [], {"seed": 1, "resume": True})
+    assert (resumed / "metrics.jsonl").is_file(), "a resume keeps the run's metrics"
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {tmp_path / 'afile'} is a file: name a folder")):
+        run_dir.fresh(tmp_path / "afile")
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'afile'} is a file, not a folder")):
+        run_dir.fresh(tmp_path / "afile" / "run")
+    with pytest.raises(ConfigError, match=re.escape("--resume " + str(tmp_path / "afile") + ": a file, not a run "
+                                                    "directory")):
+        run_dir.resumable(str(tmp_path / "afile"), tmp_path)
+
+
+def test_a_folder_that_cannot_be_written_is_said_before_the_launch(tmp_path):
+    """(/sys: no folder can be made there, root or not; a read-only disk says so alike.)"""
+    with pytest.raises(ConfigError, match=r"--run-dir /sys/hvdhetero-run: cannot write there \(.+\): name a folder "
+                                          "you can write to") as refused:
+        run_dir.write_launch("/sys/hvdhetero-run", ["local"], True, "", "", [], [], {})
+    assert refused.value.exit_code == 2
+
+
+def test_resume_of_a_run_that_kept_no_checkpoints_says_why(tmp_path):
+    folder = tmp_path / "r"
+    run_dir.write_launch(folder, ["local"], True, "", "", [], [], {"keep_checkpoints": 0})
+    with pytest.raises(ConfigError, match=re.escape("(it kept none: --keep-checkpoints 0); start it again")):
+        run_dir.resumable(str(folder), tmp_path)
+    from hvdhetero.cluster import supervise
+
+    assert supervise.resume_hint(folder) == (f"\n  the run keeps no checkpoint (--keep-checkpoints 0; run directory "
+                                             f"{folder}): a new run starts from the beginning")

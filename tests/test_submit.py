@@ -4,6 +4,9 @@ the command and leaves nothing behind, bad requests are refused before anything 
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from conftest import ROOT
@@ -101,3 +104,12 @@ def test_a_new_run_into_a_folder_with_an_earlier_runs_checkpoints_is_refused(tmp
     (folder / "checkpoints" / "step-00000010.pt").unlink()
     assert submit.submit(request, tmp_path, str(folder), name="digits", recipe_check=check_argv,
                          dry_run=True)[0] == str(folder), "a folder without checkpoints takes a new run"
+
+
+def test_resume_of_a_run_whose_script_moved_says_where_it_was_and_what_to_do(tmp_path):
+    folder = a_run(tmp_path / "r")
+    launched = json.loads((folder / "launch.json").read_text())
+    (folder / "launch.json").write_text(json.dumps({**launched, "script": str(tmp_path / "gone.py")}))
+    with pytest.raises(ConfigError, match=re.escape(f"the run's script {tmp_path / 'gone.py'} (its launch.json) is not "
+                                                    "there any more: put it back")):
+        submit.resumed(str(folder), tmp_path, hosts=None, inventory=None, changed=[])

@@ -86,6 +86,16 @@ class Run:
         return [f"rank {i}: {', then '.join(names)}" for i, names in enumerate(had)]
 
 
+def writing(out: Path, write):
+    """`write()`'s result; a folder it cannot write (a read-only run directory) is a ConfigError
+    (exit 2) saying so and how to write the report elsewhere."""
+    try:
+        return write()
+    except OSError as err:
+        raise ConfigError(f"cannot write the report into {out} ({err.strerror or err}): --out DIR writes it "
+                          "elsewhere") from None
+
+
 # -- reading -------------------------------------------------------------------------------------
 
 def find_latest(runs: Path) -> Path:

@@ -29,8 +29,11 @@ def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, scrip
                  launcher: str = "horovodrun") -> None:
     """What --resume relaunches with (written once the hosts passed their checks); `inventory`:
     the file given with --inventory, absolute ("" for the default one); `launcher`: horovodrun or ray."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    writable(run_dir)
     Path(run_dir, ENDED).unlink(missing_ok=True)  # a launch under way: an earlier run's end in this folder is past
+    if not settings.get("resume"):  # a new run where one stopped before training (fresh() refused any other)
+        for name in LEFTOVERS:
+            Path(run_dir, name).unlink(missing_ok=True)
     (Path(run_dir) / LAUNCH).write_text(json.dumps(
         {"hosts": hosts, "rank0_local": rank0_local, "script": script, "workdir": workdir, "recipe": recipe,
          "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"},
@@ -70,19 +73,64 @@ def checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
     return sorted((int(step), p) for step, p in saved if step.isdigit())
 
 
+def keeps_none(folder: str | Path) -> bool:
+    """Whether the run in `folder` was launched with --keep-checkpoints 0 (it writes none)."""
+    try:
+        return json.loads(Path(folder, LAUNCH).read_text()).get("settings", {}).get("keep_checkpoints") == 0
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def has_checkpoint(folder: Path) -> bool:
     return bool(checkpoints(folder))
 
 
+TRAINED = ("epoch", "log", "window", "exchange", "checkpoint", "end")
+"""Records a run writes once it trains: a folder holding them holds a run worth keeping."""
+LEFTOVERS = (metrics.FILE, "progress.jsonl")
+"""What a run that stopped before training leaves (its start records, its live lines): a new run
+in its folder starts them anew."""
+
+
 def fresh(run_dir: str | Path) -> None:
-    """A new run (not --resume) may go into `run_dir` only where no earlier run left checkpoints:
-    its own would sit among them, and a later --resume would load the newest, maybe the old run's.
-    ConfigError (exit 2) saying how to go on otherwise."""
-    if saved := checkpoints(run_dir):
+    """Where a new run (not --resume) may go: a folder, or none yet (made), that holds no earlier
+    run that trained: its checkpoints would sit among the new run's (a later --resume loads the
+    newest, maybe the old run's) and its metrics would run on into the new run's (invoke report
+    drew both as one). ConfigError (exit 2) saying how to go on otherwise."""
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file: name a folder (made if missing)")
+    above = next((p for p in folder.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: {above} is a file, not a folder")
+    elsewhere = "give the new run its own folder (or delete {} first)"
+    if ended := finished(folder):
+        raise ConfigError(f"--run-dir {run_dir} holds a run that trained to its end ({ended}): "
+                          + elsewhere.format(run_dir))
+    if saved := checkpoints(folder):
         step, newest = saved[-1]
         raise ConfigError(f"--run-dir {run_dir} holds an earlier run's checkpoints (newest {newest.name}, step "
-                          f"{step}): continue that run with `invoke train --resume {run_dir}`, or give a new "
-                          f"run its own folder (or delete {Path(run_dir) / 'checkpoints'} first)")
+                          f"{step}): continue that run with `invoke train --resume {run_dir}`, or "
+                          + elsewhere.format(folder / "checkpoints"))
+    try:
+        trained = any(r.get("event") in TRAINED for r in metrics.records(folder / metrics.FILE, missing_ok=True))
+    except (OSError, ValueError, ConfigError):
+        trained = True  # unreadable: not ours to overwrite
+    if trained:
+        raise ConfigError(f"--run-dir {run_dir} holds an earlier run's {metrics.FILE} (it trained, and kept no "
+                          "checkpoint to resume from): " + elsewhere.format(run_dir))
+
+
+def writable(run_dir: str | Path, what: str = "--run-dir") -> None:
+    """ConfigError (exit 2) where the run's folder cannot be made or written (a read-only disk)."""
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        probe = Path(run_dir, ".hvdhetero-write-check")
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"{what} {run_dir}: cannot write there ({err.strerror or err}): name a folder you can "
+                          "write to") from None
 
 
 def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
@@ -99,8 +147,9 @@ def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
         folder = Path(resume).resolve()
     launched = folder / LAUNCH
     if not folder.is_dir():
-        raise ConfigError(f"--resume {resume}: no such folder {folder}; name a run directory (its path is on the run's "
-                          f"console and under {runs}), or `--resume latest`")
+        raise ConfigError(f"--resume {resume}: " + ("a file, not a run directory" if folder.exists() else
+                                                     f"no such folder {folder}") + "; name a run directory (its path "
+                          f"is on the run's console and under {runs}), or `--resume latest`")
     if not launched.is_file():
         raise ConfigError(f"--resume {resume}: {launched} not found (not a run directory invoke train wrote)")
     try:
@@ -112,6 +161,7 @@ def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
         raise Finished(f"hvdhetero: --resume {resume}: the run in {folder} trained to its end ({ended}); nothing is "
                        "left to resume. To train on, start a new run (--epochs for how long)")
     if saved.get("rank0_local", True) and not has_checkpoint(folder):
-        raise ConfigError(f"--resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} (it ended "
-                          "before its first; start it again)")
+        raise ConfigError(f"--resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} ("
+                          + ("it kept none: --keep-checkpoints 0" if keeps_none(folder) else "it ended before its first")
+                          + "); start it again")
     return str(folder), saved  # rank 0 elsewhere: its host has the checkpoints (the job says if none loads)

@@ -67,6 +67,10 @@ def resumed(resume: str, runs: Path, hosts: str | None, inventory: str | None,
                           f"--launcher may "
                           f"change, got {', '.join(changed)} (start a new run to change them)")
     run_dir, saved = run_dirs.resumable(resume, runs)
+    if saved["script"] and not Path(saved["script"]).is_file():
+        raise ConfigError(f"--resume {resume}: the run's script {saved['script']} (its {run_dirs.LAUNCH}) is not there "
+                          "any more: put it back (a resume runs the same script with the same arguments), or start a "
+                          "new run")
     return Request(hosts or saved["hosts"], inventory or saved.get("inventory") or None,
                    {**saved["settings"], "resume": True}, saved["script"],
                    saved["workdir"], saved["recipe"], saved["script_args"],
@@ -128,7 +132,9 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
             for host, what in wd.ship(inventory, list(selected), folder, expect=digest).items():
                 print(f"{host}: workdir {what}")
     if not settings.get("plan_only"):  # what --resume relaunches with (once the hosts passed their checks)
-        run_dirs.write_launch(run_dir, [h.name for h in selected], selected[0].is_local, script, request.workdir,
+        run_dirs.write_launch(run_dir, [h.name for h in selected], selected[0].is_local,  # paths absolute: a
+                              str(Path(script).resolve()) if script else "",  # resume may start elsewhere
+                              str(Path(request.workdir).resolve()) if request.workdir else "",
                               request.recipe, request.script_args, settings,
                               str(Path(request.inventory).resolve()) if request.inventory else "", request.launcher)
     watch = None

@@ -379,6 +379,9 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
     if not saved and rank0_host:
         return (f"\n  checkpoints, if any, are on {rank0_host} in {folder}"
                 f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
+    if not saved and run_dirs.keeps_none(run_dir):
+        return (f"\n  the run keeps no checkpoint (--keep-checkpoints 0; run directory {run_dir}): a new run starts "
+                "from the beginning")
     if not saved:
         return f"\n  no checkpoint was written yet (run directory {run_dir}): a new run starts from the beginning"
     step, newest = saved[-1]

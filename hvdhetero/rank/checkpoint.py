@@ -79,12 +79,14 @@ def load(path: str | Path) -> dict[str, Any]:
 
 def newest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of the run that loads, and its state; None when none does. A file
-    that does not load (a disk that filled, a copy cut short) is passed over, not fatal."""
+    that does not load (a disk that filled, a copy cut short) is passed over, not fatal, and said."""
     for path in reversed(listed(run_dir)):
         try:
             return path, load(path)
-        except Exception:  # noqa: BLE001 - any damage: try the one before
-            continue
+        except Exception as err:  # noqa: BLE001 - any damage: try the one before
+            first = (str(err).strip().splitlines() or [""])[0][:160]
+            print(f"hvdhetero: {path} does not load ({type(err).__name__}: {first}): passed over for the one before",
+                  flush=True)
     return None
 
 
