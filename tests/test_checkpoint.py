@@ -118,6 +118,9 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(tmp_path, mode, r
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
     starts = [r for r in records if r["event"] == "start"]
     assert len(starts) == 2 and starts[1]["resumed_from"] == str(newest[0])
+    # the recipe's clock counts on from the checkpoint's (job.track): its seconds are the whole run's
+    clock, last = newest[1]["tracked"]["clock"], [r for r in records if r["event"] == "log"][-1]
+    assert last["elapsed_seconds"] > clock["elapsed"] > 0 and last["train_seconds"] > clock["trained"] > 0, clock
 
 
 def test_checkpoints_are_kept_newest_k_hold_what_a_resume_needs_and_a_finished_run_resumes_to_nothing(tmp_path):

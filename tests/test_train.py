@@ -212,3 +212,26 @@ def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
     line = next(ln for ln in proc.stdout.splitlines() if "alone would train about" in ln)
     assert "where rank 0 (local) alone would train about" in line and "--sync diloco:32 --overlap-sync" in line, line
     assert "Train with one rank on local (`slots: 1` for it in the inventory" in line, line  # its ranks share a host
+
+
+def test_the_recipes_clock_counts_on_from_a_checkpoints_seconds():
+    """What job.track saves of the recipe's clock and loads on --resume: a resumed run's logged
+    seconds and its last line count the stretch before (they restarted at 0: "12 epochs in 2.2 s"
+    for a run that trained 60 s)."""
+    import time
+
+    from hvdhetero.recipes.train import Clock
+
+    before = Clock()
+    before.start()
+    before.training(True)
+    time.sleep(0.02)
+    saved = before.state_dict()  # taken mid-loop, as a mid-epoch checkpoint is
+    assert saved["elapsed"] >= saved["trained"] >= 0.02
+    after = Clock()
+    after.load_state_dict(saved)
+    after.start()
+    after.training(True)
+    after.training(False)
+    assert after.elapsed() >= saved["elapsed"] and after.trained() >= saved["trained"]
+    assert after.trained() < saved["trained"] + 0.02, "a loop's seconds count once"

@@ -51,21 +51,22 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if args.repeat > 1:
         train_set = repeated(train_set, args.repeat)
+    clock = Clock()  # a resumed run's seconds count on from its checkpoint's
+    job.track("clock", clock)
     model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=args.batch_size,
                                            loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
-    started = time.perf_counter()
-    training = 0.0  # seconds in the training loop, evaluation excluded
+    clock.start()
     test = None
     for epoch in job.epochs(args.epochs):
         model.train()
-        began = time.perf_counter()
+        clock.training(True)
         for x, y in loader:
             with job.autocast():
                 loss = F.cross_entropy(model(x), y)
             job.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        training += time.perf_counter() - began
+        clock.training(False)
         # --eval-global: under local/diloco the global model, no exchange first; the last epoch's is exact
         exact = not args.eval_global or job.sync == "step" or epoch + 1 == args.epochs
         test = job.evaluate(lambda b: score(model, b), test_set, exchange=exact)
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         reached = bool(args.target_accuracy) and accuracy >= args.target_accuracy  # the same sums on every rank
         # elapsed: evaluations included, and with them (--sync local/diloco, not --eval-global)
         # the exchange that makes the ranks' models one before each evaluation
-        elapsed, trained = round(time.perf_counter() - started, 3), round(training, 3)
+        elapsed, trained = round(clock.elapsed(), 3), round(clock.trained(), 3)
         seen = (epoch + 1) * len(train_set)
         final = None
         if reached and not exact:  # the global model got there: the one saved (exchanged now) is scored too
@@ -89,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
             job.stop()
     path = job.save(model.state_dict(), "model.pt")
     if job.is_main and test is not None:
-        print(f"hvdhetero: {args.dataset} on {job.size} ranks, {job.epoch + 1} epochs in "
-              f"{time.perf_counter() - started:.1f} s: test accuracy {test['correct'] / test['count']:.2%}, "
+        ranks, epochs = job.size, job.epoch + 1
+        print(f"hvdhetero: {args.dataset} on {ranks} rank{'s' * (ranks != 1)}, {epochs} epoch{'s' * (epochs != 1)} in "
+              f"{clock.elapsed():.1f} s: test accuracy {test['correct'] / test['count']:.2%}, "
               f"loss {test['loss'] / test['count']:.4f}; model {path}", flush=True)
 
 
@@ -107,6 +109,41 @@ def score(model, batch) -> dict:
     out = model(x)
     return {"loss": F.cross_entropy(out.float(), y, reduction="sum"), "correct": (out.argmax(1) == y).sum(),
             "count": len(y)}
+
+
+class Clock:
+    """The recipe's seconds since it began training (evaluation included) and in its training
+    loops (evaluation excluded), a resumed run's earlier stretches counted in: job.track puts
+    them in every checkpoint (a checkpoint taken mid-epoch holds that epoch's loop so far)."""
+
+    def __init__(self):
+        self.began = self.loop_began = None
+        self.elapsed_before = self.trained_before = self.looped = 0.0
+
+    def start(self) -> None:
+        self.began = time.perf_counter()
+
+    def training(self, on: bool) -> None:
+        now = time.perf_counter()
+        if on:
+            self.loop_began = now
+        elif self.loop_began is not None:
+            self.looped, self.loop_began = self.looped + now - self.loop_began, None
+
+    def elapsed(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        return self.elapsed_before + (now - self.began if self.began is not None else 0.0)
+
+    def trained(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        return self.trained_before + self.looped + (now - self.loop_began if self.loop_began is not None else 0.0)
+
+    def state_dict(self) -> dict:
+        now = time.perf_counter()
+        return {"elapsed": self.elapsed(now), "trained": self.trained(now)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.elapsed_before, self.trained_before = float(state["elapsed"]), float(state["trained"])
 
 
 def load_data(job, args):
