@@ -281,6 +281,32 @@ def test_a_command_stuck_after_every_rank_finished_is_stopped_not_waited_on(monk
     assert "every rank finished, but the job's launcher" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("finished", [True, False])
+def test_ctrl_c_after_every_rank_finished_leaves_the_run_complete(monkeypatch, capsys, finished):
+    """Ctrl-C while the job's launcher was on its way out, every rank done: the run is complete
+    (it returns, so its ended.json is written) and the console says the signal came after; while a
+    rank still works, it stops the job, exit 130 (a helper's finished run was told 'stopped', and
+    its --resume ran the script's code after the loop again)."""
+    import signal
+    import threading
+
+    from hvdhetero.cluster import supervise
+
+    monkeypatch.setenv("HVDHETERO_FINISH_S", "60")
+    job = fake_job("0 alive", "1 alive", "1 done", *(["0 done"] if finished else ["beat 0 30"]), "sleep 600")
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    if finished:
+        assert supervise.run(job, {}, rank_hosts=["h0", "h1"]) == []
+        assert "Ctrl-C (SIGINT) came after every rank had finished its script: the run is complete" in \
+            capsys.readouterr().err
+    else:
+        with pytest.raises(SystemExit) as stopped:
+            supervise.run(job, {}, rank_hosts=["h0", "h1"])
+        assert stopped.value.code == 130 and "Ctrl-C (SIGINT): the job was stopped" in capsys.readouterr().err
+    assert time.monotonic() - started < 30
+
+
 def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
     """tqdm redraws its bar with "\\r" many times a second; horovodrun passes each redraw on with
     its rank's prefix. The console shows the bar as it ended, once, and the lines around it."""

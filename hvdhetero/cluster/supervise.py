@@ -151,7 +151,15 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
         except elastic_hosts.ScriptFailed as failed:  # a script's own error is no host failure: the job ends
             _stop(proc)
             raise LaunchError(failure.summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
-        except BaseException:  # Ctrl-C, or anything else: the job must not outlive the launcher
+        except _Terminated as stopped:  # Ctrl-C, SIGTERM: the job must not outlive the launcher
+            _stop(proc)
+            if not rank_hosts or len(done) < len(rank_hosts) or failures:
+                raise
+            # every rank had finished its script (the job's launcher on its way out): the run is whole
+            lingered = True
+            print(f"hvdhetero: {stopped.name} came after every rank had finished its script: the run is complete",
+                  file=sys.stderr, flush=True)
+        except BaseException:  # anything else: the job must not outlive the launcher
             _stop(proc)
             raise
         finally:
