@@ -361,3 +361,28 @@ def test_a_gpu_ranks_random_state_is_saved_and_put_back(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda new: put.append(new))
     checkpoint.set_rng_state(loaded)
     assert len(put) == 1 and torch.equal(put[0], state)
+
+
+def test_a_resume_into_a_script_whose_model_changed_says_so_not_a_size_mismatch_alone(tmp_path):
+    """A job of one rank checkpoints, stops, and its script's model is made wider before
+    --resume: torch's size-mismatch traceback came with no word of why (and the console's resume
+    command that failed alike); now the checkpoint is named, torch's detail kept, and what to do."""
+    script = tmp_path / "widths.py"
+    script.write_text(
+        "import sys\nimport torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\n"
+        "import hvdhetero as hh\nwidth, resume = int(sys.argv[1]), sys.argv[2] == 'resume'\n"
+        "job = hh.init(run_dir='run', checkpoint_every=5, resume=resume)\n"
+        "model = nn.Sequential(nn.Linear(4, width), nn.Linear(width, 1))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = TensorDataset(torch.randn(320, 4), torch.randn(320, 1))\n"
+        "model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=16)\n"
+        "for epoch in job.epochs(2):\n    for i, (x, y) in enumerate(loader):\n        optimizer.zero_grad()\n"
+        "        job.backward(nn.functional.mse_loss(model(x), y))\n        optimizer.step()\n"
+        "        if epoch == 1 and i == 3 and not resume:\n            raise SystemExit('stopped mid-run')\n")
+    stopped = run_cmd([VENV_BIN / "python", script, "8", "new"], cwd=tmp_path, timeout=120, check=False)
+    assert stopped.returncode == 1 and (tmp_path / "run" / "checkpoints" / "step-000000020.pt").is_file()
+    resumed = run_cmd([VENV_BIN / "python", script, "16", "resume"], cwd=tmp_path, timeout=120, check=False)
+    assert resumed.returncode == 1, resumed.stdout
+    assert ("ConfigError: --resume: run/checkpoints/step-000000020.pt does not fit what the script builds now "
+            "(RuntimeError: Error(s) in loading state_dict for Sequential: size mismatch for 0.weight") in resumed.stderr
+    assert "the script's model or optimizer changed since the checkpoint" in resumed.stderr, resumed.stderr[-2000:]

@@ -101,7 +101,13 @@ def resume_from_disk(t: Training) -> str:
                           "none yet, or they were removed)")
     hosts = t.host_names
     same = state.get("hosts") == hosts
-    restore(t, state, state["rng"][t.rank] if same else None)
+    try:
+        restore(t, state, state["rng"][t.rank] if same else None)
+    except (RuntimeError, ValueError, KeyError) as err:  # a model or optimizer that changed shape or parts
+        first = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:300]  # torch's detail: line 2
+        raise ConfigError(f"--resume: {path} does not fit what the script builds now ({type(err).__name__}: {first}):"
+                          " the script's model or optimizer changed since the checkpoint. A resume continues the "
+                          "same script: put it back as it was, or start a new run") from None
     t.records.truncate(state["metrics_offset"])  # what the run wrote after it is redone
     if t.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
