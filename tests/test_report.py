@@ -101,6 +101,9 @@ def test_a_run_resumed_on_more_hosts_shows_every_rank_each_where_it_ran(tmp_path
     _, (_, *second), (_, *third) = series.step_times(run)
     assert third == pytest.approx([50.0, 60.0, 90.0]), "its 10 steps alone: 0.5 s, 0.6 s and the rest of 2.0 s"
     assert second[0] == pytest.approx((0.5 + 0.8) / 20 * 1000), "rank 1 over both epochs' 20 steps"
+    assert figures._time_label([run], (1.0, "s")).endswith("(wall clock: the pause before a resume included)")
+    assert figures._time_label([runs.read_run(write_run(tmp_path / "a", TWO_EPOCHS))], (1.0, "s")) == \
+        "time since training started (s)"
 
 
 def test_split_and_logged_scalars_over_time_and_epochs(tmp_path):

@@ -76,7 +76,7 @@ def split(runs: list[Run], out: Path) -> Figure:
         for j, s in enumerate(split_series(run)):
             ax.step([t / unit[0] for t in s.seconds], s.values, STYLES[j % len(STYLES)], where="post",
                     color=_color(i), label=_label(runs, run, s.label))
-    ax.set_xlabel(f"time since training started ({unit[1]})")
+    ax.set_xlabel(_time_label(runs, unit))
     ax.set_ylabel("samples per step")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -179,6 +179,12 @@ def _time_axis(runs: list[Run]) -> tuple[float, str]:
     return (1.0, "s") if longest < 600 else (60.0, "min") if longest < 3 * 3600 else (3600.0, "h")
 
 
+def _time_label(runs: list[Run], unit: tuple[float, str]) -> str:
+    """The time axis: wall-clock time, so a resumed run's pause before its resume is on it."""
+    paused = " (wall clock: the pause before a resume included)" if any(r.resumes for r in runs) else ""
+    return f"time since training started ({unit[1]}){paused}"
+
+
 def _color(i: int) -> str:
     return f"C{i % 10}"
 
@@ -197,7 +203,7 @@ def _lines(ax, runs: list[Run], per_run, x: str, unit: tuple[float, str]) -> Non
             ax.plot(xs, s.values, STYLES[j % len(STYLES)], color=_color(i), label=_label(runs, run, s.label),
                     marker="o" if len(xs) <= 40 else None, markersize=4)
     ax.grid(alpha=0.3)
-    ax.set_xlabel(f"time since training started ({unit[1]})" if x == "time" else
+    ax.set_xlabel(_time_label(runs, unit) if x == "time" else
                   "steps" if x == "step" else "epochs completed")
     if x != "time":
         from matplotlib.ticker import MaxNLocator
