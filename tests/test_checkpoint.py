@@ -384,5 +384,6 @@ def test_a_resume_into_a_script_whose_model_changed_says_so_not_a_size_mismatch_
     resumed = run_cmd([VENV_BIN / "python", script, "16", "resume"], cwd=tmp_path, timeout=120, check=False)
     assert resumed.returncode == 1, resumed.stdout
     assert ("ConfigError: --resume: run/checkpoints/step-000000020.pt does not fit what the script builds now "
-            "(RuntimeError: Error(s) in loading state_dict for Sequential: size mismatch for 0.weight") in resumed.stderr
+            "(RuntimeError: Error(s) in loading state_dict for Sequential: size mismatch for 0.weight") \
+        in resumed.stderr
     assert "the script's model or optimizer changed since the checkpoint" in resumed.stderr, resumed.stderr[-2000:]

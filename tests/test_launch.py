@@ -1,5 +1,6 @@
 """The horovodrun command as data: argv and env for the inventory's hosts."""
 
+import json
 import os
 import re
 import shlex
@@ -193,6 +194,7 @@ def test_jobs_start_horovodrun_without_its_torch_importing_gloo_check():
 def fake_job(*steps: str) -> list[str]:
     """A command that prints what horovodrun relays of a job: `steps` are "RANK alive", "RANK done",
     "RANK error", "sleep S" or "beat RANK S" (rank RANK's heartbeat every 0.2 s for S seconds);
+    "RANK end" reports the run's end result (step 7);
     "RANK done STEP" says the job's step at the end, "RANK shutdown STEP" fails as a rank whose
     Horovod was shut down under it at that step."""
     code = ["import json, sys, time", "def say(r, text): print(f'[{r}]<stdout>:' + text, flush=True)"]
@@ -208,6 +210,7 @@ def fake_job(*steps: str) -> list[str]:
             step = int(rest[1]) if len(rest) > 1 else None
             text = {"alive": f"{progress.ALIVE_TAG}{{\"rank\": {rank}, \"host\": \"h{rank}\"}}",
                     "done": progress.done_line(step),
+                    "end": progress.RESULT_TAG + json.dumps({"event": "end", "seconds": 1.0, "step": 7, "logs": []}),
                     "error": progress.failure_line(f"h{rank}", "ValueError: bad batch"),
                     "shutdown": progress.failure_line(f"h{rank}", SHUT_DOWN, ["train.py:24 in <module>: job.backward(loss)"],
                                                       step=step)}[what]
@@ -282,29 +285,31 @@ def test_a_command_stuck_after_every_rank_finished_is_stopped_not_waited_on(monk
 
 
 @pytest.mark.parametrize("finished", [True, False])
-def test_ctrl_c_after_every_rank_finished_leaves_the_run_complete(monkeypatch, capsys, finished):
+def test_ctrl_c_after_every_rank_finished_leaves_the_run_complete(monkeypatch, capsys, tmp_path, finished):
     """Ctrl-C while the job's launcher was on its way out, every rank done: the run is complete
-    (it returns, so its ended.json is written) and the console says the signal came after; while a
-    rank still works, it stops the job, exit 130 (a helper's finished run was told 'stopped', and
-    its --resume ran the script's code after the loop again)."""
+    (its ended.json written: --resume says it finished) and the console says the signal came
+    after; exit 130 all the same, so a loop of jobs (a benchmark's) stops. While a rank still
+    works, it stops the job (a helper's finished run was told 'stopped', and its --resume ran the
+    script's code after the loop again)."""
     import signal
     import threading
 
-    from hvdhetero.cluster import supervise
+    from hvdhetero.cluster import run_dir, supervise
 
     monkeypatch.setenv("HVDHETERO_FINISH_S", "60")
-    job = fake_job("0 alive", "1 alive", "1 done", *(["0 done"] if finished else ["beat 0 30"]), "sleep 600")
+    run_dir.write_launch(tmp_path, ["h0", "h1"], True, "", "", [], [], {})
+    job = fake_job("0 alive", "1 alive", "1 done", *(["0 end", "0 done"] if finished else ["beat 0 30"]), "sleep 600")
     threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     started = time.monotonic()
+    with pytest.raises(SystemExit) as stopped:
+        supervise.run(job, {}, run_dir=tmp_path, rank_hosts=["h0", "h1"])
+    said = capsys.readouterr().err
+    assert stopped.value.code == 130 and time.monotonic() - started < 30
     if finished:
-        assert supervise.run(job, {}, rank_hosts=["h0", "h1"]) == []
-        assert "Ctrl-C (SIGINT) came after every rank had finished its script: the run is complete" in \
-            capsys.readouterr().err
+        assert "Ctrl-C (SIGINT) came after every rank had finished its script: the run is complete" in said, said
+        assert run_dir.finished(tmp_path) == "step 7", "its end step: --resume says it finished"
     else:
-        with pytest.raises(SystemExit) as stopped:
-            supervise.run(job, {}, rank_hosts=["h0", "h1"])
-        assert stopped.value.code == 130 and "Ctrl-C (SIGINT): the job was stopped" in capsys.readouterr().err
-    assert time.monotonic() - started < 30
+        assert "Ctrl-C (SIGINT): the job was stopped" in said and not run_dir.finished(tmp_path), said
 
 
 def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):

@@ -215,7 +215,8 @@ def test_a_script_accumulating_of_its_own_is_told_what_an_explicit_micro_batch_d
     from hvdhetero.rank.sampler import WeightedBatchSampler
 
     def loader(chunk):
-        return Loader(torch.arange(162), WeightedBatchSampler(162, [81, 81], 0, seed=1), torch.device("cpu"), chunk=chunk)
+        return Loader(torch.arange(162), WeightedBatchSampler(162, [81, 81], 0, seed=1), torch.device("cpu"),
+                      chunk=chunk)
 
     explicit = loader(40)
     told = Accumulation(explicit, 40, auto=False, is_main=True)
@@ -229,8 +230,20 @@ def test_a_script_accumulating_of_its_own_is_told_what_an_explicit_micro_batch_d
     out = capsys.readouterr().out
     assert out.count("--micro-batch 40 hands its loop each step's share in chunks") == 1, out
     assert "job.sync_gradients" in out and explicit.chunk == 40
-    auto = loader(40)
-    waits = Accumulation(auto, 40, auto=True, is_main=True)
+    # the rank left unstepped is the one cut into fewer chunks (here none): shares 100 and 30 at 64
+    uncut = Loader(torch.arange(260), WeightedBatchSampler(260, [100, 30], 1, seed=1), torch.device("cpu"), chunk=64)
+    items = []
+    uncut.on_item = items.append
+    next(iter(uncut))
+    assert items[-1].chunks == 1
+    with pytest.warns(UserWarning, match="--micro-batch 64 hands its loop each step's share in chunks"):
+        Accumulation(uncut, 64, auto=False, is_main=False).step_begins(items[-1], unstepped=1)
+    auto, given_up = loader(40), []
+    waits = Accumulation(auto, 40, auto=True, is_main=True, whole=given_up.append)
     assert [len(b) for b in auto][:1] == [81] and auto.chunk is None, "whole until the first step's end"
     waits.updated()
     assert auto.chunk == 40 and capsys.readouterr().out == ""
+    keeps = Accumulation(loader(40), 40, auto=True, is_main=True, whole=given_up.append)
+    keeps.step_begins(items[-1], unstepped=1)
+    assert keeps.loader.chunk is None and given_up == [items[-1].step], "whole shares for good, recorded"
+    assert "so each rank runs its share whole" in capsys.readouterr().out

@@ -130,7 +130,7 @@ def test_headline_numbers_and_the_sync_mode_auto_chose(tmp_path):
     assert (head["train seconds (the script's last job.log)"], head["elapsed seconds (the script's last job.log)"],
             head[report.EPOCHS_TIME]) == ("3.2 s", "3.9 s", "4.0 s"), head
     assert not any(k.startswith("final") and "seconds" in k for k in head), head
-    assert [report.duration(s) for s in (59.94, 3000, 7002)] == ["59.9 s", "50 min", "1 h 57 min"]
+    assert [report.duration(s) for s in (0.03412, 59.94, 3000, 7002)] == ["0.0341 s", "59.9 s", "50 min", "1 h 57 min"]
     unfinished = [_start(sync="auto"), {"event": "plan", "time": 99.0, "chose": "diloco:32 overlapped"},
                   *TWO_EPOCHS[1:-1]]
     run = runs.read_run(write_run(tmp_path / "auto", unfinished))

@@ -105,22 +105,30 @@ def test_a_new_run_goes_only_where_no_earlier_run_trained(tmp_path):
 
     start = {"event": "start", "time": 1.0, "ranks": 2}
     trained = folder_with("trained", start, {"event": "epoch", "time": 2.0, "epoch": 0})
-    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {trained} holds an earlier run's metrics.jsonl (it "
-                                                    "trained, and kept no checkpoint to resume from): give the new "
-                                                    f"run its own folder (or delete {trained} first)")):
+    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {trained} holds an earlier run that trained (metrics"
+                                                    ".jsonl, progress.jsonl) and kept no checkpoint to resume from: "
+                                                    f"give the new run its own folder (or delete {trained} first; a "
+                                                    "script that resumes itself from a file here: launch it into a "
+                                                    "new --run-dir, pointing it at that file)")):
         run_dir.fresh(trained)
+    looped = folder_with("looped", start)  # a loop of its own that never called job.log: its live lines only
+    (looped / "progress.jsonl").write_text('{"at": 1.0, "progress": {"step": 4, "loss": 2.5}}\n')
+    with pytest.raises(ConfigError, match="holds an earlier run that trained"):
+        run_dir.fresh(looped)
     ended = a_run(tmp_path / "ended", checkpoint=False)
     (ended / "ended.json").write_text('{"step": 12}')
-    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {ended} holds a run that trained to its end (step 12)")):
+    with pytest.raises(ConfigError, match=re.escape(f"--run-dir {ended} holds a run that trained to its end "
+                                                    "(step 12)")):
         run_dir.fresh(ended)
     stopped = folder_with("stopped", start)
-    (stopped / "progress.jsonl").write_text("{}\n")
+    (stopped / "rank-0.log").write_text("Traceback ...\n")
     run_dir.fresh(stopped)
-    run_dir.write_launch(stopped, ["local"], True, "", "", [], [], {"seed": 1})
+    run_dir.write_launch(stopped, ["local"], True, "", "", [], [], {"seed": 1}, checked=True)
     assert sorted(p.name for p in stopped.iterdir()) == ["launch.json"], "the stopped run's leftovers went"
-    resumed = folder_with("resumed", start)
-    run_dir.write_launch(resumed, ["local"], True, "", "", [], [], {"seed": 1, "resume": True})
-    assert (resumed / "metrics.jsonl").is_file(), "a resume keeps the run's metrics"
+    for settings, checked in (({"seed": 1, "resume": True}, True), ({"seed": 1}, False)):
+        kept = folder_with(f"kept-{checked}", start)  # a resume's; a new run fresh did not check (rank 0 remote)
+        run_dir.write_launch(kept, ["local"], True, "", "", [], [], settings, checked=checked)
+        assert (kept / "metrics.jsonl").is_file(), "a resume, or an unchecked folder, keeps the run's metrics"
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match=re.escape(f"--run-dir {tmp_path / 'afile'} is a file: name a folder")):
         run_dir.fresh(tmp_path / "afile")

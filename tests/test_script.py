@@ -493,12 +493,12 @@ def test_a_script_counting_batches_to_accumulate_gets_whole_shares_under_micro_b
                         tmp_path / f"run{accumulate}", "--", "--out", out, "--accumulate", accumulate], timeout=300)
         assert proc.stdout.count(said) == (accumulate == 2), proc.stdout[-3000:]
         seen[accumulate] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-        chunks = [json.loads(line) for line in (tmp_path / f"run{accumulate}" / "metrics.jsonl").read_text().splitlines()
-                  if '"start"' in line][0]["micro_batches"]
+        chunks = metrics.records(tmp_path / f"run{accumulate}" / "metrics.jsonl", "start")[0]["micro_batches"]
         assert all(chunks), ("the test's model must make auto pick chunks", chunks)
-    end = [json.loads(line) for line in (tmp_path / "run2" / "metrics.jsonl").read_text().splitlines()
-           if '"end"' in line][-1]
+    end = metrics.records(tmp_path / "run2" / "metrics.jsonl", "end")[-1]
     assert len(set(end["param_digests"])) == 1, end
+    given_up = metrics.records(tmp_path / "run2" / "metrics.jsonl", "micro_batches")
+    assert [(r["step"], r["micro_batches"]) for r in given_up] == [(1, None)], given_up  # at the second step
     for rank in seen[2]:  # 2 epochs of 4 batches, a step every 2: 4 steps, the schedule at its end
         assert len(rank["sizes"]) == 8 and rank["sizes"][0] > 64, rank
         assert (rank["steps"], rank["schedule"], rank["job_step"], rank["lr"]) == (4, 4, 4, 0.0), rank

@@ -22,7 +22,7 @@ from pathlib import Path
 from hvdhetero.bench.runs import Run
 from hvdhetero.bench.series import epoch_steps, is_accuracy
 
-WALL = "wall time (the job's start to its end)"
+WALL = "wall time (the job's start to its end, a pause before a resume left out)"
 EPOCHS_TIME = "time in epochs (their loop bodies, evaluation included)"
 
 
@@ -79,7 +79,9 @@ def headline(run: Run) -> dict[str, str]:
 
 
 def duration(seconds: float) -> str:
-    """1.2 s, 95.0 s, 1 h 56 min: seconds a reader takes in at a glance."""
+    """0.0341 s, 1.2 s, 95.0 s, 1 h 56 min: seconds a reader takes in at a glance."""
+    if seconds < 1:
+        return f"{seconds:.3g} s"
     if seconds < 600:
         return f"{seconds:.1f} s"
     minutes = round(seconds / 60)

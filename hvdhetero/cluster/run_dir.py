@@ -26,14 +26,16 @@ def new(name: str, run_dir: str | Path | None, runs: Path) -> str:
 
 def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, script: str, workdir: str,
                  recipe: list[str], script_args: list[str], settings: dict[str, Any], inventory: str = "",
-                 launcher: str = "horovodrun") -> None:
+                 launcher: str = "horovodrun", checked: bool = False) -> None:
     """What --resume relaunches with (written once the hosts passed their checks); `inventory`:
-    the file given with --inventory, absolute ("" for the default one); `launcher`: horovodrun or ray."""
+    the file given with --inventory, absolute ("" for the default one); `launcher`: horovodrun or ray.
+    `checked`: a new run that `fresh` let into the folder, whose leftovers it starts anew."""
     writable(run_dir)
     Path(run_dir, ENDED).unlink(missing_ok=True)  # a launch under way: an earlier run's end in this folder is past
-    if not settings.get("resume"):  # a new run where one stopped before training (fresh() refused any other)
-        for name in LEFTOVERS:
-            Path(run_dir, name).unlink(missing_ok=True)
+    if checked and not settings.get("resume"):  # a new run where one stopped before training (fresh refused others)
+        for pattern in LEFTOVERS:
+            for path in Path(run_dir).glob(pattern):
+                path.unlink(missing_ok=True)
     (Path(run_dir) / LAUNCH).write_text(json.dumps(
         {"hosts": hosts, "rank0_local": rank0_local, "script": script, "workdir": workdir, "recipe": recipe,
          "script_args": script_args, "settings": {k: v for k, v in settings.items() if k != "resume"},
@@ -87,9 +89,11 @@ def has_checkpoint(folder: Path) -> bool:
 
 TRAINED = ("epoch", "log", "window", "exchange", "checkpoint", "end")
 """Records a run writes once it trains: a folder holding them holds a run worth keeping."""
-LEFTOVERS = (metrics.FILE, "progress.jsonl")
-"""What a run that stopped before training leaves (its start records, its live lines): a new run
-in its folder starts them anew."""
+PROGRESS = "progress.jsonl"
+"""Rank 0's live lines as the launcher kept them (cluster/console.py): lines only once steps ran."""
+LEFTOVERS = (metrics.FILE, PROGRESS, "rank-*.log")
+"""What a run that stopped before training leaves (its start records, its ranks' output): a new
+run in its folder starts them anew."""
 
 
 def fresh(run_dir: str | Path) -> None:
@@ -103,7 +107,8 @@ def fresh(run_dir: str | Path) -> None:
     above = next((p for p in folder.parents if p.exists()), None)
     if above is not None and not above.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: {above} is a file, not a folder")
-    elsewhere = "give the new run its own folder (or delete {} first)"
+    elsewhere = ("give the new run its own folder (or delete {} first; a script that resumes itself from a "
+                 "file here: launch it into a new --run-dir, pointing it at that file)")
     if ended := finished(folder):
         raise ConfigError(f"--run-dir {run_dir} holds a run that trained to its end ({ended}): "
                           + elsewhere.format(run_dir))
@@ -114,11 +119,13 @@ def fresh(run_dir: str | Path) -> None:
                           + elsewhere.format(folder / "checkpoints"))
     try:
         trained = any(r.get("event") in TRAINED for r in metrics.records(folder / metrics.FILE, missing_ok=True))
+        trained = trained or '"progress"' in (folder / PROGRESS).read_text(errors="replace") \
+            if (folder / PROGRESS).is_file() else trained  # live lines: a loop of its own that never logged
     except (OSError, ValueError, ConfigError):
         trained = True  # unreadable: not ours to overwrite
     if trained:
-        raise ConfigError(f"--run-dir {run_dir} holds an earlier run's {metrics.FILE} (it trained, and kept no "
-                          "checkpoint to resume from): " + elsewhere.format(run_dir))
+        raise ConfigError(f"--run-dir {run_dir} holds an earlier run that trained ({metrics.FILE}, {PROGRESS}) and "
+                          "kept no checkpoint to resume from: " + elsewhere.format(run_dir))
 
 
 def writable(run_dir: str | Path, what: str = "--run-dir") -> None:
@@ -162,6 +169,7 @@ def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
                        "left to resume. To train on, start a new run (--epochs for how long)")
     if saved.get("rank0_local", True) and not has_checkpoint(folder):
         raise ConfigError(f"--resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} ("
-                          + ("it kept none: --keep-checkpoints 0" if keeps_none(folder) else "it ended before its first")
+                          + ("it kept none: --keep-checkpoints 0" if keeps_none(folder)
+                             else "it ended before its first")
                           + "); start it again")
     return str(folder), saved  # rank 0 elsewhere: its host has the checkpoints (the job says if none loads)

@@ -92,8 +92,9 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
     inventory = inv.load(request.inventory or inv.default_path())
     selected = inventory.select(request.hosts)
     run_dir = run_dirs.new(name, run_dir, runs)
-    if not settings.get("resume") and not settings.get("plan_only") and selected[0].is_local:
-        run_dirs.fresh(run_dir)  # (rank 0 on another host: its checkpoints are there)
+    checked = not settings.get("resume") and not settings.get("plan_only") and selected[0].is_local
+    if checked:  # (rank 0 on another host: its metrics and checkpoints are there, unchecked)
+        run_dirs.fresh(run_dir)
     config = JobConfig(run_dir=run_dir, **settings)
     if config.tensorboard and selected[0].is_local and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package here (rank 0's host): pip install "
@@ -136,7 +137,8 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
                               str(Path(script).resolve()) if script else "",  # resume may start elsewhere
                               str(Path(request.workdir).resolve()) if request.workdir else "",
                               request.recipe, request.script_args, settings,
-                              str(Path(request.inventory).resolve()) if request.inventory else "", request.launcher)
+                              str(Path(request.inventory).resolve()) if request.inventory else "", request.launcher,
+                              checked=checked)
     watch = None
     if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
         from hvdhetero.cluster import elastic_hosts

@@ -58,8 +58,14 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         with _stop_on_terminate():
             return _run(argv, env, cwd, run_dir, rank0_host, watch, silent_s, logs, rank_hosts, all_ranks, stdin_pipe)
     except _Terminated as terminated:  # the job was stopped on the way out (_run's BaseException)
-        print(f"hvdhetero: {terminated.name}: the job was stopped" + resume_hint(run_dir, rank0_host),
-              file=sys.stderr, flush=True)
+        if terminated.results is not None:  # after every rank had finished: the run is whole, and ends here
+            if run_dir is not None:
+                run_dirs.mark_ended(run_dir, terminated.results)
+            print(f"hvdhetero: {terminated.name} came after every rank had finished its script: the run is complete",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"hvdhetero: {terminated.name}: the job was stopped" + resume_hint(run_dir, rank0_host),
+                  file=sys.stderr, flush=True)
         raise SystemExit(128 + terminated.signum) from None
     finally:
         if watch is not None:
@@ -73,6 +79,8 @@ class _Terminated(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum, self.name = signum, signal.Signals(signum).name
+        self.results: list[dict] | None = None
+        """Rank 0's results where every rank had finished its script before the signal came."""
         if signum == signal.SIGINT:
             self.name = "Ctrl-C (SIGINT)"
 
@@ -153,12 +161,9 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
             raise LaunchError(failure.summary([failed.failure]) + resume_hint(run_dir, rank0_host)) from None
         except _Terminated as stopped:  # Ctrl-C, SIGTERM: the job must not outlive the launcher
             _stop(proc)
-            if not rank_hosts or len(done) < len(rank_hosts) or failures:
-                raise
-            # every rank had finished its script (the job's launcher on its way out): the run is whole
-            lingered = True
-            print(f"hvdhetero: {stopped.name} came after every rank had finished its script: the run is complete",
-                  file=sys.stderr, flush=True)
+            if rank_hosts and len(done) == len(rank_hosts) and not failures:
+                stopped.results = results  # every rank had finished its script: the launcher was on its way out
+            raise
         except BaseException:  # anything else: the job must not outlive the launcher
             _stop(proc)
             raise

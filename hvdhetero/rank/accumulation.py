@@ -9,9 +9,10 @@ optimizer job.prepare returned. So under `--micro-batch auto` the loader hands o
 until the first step's end, and cuts them into the chunks auto chose only once the script has
 stepped there; one that went on without a step keeps whole shares (said once). An explicit
 `--micro-batch N` is the user's: it stays, and the rank whose steps it cuts says what a count of
-batches then counts.
+batches then counts (any rank: one cut in fewer chunks than another is the one left unstepped).
 
-    accumulation = Accumulation(loader, me.micro_batch, auto=config.micro_batch == "auto", is_main=...)
+    accumulation = Accumulation(loader, me.micro_batch, auto=config.micro_batch == "auto", is_main=...,
+                                said=lambda: records.write("micro_batches", ...))
     accumulation.step_begins(item, unstepped)   # a step's first chunk: steps reduced since the last update
     accumulation.updated()                      # the prepared optimizer stepped
 """
@@ -19,6 +20,8 @@ batches then counts.
 from __future__ import annotations
 
 import warnings
+
+from collections.abc import Callable
 
 from hvdhetero.rank.loader import Item, Loader
 
@@ -40,8 +43,10 @@ def chunked(chunk: int) -> str:
 class Accumulation:
     """Decides the loader's chunks around a script's own accumulation (the module's docstring)."""
 
-    def __init__(self, loader: Loader, chunk: int | None, *, auto: bool, is_main: bool):
-        self.loader, self.auto, self.is_main = loader, auto, is_main
+    def __init__(self, loader: Loader, chunk: int | None, *, auto: bool, is_main: bool,
+                 whole: Callable[[int], None] = lambda step: None):
+        self.loader, self.auto, self.is_main, self.whole = loader, auto, is_main, whole
+        """`whole(step)`: auto's chunks were given up at that step (rank 0 records it)."""
         self.deferred = chunk if auto and chunk else None
         """auto's chunk, handed out once the script has stepped at its first step's end."""
         if self.deferred:
@@ -64,7 +69,8 @@ class Accumulation:
             self.deferred = None
             if self.is_main:
                 print(WHOLE, flush=True)
-        elif not self.auto and self.loader.chunk and item.chunks > 1:
+                self.whole(item.step)
+        elif not self.auto and self.loader.chunk and max(item.sizes) > self.loader.chunk:  # some rank cuts its share
             if self.is_main:
                 print(chunked(self.loader.chunk), flush=True)
             else:  # (the console relays a rank's warning once)

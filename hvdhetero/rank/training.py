@@ -80,7 +80,9 @@ class Training:
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         self.accumulation = Accumulation(self.loader, me.micro_batch, auto=config.micro_batch == "auto",
-                                         is_main=self.is_main)
+                                         is_main=self.is_main, whole=lambda step: records.write(
+                                             "micro_batches", step=step, micro_batches=None,
+                                             reason="the script accumulates over batches of its own: whole shares"))
         """auto's chunks once the script stepped at its first step's end, whole shares where it accumulates."""
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
