@@ -55,7 +55,8 @@ class JobConfig:
     """Most samples a rank runs forward/backward at once; its gradients accumulate over the
     chunks before the one allreduce. auto: each rank times a few chunk sizes on its device at
     start and keeps the fastest (a CPU is faster on cache-sized chunks than on a 2000-sample
-    batch; a GPU keeps the whole batch); 0: the whole local batch; N: at most N."""
+    batch; a GPU keeps the whole batch), from the second step on, and whole shares for a script
+    that accumulates over batches of its own; 0: the whole local batch; N: at most N, cut evenly."""
     precision: str = "fp32"
     """Mixed precision inside `job.autocast()`: fp32 (off), bf16 or fp16, mapped per device
     (rank/precision.py): fp16 with loss scaling on CUDA and MPS, bf16 on CPU and CUDA."""

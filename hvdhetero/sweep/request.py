@@ -4,9 +4,9 @@ for every host and each end of every parameter (exit 2, nothing written)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,9 +103,10 @@ def check_before(request: Request, space: spaces.Space, tasks_root: Path, recipe
                                      f"{' '.join(space.argv(values))} on host {host.name}: {err}"
                                      f"{space.hint(str(err))}") from None
     for host in request.hosts:
-        proc = subprocess.run(train_command(tasks_root, request, host, Path(os.devnull),
-                                            request.trial_args(space, extremes(space)[0]), dry_run=True),
-                              capture_output=True, text=True, timeout=120)
+        with tempfile.TemporaryDirectory(prefix="hvdhetero-sweep-check-") as scratch:  # a run folder, never made
+            proc = subprocess.run(train_command(tasks_root, request, host, Path(scratch) / "trial",
+                                                request.trial_args(space, extremes(space)[0]), dry_run=True),
+                                  capture_output=True, text=True, timeout=120)
         if proc.returncode:
             said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
             error = ConfigError if proc.returncode == 2 else LaunchError
