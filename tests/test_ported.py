@@ -62,7 +62,9 @@ PORTS = {
     "transfer": ([], r"^val Loss", r"^val Loss: [\d.]+ Acc: ([\d.]+)$", lambda v: v >= 0.9),
     "seq2seq": ([], r"^\d+m \d+s \(- \d+m \d+s\) \(\d+ \d+%\) [\d.]+$", r"^translated exactly: ([\d.]+)$",
                 lambda v: v >= 0.85),
-    "ddp": (["12", "4"], r"^Epoch \d+ \| test MSE", r"^Epoch \d+ \| test MSE ([\d.]+)$", lambda v: v <= 0.011),
+    # (its metric unanchored: torchrun's two processes share one pipe, and a line of one may run on
+    # into the other's, "Epoch 9 | test MSE 0.0123[GPU1] Epoch 10 | Batchsize: 32")
+    "ddp": (["12", "4"], r"^Epoch \d+ \| test MSE", r"Epoch \d+ \| test MSE ([\d.]+)", lambda v: v <= 0.011),
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
            "reference": 6, "nanogpt": 3, "word_lm": 4,
