@@ -11,6 +11,14 @@ Exit codes (documented in the README):
 from __future__ import annotations
 
 
+def briefly(err: BaseException, lines: int = 1, width: int = 160) -> str:
+    """An exception in one short line: its type and its message's first `lines` lines, joined
+    (torch's state_dict errors put the detail on the second), cut to `width`."""
+    text = " ".join(line.strip() for line in str(err).strip().splitlines()[:lines])
+    text = text if len(text) <= width else text[:width - 3] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 class HvdHeteroError(Exception):
     """Base class: a message for the user and the exit code the CLI ends with."""
 

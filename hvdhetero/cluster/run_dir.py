@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdhetero import metrics
+from hvdhetero.cluster import console
 from hvdhetero.errors import ConfigError
 
 LAUNCH = "launch.json"
@@ -89,8 +90,8 @@ def has_checkpoint(folder: Path) -> bool:
 
 TRAINED = ("epoch", "log", "window", "exchange", "checkpoint", "end")
 """Records a run writes once it trains: a folder holding them holds a run worth keeping."""
-PROGRESS = "progress.jsonl"
-"""Rank 0's live lines as the launcher kept them (cluster/console.py): lines only once steps ran."""
+PROGRESS = console.PROGRESS_FILE
+"""Rank 0's live lines as the launcher kept them: lines only once steps ran."""
 LEFTOVERS = (metrics.FILE, PROGRESS, "rank-*.log")
 """What a run that stopped before training leaves (its start records, its ranks' output): a new
 run in its folder starts them anew."""
@@ -117,10 +118,10 @@ def fresh(run_dir: str | Path) -> None:
         raise ConfigError(f"--run-dir {run_dir} holds an earlier run's checkpoints (newest {newest.name}, step "
                           f"{step}): continue that run with `invoke train --resume {run_dir}`, or "
                           + elsewhere.format(folder / "checkpoints"))
+    live = folder / PROGRESS  # (a loop of its own that never called job.log leaves its live lines alone)
     try:
-        trained = any(r.get("event") in TRAINED for r in metrics.records(folder / metrics.FILE, missing_ok=True))
-        trained = trained or '"progress"' in (folder / PROGRESS).read_text(errors="replace") \
-            if (folder / PROGRESS).is_file() else trained  # live lines: a loop of its own that never logged
+        trained = (any(r.get("event") in TRAINED for r in metrics.records(folder / metrics.FILE, missing_ok=True))
+                   or (live.is_file() and '"progress"' in live.read_text(errors="replace")))
     except (OSError, ValueError, ConfigError):
         trained = True  # unreadable: not ours to overwrite
     if trained:
@@ -128,7 +129,7 @@ def fresh(run_dir: str | Path) -> None:
                           "kept no checkpoint to resume from: " + elsewhere.format(run_dir))
 
 
-def writable(run_dir: str | Path, what: str = "--run-dir") -> None:
+def writable(run_dir: str | Path) -> None:
     """ConfigError (exit 2) where the run's folder cannot be made or written (a read-only disk)."""
     try:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -136,7 +137,7 @@ def writable(run_dir: str | Path, what: str = "--run-dir") -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as err:
-        raise ConfigError(f"{what} {run_dir}: cannot write there ({err.strerror or err}): name a folder you can "
+        raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror or err}): name a folder you can "
                           "write to") from None
 
 

@@ -12,7 +12,7 @@ stepped there; one that went on without a step keeps whole shares (said once). A
 batches then counts (any rank: one cut in fewer chunks than another is the one left unstepped).
 
     accumulation = Accumulation(loader, me.micro_batch, auto=config.micro_batch == "auto", is_main=...,
-                                said=lambda: records.write("micro_batches", ...))
+                                whole=lambda step: records.write("micro_batches", step=step, ...))
     accumulation.step_begins(item, unstepped)   # a step's first chunk: steps reduced since the last update
     accumulation.updated()                      # the prepared optimizer stepped
 """
@@ -20,7 +20,6 @@ batches then counts (any rank: one cut in fewer chunks than another is the one l
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Callable
 
 from hvdhetero.rank.loader import Item, Loader

@@ -23,7 +23,7 @@ import horovod.torch as hvd
 import torch
 from torch.nn.parameter import is_lazy
 
-from hvdhetero.errors import ConfigError
+from hvdhetero.errors import ConfigError, briefly
 from hvdhetero.rank import batches
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
@@ -273,9 +273,7 @@ def _tensors(out, depth: int = 0) -> list[torch.Tensor]:
 
 def probe_error(err: BaseException) -> str:
     """An exception of the user's model in a probe, in one short line."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    text = text if len(text) <= 160 else text[:157] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return briefly(err)
 
 
 def fallback_message(failed: list[str], loss_fn) -> str:

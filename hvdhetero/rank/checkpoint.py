@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from hvdhetero.errors import briefly
+
 
 def save_object(obj: Any, path: str | Path) -> Path:
     """torch.save `obj` to `path` atomically: temp file in the same directory, fsync, rename,
@@ -84,9 +86,7 @@ def newest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             return path, load(path)
         except Exception as err:  # noqa: BLE001 - any damage: try the one before
-            first = (str(err).strip().splitlines() or [""])[0][:160]
-            print(f"hvdhetero: {path} does not load ({type(err).__name__}: {first}): passed over for the one before",
-                  flush=True)
+            print(f"hvdhetero: {path} does not load ({briefly(err)}): passed over for the one before", flush=True)
     return None
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hvdhetero.errors import ConfigError
+from hvdhetero.errors import ConfigError, briefly
 from hvdhetero.rank import checkpoint
 from hvdhetero.rank import collectives
 from hvdhetero.rank.reducer import to_cpu
@@ -104,9 +104,8 @@ def resume_from_disk(t: Training) -> str:
     try:
         restore(t, state, state["rng"][t.rank] if same else None)
     except (RuntimeError, ValueError, KeyError) as err:  # a model or optimizer that changed shape or parts
-        first = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:300]  # torch's detail: line 2
-        raise ConfigError(f"--resume: {path} does not fit what the script builds now ({type(err).__name__}: {first}):"
-                          " the script's model or optimizer changed since the checkpoint. A resume continues the "
+        raise ConfigError(f"--resume: {path} does not fit what the script builds now ({briefly(err, 2, 300)}): the"
+                          " script's model or optimizer changed since the checkpoint. A resume continues the "
                           "same script: put it back as it was, or start a new run") from None
     t.records.truncate(state["metrics_offset"])  # what the run wrote after it is redone
     if t.is_main:
