@@ -476,32 +476,3 @@ def test_a_loop_that_updates_by_hand_is_told_its_optimizer_never_stepped(tmp_pat
         proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "by_hand.py", "--run-dir",
                         tmp_path / str(accumulate), "--", "--steps", "120", "--accumulate", accumulate], timeout=300)
         assert proc.stdout.count(said) == times and "final loss" in proc.stdout, proc.stdout[-3000:]
-
-
-def test_a_script_counting_batches_to_accumulate_gets_whole_shares_under_micro_batch_auto(tmp_path):
-    """tests/scripts/count_batches.py steps every second batch, as one device counts them, and
-    auto picks chunks for its model. Chunks counted as batches stepped one rank after every step,
-    the other after every second (job.step 8 of 4, the models apart): auto now hands out whole
-    shares until the first step's end, and keeps them for a script that went on without a step,
-    saying why once. A script that steps every batch gets auto's chunks from its second step on."""
-    said = "the script went on to its next batch without stepping the optimizer job.prepare returned"
-    seen = {}
-    for accumulate in (2, 1):
-        out = tmp_path / f"out{accumulate}"
-        out.mkdir()
-        proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "count_batches.py", "--run-dir",
-                        tmp_path / f"run{accumulate}", "--", "--out", out, "--accumulate", accumulate], timeout=300)
-        assert proc.stdout.count(said) == (accumulate == 2), proc.stdout[-3000:]
-        seen[accumulate] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-        chunks = metrics.records(tmp_path / f"run{accumulate}" / "metrics.jsonl", "start")[0]["micro_batches"]
-        assert all(chunks), ("the test's model must make auto pick chunks", chunks)
-    end = metrics.records(tmp_path / "run2" / "metrics.jsonl", "end")[-1]
-    assert len(set(end["param_digests"])) == 1, end
-    given_up = metrics.records(tmp_path / "run2" / "metrics.jsonl", "micro_batches")
-    assert [(r["step"], r["micro_batches"]) for r in given_up] == [(1, None)], given_up  # at the second step
-    for rank in seen[2]:  # 2 epochs of 4 batches, a step every 2: 4 steps, the schedule at its end
-        assert len(rank["sizes"]) == 8 and rank["sizes"][0] > 64, rank
-        assert (rank["steps"], rank["schedule"], rank["job_step"], rank["lr"]) == (4, 4, 4, 0.0), rank
-    for rank, chunk in zip(seen[1], chunks):  # the first step whole, then auto's chunks: 8 steps
-        assert rank["sizes"][0] > chunk and max(rank["sizes"][1:]) <= chunk, (rank, chunks)
-        assert (rank["schedule"], rank["job_step"]) == (8, 8), rank
