@@ -137,7 +137,7 @@ def test_dedupe_shares_identical_big_files_and_a_replaced_file_stays_the_hosts_o
         (env / lib).write_bytes(big)
         (env / "stamp").write_text("same small file")  # small: written in place, never shared
     (h1 / "venv/lib/other.so").write_bytes(big)
-    (h2 / "venv/lib/other.so").write_bytes(big[:-1] + b"!")  # same size and name, other bytes
+    (h2 / "venv/lib/other.so").write_bytes(big[:-1] + bytes([big[-1] ^ 0xFF]))  # same size and name, other bytes
     assert testhosts.dedupe(h1, h2) == 3 * len(big)
     assert len({(env / lib).stat().st_ino for env in envs}) == 1 and (h2 / "mpi/venv" / lib).read_bytes() == big
     assert (h1 / "venv/lib/other.so").stat().st_ino != (h2 / "venv/lib/other.so").stat().st_ino
