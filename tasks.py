@@ -251,7 +251,13 @@ def report(c, run=None, out=""):
     from hvdhetero.bench import report as rep
     from hvdhetero.bench import runs as rd
 
-    folders = [Path(f) for f in [*(run or []), *_script_args()]] or [rd.find_latest(RUNS)]
+    folders = [Path(f) for f in [*(run or []), *_script_args()]]
+    if not folders:
+        newest, passed = rd.find_latest(RUNS)
+        for folder, why in passed[:3]:
+            why = why.replace(str(folder / "metrics.jsonl"), "its metrics.jsonl").replace("metrics.jsonl: ", "metrics.jsonl ")
+            print(f"report: passing over the newer {folder} ({why.split(': ')[0]})", file=sys.stderr)
+        folders = [newest]
     from hvdhetero.bench import sweep_report
 
     if any(sweep_report.is_sweep(f) for f in folders):

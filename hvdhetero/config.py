@@ -62,9 +62,10 @@ class JobConfig:
     (rank/precision.py): fp16 with loss scaling on CUDA and MPS, bf16 on CPU and CUDA."""
     sync: str = "step"
     """How often the ranks meet: step (gradients reduced every step), local:H (each rank steps
-    alone; every H steps the parameters are averaged, weighted by the samples each processed) or
+    alone; every H steps the parameters are averaged, weighted by the samples each processed),
     diloco:H (every H steps the weighted mean of the ranks' parameter changes is the gradient of
-    an outer Nesterov SGD step)."""
+    an outer Nesterov SGD step) or auto (the start-up calibration times the hosts and the link
+    and takes the mode invoke plan advises for them)."""
     overlap_sync: bool = False
     """local/diloco: the round's exchange runs in the background while the next round computes
     and is applied one round late (rank/sync.py says what that delay means)."""

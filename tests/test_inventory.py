@@ -330,7 +330,10 @@ def test_select_rejects(tmp_path, names, match):
 
 def test_default_path(monkeypatch, tmp_path):
     monkeypatch.delenv("HVDHETERO_INVENTORY", raising=False)
-    assert default_path() == Path("inventory.yaml")
+    monkeypatch.chdir(tmp_path)  # a project folder of one's own, run with invoke -r: the checkout's
+    assert default_path() == ROOT / "inventory.yaml"
+    (tmp_path / "inventory.yaml").write_text(BASE)
+    assert default_path() == Path("inventory.yaml")  # one of its own wins
     monkeypatch.setenv("HVDHETERO_INVENTORY", str(tmp_path / "cluster.yaml"))
     assert default_path() == tmp_path / "cluster.yaml"
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import re
 import shutil
+import time
 
 import pytest
 
@@ -390,11 +392,14 @@ def test_the_command_on_two_runs_writes_into_the_first(two_runs, words, tmp_path
 def test_without_run_directories_the_newest_run_is_reported(two_runs, tmp_path):
     for folder in two_runs:
         shutil.copytree(folder, tmp_path / folder.name, ignore=shutil.ignore_patterns("report*"))
-    (tmp_path / "localrun" / "metrics.jsonl").touch()  # the newest
+    (tmp_path / "localrun" / "metrics.jsonl").touch()  # the newest that trained
+    failed = write_run(tmp_path / "20261129-161525-mnist", [])  # newer: `--dataset mnist` without --download
+    os.utime(failed / "metrics.jsonl", (time.time() + 5, time.time() + 5))
     proc = report_cmd(env={"HVDHETERO_RUNS": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "localrun" / "report" / "report.html").is_file()
-    assert not (tmp_path / "steprun" / "report").exists()
+    assert not (tmp_path / "steprun" / "report").exists() and not (failed / "report").exists()
+    assert f"report: passing over the newer {failed} (its metrics.jsonl has no start record" in proc.stderr
 
 
 # -- bad input: exit 2, the path named, nothing written ----------------------------------------------
@@ -419,6 +424,10 @@ def test_a_bad_run_directory_exits_2_naming_it_and_writes_nothing(tmp_path, make
 def test_no_run_under_runs_exits_2(tmp_path):
     proc = report_cmd(env={"HVDHETERO_RUNS": str(tmp_path)})
     assert proc.returncode == 2 and f"no run under {tmp_path} has a metrics.jsonl" in proc.stderr
+    write_run(tmp_path / "never-started", [])
+    proc = report_cmd(env={"HVDHETERO_RUNS": str(tmp_path)})
+    assert proc.returncode == 2 and f"no run under {tmp_path} has anything to report yet; the newest: " in proc.stderr
+    assert "never-started/metrics.jsonl has no start record" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_the_launcher_does_not_load_matplotlib():

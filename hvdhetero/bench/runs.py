@@ -98,14 +98,25 @@ def writing(out: Path, write):
 
 # -- reading -------------------------------------------------------------------------------------
 
-def find_latest(runs: Path) -> Path:
-    """The newest folder under `runs` with a metrics.jsonl (what `invoke report` alone reports)."""
+def find_latest(runs: Path) -> tuple[Path, list[tuple[Path, str]]]:
+    """What `invoke report` alone reports: the newest folder under `runs` whose metrics.jsonl
+    reads as a run with something to draw, and the newer ones passed over with why (a start
+    that failed before training, `--dataset mnist` without `--download`, must not stop the
+    report of the run before it)."""
     found = sorted((p for p in runs.glob("*") if (p / "metrics.jsonl").is_file()),
-                   key=lambda p: (p / "metrics.jsonl").stat().st_mtime)
+                   key=lambda p: (p / "metrics.jsonl").stat().st_mtime, reverse=True)
     if not found:
         raise ConfigError(f"no run under {runs} has a metrics.jsonl: train one (invoke train) or name run "
                           "directories: invoke report -- RUN_DIR ...")
-    return found[-1]
+    passed = []
+    for folder in found:
+        try:
+            read_run(folder)
+        except ConfigError as err:
+            passed.append((folder, str(err)))
+            continue
+        return folder, passed
+    raise ConfigError(f"no run under {runs} has anything to report yet; the newest: {passed[0][1]}")
 
 
 NEEDED = {"start": ("ranks",), "epoch": ("epoch", "loss", "samples", "seconds", "split"), "split": ("split",),

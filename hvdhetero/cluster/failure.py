@@ -73,7 +73,8 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
     others = list(dict.fromkeys(  # once each: a rank's DataLoader workers may fail with it
-        f"rank {f['rank']} ({f['error'].split(':')[0]})" for f in failures[1:]))
+        f"rank {f['rank']} ({f['error'].split(':')[0]}{', left without the rank above' if _left_alone(f['error']) else ''})"
+        for f in failures[1:]))
     if others:
         lines.append(f"  then also: {', '.join(others)}")
     lines.append("  the other ranks were stopped")

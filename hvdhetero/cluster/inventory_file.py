@@ -26,8 +26,12 @@ ENV_VAR = "HVDHETERO_INVENTORY"
 
 
 def default_path() -> Path:
-    """$HVDHETERO_INVENTORY if set, else inventory.yaml in the current directory."""
-    return Path(os.environ.get(ENV_VAR) or "inventory.yaml").expanduser()
+    """$HVDHETERO_INVENTORY if set, else inventory.yaml in the current directory, else the
+    checkout's (`invoke -r ~/hvdhetero train` from a project folder of one's own)."""
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser()
+    here = Path("inventory.yaml")
+    return checkout.INVENTORY if not here.exists() and checkout.INVENTORY.is_file() else here
 
 
 def load(path: str | Path) -> Inventory:
