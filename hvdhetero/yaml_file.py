@@ -46,10 +46,23 @@ def compose(path: Path, error: type[YamlFileError], missing: str, empty: str) ->
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e)
         line = mark.line + 1 if mark else None
-        raise error(path, line, TOP, f"not valid YAML: {problem}; check the indentation and quoting here") from None
+        raise error(path, line, TOP, f"not valid YAML: {problem}{_opened(e, line)}; check the indentation and quoting "
+                    "here") from None
     if root is None:
         raise error(path, None, TOP, f"the file is empty; {empty}")
     return root
+
+
+def _opened(e: yaml.YAMLError, line: int | None) -> str:
+    """Where what PyYAML was reading began, when that is another line than the error's: an
+    unclosed `[` is found only at the next line's key."""
+    context, mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if not context or mark is None or mark.line + 1 == line:
+        return ""
+    closer = {"flow sequence": "']'", "flow mapping": "'}'", "quoted scalar": "closing quote"}
+    what = context.removeprefix("while parsing a ").removeprefix("while scanning a ")
+    hint = f": is its {closer[what]} missing?" if what in closer else ""
+    return f" ({context} that starts on line {mark.line + 1}{hint})"
 
 
 class Reader:

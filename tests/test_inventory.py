@@ -180,6 +180,9 @@ CASES = {  # id: (yaml text, line, dotted key, regex the message must match)
     "unknown top key suggests": ("\n\nhost:\n  x: 1\n", 3, "host", r"did you mean 'hosts'\?"),
     "yaml syntax error": (BASE + "    slots: [1\n", 10, "(top level)", r"not valid YAML"),
     "tab indentation": (BASE + "\tslots: 2\n", 9, "(top level)", r"not valid YAML"),
+    "unclosed bracket found lines later": (BASE.replace("hosts:", "default_hosts: [local\nhosts:"), 7, "(top level)",
+                                           r"not valid YAML: expected ',' or '\]', but got ':' \(while parsing a flow "
+                                           r"sequence that starts on line 6: is its '\]' missing\?\); check"),
     "top level a list": ("- local\n- mac\n", 1, "(top level)",
                          r"must be a mapping of keys \(pins, default_hosts, known_hosts, hosts\), got a list"),
     "default unknown host": (BASE.replace("hosts:", "default_hosts: [local, mac]\nhosts:"), 6, "default_hosts",
