@@ -71,7 +71,8 @@ def test_select_cpu():
     assert isinstance(device, devices.CPUDevice)
     assert device.torch_device == torch.device("cpu")
     assert torch.get_num_threads() >= 1
-    assert device.describe() == f"cpu ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    assert device.describe() == f"cpu ({threads} thread{'s' if threads != 1 else ''})"
     assert device.memory_allocated() == 0
     device.synchronize()
     x = torch.ones(3, device=device.torch_device)

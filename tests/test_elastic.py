@@ -181,7 +181,8 @@ def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_pat
     assert "joined local-2; continuing on 2 rank(s) (local-1, local-2)" in out, out[-4000:]
     assert abs(accuracy(cut) - accuracy(whole)) < 0.02 and accuracy(whole) > 0.95, (accuracy(cut), accuracy(whole))
     cores = os.cpu_count() // 2
-    assert records(whole, "start")[0]["devices"] == [f"cpu ({cores} threads)"] * 2, "the two hosts share the cores"
+    assert records(whole, "start")[0]["devices"] == [f"cpu ({cores} thread{'s' if cores != 1 else ''})"] * 2, \
+        "the two hosts share the cores"
     assert "Traceback" not in out and "uncaught exception" not in out, out[-4000:]
     time.sleep(1)
     assert not job_pids(cut)

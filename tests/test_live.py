@@ -331,7 +331,7 @@ def test_rank_0s_progress_and_results_reach_the_launchers_progress_file_whicheve
 
 # -- real runs --------------------------------------------------------------------------------------
 
-ROW = r"\s+{rank} \S local\s+\S cpu \(\d+ threads?\)\s+\S\s+\d+/64 \S\s+[\d,]+ \S\s+[\d.]+ \S\s+[\d.]+ \S"
+ROW = r"^\s+{rank}  local\s+cpu \(\d+ threads?\)\s+\d+/64\s+[\d,]+\s+[\d.]+\s+[\d.]+\r?$"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -366,17 +366,49 @@ def under_a_terminal(argv, columns=150, timeout=120) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_a_terminal_shows_the_live_table_with_a_row_per_rank(tmp_path):
-    code, out = under_a_terminal([VENV_BIN / "invoke", "train", "--epochs", "1", "--run-dir", tmp_path / "run"])
+    code, out = under_a_terminal([VENV_BIN / "invoke", "train", "--epochs", "1", "--run-dir", tmp_path / "run"],
+                                 columns=80)
     text = ANSI.sub("", out)
     assert code == 0, text[-3000:]
-    assert re.search(r"rank\s+\S host\s+\S device\s+\S share \S samples/s \S compute ms \S comm/wait ms", text), text
-    assert re.search(ROW.format(rank=0), text) and re.search(ROW.format(rank=1), text), text[-3000:]
-    assert re.search(r"epoch 1/1  step (\d+)/\1 \(100%\)  ETA 0:00 \(run ETA 0:00\)  loss \d\.\d{4}  [\d,]+ samples/s",
-                     text), text[-3000:]
+    assert re.search(r"^rank  host\s+device\s+share  samples/s  compute  comm/wait\r?$", text, re.M), text
+    assert "compute, comm/wait: ms per step" in text
+    assert re.search(ROW.format(rank=0), text, re.M) and re.search(ROW.format(rank=1), text, re.M), text[-3000:]
+    # at 80 columns the status line goes on over a second line, not cropped
+    assert re.search(r"epoch 1/1  step (\d+)/\1 \(100%\)  ETA 0:00 \(run ETA 0:00\)  loss \d\.\d{4}(  |\r?\n)"
+                     r"[\d,]+ samples/s", text), text[-3000:]
     assert "epoch 1/1 done: loss " in text
     assert "\x1b[1A" in out, "drawn in place (the cursor goes back up), not printed again and again"
     assert "test accuracy" in text, "the recipe's own print comes through"
     assert "horovodrun" not in text and "<stdout>" not in text, "no command line, no horovodrun prefixes"
+
+
+def test_the_live_table_of_a_mac_and_a_pc_fits_80_columns_a_row_a_rank():
+    """The table a terminal shows, at 80 columns: each rank on one line, its numbers whole; at 60
+    the names are cut with an ellipsis, never a number. (It wrapped `cpu (1 threads)` onto a
+    second line at 80, and would have wrapped a CUDA device's name over four.)"""
+    from rich.console import Console
+
+    devices = {0: "cuda:0 (NVIDIA GeForce RTX 4070 Ti)", 1: "mps (Apple M2)"}
+    for columns in (80, 60):
+        display = live.LiveTable(io.StringIO())
+        display.console = Console(file=io.StringIO(), width=columns, highlight=False)
+        for t, done in ((10.0, 0), (12.0, 200)):
+            for rank in (0, 1):
+                display.board.update({**record(rank, t + rank, done, share=748 if rank else 1300, batch=2048),
+                                      "host": "macbook-air" if rank else "pc", "device": devices[rank],
+                                      "epoch": 0, "epochs": 3, "step": 5, "steps": 23})
+        display.console.print(display.render())
+        lines = display.console.file.getvalue().splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= columns, lines
+        pc = next(line for line in lines if line.lstrip().startswith("0 "))
+        mac = next(line for line in lines if line.lstrip().startswith("1 "))
+        assert pc.split()[-4:] == ["1300/2048", "130,000", "20.0", "10.0"], lines
+        assert mac.split()[-4:] == ["748/2048", "74,800", "20.0", "10.0"], lines
+        assert lines[-1].strip() == "compute, comm/wait: ms per step" and "204,800 samples/s" in lines[0] + lines[1]
+        if columns == 80:
+            assert "cuda:0 (RTX 4070 Ti)" in pc and "mps (Apple M2)" in mac and "macbook-a…" in mac, lines
+        else:
+            assert "…" in mac, lines
 
 
 @pytest.mark.slow

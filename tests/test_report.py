@@ -359,7 +359,7 @@ def test_two_runs_are_overlaid_in_every_figure(two_runs, tmp_path):
     series = {f.path.name: f.series for f in drawn}
     assert sorted(series) == sorted(FIGURES)
     a, b = "steprun (step)", "localrun (local:4)"
-    ranks = ["rank 0: local, cpu (1 threads)", "rank 1: local, cpu (1 threads)"]
+    ranks = ["rank 0: local, cpu (1 thread)", "rank 1: local, cpu (1 thread)"]
     for axes in ("loss against time", "loss against epochs"):
         assert series["loss.png"][axes] == [f"{r}: {s}" for r in (a, b)
                                             for s in ("train loss (epoch mean)", "test loss")]

@@ -71,7 +71,7 @@ class Run:
 
     @property
     def ranks(self) -> list[str]:
-        """Each rank named by its host and device, `rank 0: local, cpu (1 threads)`: every rank of
+        """Each rank named by its host and device, `rank 0: local, cpu (1 thread)`: every rank of
         every start (a resume on more hosts, an elastic rejoin), each host and device it had in turn
         (`rank 1: mac, mps, then pc, cuda`)."""
         had: list[list[str]] = []

@@ -319,18 +319,58 @@ class LiveTable:
             self.live = None
 
     def render(self):
+        """One line a rank, within the terminal's width: no vertical rules, the numbers whole,
+        the host and device names cut with an ellipsis where they must be (a Mac and a PC fit
+        in 80 columns whole: `cuda:0 (RTX 4070 Ti)`)."""
+        from rich import box
+        from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
         rows = self.board.rows()
-        table = Table(title=status_line(self.board.status()), title_justify="left")
-        for name in ("rank", "host", "device", "share", "samples/s", "compute ms", "comm/wait ms"):
-            table.add_column(name, justify="left" if name in ("host", "device") else "right")
-        for i, r in enumerate(rows):
-            table.add_row(str(r.rank), r.host, r.device, f"{r.share}/{r.batch}", number(r.samples_per_s),
-                          number(r.compute_ms, 1), number(r.wait_ms, 1), end_section=i == len(rows) - 1)
         rates = [r.samples_per_s for r in rows if r.samples_per_s is not None]
-        table.add_row("all", "", "", "", number(sum(rates) if rates else None), "", "")
-        return table
+        cells = [[str(r.rank), r.host, short_device(r.device), f"{r.share}/{r.batch}", number(r.samples_per_s),
+                  number(r.compute_ms, 1), number(r.wait_ms, 1)] for r in rows]
+        cells.append(["all", "", "", "", number(sum(rates) if rates else None), "", ""])
+        names = ("rank", "host", "device", "share", "samples/s", "compute", "comm/wait")
+        widths = [max(len(c) for c in column) for column in zip(names, *cells)]
+        room = self.console.width - sum(widths[3:]) - widths[0] - 2 * (len(names) - 1)
+        widths[1:3] = fitted(widths[1], widths[2], room)
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False,
+                      caption="compute, comm/wait: ms per step", caption_justify="left")
+        for name, width in zip(names, widths):
+            table.add_column(name, justify="left" if name in ("host", "device") else "right", no_wrap=True,
+                             overflow="ellipsis", width=width)
+        for i, row in enumerate(cells):
+            table.add_row(*row, end_section=i == len(cells) - 2)
+        return Group(Text(folded(status_line(self.board.status()), self.console.width)), table)
+
+
+def folded(line: str, width: int) -> str:
+    """A status line on as many lines as the terminal needs, broken between its parts (two
+    spaces apart), not inside `3,691 samples/s` (the live display crops what it does not fold)."""
+    lines: list[str] = []
+    for part in line.split("  "):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "  " + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def fitted(host: int, device: int, room: int) -> tuple[int, int]:
+    """The host and device columns' widths within `room`: the device's name kept longer (it says
+    what computes), neither below 4 (`mac…`)."""
+    if host + device <= room:
+        return host, device
+    host = max(4, min(host, room // 3))
+    return host, max(4, min(device, room - host))
+
+
+def short_device(device: str) -> str:
+    """The live table's name of a device: the vendor's words that every GPU of its kind has left
+    out (`cuda:0 (NVIDIA GeForce RTX 4070 Ti)` -> `cuda:0 (RTX 4070 Ti)`)."""
+    return device.replace("NVIDIA ", "").replace("GeForce ", "")
 
 
 def display_for(out: IO[str]):

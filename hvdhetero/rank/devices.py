@@ -83,8 +83,9 @@ class CPUDevice(Device):
         torch.set_num_threads(mine if mine < machine else max(1, machine // max(1, local_size)))
 
     def describe(self) -> str:
-        """e.g. 'cpu (8 threads)'."""
-        return f"cpu ({torch.get_num_threads()} threads)"
+        """e.g. 'cpu (8 threads)', 'cpu (1 thread)'."""
+        threads = torch.get_num_threads()
+        return f"cpu ({threads} thread{'s' if threads != 1 else ''})"
 
 
 class CUDADevice(Device):
