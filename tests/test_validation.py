@@ -169,6 +169,18 @@ def test_good_values_do_reach_horovodrun(sandbox, tmp_path):
     sandbox["mark"].unlink()
 
 
+def test_a_launcher_that_is_not_installed_is_said_before_a_run_directory_is_written(sandbox, tmp_path):
+    """pins.backend mpi set after ci/setup ran without it: the env has no mpirun. Said with the
+    way out, and no run directory with a launch.json alone is left behind."""
+    inventory = tmp_path / "mpi.yaml"
+    inventory.write_text(sandbox["inventory"].read_text().replace('horovod: "0.28.1"', 'horovod: "0.28.1", backend: mpi'))
+    run_dir = tmp_path / "run"
+    code, out, _ = invoke(sandbox, "train", ["--inventory", str(inventory), "--run-dir", str(run_dir)])
+    assert code == 1 and f"error: {sandbox['python'].parent / 'mpirun'} not found: run ci/setup (or invoke " \
+        "provision) first" in out, out
+    assert not run_dir.exists() and "Traceback" not in out, out
+
+
 def test_the_recipe_on_a_rank_refuses_by_the_same_definition():
     """The recipe parses its command line into the RecipeOptions the launcher checked: a value
     that reached a rank some other way is refused there with the same words."""

@@ -23,7 +23,7 @@ from hvdhetero.config import JobConfig, env_items
 from hvdhetero.errors import ConfigError
 from hvdhetero.cluster.inventory import Host, Inventory
 # Running the command lives in supervise.py; tasks.py, bench/ and tests call it as launch.run etc.
-from hvdhetero.cluster.supervise import (EXIT_LINE, FORWARDED, SSH_LOST, died, forwarded_env,  # noqa: F401
+from hvdhetero.cluster.supervise import (EXIT_LINE, FORWARDED, SSH_LOST, died, forwarded_env, require,  # noqa: F401
                                          resume_hint, run)
 
 # Every network wait of a job is bounded: the rendezvous and Gloo's own operations.

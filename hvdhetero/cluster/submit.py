@@ -127,6 +127,7 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
         print(launch.printable(argv, env))
     if dry_run:
         return run_dir, []
+    launch.require(argv[0])  # (Ray's driver runs on the head: its own check)
     if remote:
         preflight(inventory, selected, accept_new=False)
         if script:

@@ -36,6 +36,13 @@ def forwarded_env(env: dict[str, str]) -> dict[str, str]:
     return {**{k: os.environ[k] for k in FORWARDED if k in os.environ}, **env}
 
 
+def require(program: str) -> None:
+    """LaunchError (exit 1) where the program that starts the ranks is not there: checked before
+    the run directory is written (a --dry-run needs none)."""
+    if not (Path(program).exists() or (os.sep not in program and shutil.which(program))):
+        raise LaunchError(f"{program} not found: run ci/setup (or invoke provision) first")
+
+
 def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
         run_dir: str | Path | None = None, rank0_host: str | None = None,
         watch: elastic_hosts.Watch | None = None, rank_hosts: Sequence[str] = (),
@@ -50,8 +57,7 @@ def run(argv: Sequence[str], env: dict[str, str], cwd: str | Path | None = None,
     `watch`) a rank that dies or goes silent is dropped instead (a silent one killed) while at
     least --min-hosts hosts are left. With `stdin_pipe` the command's stdin is a pipe kept open until
     the job ends (the Ray driver, over ssh, ends when it closes)."""
-    if not (Path(argv[0]).exists() or (os.sep not in argv[0] and shutil.which(argv[0]))):
-        raise LaunchError(f"{argv[0]} not found: run ci/setup (or invoke provision) first")
+    require(argv[0])
     silent_s = float(os.environ.get("HVDHETERO_SILENT_S") or (elastic_hosts.SILENT_S if watch else progress.SILENT_S))
     logs = console.RankLogs(run_dir) if run_dir is not None else None
     try:
