@@ -255,8 +255,9 @@ def report(c, run=None, out=""):
     if not folders:
         newest, passed = rd.find_latest(RUNS)
         for folder, why in passed[:3]:
-            why = why.replace(str(folder / "metrics.jsonl"), "its metrics.jsonl").replace("metrics.jsonl: ", "metrics.jsonl ")
-            print(f"report: passing over the newer {folder} ({why.split(': ')[0]})", file=sys.stderr)
+            print(f"report: passing over the newer {folder}: {rd.briefly(why, folder)}", file=sys.stderr)
+        if len(passed) > 3:
+            print(f"report: and {len(passed) - 3} more newer folders like them", file=sys.stderr)
         folders = [newest]
     from hvdhetero.bench import sweep_report
 

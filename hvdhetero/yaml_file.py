@@ -57,8 +57,8 @@ def _opened(e: yaml.YAMLError, line: int | None) -> str:
     """Where what PyYAML was reading began, when that is another line than the error's: an
     unclosed `[` is found only at the next line's key."""
     context, mark = getattr(e, "context", None), getattr(e, "context_mark", None)
-    if not context or mark is None or mark.line + 1 == line:
-        return ""
+    if not context or not context.startswith("while ") or mark is None or mark.line + 1 == line:
+        return ""  # ("expected a single document in the stream": no place where something opened)
     closer = {"flow sequence": "']'", "flow mapping": "'}'", "quoted scalar": "closing quote"}
     what = context.removeprefix("while parsing a ").removeprefix("while scanning a ")
     hint = f": is its {closer[what]} missing?" if what in closer else ""

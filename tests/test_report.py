@@ -399,7 +399,8 @@ def test_without_run_directories_the_newest_run_is_reported(two_runs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "localrun" / "report" / "report.html").is_file()
     assert not (tmp_path / "steprun" / "report").exists() and not (failed / "report").exists()
-    assert f"report: passing over the newer {failed} (its metrics.jsonl has no start record" in proc.stderr
+    assert f"report: passing over the newer {failed}: metrics.jsonl has no start record (the file is empty): the " \
+        "run stopped before training began" in proc.stderr, proc.stderr
 
 
 # -- bad input: exit 2, the path named, nothing written ----------------------------------------------

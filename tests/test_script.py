@@ -183,12 +183,18 @@ def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
     assert "runpy" not in proc.stderr and "the other ranks were stopped" in proc.stderr
     # rank 0, in a collective as rank 1 went, fails of it: said as a consequence, not a second bug
     assert "then also: rank 0" not in proc.stderr or \
-        "then also: rank 0 (HorovodInternalError, left without the rank above)" in proc.stderr, proc.stderr
+        "then also: rank 0 (HorovodInternalError, left without rank 1)" in proc.stderr, proc.stderr
     said = failure.summary([{"rank": 1, "host": "mac", "frames": [], "error": "ValueError: boom"},
                             {"rank": 0, "host": "pc", "frames": [], "error": "HorovodInternalError: Horovod has been "
                              "shut down. This was caused by an exception on one of the ranks"},
                             {"rank": 2, "host": "pc", "frames": [], "error": "RuntimeError: CUDA out of memory"}])
-    assert "then also: rank 0 (HorovodInternalError, left without the rank above), rank 2 (RuntimeError)" in said
+    assert "then also: rank 0 (HorovodInternalError, left without rank 1), rank 2 (RuntimeError)" in said
+    # rank 2 ended its script early; rank 1, then rank 0, were left in a collective without it
+    said = failure.summary([{"rank": 1, "host": "mac", "frames": [], "error": "HorovodInternalError: shut down"},
+                            {"rank": 0, "host": "pc", "frames": [], "error": "HorovodInternalError: shut down"}],
+                           ended={2: (40, "pc")})
+    assert said.startswith("rank 2 on host pc ended its script") and \
+        "then also: rank 0 (HorovodInternalError, left without rank 2)" in said, said
     assert f"full traceback and output: {run_dir / 'rank-1.log'}" in proc.stderr
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and "Horovod detected" not in output, output  # no walls

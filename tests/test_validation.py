@@ -162,8 +162,10 @@ def test_good_values_do_reach_horovodrun(sandbox, tmp_path):
     run_dir = tmp_path / "run"
     code, out, _ = invoke(sandbox, "train", ["--epochs", "2", "--batch-size", "2", "--run-dir", str(run_dir)])
     assert code == 1 and sandbox["mark"].read_text().count("\n") == 1, out
-    assert json.loads((run_dir / "launch.json").read_text())["recipe"][:4] == ["--dataset", "digits", "--epochs",
-                                                                              "2"]
+    launch = json.loads((run_dir / "launch.json").read_text())
+    assert launch["recipe"][:4] == ["--dataset", "digits", "--epochs", "2"]
+    # the inventory found by default ($HVDHETERO_INVENTORY here) is the one a --resume takes, wherever it runs
+    assert launch["inventory"] == str(sandbox["inventory"].resolve()), launch
     code, out, _ = invoke(sandbox, "bench", ["--repeats", "1", "--steps", "1"])
     assert code == 1 and sandbox["mark"].read_text().count("\n") == 2, out
     sandbox["mark"].unlink()

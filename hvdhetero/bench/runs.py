@@ -119,6 +119,12 @@ def find_latest(runs: Path) -> tuple[Path, list[tuple[Path, str]]]:
     raise ConfigError(f"no run under {runs} has anything to report yet; the newest: {passed[0][1]}")
 
 
+def briefly(why: str, folder: Path, width: int = 150) -> str:
+    """read_run's refusal of `folder` as a note: its metrics file named short, cut to `width`."""
+    why = why.replace(str(folder / "metrics.jsonl"), "metrics.jsonl")
+    return why if len(why) <= width else why[:width - 1].rstrip() + "…"
+
+
 NEEDED = {"start": ("ranks",), "epoch": ("epoch", "loss", "samples", "seconds", "split"), "split": ("split",),
           "exchange": ("seconds",),
           "window": ("step", "steps", "samples", "seconds", "rank_samples", "compute_s", "comm_s")}

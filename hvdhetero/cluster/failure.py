@@ -33,8 +33,10 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     failure only follows from it."""
     first = failures[0]
     early = left_early(ended, first["rank"], first["host"], first.get("step"))
+    cause = first["rank"]  # whom a later rank's collective was left without
     if early and _left_alone(first["error"]):
         lines = [early, f"  rank {first['rank']} then failed: {first['error'].split('. ')[0]}"]
+        cause = min(r for r in ended if r != first["rank"])
     else:
         lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
     lines += [f"  {frame}" for frame in first["frames"]]
@@ -73,7 +75,7 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     if first.get("log"):
         lines.append(f"  full traceback and output: {first['log']}")
     others = list(dict.fromkeys(  # once each: a rank's DataLoader workers may fail with it
-        f"rank {f['rank']} ({f['error'].split(':')[0]}{', left without the rank above' if _left_alone(f['error']) else ''})"
+        f"rank {f['rank']} ({f['error'].split(':')[0]}{f', left without rank {cause}' if _left_alone(f['error']) else ''})"
         for f in failures[1:]))
     if others:
         lines.append(f"  then also: {', '.join(others)}")

@@ -336,13 +336,14 @@ class LiveTable:
         widths = [max(len(c) for c in column) for column in zip(names, *cells)]
         room = self.console.width - sum(widths[3:]) - widths[0] - 2 * (len(names) - 1)
         widths[1:3] = fitted(widths[1], widths[2], room)
+        kept = [i for i, w in enumerate(widths) if w]  # too narrow a terminal: the device, then the host, left out
         table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False,
                       caption="compute, comm/wait: ms per step", caption_justify="left")
-        for name, width in zip(names, widths):
-            table.add_column(name, justify="left" if name in ("host", "device") else "right", no_wrap=True,
-                             overflow="ellipsis", width=width)
-        for i, row in enumerate(cells):
-            table.add_row(*row, end_section=i == len(cells) - 2)
+        for i in kept:
+            table.add_column(names[i], justify="left" if names[i] in ("host", "device") else "right", no_wrap=True,
+                             overflow="ellipsis", width=widths[i])
+        for n, row in enumerate(cells):
+            table.add_row(*(row[i] for i in kept), end_section=n == len(cells) - 2)
         return Group(Text(folded(status_line(self.board.status()), self.console.width)), table)
 
 
@@ -359,12 +360,15 @@ def folded(line: str, width: int) -> str:
 
 
 def fitted(host: int, device: int, room: int) -> tuple[int, int]:
-    """The host and device columns' widths within `room`: the device's name kept longer (it says
-    what computes), neither below 4 (`mac…`)."""
+    """The host and device columns' widths within `room` (their gaps counted in it), the device's
+    name kept longer (it says what computes); a column narrower than 4 (`mac…`) is left out (0),
+    the device's first, so that no number is cut (down to the ~45 columns the numbers need)."""
     if host + device <= room:
         return host, device
-    host = max(4, min(host, room // 3))
-    return host, max(4, min(device, room - host))
+    if room >= 4 + 4:
+        host = max(4, min(host, room // 3))
+        return host, min(device, room - host)
+    return (min(host, room + 2), 0) if room + 2 >= 4 else (0, 0)  # the device's gap is the host's now
 
 
 def short_device(device: str) -> str:

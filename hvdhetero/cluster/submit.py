@@ -138,7 +138,7 @@ def submit(request: Request, runs: Path, run_dir: str | None = None, *, name: st
                               str(Path(script).resolve()) if script else "",  # resume may start elsewhere
                               str(Path(request.workdir).resolve()) if request.workdir else "",
                               request.recipe, request.script_args, settings,
-                              str(Path(request.inventory).resolve()) if request.inventory else "", request.launcher,
+                              str(Path(request.inventory or inventory.path).resolve()), request.launcher,
                               checked=checked)
     watch = None
     if config.elastic:  # the discovery script horovodrun runs, and the watchdog's elastic side
