@@ -277,6 +277,9 @@ def test_a_script_counting_batches_to_accumulate_gets_whole_shares_under_micro_b
     for rank in seen[2]:  # 2 epochs of 4 batches, a step every 2: 4 steps, the schedule at its end
         assert len(rank["sizes"]) == 8 and rank["sizes"][0] > 64, rank
         assert (rank["steps"], rank["schedule"], rank["job_step"], rank["lr"]) == (4, 4, 4, 0.0), rank
-    for rank, chunk in zip(seen[1], chunks):  # the first step whole, then auto's chunks: 8 steps
-        assert rank["sizes"][0] > chunk and max(rank["sizes"][1:]) <= chunk, (rank, chunks)
+    for rank, chunk in zip(seen[1], chunks):  # auto's chunks from the second step on: 8 steps
+        assert max(rank["sizes"][1:]) <= chunk, (rank, chunks)
         assert (rank["schedule"], rank["job_step"]) == (8, 8), rank
+    # the first step whole: a share larger than auto's chunk went uncut (whatever the split: on a
+    # busy machine CI's went 116/268, and the smaller share was below the chunk of 128)
+    assert any(rank["sizes"][0] > chunk for rank, chunk in zip(seen[1], chunks)), (seen[1], chunks)
