@@ -171,6 +171,7 @@ RELAYED = ["[0]<stdout>:" + progress.TAG + json.dumps(record(0, 1.0, 1)) + "\n",
            "[1]<stderr>:a warning of the script's own\n",
            "[1]<stdout>:hvdhetero: rank 1: fp16 on mps, loss-scaled\n",
            "[0]<stderr>:rank 0's own warning\n",
+           "[0]<stderr>:Killed\n",  # its shell's, once it is SIGKILLed: the failure message says so, not a bare word
            "[1]<stdout>:" + progress.TAG + "{cut sho\n",
            "[0]<stdout>:" + progress.RESULT_TAG + '{"event": "end"}\n']
 

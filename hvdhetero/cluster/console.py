@@ -115,6 +115,8 @@ def relay(lines: Iterable[str], display, results: list[dict] | None = None,
                     stall_from = None
             if failures and (not match or body.strip() == "Terminated"):
                 continue  # horovodrun's "Process N exit with status", its traceback, the ranks it stopped
+            if body.strip() == "Killed":
+                continue  # the rank's shell on its SIGKILL (the OOM killer's too): the failure message names both
             if HOROVOD_LOOP_ERROR in body:
                 continue
             warning = WARNING.match(body)
