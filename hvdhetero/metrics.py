@@ -35,10 +35,20 @@ class MetricsLog:
         """Bytes written so far: a checkpoint holds it, a resume cuts the file back to it."""
         return self._file.tell()
 
-    def truncate(self, offset: int) -> None:
-        """Drop what was written after `offset` (a resumed run redoes it)."""
+    def truncate(self, offset: int, keep=None) -> None:
+        """Drop what was written after `offset` (a resumed run redoes it), but the whole record
+        right after it where `keep(record)` (the checkpoint resumed from, written after its state)."""
         self._file.flush()
-        self._file.truncate(min(offset, self.path.stat().st_size))
+        offset = min(offset, self.path.stat().st_size)
+        if keep is not None:
+            with open(self.path, "rb") as f:
+                f.seek(offset)
+                line = f.readline()
+            try:
+                offset += len(line) if line.endswith(b"\n") and keep(json.loads(line)) else 0
+            except ValueError:
+                pass
+        self._file.truncate(offset)
         self._file.seek(0, os.SEEK_END)
 
     def complete_lines(self) -> int:

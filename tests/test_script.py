@@ -334,27 +334,34 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     assert second != first[0], "the script's own torch.manual_seed counts (hh.init() reseeded with --seed before)"
 
 
-def failed_once_then_resumed(tmp_path, script: str, every: int, failure: str) -> list[dict]:
-    """`script` run with --checkpoint-every `every` fails once on rank 1 (saying `failure`), then is
-    resumed with --resume: the lines rank 0 wrote to OUT/rank0.jsonl."""
+def failed_once_then_resumed(tmp_path, script: str, every: int, failure: str, *args: str,
+                             said: list | None = None) -> list[dict]:
+    """`script` run with --checkpoint-every `every` (and `args` after --) fails once on rank 1
+    (saying `failure`), then is resumed with --resume: the lines rank 0 wrote to OUT/rank0.jsonl;
+    the resumed run's console output goes into `said`."""
     import json
 
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     first = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / script, "--run-dir", run_dir,
-                     "--checkpoint-every", str(every), "--", "--out", out], check=False, timeout=300)
+                     "--checkpoint-every", str(every), "--", "--out", out, *args], check=False, timeout=300)
     assert first.returncode == 1 and failure in first.stderr, first.stderr[-2000:]
-    run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
+    resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", run_dir], timeout=300)
+    if said is not None:
+        said.append(resumed.stdout + resumed.stderr)
     return [json.loads(line) for line in (out / "rank0.jsonl").read_text().splitlines()]
 
 
 def test_a_resumed_script_that_accumulates_gradients_goes_on_from_the_checkpoints_batch(tmp_path):
     """Two batches per optimizer step, a checkpoint every 2 optimizer steps: the last one before
-    rank 1 fails at epoch 1's batch 9 is taken as batch 8 begins (optimizer step 11). The
+    rank 1 fails at epoch 2's batch 9 is taken as batch 8 begins (optimizer step 11). The
     resumed epoch runs batches 8-13, not all 14 again (a resume went to optimizer step 11's
-    batch, 11, of the epoch before: the whole epoch redone, the schedule ahead)."""
-    lines = failed_once_then_resumed(tmp_path, "accumulate.py", 2, "rank 1 fails once, in epoch 1")
-    assert lines == [{"epoch": 0, "batches": 14, "step": 7}, {"epoch": 1, "batches": 6, "step": 14}], lines
+    batch, 11, of the epoch before: the whole epoch redone, the schedule ahead). Its epochs count
+    from 1, and the resume says epoch 2, as the live line counts (it said 3)."""
+    said = []
+    lines = failed_once_then_resumed(tmp_path, "accumulate.py", 2, "rank 1 fails once, in epoch 2", said=said)
+    assert lines == [{"epoch": 1, "batches": 14, "step": 7}, {"epoch": 2, "batches": 6, "step": 14}], lines
+    assert f"resuming from {tmp_path / 'run/checkpoints/step-000000011.pt'} (epoch 2, step 11)" in said[0], said[0]
 
 
 def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step_goes_on(tmp_path):
@@ -362,8 +369,27 @@ def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step
     4 steps, taken as pass 1's first step comes; rank 1 fails at step 5. Resumed, it trains steps
     4-11 (8 batches) in passes 1 and 2. The checkpoint held pass 0's epoch with the loader at pass 1,
     and the resumed run dealt pass 0's epoch past its end: nothing, for good."""
-    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 4, "rank 1 fails once, at step 5")
+    said = []
+    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 4, "rank 1 fails once, at step 5", said=said)
     assert lines == [{"step": 12, "epoch": 2, "batches": 8}], lines
+    assert f"resuming from {tmp_path / 'run/checkpoints/step-000000004.pt'} (step 4)" in said[0], said[0][-2000:]
+    assert "did not read job.step" not in said[0], "it counts by job.step: nothing to say"
+    # the checkpoint resumed from keeps its record (written after the state it holds, cut with the rest)
+    kept = metrics.records(tmp_path / "run" / "metrics.jsonl", "checkpoint")
+    assert [r["step"] for r in kept] == [4, 8], kept  # (none as the run ends: the next step never begins)
+
+
+def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):
+    """The same loop counting three passes itself: resumed at step 4, it runs three whole passes
+    again (16 steps, not 12). The job cannot know what the loop counts, so rank 0 says, once at
+    the first step after the resume, what goes on from job.step instead."""
+    said = []
+    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 4, "rank 1 fails once, at step 5", "--counted",
+                                     said=said)
+    assert lines == [{"step": 16, "epoch": 3, "batches": 12}], lines
+    assert said[0].count("hvdhetero: the job went on from step 4 (a --resume, or --elastic's restart of the script), "
+                         "and the script's own loop (no job.epochs) did not read job.step") == 1, said[0][-3000:]
+    assert "4 steps more than asked" in said[0] and "for step in range(job.step, max_steps)" in said[0]
 
 
 def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early_end(tmp_path):

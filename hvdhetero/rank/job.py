@@ -68,7 +68,7 @@ class Job:
         self.train_state = TrainState()
         """Where the job is (step, epoch, the checkpoints' and commits' steps: rank/registry.py)."""
         self.records = RunRecords(self.run_dir, self.is_main, config.tensorboard,
-                                  report_progress="HOROVOD_RANK" in os.environ, step=lambda: self.step,
+                                  report_progress="HOROVOD_RANK" in os.environ, step=lambda: self.train_state.step,
                                   who=(self.rank, records.host_name(settings), self.me.device.describe(), self.size),
                                   started=commits.started if (commits := elastic.running(config)) else None)
         """metrics.jsonl, TensorBoard, the live table's lines and the epoch's counters (rank/records.py)."""
@@ -263,12 +263,14 @@ class Job:
         """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
         epoch and step; the last ones also go into the run's end record."""
         values = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scalars.items()}
-        self.records.log(self.epoch, self.step, values)
+        self.records.log(self.epoch, self.train_state.step, values)
 
     @property
     def step(self) -> int:
         """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
         only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
+        if self.training is not None:  # a loop of its own that counts from it goes on where a resume left off
+            self.training.step_read = True
         return self.train_state.step
 
     @property
@@ -328,7 +330,7 @@ class Job:
         with collectives.within("job.evaluate()"):
             return evaluation.evaluate(fn, dataset, batch_size, collate_fn, exchange, strategy=self.strategy,
                                        model=t.model if t else None, split=t.balancer.split if t else [1] * self.size,
-                                       step=self.step, device=self.device, autocast=self.autocast)
+                                       step=self.train_state.step, device=self.device, autocast=self.autocast)
 
     def reduce(self, value, op: str = "sum"):
         """`value` (a number, a tensor on any device, or a dict, list or tuple of them) summed over
@@ -357,7 +359,7 @@ class Job:
         averages them (job.epochs), so a save after the loop holds the averaged ones."""
         if not self.strategy.always_one_model:
             with collectives.within("job.save()"):
-                self.strategy.one_model(self.step)
+                self.strategy.one_model(self.train_state.step)
                 if self.training is not None:
                     average_buffers(self.training.model)
         path = self.run_dir / name
@@ -375,8 +377,8 @@ class Job:
             with collectives.within("the script's end"):
                 self.strategy.land()
         if self.is_main and self.training is not None and not self.ended and not self.closed:
-            self.records.close_window(self.epoch, self.step)
-            self.records.end(None, self.step)
+            self.records.close_window(self.epoch, self.train_state.step)
+            self.records.end(None, self.train_state.step)
             self.ended = True
 
     def close(self) -> None:
@@ -395,16 +397,16 @@ class Job:
             self.training.end_epoch(more)
             return
         # a loop without a prepared job: its record only
-        self.records.end_epoch(self.epoch, self.step, self.size, 1, None,
+        self.records.end_epoch(self.epoch, self.train_state.step, self.size, 1, None,
                                self.loss_scale.skipped if self.loss_scale else 0)
 
     def _end(self) -> None:
         """The run's end record: one model on every rank, every rank's parameter digest."""
-        self.strategy.one_model(self.step)
+        self.strategy.one_model(self.train_state.step)
         model = self.training.model if self.training is not None else None
         digest = evaluation.param_digest(model) if model is not None else ""
         digests = collectives.allgather_object(digest, "hvdhetero.digests", "the run's end record")
-        self.records.end(digests, self.step)
+        self.records.end(digests, self.train_state.step)
         self.ended = True
 
 

@@ -185,10 +185,11 @@ class RunRecords:
         """Where metrics.jsonl ends now (a checkpoint keeps it: a resume truncates there)."""
         return self.metrics.offset() if self.metrics is not None else 0
 
-    def truncate(self, offset: int | None = None) -> None:
-        """Drop what was written after `offset` (None: a line cut short at the end)."""
+    def truncate(self, offset: int | None = None, keep=None) -> None:
+        """Drop what was written after `offset` (None: a line cut short at the end), but the record
+        right after it where `keep(record)`."""
         if self.metrics is not None:
-            self.metrics.truncate(self.metrics.complete_lines() if offset is None else offset)
+            self.metrics.truncate(self.metrics.complete_lines() if offset is None else offset, keep)
 
     def close(self) -> None:
         for log in (self.metrics, self.tensorboard):

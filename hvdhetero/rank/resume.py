@@ -49,7 +49,8 @@ def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
         loader_step = t.step_state.item.step + 1  # global step: after the step in hand (one fetched ahead waits)
     return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "loader_step": loader_step, "size": t.size,
             "hosts": t.host_names, **parts, "optimizer": optimizer, "split": list(t.sampler.batch_sizes),
-            "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset()}
+            "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset(),
+            "epochs_from": t.epochs_from if t.in_epochs else None}  # None: a loop of the script's own
 
 
 def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
@@ -107,10 +108,28 @@ def resume_from_disk(t: Training) -> str:
         raise ConfigError(f"--resume: {path} does not fit what the script builds now ({briefly(err, 2, 300)}): the"
                           " script's model or optimizer changed since the checkpoint. A resume continues the "
                           "same script: put it back as it was, or start a new run") from None
-    t.records.truncate(state["metrics_offset"])  # what the run wrote after it is redone
+    # what the run wrote after it is redone; the record of this checkpoint, written after its state, stays
+    t.records.truncate(state["metrics_offset"], keep=lambda r: r.get("event") == "checkpoint"
+                       and r.get("step") == state["step"])
+    counted_from = state.get("epochs_from", 0)  # (a checkpoint before it was kept: 0)
+    t.resumed_own_loop = t.train.step if counted_from is None else None
     if t.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
-        print(f"hvdhetero: resuming from {path} (epoch {t.train.epoch + 1}, step {t.train.step}{change})",
-              flush=True)
+        epoch = "" if counted_from is None else f"epoch {t.train.epoch - counted_from + 1}, "  # as the live line counts
+        print(f"hvdhetero: resuming from {path} ({epoch}step {t.train.step}{change})", flush=True)
     return path
+
+
+def own_loop_went_on(t: Training) -> None:
+    """The first step after a --resume (or an elastic restart) of a loop of the script's own (no job.epochs): where the
+    script neither read job.step before it nor keeps state of its own (job.track), its loop most
+    likely started again from its top and trains its whole length again; rank 0 says so once."""
+    at, t.resumed_own_loop = t.resumed_own_loop, None
+    if t.is_main and not (t.in_epochs or t.step_read or t.script_tracks):
+        print(f"hvdhetero: the job went on from step {at} (a --resume, or --elastic's restart of the script), and the "
+              "script's own loop (no job.epochs) did not read job.step: a loop that counts from 0 again trains its whole "
+              "length again, "
+              f"{at} steps more than asked. Go on where the run left off: `for step in range(job.step, max_steps)` "
+              "or `while job.step < max_steps`, or keep the loop's own counter with job.track (docs/api.md)",
+              flush=True)
 

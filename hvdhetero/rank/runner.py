@@ -131,7 +131,7 @@ def job_step() -> int | None:
     None before job.prepare."""
     job = current.job
     try:
-        return int(job.step) if job is not None and getattr(job, "training", None) is not None else None
+        return int(job.train_state.step) if job is not None and getattr(job, "training", None) is not None else None
     except Exception:  # noqa: BLE001 - a job half torn down (an elastic reset) says no step
         return None
 

@@ -122,6 +122,10 @@ class Training:
         self.epochs, self.in_epochs, self.epochs_from = 1, False, 0
         """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs;
         the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
+        self.resumed_own_loop: int | None = None
+        """--resume of a checkpoint a loop of the script's own took: its step, until the first step
+        after it (resume.own_loop_went_on); whether the script read job.step or tracks state of its own."""
+        self.step_read, self.script_tracks = False, bool(tracked.parts)
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
@@ -287,6 +291,8 @@ class Training:
             self.loss_scale.update(overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
         self._unstepped_step()
+        if self.resumed_own_loop is not None:
+            resume.own_loop_went_on(self)
         self.passes.stepped(item, self.in_epochs)
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)

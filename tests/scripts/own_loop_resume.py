@@ -3,7 +3,10 @@ steps, one pass's worth: the checkpoint after pass 0 is taken as pass 1's first 
 Rank 1 fails once, at step 5 (a marker file says it did). Run by tests/test_script.py: the
 resumed run goes on from step 4 in pass 1 and stops at step 12, as one that never failed.
 
-    invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR
+With --counted the loop is three passes counted by the script (`for _ in range(3)`), not by
+job.step: resumed, it trains three whole passes again, which rank 0 says at the first step.
+
+    invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR [--counted]
 """
 
 import argparse
@@ -17,6 +20,7 @@ import hvdhetero as hh
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
+parser.add_argument("--counted", action="store_true")
 args = parser.parse_args()
 
 job = hh.init()
@@ -27,11 +31,11 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer, loader = job.prepare(model, optimizer, loader)  # 4 steps a pass
 marker = os.path.join(args.out, "failed-once")
 batches = 0
-for _ in range(6):  # passes until 12 steps (at most 6: a pass that deals nothing ends it too)
-    if job.step >= 12:
+for _ in range(3 if args.counted else 6):  # passes until 12 steps (at most 6: a pass that deals nothing ends it)
+    if not args.counted and job.step >= 12:
         break
     for inputs, targets in loader:
-        if job.step == 5 and job.rank == 1 and not os.path.exists(marker):
+        if job.rank == 1 and not os.path.exists(marker) and job.step == 5:  # (read: rank 1's first run only)
             open(marker, "w").close()
             raise RuntimeError("rank 1 fails once, at step 5")
         job.backward(F.mse_loss(model(inputs), targets))
