@@ -45,9 +45,10 @@ class MetricsLog:
                 f.seek(offset)
                 line = f.readline()
             try:
-                offset += len(line) if line.endswith(b"\n") and keep(json.loads(line)) else 0
-            except ValueError:
-                pass
+                record = json.loads(line)
+            except ValueError:  # a torn or undecodable line: cut with the rest
+                record = None
+            offset += len(line) if line.endswith(b"\n") and isinstance(record, dict) and keep(record) else 0
         self._file.truncate(offset)
         self._file.seek(0, os.SEEK_END)
 

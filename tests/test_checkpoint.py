@@ -387,3 +387,25 @@ def test_a_resume_into_a_script_whose_model_changed_says_so_not_a_size_mismatch_
             "(RuntimeError: Error(s) in loading state_dict for Sequential: size mismatch for 0.weight") \
         in resumed.stderr
     assert "the script's model or optimizer changed since the checkpoint" in resumed.stderr, resumed.stderr[-2000:]
+
+
+def test_a_resume_cuts_the_metrics_back_but_keeps_the_record_of_the_checkpoint_it_resumed_from(tmp_path):
+    """A checkpoint holds the metrics' length when its state was taken; its own record comes right
+    after. A resume cuts what came later, that record kept where it is the one resumed from (a
+    torn, undecodable or non-object line after the offset is cut with the rest)."""
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl")
+    log.write("start", ranks=2)
+    offset = log.offset()
+    log.write("checkpoint", step=8, path="step-000000008.pt")
+    log.write("epoch", epoch=1)
+    resumed_from = lambda r: r.get("event") == "checkpoint" and r.get("step") == 8  # noqa: E731
+    log.truncate(offset, keep=resumed_from)
+    assert [r["event"] for r in metrics.records(tmp_path / "metrics.jsonl")] == ["start", "checkpoint"]
+    log.truncate(offset, keep=lambda r: r.get("step") == 16)  # another checkpoint's: cut too
+    assert [r["event"] for r in metrics.records(tmp_path / "metrics.jsonl")] == ["start"]
+    for tail in ("[1, 2]\n", '{"event": "checkpoint", "step": 8', "\xff\n"):
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.write(tail)
+        log.truncate(offset, keep=resumed_from)
+        assert (tmp_path / "metrics.jsonl").stat().st_size == offset, tail
+    log.close()

@@ -373,7 +373,7 @@ def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step
     lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 4, "rank 1 fails once, at step 5", said=said)
     assert lines == [{"step": 12, "epoch": 2, "batches": 8}], lines
     assert f"resuming from {tmp_path / 'run/checkpoints/step-000000004.pt'} (step 4)" in said[0], said[0][-2000:]
-    assert "did not read job.step" not in said[0], "it counts by job.step: nothing to say"
+    assert "read neither job.step" not in said[0], "it counts by job.step: nothing to say"
     # the checkpoint resumed from keeps its record (written after the state it holds, cut with the rest)
     kept = metrics.records(tmp_path / "run" / "metrics.jsonl", "checkpoint")
     assert [r["step"] for r in kept] == [4, 8], kept  # (none as the run ends: the next step never begins)
@@ -381,15 +381,16 @@ def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step
 
 def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):
     """The same loop counting three passes itself: resumed at step 4, it runs three whole passes
-    again (16 steps, not 12). The job cannot know what the loop counts, so rank 0 says, once at
-    the first step after the resume, what goes on from job.step instead."""
+    again (16 steps, not 12). The job cannot know what the loop counts, so rank 0 says, once its
+    first iteration after the resume read neither job.step nor job.epoch, what goes on instead."""
     said = []
     lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 4, "rank 1 fails once, at step 5", "--counted",
                                      said=said)
     assert lines == [{"step": 16, "epoch": 3, "batches": 12}], lines
     assert said[0].count("hvdhetero: the job went on from step 4 (a --resume, or --elastic's restart of the script), "
-                         "and the script's own loop (no job.epochs) did not read job.step") == 1, said[0][-3000:]
-    assert "4 steps more than asked" in said[0] and "for step in range(job.step, max_steps)" in said[0]
+                         "and the script's own loop (no job.epochs) read neither job.step nor job.epoch") == 1, \
+        said[0][-3000:]
+    assert "4 steps more than asked" in said[0] and "`while job.step < max_steps:`" in said[0]
 
 
 def test_a_rank_left_silent_after_another_ended_its_script_is_told_as_that_early_end(tmp_path):

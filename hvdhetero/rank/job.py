@@ -263,7 +263,7 @@ class Job:
         """Record scalars (numbers or one-element tensors) in metrics.jsonl (rank 0), with the
         epoch and step; the last ones also go into the run's end record."""
         values = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scalars.items()}
-        self.records.log(self.epoch, self.train_state.step, values)
+        self.records.log(self.train_state.epoch, self.train_state.step, values)
 
     @property
     def step(self) -> int:
@@ -286,6 +286,8 @@ class Job:
         """The epoch in progress: job.epochs sets it; a loop of its own over the prepared loader
         (steps, not epochs) counts its passes that took a step, each dealt in a new order (a pass
         that takes none, as `next(iter(loader))` or rank 0's alone, starts no epoch)."""
+        if self.training is not None:  # a loop of passes counted from it goes on where a resume left off
+            self.training.step_read = True
         return self.train_state.epoch
 
     @epoch.setter
@@ -377,7 +379,7 @@ class Job:
             with collectives.within("the script's end"):
                 self.strategy.land()
         if self.is_main and self.training is not None and not self.ended and not self.closed:
-            self.records.close_window(self.epoch, self.train_state.step)
+            self.records.close_window(self.train_state.epoch, self.train_state.step)
             self.records.end(None, self.train_state.step)
             self.ended = True
 
@@ -397,7 +399,7 @@ class Job:
             self.training.end_epoch(more)
             return
         # a loop without a prepared job: its record only
-        self.records.end_epoch(self.epoch, self.train_state.step, self.size, 1, None,
+        self.records.end_epoch(self.train_state.epoch, self.train_state.step, self.size, 1, None,
                                self.loss_scale.skipped if self.loss_scale else 0)
 
     def _end(self) -> None:

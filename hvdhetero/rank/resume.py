@@ -112,7 +112,7 @@ def resume_from_disk(t: Training) -> str:
     t.records.truncate(state["metrics_offset"], keep=lambda r: r.get("event") == "checkpoint"
                        and r.get("step") == state["step"])
     counted_from = state.get("epochs_from", 0)  # (a checkpoint before it was kept: 0)
-    t.resumed_own_loop = t.train.step if counted_from is None else None
+    t.resumed_own_loop = t.train.step or None
     if t.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
         epoch = "" if counted_from is None else f"epoch {t.train.epoch - counted_from + 1}, "  # as the live line counts
@@ -121,15 +121,18 @@ def resume_from_disk(t: Training) -> str:
 
 
 def own_loop_went_on(t: Training) -> None:
-    """The first step after a --resume (or an elastic restart) of a loop of the script's own (no job.epochs): where the
-    script neither read job.step before it nor keeps state of its own (job.track), its loop most
-    likely started again from its top and trains its whole length again; rank 0 says so once."""
+    """A step after a --resume or an elastic restart (which runs the script again from its top),
+    called from the step's reduction until the second one: where the script, now in a loop of its
+    own (no job.epochs), neither read job.step or job.epoch in its first iteration nor keeps state
+    of its own (job.track), its loop most likely counts from 0 again and trains its whole length
+    again; rank 0 says so once. (A heuristic: a read for a log line hides it, a loop that counts
+    itself and also reads job.step is not told; it never tells a loop that does go on.)"""
+    if t.train.step <= t.resumed_own_loop:  # the first step: its iteration has not ended yet
+        return
     at, t.resumed_own_loop = t.resumed_own_loop, None
     if t.is_main and not (t.in_epochs or t.step_read or t.script_tracks):
         print(f"hvdhetero: the job went on from step {at} (a --resume, or --elastic's restart of the script), and the "
-              "script's own loop (no job.epochs) did not read job.step: a loop that counts from 0 again trains its whole "
-              "length again, "
-              f"{at} steps more than asked. Go on where the run left off: `for step in range(job.step, max_steps)` "
-              "or `while job.step < max_steps`, or keep the loop's own counter with job.track (docs/api.md)",
-              flush=True)
-
+              "script's own loop (no job.epochs) read neither job.step nor job.epoch: one that counts from 0 again "
+              f"trains its whole length again, {at} steps more than asked. Count it by the job's place: `while "
+              "job.step < max_steps:` for a loop over steps, `for epoch in job.epochs(n):` for one over passes, or "
+              "keep its own counter with job.track (docs/api.md)", flush=True)
