@@ -123,8 +123,9 @@ class Training:
         """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs;
         the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
         self.resumed_own_loop: int | None = None
-        """--resume of a checkpoint a loop of the script's own took: its step, until the first step
-        after it (resume.own_loop_went_on); whether the script read job.step or tracks state of its own."""
+        """A --resume or an elastic restart past step 0: its step, until the second step after it
+        (resume.own_loop_went_on); whether the script read job.step or job.epoch, and whether it
+        tracks state of its own."""
         self.step_read, self.script_tracks = False, bool(tracked.parts)
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
