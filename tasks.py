@@ -251,14 +251,7 @@ def report(c, run=None, out=""):
     from hvdhetero.bench import report as rep
     from hvdhetero.bench import runs as rd
 
-    folders = [Path(f) for f in [*(run or []), *_script_args()]]
-    if not folders:
-        newest, passed = rd.find_latest(RUNS)
-        for folder, why in passed[:3]:
-            print(f"report: passing over the newer {folder}: {rd.briefly(why, folder)}", file=sys.stderr)
-        if len(passed) > 3:
-            print(f"report: and {len(passed) - 3} more newer folders like them", file=sys.stderr)
-        folders = [newest]
+    folders = [Path(f) for f in [*(run or []), *_script_args()]] or [rd.newest(RUNS)]
     from hvdhetero.bench import sweep_report
 
     if any(sweep_report.is_sweep(f) for f in folders):

@@ -12,6 +12,7 @@ names the file and what is wrong with it.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,16 @@ def find_latest(runs: Path) -> tuple[Path, list[tuple[Path, str]]]:
             continue
         return folder, passed
     raise ConfigError(f"no run under {runs} has anything to report yet; the newest: {passed[0][1]}")
+
+
+def newest(runs: Path) -> Path:
+    """find_latest's run, the newer folders it passed over said on stderr (the first 3, then a count)."""
+    found, passed = find_latest(runs)
+    for folder, why in passed[:3]:
+        print(f"report: passing over the newer {folder}: {briefly(why, folder)}", file=sys.stderr)
+    if len(passed) > 3:
+        print(f"report: and {len(passed) - 3} more newer folders like them", file=sys.stderr)
+    return found
 
 
 def briefly(why: str, folder: Path, width: int = 150) -> str:
