@@ -124,13 +124,13 @@ def newest(runs: Path) -> Path:
     """find_latest's run, the newer folders it passed over said on stderr (the first 3, then a count)."""
     found, passed = find_latest(runs)
     for folder, why in passed[:3]:
-        print(f"report: passing over the newer {folder}: {briefly(why, folder)}", file=sys.stderr)
+        print(f"report: passing over the newer {folder}: {_passed_note(why, folder)}", file=sys.stderr)
     if len(passed) > 3:
         print(f"report: and {len(passed) - 3} more newer folders like them", file=sys.stderr)
     return found
 
 
-def briefly(why: str, folder: Path, width: int = 150) -> str:
+def _passed_note(why: str, folder: Path, width: int = 150) -> str:
     """read_run's refusal of `folder` as a note: its metrics file named short, cut to `width`."""
     why = why.replace(str(folder / "metrics.jsonl"), "metrics.jsonl")
     return why if len(why) <= width else why[:width - 1].rstrip() + "…"

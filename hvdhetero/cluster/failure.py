@@ -13,10 +13,10 @@ import re
 def left_early(ended: dict[int, tuple[int | None, str]] | None, rank: int, host: str, theirs: int | None = None) -> str:
     """The line naming the first other rank that had ended its script (`ended`: rank -> (its job
     step then, its host)) while `rank` went on, and what to do; "" where none had."""
-    early = {r: e for r, e in (ended or {}).items() if r != rank}
-    if not early:
+    other = _ended_first(ended, rank)
+    if other is None:
         return ""
-    other, (step, other_host) = min(early.items())
+    step, other_host = ended[other]
     return (f"rank {other} on host {other_host} ended its script{_after(step)} while rank {rank} on host {host} went "
             f"on{_after(theirs) if theirs != step else ''}: every rank must take the same steps and make the same job "
             "calls; a loop that stops early on one rank's own numbers (its loss, an evaluation of its own) stops that "
@@ -24,6 +24,11 @@ def left_early(ended: dict[int, tuple[int | None, str]] | None, rank: int, host:
             "that starts where a file of the script's own says (a snapshot only one host holds, torchrun's way of "
             "going on) starts there alone: resume with --resume, the job's checkpoints, which every rank loads "
             "(docs/api.md)")
+
+
+def _ended_first(ended: dict[int, tuple[int | None, str]] | None, rank: int) -> int | None:
+    """The lowest rank other than `rank` that had ended its script (`ended`), or None."""
+    return min((r for r in ended or {} if r != rank), default=None)
 
 
 def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | None = None) -> str:
@@ -36,7 +41,7 @@ def summary(failures: list[dict], ended: dict[int, tuple[int | None, str]] | Non
     cause = first["rank"]  # whom a later rank's collective was left without
     if early and _left_alone(first["error"]):
         lines = [early, f"  rank {first['rank']} then failed: {first['error'].split('. ')[0]}"]
-        cause = min(r for r in ended if r != first["rank"])
+        cause = _ended_first(ended, first["rank"])
     else:
         lines = [f"rank {first['rank']} on host {first['host']} failed: {first['error']}"]
     lines += [f"  {frame}" for frame in first["frames"]]

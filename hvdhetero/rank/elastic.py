@@ -161,7 +161,6 @@ def rejoin(t: Training) -> str | None:
         state = {**state, "optimizer": COMMITS.state["optimizer"]}
     was = state.get("hosts") or []
     resume.restore(t, _copied(state), COMMITS.state["rng"] if own else None)
-    t.resumed_own_loop = t.train.step or None
     # what was written after the commit is redone; if rank 0 moved (its host was dropped), its records
     # are kept, less a line it was killed writing
     t.records.truncate(state["metrics_offset"] if state.get("metrics_host") == socket.gethostname() else None)

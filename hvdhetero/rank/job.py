@@ -270,7 +270,7 @@ class Job:
         """Global optimizer steps taken so far (the same on every rank; with --inner-steps by-speed
         only at round and epoch ends: a merging rank's step jumps over the steps it merged)."""
         if self.training is not None:  # a loop of its own that counts from it goes on where a resume left off
-            self.training.step_read = True
+            self.training.place_read = True
         return self.train_state.step
 
     @property
@@ -287,7 +287,7 @@ class Job:
         (steps, not epochs) counts its passes that took a step, each dealt in a new order (a pass
         that takes none, as `next(iter(loader))` or rank 0's alone, starts no epoch)."""
         if self.training is not None:  # a loop of passes counted from it goes on where a resume left off
-            self.training.step_read = True
+            self.training.place_read = True
         return self.train_state.epoch
 
     @epoch.setter

@@ -67,6 +67,7 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
     t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
     t.loader.start_step = state.get("loader_step", t.train.step)  # checkpoints before it: no accumulation known
     t.loader_at = t.loader.start_step  # a commit taken before the next step (an elastic rejoin's) holds it: it held 0
+    t.resumed_own_loop = t.train.step or None  # the script runs again from its top: own_loop_went_on looks
 
 
 def save_checkpoint(t: Training, epoch_done: bool) -> None:
@@ -112,7 +113,6 @@ def resume_from_disk(t: Training) -> str:
     t.records.truncate(state["metrics_offset"], keep=lambda r: r.get("event") == "checkpoint"
                        and r.get("step") == state["step"])
     counted_from = state.get("epochs_from", 0)  # (a checkpoint before it was kept: 0)
-    t.resumed_own_loop = t.train.step or None
     if t.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
         epoch = "" if counted_from is None else f"epoch {t.train.epoch - counted_from + 1}, "  # as the live line counts
@@ -130,7 +130,7 @@ def own_loop_went_on(t: Training) -> None:
     if t.train.step <= t.resumed_own_loop:  # the first step: its iteration has not ended yet
         return
     at, t.resumed_own_loop = t.resumed_own_loop, None
-    if t.is_main and not (t.in_epochs or t.step_read or t.script_tracks):
+    if t.is_main and not (t.in_epochs or t.place_read or t.script_tracks):
         print(f"hvdhetero: the job went on from step {at} (a --resume, or --elastic's restart of the script), and the "
               "script's own loop (no job.epochs) read neither job.step nor job.epoch: one that counts from 0 again "
               f"trains its whole length again, {at} steps more than asked. Count it by the job's place: `while "

@@ -126,7 +126,7 @@ class Training:
         """A --resume or an elastic restart past step 0: its step, until the second step after it
         (resume.own_loop_went_on); whether the script read job.step or job.epoch, and whether it
         tracks state of its own."""
-        self.step_read, self.script_tracks = False, bool(tracked.parts)
+        self.place_read, self.script_tracks = False, bool(tracked.parts)
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
