@@ -15,6 +15,7 @@ import pytest
 
 from conftest import EXACT, ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
 from hvdhetero import metrics
+from hvdhetero.cluster import checkout
 from hvdhetero.bench.recovery import job_pids
 from hvdhetero.rank import checkpoint
 
@@ -29,10 +30,12 @@ LONG = ["--epochs", "50", "--checkpoint-every", "20"]
 """A run that outlasts any test: 50 epochs of 90 steps, a checkpoint every 20 steps."""
 
 
-def started(run_dir: Path, args=LONG) -> subprocess.Popen:
-    """`invoke train ARGS` (90 steps an epoch), once its first checkpoint is written."""
-    proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", *args, "--run-dir", str(run_dir), "--", "--repeat",
-                             "4"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def started(run_dir: Path, args=LONG, cwd: Path = ROOT) -> subprocess.Popen:
+    """`invoke train ARGS` (90 steps an epoch), once its first checkpoint is written; from a
+    `cwd` other than the checkout as `invoke -r CHECKOUT train` (a project folder of one's own)."""
+    root = [] if cwd == ROOT else ["-r", str(ROOT)]
+    proc = subprocess.Popen([str(VENV_BIN / "invoke"), *root, "train", *args, "--run-dir", str(run_dir), "--",
+                             "--repeat", "4"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     deadline = time.monotonic() + 180
     while not checkpoint.listed(run_dir) and time.monotonic() < deadline and proc.poll() is None:
@@ -76,9 +79,13 @@ def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothin
     """`kill PID` of `invoke train` (or its terminal closed) stops the ranks; Python's default for
     these signals runs no cleanup, which left horovodrun and both ranks training on (seen when a
     benchmark was killed). Ctrl-C reaches the terminal's whole process group: it ended in Invoke's
-    silent exit 1, no word of the stop or the resume."""
+    silent exit 1, no word of the stop or the resume. SIGTERM's run goes from a project folder of
+    one's own (`invoke -r CHECKOUT train`): the resume command it prints runs there, `-r` and all
+    (it said `invoke train --resume`, which Invoke cannot find a tasks.py for there)."""
     run_dir = tmp_path / "run"
-    proc = started(run_dir)
+    project = tmp_path / "project" if signum == signal.SIGTERM else ROOT
+    project.mkdir(exist_ok=True)
+    proc = started(run_dir, cwd=project)
     if signum == signal.SIGINT:
         os.killpg(proc.pid, signum)  # as a terminal's Ctrl-C: every process of the foreground group
     else:
@@ -86,9 +93,16 @@ def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothin
     out, took = ended(proc, 30)
     name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
     assert proc.returncode == 128 + signum and took < 30, (proc.returncode, took, out[-3000:])
-    assert f"hvdhetero: {name}: the job was stopped" in out and f"resume with: invoke train --resume {run_dir}" in out
+    invoke = "invoke" if project == ROOT else checkout.invoke(project)  # `invoke -r ROOT` (~/ where home holds it)
+    assert invoke.startswith("invoke -r ") or project == ROOT, invoke
+    assert f"hvdhetero: {name}: the job was stopped" in out and f"resume with: {invoke} train --resume {run_dir}" in out
     assert "Traceback" not in out, out[-3000:]
     assert not leftover(run_dir)
+    if project != ROOT:  # the command as printed, where it was printed (--dry-run: it starts nothing)
+        said = re.search(r"resume with: (.*)$", out, re.M).group(1)
+        dry = run_cmd(["bash", "-c", f"{said} --dry-run"], cwd=project, timeout=60,
+                      env={"PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
+        assert "horovodrun" in dry.stdout, dry.stdout
     # horovodrun and its helpers too: every process of the job names the run directory
     assert subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 1
 

@@ -348,3 +348,12 @@ def test_launcher_side_imports_no_torch_or_horovod():
     code = "import sys, hvdhetero.cluster.inventory; print(sorted({'torch', 'horovod'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_command_offered_to_copy_names_the_checkout_where_invoke_would_not_find_it(tmp_path):
+    """`invoke` inside the checkout (or a folder of it); from anywhere else `invoke -r CHECKOUT`."""
+    from hvdhetero.cluster import checkout
+
+    assert checkout.invoke(ROOT) == checkout.invoke(ROOT / "docs") == "invoke"
+    words = checkout.invoke(tmp_path).split()
+    assert words[:2] == ["invoke", "-r"] and Path(words[2]).expanduser().resolve() == ROOT, words

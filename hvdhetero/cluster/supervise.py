@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hvdhetero import progress
-from hvdhetero.cluster import console, elastic_hosts, failure, live
+from hvdhetero.cluster import checkout, console, elastic_hosts, failure, live
 from hvdhetero.cluster import run_dir as run_dirs
 from hvdhetero.errors import LaunchError
 
@@ -397,7 +397,7 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
     saved = run_dirs.checkpoints(run_dir)
     if not saved and rank0_host:
         return (f"\n  checkpoints, if any, are on {rank0_host} in {folder}"
-                f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
+                f"\n  resume with: {checkout.invoke()} train --resume {shlex.quote(str(run_dir))}")
     if not saved and run_dirs.keeps_none(run_dir):
         return (f"\n  the run keeps no checkpoint (--keep-checkpoints 0; run directory {run_dir}): a new run starts "
                 "from the beginning")
@@ -405,4 +405,4 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
         return f"\n  no checkpoint was written yet (run directory {run_dir}): a new run starts from the beginning"
     step, newest = saved[-1]
     return (f"\n  newest checkpoint: {newest} (step {step})"
-            f"\n  resume with: invoke train --resume {shlex.quote(str(run_dir))}")
+            f"\n  resume with: {checkout.invoke()} train --resume {shlex.quote(str(run_dir))}")

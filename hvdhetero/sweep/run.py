@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from hvdhetero.cluster import checkout
 from hvdhetero.errors import ConfigError, HvdHeteroError
 from hvdhetero.sweep import space as spaces
 from hvdhetero.sweep.request import Request, check_before
@@ -35,7 +36,7 @@ SWEEP_FILE = "sweep.json"
 def new_folder(run_dir: str, runs: Path, name: str) -> Path:
     folder = Path(run_dir).resolve() if run_dir else runs / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep-{name}"
     if (folder / SWEEP_FILE).exists():
-        raise ConfigError(f"--run-dir {folder} already holds a sweep: continue it with invoke sweep --resume {folder}, "
+        raise ConfigError(f"--run-dir {folder} already holds a sweep: continue it with {checkout.invoke()} sweep --resume {folder}, "
                           "or name another folder")
     return folder
 
@@ -103,7 +104,7 @@ def _run(request: Request, folder: Path, tasks_root: Path) -> Path:
     except KeyboardInterrupt:
         sweep.interrupt()
         print(f"sweep: stopped: {sweep.done()} of {request.trials} trials done; continue with\n"
-              f"  invoke sweep --resume {folder}", file=sys.stderr, flush=True)
+              f"  {checkout.invoke()} sweep --resume {folder}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except HvdHeteroError:
         sweep.interrupt()
