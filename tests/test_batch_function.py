@@ -240,21 +240,27 @@ def digests(output: str) -> dict[int, str]:
 @pytest.mark.parametrize("loop, hold, newest, resumed_at", [
     (["--max-iters", "60"], "35", 30, "(step 30)"),  # a loop of its own: no epoch to name
     (["--epochs", "3", "--steps-per-epoch", "40"], "85", 80, "(epoch 3, step 80)"),
-], ids=["own-loop", "epochs"])
+    (["--max-iters", "60", "--in-order"], "35", 30, "(step 30)"),
+], ids=["own-loop", "epochs", "in-order-untracked"])
 def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path, loop, hold, newest, resumed_at):
     """nanoGPT's loop (the next batch fetched before the backward, a scheduler stepped after the
     optimizer, rank 0 evaluating from the script's generators in between), killed after a
     checkpoint and resumed: the checkpoint was taken after the step's loop body and holds the
     batch fetched ahead, and every rank ends on the parameters of the run that was never
     stopped, to the bit. Under job.epochs the newest checkpoint is an epoch's end (step 80): the
-    function's rows go on by global step, not from the epoch's start."""
+    function's rows go on by global step, not from the epoch's start. A function that reads in
+    order through a position of its own the script did not job.track (build-nanogpt's
+    DataLoaderLite as ported) reads from its start again: the resume cannot be exact, and rank 0
+    says so, naming the object and how to keep its place (it went on without a word)."""
     go = tmp_path / "go"
     args = ["--script", SCRIPT, "--equal-split", "--micro-batch", "0", "--checkpoint-every",
             "10" if loop[0] == "--max-iters" else "1000", "--keep-checkpoints", "10", "--all-ranks-output"]
     script_args = ["--", *loop, "--hold-at", hold, "--go", go]
-    go.touch()
-    whole = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "whole", *script_args], timeout=300)
-    go.unlink()
+    if "--in-order" not in loop:  # (the run it cannot match is not run)
+        go.touch()
+        whole = run_cmd([VENV_BIN / "invoke", "train", *args, "--run-dir", tmp_path / "whole", *script_args],
+                        timeout=300)
+        go.unlink()
     cut = tmp_path / "cut"
     proc = subprocess.Popen([str(VENV_BIN / "invoke"), "train", *map(str, args), "--run-dir", str(cut),
                              *map(str, script_args)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -274,6 +280,11 @@ def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path, l
     go.touch()
     resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", cut], timeout=300)
     assert resumed_at in resumed.stdout, resumed.stdout[-2000:]
+    untracked = "the batch function reads through reader (InOrder: position), which kept a position of its own"
+    assert resumed.stdout.count(untracked) == ("--in-order" in loop), resumed.stdout[-3000:]
+    if "--in-order" in loop:
+        assert "job.track(name, it) before job.prepare" in resumed.stdout
+        return
     whole_digests = digests(whole.stdout)
     resumed_digests = digests(resumed.stdout + (cut / "rank-1.log").read_text())  # rank 1's: its log
     assert set(whole_digests) == {0, 1} and len(set(whole_digests.values())) == 1, whole.stdout[-2000:]
@@ -416,3 +427,46 @@ def test_optimizers_stepped_with_a_closure_count_a_step_once_and_ranks_out_of_st
                                      in proc.stdout + proc.stderr), proc.stdout[-3000:] + proc.stderr[-3000:]
     proc, _ = closures("chunks", tmp_path / "chunks", "--micro-batch", "8")
     assert proc.returncode != 0 and ("optimizer.step(closure) in a step of micro-batches" in proc.stdout + proc.stderr)
+
+
+def test_what_a_function_reads_through_is_watched_for_a_position_the_checkpoint_lacks():
+    """At a checkpoint the function's objects whose public integers moved since job.prepare, and
+    which the script does not job.track, are recorded; a resume's rank 0 names them. Bound to the
+    object, or reaching it through a closure or a global; nothing for nanoGPT's `lambda:
+    get_batch("train")` (its draws are the stream's), a tracked reader, or an object that only
+    holds data; a DataLoader's iterator keeps private counters (a stream the script makes anew)."""
+    from hvdhetero.rank.positions import Positions, said
+
+    class Reader:
+        def __init__(self):
+            self.position, self.vocab = 0, 256
+
+        def next_batch(self):
+            self.position += 6
+            return torch.arange(self.position - 6, self.position)
+
+    class Holder:
+        def __init__(self):
+            self.size, self.data = 6, torch.arange(60)
+
+        def sample(self):
+            return self.data[torch.randint(60, (self.size,))]
+
+    reader, holder = Reader(), Holder()
+    stream = iter(torch.utils.data.DataLoader(torch.arange(60), batch_size=6))
+    cases = {"bound": (reader.next_batch, [], ["a Reader (position)"]),  # (named where a global names it)
+             "closure": (lambda: reader.next_batch(), [], ["reader (Reader: position)"]),
+             "tracked": (reader.next_batch, [reader], []),
+             "data only": (holder.sample, [], []),
+             "stream": (lambda: next(stream), [], []),
+             "generators": (draws(), [], [])}
+    for name, (fn, tracked, expected) in cases.items():
+        source = started(fn)
+        source.positions = Positions(fn, tracked)
+        for step in range(2):
+            source.collate(list(range(step * 6, step * 6 + 6)))
+        resumed = started(fn)
+        resumed.load_state_dict(torch.load(_saved(source.state_dict()), weights_only=True))
+        assert resumed.moved == expected, (name, resumed.moved)
+    line = said(["reader (Reader: position)"], 30)
+    assert "resumed at step 30" in line and "job.track(name, it)" in line and "state_dict()" in line

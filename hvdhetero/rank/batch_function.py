@@ -44,6 +44,7 @@ import torch
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank import batches, collectives
 from hvdhetero.rank.loader import Item, Loader
+from hvdhetero.rank.positions import Positions
 from hvdhetero.rank.sampler import Draw
 from hvdhetero.rank.step_state import StepState
 
@@ -68,6 +69,10 @@ class BatchFunction:
         self.drawn: dict[int, tuple[Any, dict]] = {}
         """step -> (its global batch, the stream before it), for the steps not yet passed."""
         self.global_batch = 0
+        self.positions: Positions | None = None
+        """What the function reads through that keeps a position of its own (rank/positions.py)."""
+        self.moved: list[str] = []
+        """Those that had moved at the checkpoint a resume loaded."""
 
     def shared(self, data, ranks: int):
         """`data` (validate.Data) once every rank's stream starts from rank 0's generators and the
@@ -187,12 +192,16 @@ class BatchFunction:
         instead, and a resume draws again from there."""
         if all(_plain_tensors(batch) for batch, _ in self.drawn.values()):
             held = {step: batches.to_device(batch, torch.device("cpu")) for step, (batch, _) in self.drawn.items()}
-            return {"step": self.next_step, "stream": self.stream, "held": held}
+            return {"step": self.next_step, "stream": self.stream, "held": held, "moved": self._moved()}
         step = min(self.drawn)
-        return {"step": step, "stream": self.drawn[step][1], "held": {}}
+        return {"step": step, "stream": self.drawn[step][1], "held": {}, "moved": self._moved()}
+
+    def _moved(self) -> list[str]:
+        return self.positions.moved() if self.positions is not None else []
 
     def load_state_dict(self, state: dict) -> None:
         self.drawn = {int(step): (batch, None) for step, batch in state.get("held", {}).items()}
+        self.moved = list(state.get("moved", []))
         self.next_step, self.stream = int(state["step"]), state["stream"]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from hvdhetero.errors import ConfigError, briefly
 from hvdhetero.rank import checkpoint
-from hvdhetero.rank import collectives
+from hvdhetero.rank import collectives, positions
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
@@ -68,6 +68,9 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
     t.loader.start_step = state.get("loader_step", t.train.step)  # checkpoints before it: no accumulation known
     t.loader_at = t.loader.start_step  # a commit taken before the next step (an elastic rejoin's) holds it: it held 0
     t.resumed_own_loop = t.train.step or None  # the script runs again from its top: own_loop_went_on looks
+    called = t.parts.parts.get("batches")
+    if t.is_main and called is not None and called.moved:  # a position of the script's own starts afresh
+        print(positions.said(called.moved, t.train.step), flush=True)
 
 
 def save_checkpoint(t: Training, epoch_done: bool) -> None:

@@ -30,6 +30,7 @@ from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
+from hvdhetero.rank.positions import Positions
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
 from hvdhetero.rank.passes import Passes
@@ -85,6 +86,8 @@ class Training:
                                              reason="the script accumulates over batches of its own: whole shares"))
         """auto's chunks once the script stepped at its first step's end, whole shares where it accumulates."""
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
+        if called:
+            called.positions = Positions(called.fn, tracked.parts.values())
         self.batches: Loader | NextBatch = NextBatch(self.loader, step_state, model) if called else self.loader
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         self.passes.loader, self.passes.one_pass = self.loader, called is not None

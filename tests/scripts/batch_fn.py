@@ -31,6 +31,8 @@ parser.add_argument("--epochs", type=int, default=0, help="job.epochs(N), each o
 parser.add_argument("--steps-per-epoch", type=int, default=100)
 parser.add_argument("--hold-at", type=int, default=-1, help="rank 0 waits there (to be killed) unless --go exists")
 parser.add_argument("--go", default="", help="the file whose absence holds rank 0 at --hold-at")
+parser.add_argument("--in-order", action="store_true",
+                    help="read the tokens in order, as build-nanogpt's DataLoaderLite (a position not job.track'ed)")
 args = parser.parse_args()
 
 job = hh.init()
@@ -46,6 +48,22 @@ def get_batch(split):
     x = torch.stack([data[i:i + block] for i in ix])
     y = torch.stack([data[i + 1:i + 1 + block] for i in ix])
     return x.to(job.device), y.to(job.device)
+
+
+class InOrder:
+    """build-nanogpt's DataLoaderLite, small: windows read in order, the position its own."""
+
+    def __init__(self):
+        self.position = 0
+
+    def next_batch(self):
+        ix = [(self.position + i * block) % (16_000 - block - 1) for i in range(args.batch_size)]
+        self.position = (self.position + args.batch_size * block) % (16_000 - block - 1)
+        x = torch.stack([tokens[i:i + block] for i in ix])
+        return x.to(job.device), torch.stack([tokens[i + 1:i + 1 + block] for i in ix]).to(job.device)
+
+
+reader = InOrder()
 
 
 class Net(nn.Module):
@@ -64,7 +82,8 @@ class Net(nn.Module):
 model = Net().to(job.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.99 ** step)  # stepped every step
-model, optimizer, get_train_batch = job.prepare(model, optimizer, lambda: get_batch("train"), scheduler=scheduler)
+model, optimizer, get_train_batch = job.prepare(model, optimizer, reader.next_batch if args.in_order else lambda: get_batch("train"),
+                                               scheduler=scheduler)
 
 
 def train_step(X, Y):
