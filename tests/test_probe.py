@@ -324,3 +324,23 @@ def test_a_job_of_one_rank_is_not_probed_before_its_first_step(tmp_path):
         "print('forwards in all', len(calls))\n")
     proc = run_cmd([VENV_BIN / "python", script], cwd=tmp_path, timeout=120)
     assert "size 1 forwards in prepare 0" in proc.stdout and "forwards in all 4" in proc.stdout, proc.stdout
+
+
+def test_probes_leave_the_models_buffers_gradients_and_random_state_as_they_were():
+    """A loss_fn's probes run the model in training mode: its dropout drew from torch's generator,
+    which the run's first step then drew on from elsewhere (a helper's GCN port with loss_fn= no
+    longer repeated its one-device run from the same seed)."""
+    import numpy as np
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    torch.manual_seed(3), np.random.seed(3)
+    expected = torch.rand(5), np.random.rand()
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    torch.manual_seed(3), np.random.seed(3)
+    with calibrate.unchanged(model):
+        for _ in range(3):
+            model(torch.randn(16, 4)).sum().backward()
+        np.random.rand(4)
+    assert torch.equal(torch.rand(5), expected[0]) and np.random.rand() == expected[1]
+    assert all(torch.equal(v, buffers[k]) for k, v in model.named_buffers())
+    assert all(p.grad is None for p in model.parameters())

@@ -24,7 +24,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from hvdhetero.errors import ConfigError, briefly
-from hvdhetero.rank import batches
+from hvdhetero.rank import batches, checkpoint
 from hvdhetero.policy.balancer import Balancer
 from hvdhetero.rank.host import one_hot
 from hvdhetero.rank.collectives import allreduce_sum
@@ -293,15 +293,19 @@ def fallback_message(failed: list[str], loss_fn) -> str:
 
 class unchanged:
     """Calibration probes run forward/backward on the real model: put back its buffers
-    (BatchNorm statistics) and leave no gradients."""
+    (BatchNorm statistics) and the random states its dropout drew from (torch's, and the
+    `device`'s: a loss_fn's probes moved them, and the run no longer repeated the one-device
+    run from the same seed), and leave no gradients."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, device: str = "cpu"):
+        self.model, self.device = model, device
 
     def __enter__(self):
         self.saved = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+        self.rng = checkpoint.rng_state(self.device)
 
     def __exit__(self, *exc):
         for k, v in self.model.named_buffers():
             v.copy_(self.saved[k])
         self.model.zero_grad(set_to_none=True)
+        checkpoint.set_rng_state(self.rng)

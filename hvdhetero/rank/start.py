@@ -47,7 +47,7 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
     is not timed (a sweep's trial on a one-slot host: the probes were start-up time of every trial,
     and a slow host's the longest), unless `invoke plan` or --sync auto asks for its timings."""
     probe = loss_fn or ProbeLoss()
-    with unchanged(model):
+    with unchanged(model, me.device.name):
         largest = min(global_batch, me.max_batch or global_batch)
         big = min(global_batch, len(dataset))
         measured, error = None, ""
