@@ -344,3 +344,47 @@ def test_probes_leave_the_models_buffers_gradients_and_random_state_as_they_were
     assert torch.equal(torch.rand(5), expected[0]) and np.random.rand() == expected[1]
     assert all(torch.equal(v, buffers[k]) for k, v in model.named_buffers())
     assert all(p.grad is None for p in model.parameters())
+
+
+GRAPH_SCRIPT = """\
+import torch
+from torch import nn
+import hvdhetero as hh
+
+class OnGraph(nn.Module):  # pytorch/examples' GCN's shape: the graph beside the batch
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x, adj):
+        return self.linear(adj @ x)
+
+job = hh.init()
+x, adj, labels, idx_train = torch.randn(20, 4), torch.eye(20), torch.randint(3, (20,)), torch.arange(12)
+model = OnGraph()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer, rows = job.prepare(model, optimizer, lambda: idx_train)
+for epoch in job.epochs(3):
+    r = rows()
+    job.backward(nn.functional.cross_entropy(model(x, adj)[r], labels[r]))
+    optimizer.step()
+    optimizer.zero_grad()
+print("trained", job.step, "steps")
+"""
+
+
+def test_a_probe_that_cannot_call_the_model_is_not_said_where_no_split_follows(tmp_path):
+    """A model taking the graph beside its batch (GCN's) cannot be probed without loss_fn. Run
+    with plain python the job is one rank: no split to start from, so no line says it starts from
+    an equal split (every plain run of a GCN port said so). `invoke plan` refuses, in one
+    message saying to pass loss_fn, not after the line of a start it does not make."""
+    from conftest import VENV_BIN, run_cmd
+
+    script = tmp_path / "graph.py"
+    script.write_text(GRAPH_SCRIPT)
+    alone = run_cmd([VENV_BIN / "python", script], cwd=tmp_path, timeout=120)
+    assert "trained 3 steps" in alone.stdout and "could not time" not in alone.stdout + alone.stderr, alone.stdout
+    plan = run_cmd([VENV_BIN / "invoke", "plan", "--script", script], timeout=300, check=False)
+    out = plan.stdout + plan.stderr
+    assert plan.returncode != 0 and "invoke plan needs every rank timed on the model" in out and "loss_fn" in out, out
+    assert "starting from an equal split" not in out, out

@@ -66,7 +66,7 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
                             minimum=batches.fewest_samples(model))
         if measured is not None and not any(failed):
             split_from(balancer, model, dataset, me, *measured, loss_fn=probe, collate_fn=collate_fn)
-    if any(failed) and hvd.rank() == 0:
+    if any(failed) and hvd.rank() == 0 and not (alone or config.plan_only):  # no split to start from (plan: refused)
         print(fallback_message(failed, loss_fn), flush=True)
     return Begun(balancer, failed, timed=measured is not None and not any(failed))
 
