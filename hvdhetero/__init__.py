@@ -49,7 +49,13 @@ def init(**overrides) -> "Job":
         from hvdhetero.rank.job import Job
 
         config = JobConfig.from_env()
+        current.plain = not JobConfig.launched() and "seed" not in overrides
         current.job = Job(replace(config, **overrides) if overrides else config)
+        if not JobConfig.launched():
+            import sys
+
+            print(f"hvdhetero: run without invoke train: a job of one rank, its run directory "
+                  f"{current.job.config.run_dir}", file=sys.stderr, flush=True)
     return current.job
 
 

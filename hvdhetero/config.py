@@ -12,7 +12,10 @@ import json
 import math
 import os
 import re
+import sys
+import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 from hvdhetero import checks
 from hvdhetero.errors import ConfigError
@@ -158,7 +161,25 @@ class JobConfig:
         """The job's settings the runner left in ENV_VAR; the defaults where none (a script run
         without the launcher: a job of one rank)."""
         text = os.environ.get(ENV_VAR)
-        return cls.from_json(text) if text else cls()
+        return cls.from_json(text) if text else cls.alone(sys.argv[0] if sys.argv else "")
+
+    @staticmethod
+    def launched() -> bool:
+        """Whether the launcher started this process (else plain python: a job of one rank)."""
+        return bool(os.environ.get(ENV_VAR))
+
+    @classmethod
+    def alone(cls, script: str) -> "JobConfig":
+        """A script run with plain python: a job of one rank, in a new run directory of its own,
+        runs/<time>-<script> under $HVDHETERO_RUNS, else under ./runs, as `invoke train` names one
+        (every plain run went to runs/latest, each run's metrics and checkpoints among the last's)."""
+        runs = Path(os.environ.get("HVDHETERO_RUNS") or "runs")
+        base = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(script).stem or 'python'}"
+        folder, n = base, 1
+        while folder.exists():  # two runs started in one second
+            n += 1
+            folder = base.with_name(f"{base.name}-{n}")
+        return cls(run_dir=str(folder))
 
 
 SYNC_KINDS = ("step", "local", "diloco", "auto")

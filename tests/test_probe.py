@@ -5,6 +5,7 @@ and the job falls back (tests/test_ported.py trains the shapes on real ranks).""
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict, UserDict, defaultdict, namedtuple
 from dataclasses import dataclass, field
 
@@ -388,3 +389,46 @@ def test_a_probe_that_cannot_call_the_model_is_not_said_where_no_split_follows(t
     out = plan.stdout + plan.stderr
     assert plan.returncode != 0 and "invoke plan needs every rank timed on the model" in out and "loss_fn" in out, out
     assert "starting from an equal split" not in out, out
+
+
+SEEDED_SCRIPT = """\
+import sys
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+torch.manual_seed(int(sys.argv[1]))  # before hh.init(), as most scripts seed
+import hvdhetero as hh
+
+job = hh.init()
+model = nn.Linear(4, 1)
+print("first weight", round(float(model.weight[0, 0].detach()), 6))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=16)
+for epoch in job.epochs(2):
+    for x, y in loader:
+        job.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_plain_python_keeps_the_scripts_seed_and_gives_each_run_a_folder_of_its_own(tmp_path):
+    """Run with plain python, a script that seeds torch before hh.init() trains from its own seed
+    (hh.init() seeded over it: a helper's GCN port ran as seed 0 whatever it set), and each run
+    gets a new folder under ./runs, said on stderr (every plain run went to runs/latest, its
+    metrics and checkpoints among the last run's: report drew two runs as one)."""
+    from conftest import VENV_BIN, run_cmd
+
+    script = tmp_path / "seeded.py"
+    script.write_text(SEEDED_SCRIPT)
+    torch.manual_seed(7)
+    expected = round(float(nn.Linear(4, 1).weight[0, 0].detach()), 6)
+    runs = [run_cmd([VENV_BIN / "python", script, "7"], cwd=tmp_path, timeout=120) for _ in range(2)]
+    for proc in runs:
+        assert f"first weight {expected}" in proc.stdout, (expected, proc.stdout)
+    folders = [re.search(r"its run directory (\S+)", p.stderr).group(1) for p in runs]
+    assert folders[0] != folders[1] and all(f.startswith("runs/") and "-seeded" in f for f in folders), folders
+    for folder in folders:
+        starts = [line for line in (tmp_path / folder / "metrics.jsonl").read_text().splitlines() if '"start"' in line]
+        assert len(starts) == 1, folder

@@ -19,7 +19,11 @@ job: Any = None
 """The Job (rank/job.py), once hh.init() made it."""
 runner_seed: int | None = None
 """The seed the runner gave torch before the script began (None: a script launched without it,
-which hh.init() seeds)."""
+which hh.init() seeds, unless it runs `plain`)."""
+plain = False
+"""Run with plain python (no launcher), no seed= given to hh.init(): a job of one rank that
+seeds nothing, so the script's own torch.manual_seed (before hh.init() or after) stands, as on
+one device (hh.init() seeded over it: the run was not the script's)."""
 
 
 def drop() -> Droppable | None:

@@ -89,8 +89,8 @@ class Job:
         it has no record, the run's end no digests."""
         self.ended = self.closed = False
         """Whether the run's end record is written; whether `close` ran."""
-        if current.runner_seed is None or torch.initial_seed() == current.runner_seed:
-            torch.manual_seed(config.seed)  # else the script seeded torch itself: its seed stands
+        if (current.runner_seed is None and not current.plain) or torch.initial_seed() == current.runner_seed:
+            torch.manual_seed(config.seed)  # else the script seeded torch itself (or runs plain): its seed stands
 
     # -- what a script calls ------------------------------------------------------------------
 
