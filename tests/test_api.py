@@ -300,3 +300,53 @@ def test_a_scripts_own_counts_are_summed_over_the_ranks_after_the_loop_and_refus
     assert proc.returncode != 0 and "ConfigError: job.reduce(value): rank 1's value differs from rank 0's at " \
         "value['a'] (rank 0: a number (integers), rank 1: nothing): every rank must pass the same keys" in proc.stderr \
         and "then also: rank " in proc.stderr, proc.stderr[-3000:]  # every rank says so, none waits
+
+
+def _reductions_expected(pattern: list[int], batches: int) -> tuple[int, int]:
+    """(optimizer steps, gradient reductions) of a script accumulating in groups of `pattern`'s
+    sizes (cycled) over `batches` batches, as rank/deferral.py reduces: every batch of the first
+    step; after it, a step that takes k batches (its predecessor's count) or more reduces at its
+    k-th and at each one after, one that ends sooner reduces once as it steps."""
+    steps = reductions = done = 0
+    k = None
+    while done < batches:
+        size = pattern[steps % len(pattern)]
+        taken = min(size, batches - done)
+        stepped = taken == size
+        if k is None:
+            reductions += taken
+        elif taken >= k:
+            reductions += 1 + taken - k
+        elif stepped:
+            reductions += 1  # flushed as it clips and steps
+        done += taken
+        if stepped:
+            steps, k = steps + 1, size
+    return steps, reductions
+
+
+def test_a_scripts_own_accumulation_is_reduced_once_a_step_and_trains_as_one_process(tmp_path):
+    """A script stepping every k batches (nanoGPT's gradient_accumulation_steps, build-nanogpt's)
+    had its gradient reduced at every batch: k crossings of the link for one update, where DDP's
+    no_sync makes one. Learned from its first step, the job reduces once a step after it, also
+    where the groups' sizes change (a group that ends sooner is reduced as its clip reads it, one
+    that goes on is reduced at each batch past the last group's size), with the last rank 3x
+    slower so that the split moves within a group: the two ranks end on the parameters one
+    process reaches on the same batches, and the end record counts the reductions."""
+    import torch
+
+    from test_train import _one_rank_inventory
+
+    script = ROOT / "tests" / "scripts" / "accumulate_pattern.py"
+    pattern = [4, 4, 2, 5, 4, 4, 3]
+    runs = {"two": ["--slowdown", "3"], "one": ["--inventory", _one_rank_inventory(tmp_path)]}
+    for name, args in runs.items():
+        run_cmd([VENV_BIN / "invoke", "train", "--script", script, "--run-dir", tmp_path / name, *args,
+                 "--", "--pattern", ",".join(map(str, pattern))], timeout=300)
+    two, one = (torch.load(tmp_path / name / "final.pt", weights_only=True) for name in runs)
+    for key in one:
+        assert torch.allclose(two[key], one[key], rtol=1e-5, atol=1e-6), (key, (two[key] - one[key]).abs().max())
+    end = metrics.records(tmp_path / "two" / "metrics.jsonl")[-1]
+    steps, reductions = _reductions_expected(pattern, 32)
+    assert end["event"] == "end" and end["reductions"] == reductions < 32, (end, steps, reductions)
+    assert metrics.records(tmp_path / "one" / "metrics.jsonl")[-1]["event"] == "end"

@@ -161,6 +161,7 @@ class Job:
         first (a loop that logs it every batch, as one-device loops do, gets a number)."""
         if self.training is None or self.step_state.accumulating or not self.step_state.reduced:
             return self._last_norm
+        self.training.flush()  # a script's own accumulation, stepping sooner than predicted: reduced first
         self._last_norm = self.strategy.clip(max_norm, norm_type)
         return self._last_norm
 
@@ -380,7 +381,7 @@ class Job:
                 self.strategy.land()
         if self.is_main and self.training is not None and not self.ended and not self.closed:
             self.records.close_window(self.train_state.epoch, self.train_state.step)
-            self.records.end(None, self.train_state.step)
+            self.records.end(None, self.train_state.step, self._reductions())
             self.ended = True
 
     def close(self) -> None:
@@ -408,8 +409,13 @@ class Job:
         model = self.training.model if self.training is not None else None
         digest = evaluation.param_digest(model) if model is not None else ""
         digests = collectives.allgather_object(digest, "hvdhetero.digests", "the run's end record")
-        self.records.end(digests, self.train_state.step)
+        self.records.end(digests, self.train_state.step, self._reductions())
         self.ended = True
+
+    def _reductions(self) -> int | None:
+        """Step sync: the gradient reductions this run made (Reducer.steps); else None."""
+        t = self.training
+        return t.reducer.steps if t is not None and t.strategy.kind == "step" else None
 
 
 def _epoch_numbers(n, start) -> tuple[int, int]:

@@ -149,12 +149,13 @@ class RunRecords:
                    comm_s=[round(t, 4) for t in comm_s], split=split, skipped_steps=skipped_steps, step=step)
         return step_s
 
-    def window_step(self, sizes: list[int], times: list[float], step_s: float) -> None:
-        """Rank 0, step sync, a loop of the script's own: a step's samples and compute seconds of
-        every rank (they rode with the gradients) and rank 0's whole step, for the next window record."""
+    def window_step(self, sizes: list[int], times: list[float], step_s: float, steps: int = 1) -> None:
+        """Rank 0, step sync, a loop of the script's own: `steps` batches' samples (`sizes` each)
+        and compute seconds of every rank (they rode with the gradients; one reduction covers the
+        batches a script accumulates over) and rank 0's whole time for them, for the next window record."""
         if self.window is None:
             self.window = Window(time.perf_counter() - step_s, [0] * len(sizes), [0.0] * len(sizes))
-        self.window.add(sizes, times, step_s)
+        self.window.add([n * steps for n in sizes], times, step_s, steps)
 
     def close_window(self, epoch: int, step: int) -> None:
         """The "window" record of the steps since the last one (at a job.log and at the run's end):
@@ -169,14 +170,18 @@ class RunRecords:
                    compute_s=[round(t, 4) for t in w.compute_s],
                    comm_s=[round(max(0.0, w.step_s - t), 4) for t in w.compute_s])
 
-    def end(self, digests: list[str] | None, step: int) -> None:
+    def end(self, digests: list[str] | None, step: int, reductions: int | None = None) -> None:
         """The run's end record; rank 0 also tells a launcher (wherever rank 0 runs: bench --to-accuracy,
         a sweep's trial value). `digests`: every rank's parameter digest (job.epochs' end), or None
         where the script's own loop ended it (Job.finish: no collective, no digests). `step`: the
-        global steps taken (a sweep takes a loop of the script's own to be that long)."""
+        global steps taken (a sweep takes a loop of the script's own to be that long). `reductions`:
+        under step sync, how often the gradients crossed the link (once a step; a script's own
+        accumulation over k batches: once its k)."""
         seconds = round(time.perf_counter() - self.started, 3)
-        self.write("end", seconds=seconds, **({"param_digests": digests} if digests is not None else {}),
-                   **self.last_scalars)
+        ours = {"seconds": seconds, **({"param_digests": digests} if digests is not None else {}),
+                **({"reductions": reductions} if reductions is not None else {})}
+        # (a scalar the script logged under one of these names gives way, rather than a TypeError)
+        self.write("end", **ours, **{k: v for k, v in self.last_scalars.items() if k not in ours})
         if self.is_main and self.report_progress:
             print(progress.RESULT_TAG + json.dumps({"event": "end", "seconds": seconds, "step": step,
                                                     "logs": self.logged}), flush=True)
@@ -212,8 +217,8 @@ class Window:
     """Rank 0's whole steps: compute and reduction (every rank's, in lockstep)."""
     steps: int = 0
 
-    def add(self, sizes: list[int], times: list[float], step_s: float) -> None:
+    def add(self, sizes: list[int], times: list[float], step_s: float, steps: int = 1) -> None:
         self.samples = [a + b for a, b in zip(self.samples, sizes)]
         self.compute_s = [a + b for a, b in zip(self.compute_s, times)]
         self.step_s += step_s
-        self.steps += 1
+        self.steps += steps

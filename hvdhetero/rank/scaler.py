@@ -65,8 +65,11 @@ def install() -> None:
         return scale(self, outputs)
 
     def unscale(self, optimizer):
-        if _accumulating(prepared_of(optimizer)):
+        prepared = prepared_of(optimizer)
+        if _accumulating(prepared):
             return None  # unscaled once, after the step's last chunk
+        if prepared is not None:
+            prepared.flush()  # the gradient a script's own accumulation left pending, reduced first
         return unscale_(self, optimizer)
 
     def step_(self, optimizer, *args, **kwargs):

@@ -30,6 +30,7 @@ from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
+from hvdhetero.rank.deferral import Deferral
 from hvdhetero.rank.positions import Positions
 from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
@@ -94,12 +95,15 @@ class Training:
         if not called:
             self.loader.began, self.loader.after_pass = lambda: self.train.step, self.pass_ended
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
-                                        after_step=self.after_step, mean_loss=self.mean_loss)
+                                        after_step=self.after_step, mean_loss=self.mean_loss, flush=self.flush)
                            for index, o in enumerate(optimizers)]
         """The prepared optimizers: one, or several stepped in turn within each global step (a GAN's)."""
         self.optimizer = self.optimizers[0]
         self.in_turn = InTurn(optimizers, model) if len(optimizers) > 1 else None
         """Several optimizers (a GAN's): each skips on its own overflow, refuses unreduced gradients (rank/turns.py)."""
+        self.deferral = Deferral(eligible=kind == "step" and self.in_turn is None and self.size > 1)
+        """A script's own accumulation over batches: reduced once a step (rank/deferral.py)."""
+        self._pending = (1.0, True, 1.0, False)  # the deferred batches' unscale, common, rescale, overflow check
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
         told = Told(records, self.is_main, "step" if kind == "step" else "round's exchange")
         replicas = Replicas(model, optimizers, records.who[2], told.differed, told.settings)
@@ -168,7 +172,8 @@ class Training:
         self.step_state.chunk_given(item)
         if item.chunk == 0:
             self.follow_trainable(before_forward=True)
-            self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
+            if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
+                self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
             slept = self.me.straggle(item.share)
             began = time.perf_counter() - slept
             self._wall = began - self._began[0] if self._began[0] else 0.0  # the last step, start to start
@@ -255,28 +260,41 @@ class Training:
         rescale = theirs_scale if summed else 1.0
         unscale /= rescale
         common = theirs is None  # the job's own loss scale, every rank's: it may stay on the wire (strategy._on_wire)
-        if item.last:
-            self.strategy.before_last_backward(weight, unscale, common)
-        (loss * scale if scale != 1.0 else loss).backward(**kwargs)
-        if not item.last:
-            self.step_state.backward_done(last=False)
-            return
         # A second job.backward of a step already reduced (two losses backpropagated in turn, the
         # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
         # so the first's reduced part stays as it is), but the step is timed and counted once.
         # (or a GAN's generator after its discriminator, or LBFGS's closure evaluated again within its step)
         again = self.step_state.reduced or self.step_state.stepped or self.step_state.reevaluating
+        defer = False  # a script's own accumulation: this batch's gradient added, reduced with its step's last
+        if item.last and not again:
+            defer, pending_rescale = self.deferral.call(weight)
+            if pending_rescale != 1.0:  # the split moved within the step: the pending sum to this weight
+                scale_gradients(self.reducer.params, pending_rescale)
+        elif item.last and self.deferral.pending:
+            self.deferral.again()  # two losses in turn: this reduction takes what is pending; each reduces from now
+        if item.last and not defer:
+            self.strategy.before_last_backward(weight, unscale, common)
+        (loss * scale if scale != 1.0 else loss).backward(**kwargs)
+        if not item.last:
+            self.step_state.backward_done(last=False)
+            return
         if not again:
             self.me.device.synchronize()
             began, busy0, slept = self._began
             self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
         seconds = time.perf_counter() - self._began[0]
+        if defer:
+            self.deferral.deferred(weight, seconds)
+            self._pending = (unscale, common, rescale, self.loss_scale is not None or summed)
+            self._after_batch(item, seconds, 0.0, None, None, overflowed=False)
+            return
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
         check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
         turns = self.in_turn  # several optimizers: each decides on its own gradients as it steps
-        times, reduce_s, overflowed, walls = self.strategy.reduce(weight, unscale, seconds, check and turns is None,
-                                                                  self.train.step, common, self._wall)
+        calls, pending_s = self.deferral.reduced()  # a step's batches added before this one ride with it
+        times, reduce_s, overflowed, walls = self.strategy.reduce(
+            weight, unscale, seconds + pending_s, check and turns is None, self.train.step, common, self._wall)
         if turns is not None:
             turns.reduced(check)
         scale_gradients(self.reducer.params, rescale)
@@ -289,10 +307,18 @@ class Training:
                 self.loss_scale.update(True)
             self.step_state.backward_done(last=True, overflowed=overflowed or self.step_state.skip)
             return
-        self.last_step_seconds = (seconds, reduce_s)
-        self.step_state.backward_done(last=True, overflowed=overflowed)
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
+        self._after_batch(item, seconds, reduce_s, times, walls, overflowed, calls + 1, pending_s)
+
+    def _after_batch(self, item: Item, seconds: float, reduce_s: float, times: list[float] | None, walls,
+                     overflowed: bool, calls: int = 1, pending_s: float = 0.0) -> None:
+        """A batch's job.backward done (its step's last chunk), reduced or added to what is
+        pending: counted, timed, and its step's `times` (every rank's compute over the `calls`
+        batches the reduction covered, `pending_s` of it this rank's before this one) to the
+        balancer, the live line and the metrics."""
+        self.last_step_seconds = (seconds, reduce_s)
+        self.step_state.backward_done(last=True, overflowed=overflowed)
         self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
         self._unstepped_step()
         if self.resumed_own_loop is not None:
@@ -301,12 +327,14 @@ class Training:
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
                 self.schedule.paced(walls)
+            whole_s = pending_s + seconds + reduce_s  # rank 0's batches the reduction covered, start to end
             if not self.in_epochs and self.is_main:  # a loop of its own: no epoch record says what the ranks did
-                self.records.window_step(list(item.sizes), times, seconds + reduce_s)
-            self.rebalance(times, list(item.sizes), item)
+                self.records.window_step(list(item.sizes), times, whole_s, steps=calls)
+            each = [t / calls for t in times]  # a batch's compute, each rank's mean over them
+            self.rebalance(each, list(item.sizes), item)
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
-                self._against_alone(seconds + reduce_s, times, list(item.sizes))
+                self._against_alone(whole_s / calls, each, list(item.sizes))
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
@@ -360,6 +388,7 @@ class Training:
             raise RuntimeError("optimizer.step() without job.backward(loss) since the last step: call "
                                "job.backward(loss) instead of loss.backward(), or the ranks' gradients are "
                                "never reduced and their models drift apart")
+        self.flush()  # a script's own accumulation that stepped sooner than its last step did
         state.reduced = False
         self.unstepped = 0
         skip = state.skip
@@ -372,9 +401,28 @@ class Training:
             return not skip
         state.updates += 1
         self.accumulation.updated()
+        self.deferral.updated()
         self.train.step += state.item.steps if state.item is not None else 1
         state.stepped = turns is not None and state.item is not None
         return not skip
+
+    def flush(self) -> None:
+        """What a script's own accumulation left pending (rank/deferral.py), reduced now: the
+        optimizer steps, a clip or a GradScaler's unscale_ reads the gradients, sooner than the
+        step's calls were predicted to end. Untimed (the balancer waits for a whole step's)."""
+        if not self.deferral.pending:
+            return
+        weight = self.deferral.weight
+        unscale, common, rescale, check = self._pending
+        self.deferral.reduced()
+        _, _, overflowed, _ = self.strategy.reduce(weight, unscale, 0.0, check, self.train.step, common, self._wall)
+        scale_gradients(self.reducer.params, rescale)
+        self._grads_scaled = False
+        _share(self._unshared)
+        self._unshared = []
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflowed)
+        self.step_state.skip = self.step_state.skip or overflowed
 
     def mean_loss(self, loss):
         """A closure's loss as every rank's optimizer must see it (rank/optimizer.py's mean_over_ranks)."""
