@@ -365,6 +365,28 @@ def test_two_uneven_ranks_train_as_one_device_on_the_same_draws(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_loop_accumulating_over_micro_steps_reduces_once_a_step_and_counts_its_steps_live(tmp_path):
+    """nanoGPT's loop with gradient_accumulation_steps=3 (the next batch fetched before each
+    micro-step's backward): alone and on two uneven ranks it evaluates alike, to the printed
+    digit, while the gradients cross the link once a step after the first (3 + 19 reductions for
+    120 steps, where each micro-step reduced: 360), and the live line counts the loop's steps (it
+    counted batches: `step 239` beside the script's `step 65`, a helper's build-nanogpt port)."""
+    args = ["--", "--max-iters", "120", "--accumulate", "3", "--eval-interval", "40"]
+    alone = run_cmd([VENV_BIN / "python", SCRIPT, *args[1:]], timeout=300)
+    run = tmp_path / "run"
+    two = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--slowdown", "3", "--run-dir", run, *args],
+                  timeout=300)
+    said = re.compile(r"^step (\d+): val loss ([\d.]+)$", re.M)
+    assert len(said.findall(alone.stdout)) == 3, alone.stdout[-2000:]
+    assert said.findall(two.stdout) == said.findall(alone.stdout), (two.stdout[-2000:], alone.stdout[-2000:])
+    assert metrics.records(run / "metrics.jsonl")[-1]["reductions"] == 3 + 119
+    live = [json.loads(line)["progress"] for line in (run / "progress.jsonl").read_text().splitlines()
+            if '"progress"' in line]
+    rank0 = [p for p in live if p["rank"] == 0]
+    assert len(rank0) > 1 and all(p["step"] == p["taken"] + 1 <= 120 for p in rank0), rank0
+
+
+@pytest.mark.slow
 def test_epochs_over_a_batch_function_checkpoint_every_so_many_minutes(tmp_path):
     """job.epochs over a batch function, each epoch 200 steps the script counts: an epoch's mean
     step time is its time over the steps taken, not over the endless sequence's 1e12 (which made

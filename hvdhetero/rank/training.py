@@ -335,11 +335,14 @@ class Training:
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
                 self._against_alone(whole_s / calls, each, list(item.sizes))
+        endless = bool(self.sampler.draw and self.sampler.draw.endless)
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
-                              step=item.step % len(self.loader) + 1, epoch=self.train.epoch,
-                              steps=None if self.sampler.draw and self.sampler.draw.endless else len(self.loader),
+                              # an endless draw's (a batch function's, minGPT's sampler): the optimizer step in
+                              # hand, what a loop of its own counts (one that accumulates: k batches a step)
+                              step=self.train.step + 1 if endless else item.step % len(self.loader) + 1,
+                              epoch=self.train.epoch, steps=None if endless else len(self.loader),
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
                               first=self.epochs_from,
                               taken=self.train.step)  # optimizer steps, as job.step (a step may take several)

@@ -31,6 +31,7 @@ parser.add_argument("--epochs", type=int, default=0, help="job.epochs(N), each o
 parser.add_argument("--steps-per-epoch", type=int, default=100)
 parser.add_argument("--hold-at", type=int, default=-1, help="rank 0 waits there (to be killed) unless --go exists")
 parser.add_argument("--go", default="", help="the file whose absence holds rank 0 at --hold-at")
+parser.add_argument("--accumulate", type=int, default=1, help="batches a step, as nanoGPT's gradient_accumulation_steps")
 parser.add_argument("--in-order", action="store_true",
                     help="read the tokens in order, as build-nanogpt's DataLoaderLite (a position not job.track'ed)")
 args = parser.parse_args()
@@ -97,9 +98,10 @@ def train_step(X, Y):
             val = sum(model(*get_batch("val"))[1].item() for _ in range(args.eval_batches)) / args.eval_batches
         model.train()
         print(f"step {job.step}: val loss {val:.4f}", flush=True)
-    logits, loss = model(X, Y)
-    X, Y = get_train_batch()
-    job.backward(loss)
+    for micro_step in range(args.accumulate):  # nanoGPT's micro-steps (1 unless --accumulate)
+        logits, loss = model(X, Y)
+        X, Y = get_train_batch()
+        job.backward(loss / args.accumulate)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
