@@ -492,3 +492,18 @@ def test_what_a_function_reads_through_is_watched_for_a_position_the_checkpoint_
         assert resumed.moved == expected, (name, resumed.moved)
     line = said(["reader (Reader: position)"], 30)
     assert "resumed at step 30" in line and "job.track(name, it)" in line and "state_dict()" in line
+
+
+@pytest.mark.slow
+def test_a_full_batch_loop_under_micro_batches_is_told_to_take_whole_shares(tmp_path):
+    """pytorch/examples' GCN as docs/api.md ports it calls its batch function once an epoch, so
+    under --micro-batch N each epoch took one chunk of a step and no step: rank 0 said its stream
+    had ended (none had). It says what happened and the way out."""
+    from test_probe import GRAPH_SCRIPT
+
+    script = tmp_path / "graph.py"
+    script.write_text(GRAPH_SCRIPT)
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", script, "--run-dir", tmp_path / "run", "--equal-split",
+                    "--micro-batch", "3"], timeout=300)
+    assert "took no training step: the loop took chunk 1 of its step's 2" in proc.stdout, proc.stdout[-2000:]
+    assert "--micro-batch 0" in proc.stdout and "stream" not in proc.stdout, proc.stdout[-2000:]

@@ -205,7 +205,7 @@ class Job:
                     raise
                 if t is not None and not self.records.steps and not said_empty:
                     said_empty = True
-                    self._took_no_step(epoch, counted_from, n, t.one_pass)
+                    self._took_no_step(epoch, counted_from, n, t.one_pass, t.step_state.item)
                 self._end_epoch(more=not self._stopping and epoch + 1 < n)
                 if self._stopping:
                     break
@@ -214,16 +214,24 @@ class Job:
                 t.in_epochs = False
         self._end()
 
-    def _took_no_step(self, epoch: int, counted_from: int, n: int, stream: bool) -> None:
+    def _took_no_step(self, epoch: int, counted_from: int, n: int, stream: bool, item=None) -> None:
         """Said once a run, by rank 0: an epoch of job.epochs ended with no step taken (a batch
-        function's stream that ended and was not made anew: every later loop over it ends at once)."""
+        function's stream that ended and was not made anew: every later loop over it ends at once;
+        or a loop that calls the function once an epoch, full-batch, under micro-batches: each call
+        one chunk of a step)."""
         if not self.is_main:
             return
-        why = ("its loop over the prepared batches yielded none. A batch function's stream (lambda: next(stream)) "
-               "that ended yields none until the script makes it anew (stream = iter(...) before the loop: the "
-               "next batch is drawn from it); else end with job.stop()" if stream else
-               "no step's job.backward came in its loop over the prepared loader (a loop that ends before its "
-               "first step, a budget of steps spent); to end training early, call job.stop()")
+        if stream and item is not None and item.chunks > 1 and not item.last:
+            why = (f"the loop took chunk {item.chunk + 1} of its step's {item.chunks} (micro-batches hand a step's "
+                   "share in chunks, one a call) and went on to its next epoch: a loop that calls the function once "
+                   "a step (a graph's training nodes, trained full-batch) wants whole shares, --micro-batch 0")
+        elif stream:
+            why = ("its loop over the prepared batches yielded none. A batch function's stream (lambda: next(stream)) "
+                   "that ended yields none until the script makes it anew (stream = iter(...) before the loop: the "
+                   "next batch is drawn from it); else end with job.stop()")
+        else:
+            why = ("no step's job.backward came in its loop over the prepared loader (a loop that ends before its "
+                   "first step, a budget of steps spent); to end training early, call job.stop()")
         print(f"hvdhetero: epoch {epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line) took no "
               f"training step: {why}", flush=True)
 
