@@ -236,6 +236,8 @@ def advise(predictions: list[Prediction]) -> tuple[Prediction, str]:
     fastest_alone = max(alone, key=lambda p: p.samples_per_s) if alone else None
     together = [p for p in predictions if len(p.hosts) > 1]
     best_together = max(together, key=lambda p: p.samples_per_s) if together else None
+    if best_together is not None:  # the one the table shows: within 2% of it, the freshest (_shown)
+        best_together = _freshest([p for p in together if p.hosts == best_together.hosts])
     if (fastest_alone is not None and best_together is not None
             and best_together.samples_per_s < (1 + ALONE_MARGIN) * fastest_alone.samples_per_s):
         others = sorted(set(best_together.hosts) - set(fastest_alone.hosts))
