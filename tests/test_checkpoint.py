@@ -28,9 +28,9 @@ def test_a_commit_taken_right_after_a_restore_holds_the_restored_loader_position
     from hvdhetero.rank import resume
     from hvdhetero.rank.registry import TrainState
 
-    t = SimpleNamespace(parts=SimpleNamespace(load_state_dict=lambda state: None), train=TrainState(),
+    t = SimpleNamespace(parts=SimpleNamespace(load_state_dict=lambda state: None, parts={}), train=TrainState(),
                         strategy=SimpleNamespace(restart=lambda step: None), loader=SimpleNamespace(start_step=0),
-                        loader_at=0, config=SimpleNamespace(seed=0), rank=0)
+                        loader_at=0, config=SimpleNamespace(seed=0), rank=0, is_main=True)
     resume.restore(t, {"step": 12, "epoch": 3, "epoch_done": False, "loader_step": 18}, rng=None)
     assert (t.train.step, t.train.epoch, t.loader.start_step, t.loader_at) == (12, 3, 18, 18)
 
