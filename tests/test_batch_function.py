@@ -507,3 +507,17 @@ def test_a_full_batch_loop_under_micro_batches_is_told_to_take_whole_shares(tmp_
                     "--micro-batch", "3"], timeout=300)
     assert "took no training step: the loop took chunk 1 of its step's 2" in proc.stdout, proc.stdout[-2000:]
     assert "--micro-batch 0" in proc.stdout and "stream" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_square_tensor_beside_the_samples_is_said_to_be_split_by_rows():
+    """GAT's dense [N, N] adjacency returned with the [N, F] features: each rank keeps its rows of
+    it, and the model failed in torch's words alone. A note names it; none for digits' 64 features
+    in a batch of 64 (square, with nothing [N, F] beside it), images, or a batch along dim 1."""
+    from hvdhetero.rank.batch_function import _square_beside
+
+    features, adj, labels = torch.randn(30, 7), torch.eye(30), torch.randint(3, (30,))
+    said = _square_beside(((features, adj), labels), 0)
+    assert "a [30, 30] tensor beside [30, 7]" in said and "'Parameters by hand, one graph'" in said, said
+    assert _square_beside((torch.randn(64, 64), torch.randint(10, (64,))), 0) == ""
+    assert _square_beside((torch.randn(8, 3, 8, 8), torch.randint(10, (8,))), 0) == ""
+    assert _square_beside((torch.randn(30, 30), torch.randn(30, 7)), 1) == ""

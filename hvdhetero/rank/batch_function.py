@@ -74,12 +74,15 @@ class BatchFunction:
         self.moved: list[str] = []
         """Those that had moved at the checkpoint a resume loaded."""
 
-    def shared(self, data, ranks: int):
+    def shared(self, data, ranks: int, is_main: bool = False):
         """`data` (validate.Data) once every rank's stream starts from rank 0's generators and the
         first step is drawn: its rows are the global batch, the sequence an endless one of them.
-        A collective: every rank calls it in job.prepare."""
+        A collective: every rank calls it in job.prepare (rank 0, `is_main`, says what it sees)."""
         self.stream = collectives.broadcast_object(self.stream, 0, "hvdhetero.batch_fn", "job.prepare()")
-        self.measure(self.batch(0))
+        first = self.batch(0)
+        self.measure(first)
+        if ranks > 1 and is_main and (square := _square_beside(first, self.dim)):
+            print(square, flush=True)
         if self.global_batch < ranks:
             raise ConfigError(f"job.prepare(model, optimizer, fn): the batch function returned {self.global_batch} "
                               f"sample(s), fewer than the ranks ({ranks}): return one step's whole batch (every "
@@ -321,6 +324,22 @@ def _set_states(states: dict) -> None:
         import numpy as np
         name, keys, pos, has_gauss, gauss = states["numpy"]
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+
+
+def _square_beside(first, dim: int) -> str:
+    """Rank 0's note where the first batch holds an [n, n] tensor beside an [n, F] one (GAT's dense
+    adjacency returned with the features): each rank keeps its rows of it, every column still
+    naming all n samples, and the model failed in torch's words alone (a size mismatch)."""
+    tensors = list(batches.tensors(first))
+    n = batches.size(first, dim)
+    squares = [t for t in tensors if t.dim() == 2 and t.shape[0] == t.shape[1] == n and n > 1]
+    others = [t for t in tensors if t.dim() == 2 and t.shape[0] == n and t.shape[1] != n]
+    if dim or not squares or not others:
+        return ""
+    return (f"hvdhetero: the batch function returns a {list(squares[0].shape)} tensor beside "
+            f"{list(others[0].shape)}: each rank keeps its rows of every tensor, so of this one a few rows over all "
+            f"{n} columns. A graph's adjacency (every node's neighbours) stays out of the batch: every rank holds it "
+            "whole, and the batch is the training nodes' indices (docs/api.md, 'Parameters by hand, one graph')")
 
 
 def _plain_tensors(batch) -> bool:

@@ -27,7 +27,7 @@ def prepare(job, model, optimizer, dataset, *, global_batch, collate_fn, num_wor
         validate.several_optimizers(cfg)
     data = validate.data_arguments(dataset, global_batch, collate_fn, num_workers, batch_dim)
     if isinstance(data.dataset, BatchFunction):  # a get_batch of the script's: rank 0's stream, a first draw
-        data = data.dataset.shared(data, job.size)
+        data = data.dataset.shared(data, job.size, job.is_main)
     model = parts.model
     validate.prepare_arguments(model, parts.optimizers, data.dataset, data.global_batch, job.device, job.size)
     calibrate.materialize(model, data.dataset, job.device, data.collate_fn, loss_fn)  # lazy modules shaped
