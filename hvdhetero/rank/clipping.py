@@ -27,17 +27,20 @@ class _Job:
 
     clip: Callable[[float, float], torch.Tensor] | None = None
     params: list = []
+    flush: Callable[[], None] = staticmethod(lambda: None)
+    """Reduce what a script's own accumulation left pending (rank/deferral.py) before torch clips a part."""
 
 
-def take_over(clip: Callable[[float, float], torch.Tensor], params: list) -> None:
+def take_over(clip: Callable[[float, float], torch.Tensor], params: list,
+              flush: Callable[[], None] = lambda: None) -> None:
     """job.prepare: torch's clip_grad_norm_ over every one of `params` is `clip` from now on."""
     install()
-    _Job.clip, _Job.params = clip, params
+    _Job.clip, _Job.params, _Job.flush = clip, params, staticmethod(flush)
 
 
 def release() -> None:
     """The job is over (an elastic reset drops it): torch's clip_grad_norm_ is torch's again."""
-    _Job.clip, _Job.params = None, []
+    _Job.clip, _Job.params, _Job.flush = None, [], staticmethod(lambda: None)
 
 
 def install() -> None:
@@ -50,6 +53,8 @@ def install() -> None:
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if _Job.clip is None or not _whole(params, _Job.params):
+            if _Job.clip is not None:
+                _Job.flush()  # a part of the model clipped by torch: on the reduced gradient, not a pending sum
             return torchs(params, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
         norm = torch.as_tensor(_Job.clip(float(max_norm), float(norm_type)), dtype=torch.float32)
         if error_if_nonfinite and not bool(torch.isfinite(norm)):

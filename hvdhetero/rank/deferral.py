@@ -20,7 +20,8 @@ was reduced before it), and not after a second job.backward within one batch (tw
 turn): there every call reduces, as before.
 
     deferral = Deferral(eligible=kind == "step" and one_optimizer and size > 1)
-    defer, rescale = deferral.call(weight)   # a batch's job.backward: add only? pending x rescale first
+    factor = deferral.rescale(weight)         # a batch's first chunk: the pending sum to its weight first
+    defer = deferral.call()                   # its last chunk: add only?
     deferral.deferred(weight, seconds)        # it added only
     calls, seconds = deferral.reduced()       # it (or a flush) reduced: the calls and compute it covers
     deferral.updated()                        # the optimizer stepped: k is this step's calls
@@ -47,15 +48,20 @@ class Deferral:
     def pending(self) -> bool:
         return self.weight is not None
 
-    def call(self, weight: float) -> tuple[bool, float]:
-        """A batch's job.backward is next, its rank weight `weight`: whether it adds only, and
-        the factor the pending gradient is multiplied by first (1.0: none)."""
+    def rescale(self, weight: float) -> float:
+        """A batch's first job.backward (its first chunk's) is next, its rank weight `weight`: the
+        factor the pending gradient is multiplied by first, so that it carries this weight (1.0:
+        none). Before the chunk adds anything: a later chunk's would scale the earlier ones too."""
+        if self.weight is None or self.weight == weight or weight <= 0:
+            return 1.0
+        factor, self.weight = self.weight / weight, weight
+        return factor
+
+    def call(self) -> bool:
+        """A batch's last job.backward (its last chunk's) is next: whether it adds only. Decided on
+        what every rank counts alike (the script's loop), never on a rank's own numbers."""
         self.calls += 1
-        defer = self.eligible and self.k is not None and self.calls < self.k and weight > 0
-        rescale = self.weight / weight if self.weight is not None and self.weight != weight and weight > 0 else 1.0
-        if self.weight is not None:
-            self.weight = weight
-        return defer, rescale
+        return self.eligible and self.k is not None and self.calls < self.k
 
     def deferred(self, weight: float, seconds: float) -> None:
         self.weight = weight

@@ -50,7 +50,7 @@ def prepare(job, model, optimizer, dataset, *, global_batch, collate_fn, num_wor
                                 begun=begun, mode=mode, schedulers=parts.schedulers, tracked=tracked,
                                 device=job.device)
     job.strategy = t.strategy
-    clipping.take_over(job.clip_grad_norm_, t.reducer.params)  # torch's, over the whole model, is ours
+    clipping.take_over(job.clip_grad_norm_, t.reducer.params, t.flush)  # torch's, over the whole model, is ours
     averaging.take_over(job.step_state)  # torch's AveragedModel (an EMA) averages once a step
     zeroing.take_over(job.step_state, t.reducer.params)  # and model.zero_grad() zeroes once a step
     scheduling.take_over(job.step_state, [*parts.schedulers, *tracked.parts.values()],  # so do LR schedulers

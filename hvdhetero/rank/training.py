@@ -209,6 +209,7 @@ class Training:
         (ParameterSync.retarget); a change inside a step's loop body is refused there."""
         if not self.reducer.trainable_changed(self.model):  # the reducer follows them under every sync mode
             return
+        self.flush()  # what a script's own accumulation left pending: reduced over the set it was computed for
         before = len(self.reducer.params)
         if self.strategy.kind != "step":
             if not before_forward:
@@ -266,10 +267,10 @@ class Training:
         # (or a GAN's generator after its discriminator, or LBFGS's closure evaluated again within its step)
         again = self.step_state.reduced or self.step_state.stepped or self.step_state.reevaluating
         defer = False  # a script's own accumulation: this batch's gradient added, reduced with its step's last
+        if item.chunk == 0 and not again:  # the split moved within the step: the pending sum to this weight
+            scale_gradients(self.reducer.params, self.deferral.rescale(weight))
         if item.last and not again:
-            defer, pending_rescale = self.deferral.call(weight)
-            if pending_rescale != 1.0:  # the split moved within the step: the pending sum to this weight
-                scale_gradients(self.reducer.params, pending_rescale)
+            defer = self.deferral.call()
         elif item.last and self.deferral.pending:
             self.deferral.again()  # two losses in turn: this reduction takes what is pending; each reduces from now
         if item.last and not defer:
@@ -286,6 +287,8 @@ class Training:
         if defer:
             self.deferral.deferred(weight, seconds)
             self._pending = (unscale, common, rescale, self.loss_scale is not None or summed)
+            _share(self._unshared)  # parameters made in this batch's loop body take rank 0's now, as reduced
+            self._unshared = []
             self._after_batch(item, seconds, 0.0, None, None, overflowed=False)
             return
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
