@@ -354,7 +354,8 @@ def test_two_uneven_ranks_train_as_one_device_on_the_same_draws(tmp_path):
     re-split as the balancer learns): the same batches drawn, so rank 0's evaluations read the
     same losses as the one device's, to the printed digit."""
     args = ["--", "--max-iters", "60"]
-    alone = run_cmd([VENV_BIN / "python", SCRIPT, *args[1:]], timeout=300)
+    alone = run_cmd([VENV_BIN / "python", SCRIPT, *args[1:]], timeout=300,
+                    env={"HVDHETERO_RUNS": str(tmp_path / "runs")})  # (a run of its own, not in the checkout)
     two = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--slowdown", "3", "--run-dir",
                    tmp_path / "run", *args], timeout=300)
     said = re.compile(r"^step (\d+): val loss ([\d.]+)$", re.M)
@@ -372,7 +373,8 @@ def test_a_loop_accumulating_over_micro_steps_reduces_once_a_step_and_counts_its
     120 steps, where each micro-step reduced: 360), and the live line counts the loop's steps (it
     counted batches: `step 239` beside the script's `step 65`, a helper's build-nanogpt port)."""
     args = ["--", "--max-iters", "120", "--accumulate", "3", "--eval-interval", "40"]
-    alone = run_cmd([VENV_BIN / "python", SCRIPT, *args[1:]], timeout=300)
+    alone = run_cmd([VENV_BIN / "python", SCRIPT, *args[1:]], timeout=300,
+                    env={"HVDHETERO_RUNS": str(tmp_path / "runs")})  # (a run of its own, not in the checkout)
     run = tmp_path / "run"
     two = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT, "--slowdown", "3", "--run-dir", run, *args],
                   timeout=300)

@@ -297,11 +297,15 @@ def test_a_terminal_shows_rank_0_as_printed_and_others_tagged_with_all_ranks_out
 
 
 @pytest.mark.slow
-def test_a_port_run_with_plain_python_is_a_one_rank_job_with_no_protocol_on_stdout():
-    proc = run_cmd([VENV_BIN / "python", PORTED / "regression.py"], timeout=300)
+def test_a_port_run_with_plain_python_is_a_one_rank_job_with_no_protocol_on_stdout(tmp_path):
+    proc = run_cmd([VENV_BIN / "python", PORTED / "regression.py"], timeout=300,
+                   env={"HVDHETERO_RUNS": str(tmp_path / "runs")})  # (its run folder, not in the checkout)
     assert "@@hvdhetero" not in proc.stdout + proc.stderr
     assert PORTS["regression"][3](last(PORTS["regression"][2], proc.stdout)), proc.stdout[-2000:]
     assert len(re.findall(r"^epoch +\d+ +train loss", proc.stdout, re.M)) == 30
+    said = re.search(r"^hvdhetero: run without invoke train: a job of one rank, its run directory (\S+)$", proc.stderr,
+                     re.M)
+    assert said and (tmp_path / "runs") in Path(said.group(1)).parents, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
