@@ -64,7 +64,9 @@ PORTS = {
                 lambda v: v >= 0.85),
     # (its metric unanchored: torchrun's two processes share one pipe, and a line of one may run on
     # into the other's, "Epoch 9 | test MSE 0.0123[GPU1] Epoch 10 | Batchsize: 32")
-    "ddp": (["12", "4"], r"^Epoch \d+ \| test MSE", r"Epoch \d+ \| test MSE ([\d.]+)", lambda v: v <= 0.011),
+    # (its bound over the last 2 epochs: the original's model starts unseeded under torchrun, and 11
+    # runs of it ended at 0.0083 to 0.0121, two over the 0.011 this was: a CI run failed on the original)
+    "ddp": (["12", "4"], r"^Epoch \d+ \| test MSE", r"Epoch \d+ \| test MSE ([\d.]+)", lambda v: v <= 0.013),
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
            "reference": 6, "nanogpt": 3, "word_lm": 4,
