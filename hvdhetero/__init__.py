@@ -48,10 +48,10 @@ def init(**overrides) -> "Job":
         from hvdhetero.config import JobConfig
         from hvdhetero.rank.job import Job
 
-        config = JobConfig.from_env()
-        current.plain = not JobConfig.launched() and "seed" not in overrides
+        config, launched = JobConfig.from_env(), JobConfig.launched()
+        current.plain = not launched and "seed" not in overrides
         current.job = Job(replace(config, **overrides) if overrides else config)
-        if not JobConfig.launched():
+        if not launched:
             import sys
 
             print(f"hvdhetero: run without invoke train: a job of one rank, its run directory "

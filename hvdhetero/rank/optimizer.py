@@ -39,9 +39,9 @@ class JobOptimizer(torch.optim.Optimizer):
                  flush: Callable[[], None] = lambda: None):  # noqa: D107 - shares state
         self.optimizer, self.step_state = optimizer, state
         self.before_step, self.after_step = before_step, after_step
+        """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
         self.flush = flush
         """Reduce what a script's own accumulation left pending (a GradScaler's unscale_ reads it: rank/deferral.py)."""
-        """Hooks: whether to update (not after an overflow), and what follows an update or a skip."""
         self.mean_loss = mean_loss
         """A closure's loss as every rank's optimizer must see it (step sync: the mean over the ranks)."""
         self.calls = 0

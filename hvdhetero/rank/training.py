@@ -300,10 +300,7 @@ class Training:
             weight, unscale, seconds + pending_s, check and turns is None, self.train.step, common, self._wall)
         if turns is not None:
             turns.reduced(check)
-        scale_gradients(self.reducer.params, rescale)
-        self._grads_scaled = False  # the loss scale is out of the reduced gradients
-        _share(self._unshared)  # parameters made inside this step's loop body (follow_trainable)
-        self._unshared = []
+        self._reduced(rescale)
         if again:
             self.again_at = self.train.step
             if overflowed and not self.step_state.skip and self.loss_scale is not None:
@@ -422,13 +419,19 @@ class Training:
         unscale, common, rescale, check = self._pending
         self.deferral.reduced()
         _, _, overflowed, _ = self.strategy.reduce(weight, unscale, 0.0, check, self.train.step, common, self._wall)
+        self._reduced(rescale)
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflowed)
+        self.step_state.skip = self.step_state.skip or overflowed
+
+    def _reduced(self, rescale: float) -> None:
+        """After a reduction (a step's, or a flush of what was pending): a script's GradScaler's
+        scale back in (`rescale`), the job's loss scale out, and parameters made inside the step's
+        loop body (follow_trainable) given rank 0's values."""
         scale_gradients(self.reducer.params, rescale)
         self._grads_scaled = False
         _share(self._unshared)
         self._unshared = []
-        if self.loss_scale is not None:
-            self.loss_scale.update(overflowed)
-        self.step_state.skip = self.step_state.skip or overflowed
 
     def mean_loss(self, loss):
         """A closure's loss as every rank's optimizer must see it (rank/optimizer.py's mean_over_ranks)."""
