@@ -173,13 +173,17 @@ class JobConfig:
         """A script run with plain python: a job of one rank, in a new run directory of its own,
         runs/<time>-<script> under $HVDHETERO_RUNS, else under ./runs, as `invoke train` names one
         (every plain run went to runs/latest, each run's metrics and checkpoints among the last's)."""
-        runs = Path(os.environ.get("HVDHETERO_RUNS") or "runs")
-        base = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(script).stem or 'python'}"
+        base = Path(os.environ.get("HVDHETERO_RUNS") or "runs") / run_name(Path(script).stem or "python")
         folder, n = base, 1
         while folder.exists():  # two runs started in one second
             n += 1
             folder = base.with_name(f"{base.name}-{n}")
         return cls(run_dir=str(folder))
+
+
+def run_name(name: str) -> str:
+    """A new run's folder name, <time>-<name>, as `invoke train` and a plain python run make it."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
 
 
 SYNC_KINDS = ("step", "local", "diloco", "auto")

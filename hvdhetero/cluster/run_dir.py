@@ -7,12 +7,12 @@ checkpoints/, what job.save writes: hvdhetero/metrics.py, rank/checkpoint.py).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from hvdhetero import metrics
 from hvdhetero.cluster import console
+from hvdhetero.config import run_name
 from hvdhetero.errors import ConfigError
 
 LAUNCH = "launch.json"
@@ -22,7 +22,7 @@ ENDED = "ended.json"
 
 def new(name: str, run_dir: str | Path | None, runs: Path) -> str:
     """The run's folder: `run_dir` as given (absolute), else runs/<time>-<name>."""
-    return str(Path(run_dir).resolve()) if run_dir else str(runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
+    return str(Path(run_dir).resolve()) if run_dir else str(runs / run_name(name))
 
 
 def write_launch(run_dir: str | Path, hosts: list[str], rank0_local: bool, script: str, workdir: str,
