@@ -281,8 +281,16 @@ def test_a_probe_that_raises_on_one_rank_starts_from_an_equal_split_and_balances
             "equal split, balanced from the first steps' timings; to time your real step, pass "
             "job.prepare(..., loss_fn=") in proc.stdout
     assert "Traceback" not in output and output.count("epoch 2: loss") == 1
-    splits = [r for r in metrics.records(run_dir / "metrics.jsonl") if r["event"] == "split"]
+    records = metrics.records(run_dir / "metrics.jsonl")
+    splits = [r for r in records if r["event"] == "split"]
     assert splits[0]["split"] == [32, 32] and splits[0]["reason"] == "equal split"
+    # the loop's epochs are numbered from 1: a split's step is job.step's, as its epoch's (TensorBoard's x axis)
+    steps = 0
+    for r in records:
+        if r["event"] == "epoch":
+            steps = r["step"]
+        elif r["event"] == "split":
+            assert steps <= r["step"] <= steps + 24, (r, steps)  # within the epoch it came in (24 steps each)
     assert splits[-1]["split"][0] > 40, splits  # balanced: the slow rank 1 takes less
 
 

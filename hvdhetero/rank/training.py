@@ -83,7 +83,7 @@ class Training:
         self.loader.fewest = self.sampler.min_share
         self.accumulation = Accumulation(self.loader, me.micro_batch, auto=config.micro_batch == "auto",
                                          is_main=self.is_main, whole=lambda step: records.write(
-                                             "micro_batches", step=step, micro_batches=None,
+                                             "micro_batches", step=self.counted(step), micro_batches=None,
                                              reason="the script accumulates over batches of its own: whole shares"))
         """auto's chunks once the script stepped at its first step's end, whole shares where it accumulates."""
         called = data.dataset if isinstance(data.dataset, BatchFunction) else None
@@ -451,6 +451,12 @@ class Training:
         if self.schedule.due(self.train.step, self.train.last_checkpoint) and round_ended:
             self.train.checkpoint_due = True
 
+    def counted(self, loader_step: int) -> int:
+        """A loader step as the records count steps, from the job's first: the loader numbers its
+        steps from the loop's first epoch number times its length (range(1, n + 1)'s first step is
+        its length; a record at that step would come before its epoch's)."""
+        return loader_step - (self.epochs_from * len(self.loader) if self.in_epochs else 0)
+
     def _epoch_left(self, item: Item) -> int | None:
         """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""
         steps = len(self.loader) if self.in_epochs else 0
@@ -466,8 +472,8 @@ class Training:
         new = self.balancer.observe(times, sizes, step=item.step)
         if new:
             at = item.step if after_step is None else after_step
-            self.records.write("split", step=self.loader.resplit(new, at), split=new, reason=self.balancer.reason,
-                               fallback=self.balancer.fallback)
+            self.records.write("split", step=self.counted(self.loader.resplit(new, at)), split=new,
+                               reason=self.balancer.reason, fallback=self.balancer.fallback)
 
     def exchanged(self, sync: ParameterSync, landed: tuple[list[float], list[float]] | None, after_step: int,
                   count: bool = True) -> None:

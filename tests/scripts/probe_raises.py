@@ -38,7 +38,7 @@ train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1500] / 16.0, dtype=t
 model = Net(most=40 if job.rank == 1 else 10_000).to(job.device)
 optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
 model, optimizer, loader = job.prepare(model, optimizer, train_set, global_batch=64)
-for epoch in job.epochs(args.epochs):
+for epoch in job.epochs(range(1, args.epochs + 1)):  # numbered from 1, as many scripts do
     for inputs, labels in loader:
         loss = F.cross_entropy(model(inputs), labels)
         job.backward(loss)
