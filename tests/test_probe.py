@@ -206,6 +206,39 @@ def test_when_no_way_runs_the_loops_likeliest_error_is_raised():
         ProbeLoss()(model, {"a": torch.randn(5, 2), "b": torch.randn(5, 3)})
 
 
+def test_a_batch_with_its_labels_first_calls_the_model_on_the_rest():
+    """torchtext's text classification tutorial: a collate_fn returns (labels, the samples' token
+    ids end to end, each sample's offset in them), and the loop calls `model(text, offsets)`, an
+    EmbeddingBag's input and offsets (the probe said TypeError: missing 'offsets' and the job
+    started from an equal split)."""
+    class TextClassification(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding, self.fc = nn.EmbeddingBag(50, 8), nn.Linear(8, 4)
+
+        def forward(self, text, offsets):
+            return self.fc(self.embedding(text, offsets))
+
+    model = TextClassification()
+    batch = (torch.tensor([0, 3, 1]), torch.randint(0, 50, (17,)), torch.tensor([0, 5, 11]))
+    assert grads(model, ProbeLoss()(model, batch))
+
+
+def test_a_probe_that_calls_no_way_says_the_calls_it_tried():
+    """The first call's error (the loop's likeliest), named, and the others tried."""
+    def forward(a, b, c, d):
+        return a
+
+    model = nn.Module()
+    model.forward = forward
+    with pytest.raises(TypeError) as raised:
+        ProbeLoss()(model, (torch.zeros(3), torch.zeros(3), torch.zeros(3)))
+    said = probe_error(raised.value)
+    assert said.startswith("model(batch[0]): TypeError: ") and "missing 3 required positional arguments" in said
+    assert said.endswith("; model(*batch[:-1]), model(*batch[1:]), model(*batch), model(batch[0], None, None, None) "
+                         "failed too"), said
+
+
 def test_the_fallback_is_said_in_one_line_naming_the_rank_and_what_helps():
     err = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail on a second line " + "x" * 300)
     line = probe_error(err)

@@ -159,21 +159,31 @@ class SeveralModels:
 def first_way(model, batch, then: Callable = lambda out: out) -> tuple[Callable, object]:
     """The first of `ways` that runs, `then` applied to what the model returns (a way whose call or
     `then` fails as a wrong call does gives way to the next), and that result. Any other error is
-    raised at once, as is the first way's error if none runs."""
+    raised at once, as is the first way's error if none runs, with the calls tried (`tried`:
+    probe_error says them)."""
     first: Exception | None = None
+    tried: list[str] = []
     for way in ways(model, batch):
         try:
             return way, then(way(model, batch))
         except Exception as err:  # noqa: BLE001 - the user's model, called as it may not be
             if not wrong_call(err):
                 raise
+            tried.append(way.call)
             first = first or err.with_traceback(None)  # keeps no activations of the failed call
+    first.hvdhetero_tried = tried
     raise first
 
 
 TARGETS = {"label", "labels", "target", "targets", "y"}
 """Keys a dict batch's targets go by: tried last as the model's input (labels of -100 would index
 an embedding out of range)."""
+
+
+def _way(call: str, fn: Callable) -> Callable:
+    """`fn(model, batch)`, with the call it makes in words (`model(batch[0])`) for a probe's error."""
+    fn.call = call
+    return fn
 
 
 def ways(model, batch) -> list[Callable]:
@@ -183,7 +193,8 @@ def ways(model, batch) -> list[Callable]:
     - a dict: `model(batch)`, then `model(batch[key])` for each tensor in it, floating-point
       first and targets last ({"pixels": ..., "label": ...} -> `model(batch["pixels"])`);
     - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then all but the last
-      (`model(x, lengths)`), then all of it;
+      (`model(x, lengths)`), then all but the first (targets first: torchtext's tutorials' `(label,
+      text, offsets)` -> `model(text, offsets)`), then all of it;
     - a dataclass: as a dict of its fields (`model(**fields)`, `model(batch)`, `model(batch.x)`);
     - a tensor: `model(batch)`;
     - last, where forward requires more positional arguments than the inputs, None for the rest
@@ -193,32 +204,36 @@ def ways(model, batch) -> list[Callable]:
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):  # a dataclass batch: as a dict of its fields
         names = [f.name for f in dataclasses.fields(batch)]
         if _takes(model, names):
-            found.append(lambda m, b: m(**{k: getattr(b, k) for k in names}))
-        found.append(lambda m, b: m(b))
+            found.append(_way("model(**fields)", lambda m, b: m(**{k: getattr(b, k) for k in names})))
+        found.append(_way("model(batch)", lambda m, b: m(b)))
         tensors = [k for k in names if isinstance(getattr(batch, k), torch.Tensor)]
         tensors.sort(key=lambda k: (not getattr(batch, k).is_floating_point(), k.lower() in TARGETS))
-        return found + [lambda m, b, k=k: m(getattr(b, k)) for k in tensors]
+        return found + [_way(f"model(batch.{k})", lambda m, b, k=k: m(getattr(b, k))) for k in tensors]
     if isinstance(batch, Mapping):
         if _takes(model, batch.keys()):
-            found.append(lambda m, b: m(**b))
-        found.append(lambda m, b: m(b))
+            found.append(_way("model(**batch)", lambda m, b: m(**b)))
+        found.append(_way("model(batch)", lambda m, b: m(b)))
         tensors = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
         tensors.sort(key=lambda k: (not batch[k].is_floating_point(), str(k).lower() in TARGETS))
-        found += [lambda m, b, k=k: m(b[k]) for k in tensors]
+        found += [_way(f"model(batch[{k!r}])", lambda m, b, k=k: m(b[k])) for k in tensors]
         return found
     if isinstance(batch, tuple) and hasattr(batch, "_fields") and _takes(model, batch._fields):
-        found.append(lambda m, b: m(**b._asdict()))
+        found.append(_way("model(**batch._asdict())", lambda m, b: m(**b._asdict())))
     if isinstance(batch, (tuple, list)) and batch:
-        found.append(lambda m, b: m(b[0]))
+        found.append(_way("model(batch[0])", lambda m, b: m(b[0])))
         if len(batch) > 2:
-            found.append(lambda m, b: m(*b[:-1]))
+            found.append(_way("model(*batch[:-1])", lambda m, b: m(*b[:-1])))
         if len(batch) > 1:
-            found.append(lambda m, b: m(*b))
+            found.append(_way("model(*batch[1:])" if len(batch) > 2 else "model(batch[1])", lambda m, b: m(*b[1:])))
+            found.append(_way("model(*batch)", lambda m, b: m(*b)))
         if missing := _missing(model, 1):
-            found.append(lambda m, b: m(b[0], *[None] * missing))
+            found.append(_way(f"model(batch[0], {', '.join(['None'] * missing)})",
+                              lambda m, b: m(b[0], *[None] * missing)))
         return found
     missing = _missing(model, 1)
-    return [lambda m, b: m(b)] + ([lambda m, b: m(b, *[None] * missing)] if missing else [])
+    return [_way("model(batch)", lambda m, b: m(b))] + (
+        [_way(f"model(batch, {', '.join(['None'] * missing)})", lambda m, b: m(b, *[None] * missing))]
+        if missing else [])
 
 
 def _missing(model, given: int) -> int:
@@ -272,8 +287,12 @@ def _tensors(out, depth: int = 0) -> list[torch.Tensor]:
 
 
 def probe_error(err: BaseException) -> str:
-    """An exception of the user's model in a probe, in one short line."""
-    return briefly(err)
+    """An exception of the user's model in a probe, in one short line: where no default way ran,
+    the call that raised it and the others tried."""
+    tried = getattr(err, "hvdhetero_tried", None)
+    if not tried:
+        return briefly(err)
+    return f"{tried[0]}: {briefly(err)}" + (f"; {', '.join(tried[1:])} failed too" if tried[1:] else "")
 
 
 def fallback_message(failed: list[str], loss_fn) -> str:
