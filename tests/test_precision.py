@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import ROOT, VENV_BIN, run_cmd
 from hvdhetero.rank import precision
 
 
@@ -32,3 +33,39 @@ def test_a_cpu_that_emulates_bf16_runs_fp32_and_says_why():
     assert precision.resolve("fp16", "cpu").dtype == (torch.bfloat16 if precision.cpu_has_fast_bf16() else None)
     with precision.resolve("bf16", "cpu", fast_bf16=False).autocast():
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_training_forward_outside_any_autocast_is_said_once(capsys):
+    """--precision bf16 applies inside job.autocast(): a script whose first training forward runs
+    outside it, and outside a torch.autocast of its own, trains in float32 (a user saw losses
+    equal to fp32's to 1e-9 and nothing said). Evaluation and no_grad forwards decide nothing."""
+    asked = precision.resolve("bf16", "cpu", fast_bf16=False)  # float32 here all the same: job.autocast() counts
+    for way, said in [("outside", True), ("job.autocast", False), ("own autocast", False)]:
+        watch, model = precision.Watch(), torch.nn.Linear(4, 2)
+        watch.first_forward(model, asked, is_main=True)
+        model.eval()
+        model(torch.zeros(1, 4))
+        model.train()
+        with torch.no_grad():
+            model(torch.zeros(1, 4))
+        for _ in range(2):
+            if way == "outside":
+                model(torch.zeros(1, 4))
+            elif way == "job.autocast":
+                with watch.entered(asked):
+                    model(torch.zeros(1, 4))
+            else:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    model(torch.zeros(1, 4))
+        out = capsys.readouterr().out
+        assert out == (precision.outside("bf16") + "\n" if said else ""), (way, out)
+    assert precision.outside("bf16").startswith("hvdhetero: --precision bf16 applies inside `with job.autocast():`")
+
+
+def test_a_script_without_job_autocast_is_told_where_precision_applies(tmp_path):
+    """The check as a script meets it (job.prepare installs it): plain python, one rank."""
+    for flag in ("", "--autocast"):
+        proc = run_cmd([VENV_BIN / "python", ROOT / "tests" / "scripts" / "autocast_or_not.py", *([flag] if flag else [])],
+                       timeout=120, env={"HVDHETERO_RUNS": str(tmp_path / "runs")})
+        assert "done 8 steps" in proc.stdout, proc.stdout + proc.stderr
+        assert proc.stdout.count(precision.outside("bf16")) == (0 if flag else 1), proc.stdout

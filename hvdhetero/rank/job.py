@@ -64,6 +64,8 @@ class Job:
         """Where this rank computes: move the model there before `prepare`."""
         self.precision = precision.resolve(config.precision, self.me.device.name)
         self.loss_scale = precision.LossScale() if self.precision.scaled else None
+        self.autocasts = precision.Watch()
+        """Who is inside job.autocast(): a first training forward outside any autocast is said (precision.py)."""
         self.run_dir = Path(config.run_dir)
         self.train_state = TrainState()
         """Where the job is (step, epoch, the checkpoints' and commits' steps: rank/registry.py)."""
@@ -167,7 +169,7 @@ class Job:
 
     def autocast(self):
         """The device's mixed precision when the job's --precision asks for it; else nothing."""
-        return self.precision.autocast()
+        return self.autocasts.entered(self.precision)
 
     def epochs(self, n: int | range, start: int = 0):
         """The epoch numbers start..n-1 (`start`: where a script's own --resume goes on, as

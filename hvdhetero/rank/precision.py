@@ -65,6 +65,46 @@ class Precision:
         return torch.autocast(device_type=self.device, dtype=self.dtype)
 
 
+class Watch:
+    """Whether the script trains under the mixed precision --precision asks for: job.autocast()
+    counts who is inside it, and the model's first training forward after job.prepare (training
+    mode, gradients on) outside it and outside any autocast of the script's own on the rank's
+    device is said once by rank 0: such a script trains in float32 whatever --precision says."""
+
+    def __init__(self):
+        self.inside = 0
+
+    @contextlib.contextmanager
+    def entered(self, precision: Precision):
+        """job.autocast(): `precision`'s autocast, counted."""
+        self.inside += 1
+        try:
+            with precision.autocast():
+                yield
+        finally:
+            self.inside -= 1
+
+    def first_forward(self, model: torch.nn.Module, precision: Precision, is_main: bool) -> None:
+        """After the probes (which call the model themselves): look at the script's first training forward."""
+        if precision.requested == "fp32" or not is_main:
+            return
+
+        def seen(module, args):
+            if not module.training or not torch.is_grad_enabled():
+                return
+            handle.remove()
+            if not self.inside and not torch.is_autocast_enabled(precision.device):
+                print(outside(precision.requested), flush=True)
+        handle = model.register_forward_pre_hook(seen)
+
+
+def outside(requested: str) -> str:
+    """Rank 0's line for Watch: a training forward under no autocast."""
+    return (f"hvdhetero: --precision {requested} applies inside `with job.autocast():`, and the model's first "
+            "training forward ran outside it (and outside any torch.autocast of the script's own): the job trains "
+            "in float32. Put the forward pass and the loss under `with job.autocast():` (docs/api.md)")
+
+
 def resolve(requested: str, device: str, fast_bf16: bool | None = None) -> Precision:
     """The precision a `device` rank runs for the job's `requested` one (`fast_bf16`: whether a
     CPU computes bfloat16 natively; None: this machine's, `cpu_has_fast_bf16`)."""
