@@ -87,6 +87,14 @@ def test_only_a_run_whose_ranks_all_returned_is_finished_for_resume(tmp_path):
     assert run_dir.finished(failed_after) == "", "a checkpoint past the end: the rank side says what is left"
     run_dir.write_launch(failed_after, ["local"], True, "", "", [], [], {})  # --run-dir reused, or a resume
     assert run_dir.finished(failed_after) == "", "a launch under way: the earlier run's end is past"
+    with pytest.raises(run_dir.Finished, match=re.escape("start a new run (--epochs for how long)")):
+        run_dir.resumable(str(tmp_path / "unsaved"), tmp_path)  # the recipe's
+    script = tmp_path / "script"  # a script's: --epochs is the recipe's (refused with --script)
+    run_dir.write_launch(script, ["local"], True, "/w/train.py", "", [], ["--epochs", "3"], {})
+    run_dir.mark_ended(script, [{"event": "end", "step": 10}])
+    with pytest.raises(run_dir.Finished, match=re.escape("start a new run (invoke train --script /w/train.py, the "
+                                                         "script's own option for how long after --)")):
+        run_dir.resumable(str(script), tmp_path)
     run_dir.mark_ended(tmp_path / "nothing", [{"event": "end", "step": 1}])
     assert not (tmp_path / "nothing").exists(), "no run directory: no marker"
 

@@ -167,7 +167,9 @@ def resumable(resume: str, runs: Path) -> tuple[str, dict[str, Any]]:
                           "run again") from None
     if ended := finished(folder):
         raise Finished(f"hvdhetero: --resume {resume}: the run in {folder} trained to its end ({ended}); nothing is "
-                       "left to resume. To train on, start a new run (--epochs for how long)")
+                       "left to resume. To train on, start a new run (" + (
+                           f"invoke train --script {saved['script']}, the script's own option for how long after --"
+                           if saved.get("script") else "--epochs for how long") + ")")
     if saved.get("rank0_local", True) and not has_checkpoint(folder):
         raise ConfigError(f"--resume {resume}: the run has no checkpoint in {folder / 'checkpoints'} ("
                           + ("it kept none: --keep-checkpoints 0" if keeps_none(folder)
