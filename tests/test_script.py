@@ -302,6 +302,12 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     # torch's AveragedModel updated in the loop body: an EMA of the 12 steps, not of 36 chunks (it
     # decayed 3 times a step), and one EMA on both ranks
     assert [r["ema_updates"] for r in ranks] == [12, 12] and ranks[0]["ema"] == ranks[1]["ema"], ranks
+    # and its BatchNorm statistics one on both ranks: the model's averaged ones (an EMA that copies them copied
+    # each rank's own at its last update), or averaged (use_buffers=True: each rank averaged its own); SWA's
+    # update_bn over the prepared loader (each rank its share) gives both ranks the statistics of every sample
+    assert ranks[0]["ema_buffers"] == ranks[1]["ema_buffers"] == ranks[0]["buffers"] == ranks[1]["buffers"], ranks
+    assert ranks[0]["averaged_buffers"] == ranks[1]["averaged_buffers"] != ranks[0]["buffers"], ranks
+    assert ranks[0]["swa_buffers"] == ranks[1]["swa_buffers"] != ranks[0]["buffers"], ranks
     # a per-batch LR scheduler the script steps in the loop body, not passed to job.prepare: once a
     # step too (36 times before: a OneCycleLR sized for the run's steps raised "Tried to step ...
     # times"), and the console says once that the checkpoints do not hold it

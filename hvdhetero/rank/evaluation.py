@@ -10,9 +10,8 @@ from collections.abc import Callable
 import horovod.torch as hvd
 import torch
 
-from hvdhetero.rank import batches
+from hvdhetero.rank import averaging, batches
 from hvdhetero.rank import collectives
-from hvdhetero.rank.reducer import average_buffers
 from hvdhetero.rank.sampler import WeightedBatchSampler, proportional_split
 
 
@@ -28,7 +27,7 @@ def evaluate(fn: Callable, dataset, batch_size: int, collate_fn: Callable | None
     else:
         strategy.one_model(step)
         if model is not None:
-            average_buffers(model)
+            averaging.buffers(model)
         borrowed = contextlib.nullcontext()
     shares = proportional_split(batch_size * len(split), split)
     sampler = WeightedBatchSampler(len(dataset), shares, hvd.rank(), shuffle=False)

@@ -41,7 +41,6 @@ from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, curren
                             precision, preparing, records, reduction, saving, scheduling, zeroing)
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import average_buffers
 from hvdhetero.rank.registry import Registry, TrainState
 from hvdhetero.rank.step_state import StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
@@ -374,7 +373,7 @@ class Job:
             with collectives.within("job.save()"):
                 self.strategy.one_model(self.train_state.step)
                 if self.training is not None:
-                    average_buffers(self.training.model)
+                    averaging.buffers(self.training.model)
         path = self.run_dir / name
         if self.is_main:
             checkpoint.save_object(obj, path)

@@ -309,24 +309,35 @@ DEVICE_SWITCHES = ("fused", "capturable", "foreach", "differentiable")
 """Optimizer settings that say how a rank's device runs the update, not what it computes."""
 
 
-def average_buffers(model: torch.nn.Module) -> None:
+def average_buffers(model: torch.nn.Module, more: list[torch.Tensor] = ()) -> bool:
     """Average floating-point buffers (BatchNorm running statistics) across ranks and give every
     rank rank 0's other buffers (BatchNorm's num_batches_tracked counts a rank's own forward
     passes, which differ when the shares do), so that evaluation and the checkpoint see one
-    model; parameters are already identical."""
+    model; parameters are already identical. `more`: floating-point tensors averaged too where
+    every rank has as many elements of them (an EMA's buffers: rank/averaging.py); whether it did."""
     floats = [b for b in model.buffers() if b.is_floating_point()]
     others = [b for b in model.buffers() if not b.is_floating_point()]
+    agreed = not more
     if floats:
-        flat = torch.cat([b.detach().cpu().to(torch.float64).reshape(-1) for b in floats])
+        n = float(sum(t.numel() for t in more))
+        flat = torch.cat([*(b.detach().cpu().to(torch.float64).reshape(-1) for b in floats),
+                          torch.tensor([n, n * n], dtype=torch.float64)])
         # Horovod: one allreduce for every buffer; the result is bit-identical on every rank.
         allreduce_(flat, hvd.Average, "hvdhetero.buffers", "averaging BatchNorm-style buffers")
-        for b, chunk in zip(floats, flat.split([b.numel() for b in floats])):
+        for b, chunk in zip(floats, flat[:-2].split([b.numel() for b in floats])):
             b.copy_(chunk.view_as(b).to(b.dtype))
+        if flat[-1] == flat[-2] ** 2 and flat[-2] > 0:  # every rank has as many (the same bytes: decided alike)
+            agreed = True
+            extra = torch.cat([t.detach().cpu().to(torch.float64).reshape(-1) for t in more])
+            allreduce_(extra, hvd.Average, "hvdhetero.averaged_buffers", "averaging an AveragedModel's buffers")
+            for t, chunk in zip(more, extra.split([t.numel() for t in more])):
+                t.detach().copy_(chunk.view_as(t).to(t.dtype))
     if others:
         flat = torch.cat([b.detach().cpu().to(torch.int64).reshape(-1) for b in others])
         broadcast_(flat, 0, "hvdhetero.int_buffers", "averaging BatchNorm-style buffers")
         for b, chunk in zip(others, flat.split([b.numel() for b in others])):
             b.copy_(chunk.view_as(b).to(b.dtype))
+    return agreed
 
 
 def to_cpu(obj):

@@ -201,8 +201,9 @@ def run_script(args) -> None:
     that counts (hh.init() seeds only a script that did not: rank/job.py)."""
     import torch
 
-    from hvdhetero.rank import clipping, saving
+    from hvdhetero.rank import averaging, clipping, saving
 
+    averaging.install()  # before the script imports update_bn: over the prepared loader, the ranks' statistics averaged
     clipping.install()  # before the script imports it: torch's clip_grad_norm_ on the whole model is the job's
     saving.install()  # and a torch.save to a path is written whole before another rank on the host reads it
     torch.manual_seed(JobConfig.from_json(os.environ[ENV_VAR]).seed)

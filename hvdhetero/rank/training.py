@@ -27,7 +27,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import batches, collectives, elastic, resume, scaler
+from hvdhetero.rank import averaging, batches, collectives, elastic, resume, scaler
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.deferral import Deferral
@@ -36,7 +36,7 @@ from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
 from hvdhetero.rank.passes import Passes
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, average_buffers, broadcast_tensors, scale_gradients
+from hvdhetero.rank.reducer import Reducer, broadcast_tensors, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.replicas import Replicas, Told
 from hvdhetero.rank.sampler import WeightedBatchSampler
@@ -502,7 +502,7 @@ class Training:
         replicas differ until a round's end: their buffers are averaged where the models are made
         one (the epoch's end, job.evaluate, job.save)."""
         if self.strategy.always_one_model and self.train.step > began:
-            average_buffers(self.model)
+            averaging.buffers(self.model)  # (and an EMA's of it)
 
     # -- job.epochs --------------------------------------------------------------------------------
 
@@ -512,7 +512,7 @@ class Training:
         self.strategy.pause()
         step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
-        average_buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
+        averaging.buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
         self.schedule.retime(step_s[0])
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due

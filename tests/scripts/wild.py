@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, update_bn  # imported before hh.init(), as scripts do
 from tqdm import tqdm
 
 import hvdhetero as hh
@@ -46,6 +47,7 @@ else:
 with open(os.path.join(args.out, f"init{job.rank}.json"), "w") as f:  # the weights every rank starts from
     json.dump([round(p.double().sum().item(), 12) for p in model.parameters()], f)
 ema = torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+ema_buffers = AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9), use_buffers=True)
 sizes, norms, ends = [], [], 0
 for epoch in job.epochs(args.epochs):
     if epoch == args.break_at:  # a script's early stop, as in one-device scripts (job.stop() is ours)
@@ -59,12 +61,23 @@ for epoch in job.epochs(args.epochs):
         warmup.step()  # once a step, not once a chunk (rank/scheduling.py)
         ends += job.sync_gradients  # where an EMA of one's own would be updated: once a step, not once a chunk
         ema.update_parameters(model)  # torch's EMA: averages once a step (rank/averaging.py)
+        ema_buffers.update_parameters(model)  # torchvision's reference scripts' kind: BatchNorm statistics averaged too
         if job.is_main and i == 2:
             job.save(model.state_dict(), f"epoch{epoch}-step{i}.pt")
             if args.evaluate_on_rank_0_only:
                 job.evaluate(lambda b: {"right": (model(b[0]).argmax(1) == b[1]).sum()}, train_set)
+swa = AveragedModel(model)  # the docs' SWA recipe's end: statistics recomputed over the training data
+swa.update_parameters(model)
+update_bn(loader, swa)
+
+
+def buffers(m):
+    return [round(b.double().sum().item(), 9) for b in m.buffers() if b.is_floating_point()]
+
+
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"sizes": sizes, "norms": norms, "steps": job.step, "ends": ends, "ema_updates": int(ema.n_averaged), "warmup_steps": warmup.last_epoch,
+    json.dump({"buffers": buffers(model), "ema_buffers": buffers(ema.module), "averaged_buffers": buffers(ema_buffers.module),
+               "swa_buffers": buffers(swa.module), "sizes": sizes, "norms": norms, "steps": job.step, "ends": ends, "ema_updates": int(ema.n_averaged), "warmup_steps": warmup.last_epoch,
                "ema": [round(p.double().sum().item(), 12) for p in ema.module.parameters()],
                "final": [round(p.double().sum().item(), 12) for p in model.parameters()], "env": {k: os.environ.get(k) for k in ("WILD_TAG", "OMP_NUM_THREADS", "WILD_LIST", "WILD_SECRET")},
                "home": os.environ.get("HOME"),
