@@ -58,6 +58,19 @@ def test_a_slow_trial_is_stopped_once_its_end_is_known_to_come_after_the_fast_ho
     assert sweep.simulate(12, {"pc": 1.0, "mac": 12.0}, probe=0.05) == (12.0, {"pc": 11, "mac": 1})
 
 
+def test_a_trial_is_moved_only_where_another_host_ends_it_and_the_sweep_sooner():
+    """The fast host's trial, expected to end at 39 (its loop leaves each epoch early: its progress
+    overshoots), while the other host, 4x slower, is busy until 45: run again there it would end
+    at 77, after the fast host kept it and ran the 3 left (63). It was stopped as if it could run
+    again on the host it left (4 trials there by 32), which the scheduler never does."""
+    clocks = {"one": sweep.HostClock(8.0, 39.0), "two": sweep.HostClock(32.0, 45.0)}
+    assert sweep.moved_to("one", 0.0, clocks) == "two"
+    assert sweep.keep_running("one", 0.0, 39.0, 3, clocks)
+    idle = {**clocks, "two": sweep.HostClock(32.0, 0.0)}  # two free now: it ends it at 32, one the 3 left by 24
+    assert not sweep.keep_running("one", 0.0, 39.0, 3, idle)
+    assert sweep.keep_running("one", 0.0, 39.0, 3, {"one": clocks["one"]}), "no other host: it goes on"
+
+
 @pytest.mark.parametrize("seed", range(200))
 def test_with_speeds_learned_while_running_never_later_than_the_fastest_host_alone(seed):
     """Every host starts a trial at 0 (running is the probe); each learns its speed a fraction into

@@ -17,9 +17,9 @@ without it. Pure arithmetic: tests/test_sweep_policy.py checks the guarantee ove
 A host's speed is not known before it ran something, so every host starts a trial at first
 (running is the probe: no separate measurement costs the fast hosts time). Once a running
 trial's end can be estimated from its progress, `keep_running` asks the same question again:
-would the sweep end later with this trial left where it is than with it put back among the
-trials not started? If so it is stopped and re-run on a host that ends it sooner, and its host
-is from then on only given trials the plan gives it. The fastest host is then never stopped
+would the sweep end later with this trial left where it is than with it run again on the host
+that ends it first of the others (its own host then free for the trials not started)? If so it
+is stopped and re-run there, and its host is from then on only given trials the plan gives it. The fastest host is then never stopped
 and never idle, so the guarantee holds with speeds learned this way too, for sweeps of at
 least as many trials as hosts (with fewer, nothing is known to pick the fastest to start).
 """
@@ -72,11 +72,25 @@ def sweep_end(now: float, left: int, hosts: Mapping[str, HostClock]) -> float:
 
 def keep_running(host: str, now: float, expected_end: float, left: int, hosts: Mapping[str, HostClock]) -> bool:
     """Whether the trial running on `host`, expected to end at `expected_end`, goes on: the sweep
-    ends no later with it there than with it put back among the `left` trials not started (its
-    host free now). `hosts` holds every host's clock; `host`'s is replaced."""
+    ends no later with it there than with it run again from its start on another host (`moved_to`:
+    the one that ends it first), its host free now for the `left` trials not started. `hosts`
+    holds every host's clock; `host`'s is replaced. Run again on its own host it would never end
+    sooner than where it stands: a trial whose estimate overshot its host's time per trial (a loop
+    that leaves its epochs early) was stopped there for no other host to take it."""
+    there = moved_to(host, now, hosts)
+    if there is None:
+        return True
     kept = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, max(expected_end, now))})
-    moved = sweep_end(now, left + 1, {**hosts, host: HostClock(hosts[host].per_trial, now)})
+    other = hosts[there]
+    moved = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, now),
+                                  there: HostClock(other.per_trial, max(now, other.free_at) + other.per_trial)})
     return kept <= moved
+
+
+def moved_to(host: str, now: float, hosts: Mapping[str, HostClock]) -> str | None:
+    """The host other than `host` that would end a trial started as soon as it is free first (None: no other)."""
+    others = [h for h in hosts if h != host]
+    return min(others, key=lambda h: (max(now, hosts[h].free_at) + hosts[h].per_trial, h), default=None)
 
 
 def short_budget(host: str, now: float, left: int, hosts: Mapping[str, HostClock], startup_s: float,

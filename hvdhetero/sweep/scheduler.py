@@ -149,6 +149,8 @@ class Sweep:
                 trial, stopped_on = self.pending.pop(waiting)
             elif self.left() > len(self.pending):  # a new trial, the ones waiting kept for other hosts
                 trial, stopped_on = self.study.ask(self.space.distributions()), []
+            elif self.pending:  # only trials this host stopped are left, and the plan gives it one now:
+                trial, stopped_on = self.pending.pop(0)  # run again here rather than wait for a host that may never
             else:
                 continue
             self.launch(trial, host, stopped_on)
@@ -282,11 +284,12 @@ class Sweep:
         clocks = self.clocks(now)
         if len(clocks) > 1 and not self.copies(trial) and not trial.stopped_on and \
                 not policy.keep_running(trial.host, now, end, self.left(), clocks):
-            alone = policy.sweep_end(now, self.left() + 1, {h: c for h, c in clocks.items() if h != trial.host})
+            there = policy.moved_to(trial.host, now, clocks)
+            again = max(now, clocks[there].free_at) + clocks[there].per_trial
             trial.stop("moved")
             self.pending.append((trial.trial, [*trial.stopped_on, trial.host]))
-            self.say(f"trial {trial.trial.number} on {trial.host}: would end in {end - now:.0f} s, after the "
-                     f"other hosts could have done it (in {alone - now:.0f} s): stopped, to run elsewhere")
+            self.say(f"trial {trial.trial.number} on {trial.host}: would end in {end - now:.0f} s; run again on "
+                     f"{there} it would end in {again - now:.0f} s, and the sweep sooner: stopped, to run there")
 
     def ended(self, trial: Trial) -> None:
         import optuna
