@@ -332,6 +332,20 @@ def test_rank_0s_progress_and_results_reach_the_launchers_progress_file_whicheve
 
 # -- real runs --------------------------------------------------------------------------------------
 
+
+def test_a_loop_that_leaves_each_epoch_early_is_counted_in_the_steps_it_takes(tmp_path):
+    """Optuna's examples take the first N batches of each epoch and break: the live line said
+    "step 5/24" and its ETA, and a sweep's estimate of the trial's end, counted steps never taken.
+    From the second epoch on a pass counts as long as the first one was."""
+    run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "leaves_early.py",
+             "--run-dir", tmp_path / "run", "--keep-checkpoints", "0", "--", "--epochs", "3", "--batches", "5"],
+            timeout=300)
+    lines = [json.loads(line)["progress"] for line in (tmp_path / "run" / console.PROGRESS_FILE).read_text().splitlines()
+             if "progress" in line]
+    later = [(p["epoch"], p["step"], p["steps"]) for p in lines if p["epoch"] >= 1]
+    assert later and all(steps == 5 and step <= 5 for _, step, steps in later), lines
+    assert (2, 5, 5) in later, "the pass's last step ends its epoch on the live line"
+
 ROW = r"^\s+{rank}  local\s+cpu \(\d+ threads?\)\s+\d+/64\s+[\d,]+\s+[\d.]+\s+[\d.]+\r?$"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

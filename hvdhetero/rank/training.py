@@ -129,6 +129,10 @@ class Training:
         self.epochs, self.in_epochs, self.epochs_from = 1, False, 0
         """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs;
         the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
+        self.pass_steps: int | None = None
+        """The loader steps a pass of the script's loop takes where it leaves each epoch early (Optuna's
+        examples break after N batches): the live line's and a sweep's count, from the last whole epoch's."""
+        self._pass_span: tuple[int, int] | None = None  # this epoch's first and last loader steps (within it), + 1
         self.resumed_own_loop: int | None = None
         """A --resume or an elastic restart past step 0: its step, until the second step after it
         (resume.own_loop_went_on); whether the script read job.step or job.epoch, and whether it
@@ -336,13 +340,16 @@ class Training:
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
                 self._against_alone(whole_s / calls, each, list(item.sizes))
         endless = bool(self.sampler.draw and self.sampler.draw.endless)
+        at = item.step % len(self.loader) + 1
+        self._pass_span = (self._pass_span or (at - item.steps, at))[0], at
+        steps = self.pass_steps if self.pass_steps and at <= self.pass_steps else len(self.loader)
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
                               # an endless draw's (a batch function's, minGPT's sampler): the optimizer step in
                               # hand, what a loop of its own counts (one that accumulates: k batches a step)
-                              step=self.train.step + 1 if endless else item.step % len(self.loader) + 1,
-                              epoch=self.train.epoch, steps=None if endless else len(self.loader),
+                              step=self.train.step + 1 if endless else at,
+                              epoch=self.train.epoch, steps=None if endless else steps,
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
                               first=self.epochs_from,
                               taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
@@ -514,6 +521,9 @@ class Training:
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
         averaging.buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
         self.schedule.retime(step_s[0])
+        if self._pass_span is not None and self._pass_span[0] == 0:  # an epoch taken from its start
+            self.pass_steps = self._pass_span[1] if self._pass_span[1] < len(self.loader) else None
+        self._pass_span = None
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due
                 or self.schedule.due(self.train.step, self.train.last_checkpoint)):
