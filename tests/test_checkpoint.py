@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -287,6 +288,8 @@ def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_a
     assert saves >= 5, f"only {saves} saves completed in 20 runs: the kills did not interleave with saves"
     out = run_cmd([VENV_BIN / "invoke", "train", "--resume", run], timeout=600)
     assert f"step {done})" in out.stdout and "nothing left to train" in out.stdout, out.stdout[-2000:]
+    # taken at the last epoch's end: after it (it said "epoch 3" of a 2-epoch run, the one that would come next)
+    assert re.search(rf"resuming from \S+ \(after epoch \d+, step {done}\)", out.stdout), out.stdout[-2000:]
 
 
 @pytest.mark.slow

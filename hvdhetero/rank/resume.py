@@ -118,7 +118,9 @@ def resume_from_disk(t: Training) -> str:
     counted_from = state.get("epochs_from", 0)  # (a checkpoint before it was kept: 0)
     if t.is_main:
         change = "" if same else f"; was {', '.join(state.get('hosts') or '?')}, now {', '.join(hosts)}"
-        epoch = "" if counted_from is None else f"epoch {t.train.epoch - counted_from + 1}, "  # as the live line counts
+        # as the live line counts; one taken at an epoch's end is after it (the next may be past the run's last)
+        epoch = "" if counted_from is None else f"after epoch {t.train.epoch - counted_from}, " if state.get(
+            "epoch_done") else f"epoch {t.train.epoch - counted_from + 1}, "
         print(f"hvdhetero: resuming from {path} ({epoch}step {t.train.step}{change})", flush=True)
     return path
 
