@@ -493,6 +493,13 @@ def test_a_torch_load_of_a_name_job_save_wrote_elsewhere_is_refused_naming_both_
         assert said["fresh.pth"] == ["bias", "weight"], said
         assert said["none.pth"].startswith(f"torch.load('none.pth') reads {folder / 'none.pth'}, which is no file"), said
     assert (run / "best.pth").is_file() and not (folder / "none.pth").exists()
+    # a later run loading it by that name (a script's own --resume of its checkpoint) is told where it is
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", folder / "save_load.py", "--run-dir", tmp_path / "later",
+                    "--", out, "--load", "none.pth"], check=False, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert (f"FileNotFoundError: [Errno 2] No such file or directory: 'none.pth' (job.save writes into the run "
+            f"directory: {run / 'none.pth'} is the newest none.pth under {tmp_path}, an earlier run's; pass its "
+            "path)") in proc.stdout + proc.stderr, proc.stdout[-2000:]
 
 
 def test_ranks_on_one_host_saving_and_loading_one_path_never_read_it_half_written(tmp_path):

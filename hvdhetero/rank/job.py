@@ -188,7 +188,7 @@ class Job:
         if first >= n and self.is_main and elastic.running(self.config) is None:
             where = ("at its newest checkpoint" if self.train_state.start_epoch >= n
                      else f"by the script's start epoch ({start})")
-            said = f"the epochs of the loop's {given!r}" if isinstance(given, range) else f"its {n} epochs"
+            said = f"the epochs of the loop's {given!r}" if isinstance(given, range) else f"its {n} epoch{'s' * (n != 1)}"
             print(f"hvdhetero: the run had finished {said} {where}; nothing left to train", flush=True)
         t = self.training
         if t is not None:  # overlapped rounds end with the epochs (RoundClock.due)

@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         if current.job is not None:  # a loop of the script's own: rank 0's end record and its job.log values
             current.job.finish()
     except BaseException as err:  # noqa: BLE001 - every failure of the script is reported the same way
-        fail(config, said(err), frames_of(err), traceback.format_exc())
+        from hvdhetero.rank import saving
+
+        fail(config, said(err) + saving.in_an_earlier_run(err, config.run_dir), frames_of(err), traceback.format_exc())
     ended()
     if exit_with is not None:
         raise exit_with

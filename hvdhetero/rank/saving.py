@@ -70,6 +70,25 @@ def elsewhere(f) -> str | None:
             "job.save, which every rank writes whole and can read back")
 
 
+def in_an_earlier_run(err: BaseException, run_dir: str) -> str:
+    """For a FileNotFoundError of a relative path that an earlier run's job.save wrote (a script's own
+    `--resume out/checkpoint.pt` after `job.save(..., "out/checkpoint.pt")`, which went into that run's
+    directory): where the newest such file is, as a hint after the error; else ''."""
+    name = getattr(err, "filename", None) if isinstance(err, FileNotFoundError) else None
+    if not isinstance(name, str) or not name or os.path.isabs(name) or name.startswith(".."):
+        return ""
+    runs = Path(run_dir).parent
+    try:
+        found = [p for p in runs.glob(f"*/{os.path.normpath(name)}") if p.is_file()]
+    except (OSError, ValueError):  # a name glob cannot take
+        return ""
+    if not found:
+        return ""
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    return (f" (job.save writes into the run directory: {newest} is the newest {name} under {runs}, an earlier "
+            f"run's; pass its path)")
+
+
 def install() -> None:
     """Replace torch.save (once a process)."""
     global _SINCE

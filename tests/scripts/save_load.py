@@ -7,6 +7,8 @@ none. Each case's error, or what loaded, goes to OUT/rank-N.json:
 - none.pth: the working folder holds none.
 
     invoke train --script save_load.py -- OUT   (from a folder of its own holding an older best.pth)
+
+With `-- OUT --load NAME` it only loads NAME, as a script's own --resume of what an earlier run saved.
 """
 
 import json
@@ -19,6 +21,8 @@ import hvdhetero as hh
 
 job = hh.init()
 model = torch.nn.Linear(4, 2)
+if sys.argv[2:3] == ["--load"]:
+    torch.load(sys.argv[3], weights_only=True)
 said = {}
 for name in ("best.pth", "fresh.pth", "none.pth"):
     job.save(model.state_dict(), name)
