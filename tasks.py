@@ -128,7 +128,8 @@ def train(c, **given):
     run_dir, script = given["run_dir"], given["script"]
     checks.one_of("launcher", given["launcher"] or "horovodrun", ("horovodrun", "ray"))
     if given["resume"]:
-        changed = [checks.flag(k) for k, v in given.items() if k in _RUN_OPTIONS and v != _RUN_OPTIONS[k]]
+        changed = [checks.flag(k) for k, v in given.items()
+                   if k in _RUN_OPTIONS and (v != _RUN_OPTIONS[k] or checks.flag(k) in _written())]
         changed += (["--run-dir"] if run_dir else []) + (["arguments after --"] if _script_args() else [])
         try:
             request, run_dir = submit.resumed(given["resume"], RUNS, given["hosts"], given["inventory"], changed,
@@ -183,7 +184,7 @@ def sweep(c, **given):
     if given["resume"]:
         defaults = SWEEP.defaults()
         changed = [checks.flag(k) for k, v in given.items()
-                   if k not in ("resume", "hosts", "inventory") and v != defaults[k]]
+                   if k not in ("resume", "hosts", "inventory") and (v != defaults[k] or checks.flag(k) in _written())]
         changed += ["arguments after --"] if _script_args() else []
         if changed:
             raise Exit(f"error: --resume continues the sweep with its own options (its sweep.json): "
@@ -287,6 +288,13 @@ def _words_after_report(handle):
 
 if ParseMachine is not None:
     ParseMachine.handle = _words_after_report(ParseMachine.handle)
+
+
+def _written() -> set[str]:
+    """The options written on the command line before `--` (--trials=12 or --trials 12): --resume
+    refuses one it cannot change even where its value is the default (--trials 12 was taken silently)."""
+    argv = sys.argv[:sys.argv.index("--")] if "--" in sys.argv else sys.argv
+    return {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
 
 
 def _script_args() -> list[str]:

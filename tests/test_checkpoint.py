@@ -243,6 +243,8 @@ def test_resume_with_other_options_than_the_hosts_exits_2_naming_them(tmp_path):
                    check=False, timeout=60)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "--epochs, --sync" in out and "only --hosts, --inventory and --launcher" in out, out
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path, "--sync=step"], check=False, timeout=60)
+    assert proc.returncode == 2 and "got --sync (start a new run" in proc.stdout + proc.stderr, "its default, as much"
 
 
 @pytest.mark.slow

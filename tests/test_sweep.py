@@ -127,6 +127,10 @@ def test_resume_keeps_the_sweeps_own_options_and_checks_new_hosts_in_its_invento
     changed = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder, "--trials", "5"], check=False, timeout=60)
     assert changed.returncode == 2 and "--trials cannot change there (--hosts and --inventory can)" in \
         changed.stderr, changed.stderr
+    # written at its default value, as much (it was taken silently, the sweep going on with its own)
+    default = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder, "--trials=12", "--mode", "min"], check=False,
+                      timeout=60)
+    assert default.returncode == 2 and "--trials, --mode cannot change there" in default.stderr, default.stderr
     unknown = run_cmd([VENV_BIN / "invoke", "sweep", "--resume", folder, "--hosts", "mac"], check=False, timeout=60)
     assert unknown.returncode == 2 and "mac" in unknown.stderr and str(tmp_path / "inventory.yaml") in \
         unknown.stderr, unknown.stderr
