@@ -224,6 +224,15 @@ def test_a_batch_with_its_labels_first_calls_the_model_on_the_rest():
     assert grads(model, ProbeLoss()(model, batch))
 
 
+def test_an_mlp_on_images_gets_them_flattened_as_its_loop_does():
+    """Optuna's and MNIST's examples: `model(data.view(data.size(0), -1))` in the loop, a Linear
+    first: called on the [N, 1, 28, 28] batch it raised "mat1 and mat2 shapes cannot be
+    multiplied", and the job started from an equal split."""
+    model = nn.Sequential(nn.Linear(28 * 28, 16), nn.ReLU(), nn.Linear(16, 10))
+    batch = (torch.randn(6, 1, 28, 28), torch.zeros(6, dtype=torch.long))
+    assert grads(model, ProbeLoss()(model, batch))
+
+
 def test_a_probe_that_calls_no_way_says_the_calls_it_tried():
     """The first call's error (the loop's likeliest), named, and the others tried."""
     def forward(a, b, c, d):

@@ -192,6 +192,9 @@ BAD = {  # id: (text, line, key, what the message must say)
                                                       "int, choice; it names none"),
     "two distributions": ("lr: {uniform: [0, 1], loguniform: [0.1, 1]}\n", 1, "lr", "it names uniform and loguniform"),
     "misspelt distribution": ("lr: {logunifrom: [0.1, 1]}\n", 1, "lr.logunifrom", "did you mean 'loguniform'"),
+    "optuna's float": ("lr:\n  float: [1.0e-5, 0.1]\n  log: true\n", 2, "lr", "'float' is Optuna's name: write "
+                       "uniform: [low, high] (loguniform: [low, high] where Optuna's suggest_float had log=True"),
+    "optuna's categorical": ("opt: {categorical: [adam, sgd]}\n", 1, "opt", "write choice: [values]"),
     "one bound": ("lr: {uniform: [0.1]}\n", 1, "lr.uniform", "must be a list of two numbers, [low, high], got 1 values"),
     "bounds reversed": ("lr: {uniform: [1, 0.1]}\n", 1, "lr.uniform", "low must be below high, got [1.0, 0.1]"),
     "bound not a number": ("lr: {uniform: [0, high]}\n", 1, "lr.uniform", "got 'high' (a string)"),

@@ -192,7 +192,9 @@ def ways(model, batch) -> list[Callable]:
       input_ids, attention_mask, labels): `model(**batch)`;
     - a dict: `model(batch)`, then `model(batch[key])` for each tensor in it, floating-point
       first and targets last ({"pixels": ..., "label": ...} -> `model(batch["pixels"])`);
-    - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then all but the last
+    - a tuple or list (inputs, targets), a namedtuple too: `model(batch[0])`, then images flattened
+      (`model(batch[0].flatten(1))`: an MLP whose loop does `data.view(data.size(0), -1)`, as
+      Optuna's and MNIST's examples), then all but the last
       (`model(x, lengths)`), then all but the first (targets first: torchtext's tutorials' `(label,
       text, offsets)` -> `model(text, offsets)`), then all of it;
     - a dataclass: as a dict of its fields (`model(**fields)`, `model(batch)`, `model(batch.x)`);
@@ -221,6 +223,8 @@ def ways(model, batch) -> list[Callable]:
         found.append(_way("model(**batch._asdict())", lambda m, b: m(**b._asdict())))
     if isinstance(batch, (tuple, list)) and batch:
         found.append(_way("model(batch[0])", lambda m, b: m(b[0])))
+        if isinstance(batch[0], torch.Tensor) and batch[0].dim() > 2:  # an MLP on images: the loop flattens them
+            found.append(_way("model(batch[0].flatten(1))", lambda m, b: m(b[0].flatten(1))))
         if len(batch) > 2:
             found.append(_way("model(*batch[:-1])", lambda m, b: m(*b[:-1])))
         if len(batch) > 1:

@@ -32,6 +32,11 @@ from hvdhetero import yaml_file
 from hvdhetero.errors import SpaceError
 
 KINDS = ("uniform", "loguniform", "int", "choice")
+OPTUNAS = {"float": "uniform: [low, high] (loguniform: [low, high] where Optuna's suggest_float had log=True; step: "
+                    "N for its step)",
+           "categorical": "choice: [values] (Optuna's suggest_categorical)",
+           "discrete_uniform": "uniform: [low, high] with step: N", "int_uniform": "int: [low, high]"}
+"""Optuna's names for a distribution, and ours: a study brought over writes them first."""
 """The distributions: a float in [low, high]; a float whose log is uniform (low > 0); an integer
 in [low, high]; one of a list of values."""
 OPTIONS = {"uniform": ("step",), "loguniform": (), "int": ("step", "log"), "choice": ("flag",)}
@@ -222,6 +227,9 @@ class _Reader(yaml_file.Reader):
             raise self.error(name_node, name, "a parameter's name becomes the script's option --NAME: a letter, "
                              "then letters, digits, '_' or '-', dotted for a nested setting (trainer.lr)")
         allowed = (*KINDS, "step", "log", "flag")
+        for key, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if isinstance(key, yaml.ScalarNode) and key.value in OPTUNAS:
+                raise self.error(key, name, f"{key.value!r} is Optuna's name: write {OPTUNAS[key.value]}")
         items = self.mapping(node, name, allowed, what="one distribution (uniform, loguniform, int or choice) "
                              "and its options")
         kinds = [k for k in KINDS if k in items]
