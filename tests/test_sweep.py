@@ -542,13 +542,15 @@ def test_a_sweep_killed_outright_leaves_no_trial_running(tmp_path):
 @pytest.mark.slow
 def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(tmp_path):
     space = tmp_path / "space.yaml"
-    space.write_text("lr: {loguniform: [0.01, 0.2]}\n")
+    # a conditional parameter whose condition no trial meets: never passed, never in the study (define-by-run)
+    space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true], flag: true, when: {lr: {max: 0.001}}}\n")
     folder = tmp_path / "sweep"
     proc = run_cmd(sweep_cmd(inventory(tmp_path), space, folder, "--hosts", "fast", "--trials", "2", "--budget", "1",
                              "--metric", "test_accuracy", "--mode", "max", "--script",
                              ROOT / "tests" / "scripts" / "user_train.py"), timeout=300)
     records = trials(folder)
     assert [r["state"] for r in records] == ["complete", "complete"], records
+    assert all(set(t.params) == {"lr"} for t in study(folder).trials)
     for r in records:
         launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
         assert launched["script"].endswith("user_train.py")

@@ -194,6 +194,16 @@ BAD = {  # id: (text, line, key, what the message must say)
     "misspelt distribution": ("lr: {logunifrom: [0.1, 1]}\n", 1, "lr.logunifrom", "did you mean 'loguniform'"),
     "optuna's float": ("lr:\n  float: [1.0e-5, 0.1]\n  log: true\n", 2, "lr", "'float' is Optuna's name: write "
                        "uniform: [low, high] (loguniform: [low, high] where Optuna's suggest_float had log=True"),
+    "a condition on a later parameter": ("a: {int: [1, 3], when: {b: [1]}}\nb: {int: [1, 3]}\n", 1, "a.when.b",
+                                         "'b' is no parameter above a in the file"),
+    "a condition's value no choice": ("o: {choice: [adam, sgd]}\nm: {uniform: [0, 1], when: {o: [sgdm]}}\n", 2,
+                                      "m.when.o", "sgdm is none of o's choices (adam, sgd)"),
+    "a range on a choice": ("o: {choice: [adam, sgd]}\nm: {uniform: [0, 1], when: {o: {min: 1}}}\n", 2, "m.when.o",
+                            "o is a choice: list the values in which m is tried, e.g. [adam]"),
+    "values of a float": ("d: {uniform: [0, 1]}\nm: {uniform: [0, 1], when: {d: [0.5]}}\n", 2, "m.when.d",
+                          "d is a number in a range: give the range, {min: .., max: ..}"),
+    "an empty condition": ("n: {int: [1, 3]}\nm: {uniform: [0, 1], when: {n: {}}}\n", 2, "m.when.n",
+                           "give min, max or both"),
     "optuna's categorical": ("opt: {categorical: [adam, sgd]}\n", 1, "opt", "write choice: [values]"),
     "one bound": ("lr: {uniform: [0.1]}\n", 1, "lr.uniform", "must be a list of two numbers, [low, high], got 1 values"),
     "bounds reversed": ("lr: {uniform: [1, 0.1]}\n", 1, "lr.uniform", "low must be below high, got [1.0, 0.1]"),
@@ -219,6 +229,41 @@ BAD = {  # id: (text, line, key, what the message must say)
                      "'adam' is listed twice (first on line 3)"),
     "choice of a list": ("o: {choice: [[1, 2], 3]}\n", 1, "o.choice", "must be a plain value"),
 }
+
+
+CONDITIONAL = """\
+n_layers: {int: [1, 3]}
+n_units_l0: {int: [4, 128], log: true}
+n_units_l1: {int: [4, 128], log: true, when: {n_layers: {min: 2}}}
+n_units_l2: {int: [4, 128], log: true, when: {n_layers: [3]}}
+optimizer: {choice: [Adam, RMSprop, SGD]}
+momentum: {uniform: [0.0, 0.99], when: {optimizer: [SGD], n_layers: {max: 2}}}
+"""
+
+
+def test_a_parameter_that_applies_only_to_some_values_of_earlier_ones_is_tried_and_passed_only_there(tmp_path):
+    """Optuna's examples' conditional space (`for i in range(n_layers): trial.suggest_int(f"n_units_l{i}",
+    ...)`): a parameter with `when:` is asked in the file's order where its conditions hold on the
+    values before it, and a trial passes only the ones it tried (the script's default stands for the
+    rest); the study holds no value a trial left unused (a flat space sampled every layer's units
+    for a 1-layer net, and the importances ranked an unused one first)."""
+    optuna = pytest.importorskip("optuna", reason="optuna is in the launcher extra (ci/setup installs it)")
+    loaded = space.load(write(tmp_path, CONDITIONAL))
+    assert loaded.params[2].when == (("n_layers", None, 2, None),)
+    assert loaded.params[5].when == (("optimizer", ("SGD",), None, None), ("n_layers", None, None, 2))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    seen = set()
+    for _ in range(40):
+        trial = loaded.ask(study)
+        p = trial.params
+        assert ("n_units_l1" in p) == (p["n_layers"] >= 2) and ("n_units_l2" in p) == (p["n_layers"] == 3), p
+        assert ("momentum" in p) == (p["optimizer"] == "SGD" and p["n_layers"] <= 2), p
+        assert loaded.argv(p) == [f"--{k}={space.format_value(v)}" for k, v in
+                                  sorted(p.items(), key=lambda kv: [q.name for q in loaded.params].index(kv[0]))]
+        seen.add((p["n_layers"], "momentum" in p))
+        study.tell(trial, p["n_units_l0"])
+    assert {(1, True), (3, False)} <= seen and len({n for n, _ in seen}) == 3, seen
 
 
 @pytest.mark.parametrize("text, line, key, said", BAD.values(), ids=BAD.keys())

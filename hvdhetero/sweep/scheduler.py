@@ -148,7 +148,7 @@ class Sweep:
             if waiting is not None:
                 trial, stopped_on = self.pending.pop(waiting)
             elif self.left() > len(self.pending):  # a new trial, the ones waiting kept for other hosts
-                trial, stopped_on = self.study.ask(self.space.distributions()), []
+                trial, stopped_on = self.space.ask(self.study), []
             elif self.pending:  # only trials this host stopped are left, and the plan gives it one now:
                 trial, stopped_on = self.pending.pop(0)  # run again here rather than wait for a host that may never
             else:
@@ -169,9 +169,9 @@ class Sweep:
         if hosts.looped:
             steps = hosts.cut_steps(units)
             if steps:
-                self.launch(self.study.ask(self.space.distributions()), host, [], short=steps, cut_at=steps)
+                self.launch(self.space.ask(self.study), host, [], short=steps, cut_at=steps)
         elif units >= 1 and (self.request.budget or not self.request.script):
-            self.launch(self.study.ask(self.space.distributions()), host, [], short=units)
+            self.launch(self.space.ask(self.study), host, [], short=units)
 
     def cut_short_trials(self) -> None:
         """The sweep's trials are done: short trials still running end here, judged as they stand."""

@@ -8,11 +8,15 @@ script takes as its own argument (`--lr=0.003`), each with exactly one distribut
     compile:   {choice: [true, false]}            # --compile=True / --compile=False
     use_bn:    {choice: [true, false], flag: true}   # --use_bn / nothing (argparse's store_true)
     amp:       {choice: [true, false], flag: both}   # --amp / --no-amp (argparse's BooleanOptionalAction)
+    layers:    {int: [1, 3]}
+    units_l2:  {int: [4, 128], when: {layers: {min: 2}}}   # tried (and passed) only where layers >= 2
+    momentum:  {uniform: [0.0, 0.99], when: {optimizer: [sgd]}}   # only where optimizer is sgd
 
     space = load("space.yaml")                   # SpaceError (file:line:key, exit 2) if anything is off
     space.argv({"lr": 0.003, "optimizer": "adam"})   -> ["--lr=0.003", "--optimizer=adam"]
     load("space.yaml", "train.py").argv(...)     -> ["lr=0.003", "optimizer=adam"] for a Hydra app
     space.distributions()                        -> Optuna's, for study.ask()
+    space.ask(study)                             -> a trial with the space's values (a conditional one's in order)
 
 Every check runs when the file is read, before a trial starts: a bad space launches nothing.
 """
@@ -65,6 +69,21 @@ class Param:
     """A choice of true and false for an option that takes no value: true passes `--NAME`; false
     nothing (True: argparse's store_true), or `--no-NAME` ("both": argparse's
     BooleanOptionalAction, click's `--NAME/--no-NAME`), which a flag whose default is on needs."""
+    when: tuple = ()
+    """Conditions on earlier parameters, all of which must hold for this one to be tried and passed:
+    (name, values or None, min or None, max or None) each (Optuna's `if n_layers > i:
+    trial.suggest_int(...)`, a parameter a trial's other values leave unused)."""
+
+    def applies(self, values: dict[str, Any]) -> bool:
+        """Whether this parameter is tried where the earlier ones took `values`."""
+        for name, allowed, low, high in self.when:
+            if name not in values:
+                return False
+            value = values[name]
+            if (allowed is not None and value not in allowed) or (low is not None and value < low) or \
+                    (high is not None and value > high):
+                return False
+        return True
 
     def arg(self, value: Any, overrides: bool = False) -> list[str]:
         """The script's argument for `value`, one word: ["--NAME=text"]. argparse, click and fire
@@ -88,8 +107,27 @@ class Space:
     `optimizer.lr=0.01 optimizer=adam`, which it reads without dashes."""
 
     def argv(self, values: dict[str, Any]) -> list[str]:
-        """The script's arguments for one trial's values, in the file's order."""
-        return [a for p in self.params for a in p.arg(values[p.name], self.overrides)]
+        """The script's arguments for one trial's values, in the file's order (a conditional parameter
+        the trial did not try: none, the script's default stands)."""
+        return [a for p in self.params if p.name in values for a in p.arg(values[p.name], self.overrides)]
+
+    def ask(self, study):
+        """A new trial of `study` with a value for each parameter: all at once (study.ask with the
+        space's distributions), or where some are conditional, each in the file's order where its
+        conditions hold on the values before it (define-by-run, as an Optuna objective suggests)."""
+        if not any(p.when for p in self.params):
+            return study.ask(self.distributions())
+        trial, values = study.ask(), {}
+        for p in self.params:
+            if not p.applies(values):
+                continue
+            if p.kind == "choice":
+                values[p.name] = trial.suggest_categorical(p.name, p.choices)
+            elif p.kind == "int":
+                values[p.name] = trial.suggest_int(p.name, p.low, p.high, step=p.step or 1, log=p.log)
+            else:
+                values[p.name] = trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.kind == "loguniform")
+        return trial
 
     def option(self, name: str, value: Any) -> str:
         """An argument of the sweep's own for the script (the budget's epochs) in the script's form."""
@@ -215,18 +253,21 @@ def _load(path: Path) -> Space:
     entries = reader.mapping(root, "", None, what="parameter names to distributions")
     if not entries:
         raise reader.error(root, "", f"names no parameter; {EXAMPLE}")
-    return Space(path, tuple(reader.param(name_node, node) for name_node, node in entries.values()))
+    params: dict[str, Param] = {}
+    for name_node, node in entries.values():
+        params[name_node.value] = reader.param(name_node, node, params)
+    return Space(path, tuple(params.values()))
 
 
 class _Reader(yaml_file.Reader):
     error_type = SpaceError
 
-    def param(self, name_node: yaml.Node, node: yaml.Node) -> Param:
+    def param(self, name_node: yaml.Node, node: yaml.Node, before: dict[str, Param]) -> Param:
         name = name_node.value
         if not NAME.fullmatch(name):
             raise self.error(name_node, name, "a parameter's name becomes the script's option --NAME: a letter, "
                              "then letters, digits, '_' or '-', dotted for a nested setting (trainer.lr)")
-        allowed = (*KINDS, "step", "log", "flag")
+        allowed = (*KINDS, "step", "log", "flag", "when")
         for key, _ in node.value if isinstance(node, yaml.MappingNode) else ():
             if isinstance(key, yaml.ScalarNode) and key.value in OPTUNAS:
                 raise self.error(key, name, f"{key.value!r} is Optuna's name: write {OPTUNAS[key.value]}")
@@ -237,6 +278,7 @@ class _Reader(yaml_file.Reader):
             named = f"it names {' and '.join(kinds)}" if kinds else "it names none"
             raise self.error(node, name, f"needs exactly one distribution of {', '.join(KINDS)}; {named}")
         kind = kinds[0]
+        when = self.when(items["when"], name, before) if "when" in items else ()
         for option in ("step", "log", "flag"):
             if option in items and option not in OPTIONS[kind]:
                 takes = ", ".join(OPTIONS[kind]) or "nothing"
@@ -256,7 +298,7 @@ class _Reader(yaml_file.Reader):
             if flag and not all(isinstance(c, bool) for c in choices):
                 raise self.error(items["flag"][1], f"{name}.flag", "a flag (--NAME or nothing) is a choice of true "
                                  f"and false; {name} lists {', '.join(map(format_value, choices))}")
-            return Param(name, kind, choices=choices, line=line, flag=flag)
+            return Param(name, kind, choices=choices, line=line, flag=flag, when=when)
         integer = kind == "int"
         low, high = self.bounds(items[kind][1], key, integer)
         if kind == "loguniform" and low <= 0:
@@ -277,7 +319,47 @@ class _Reader(yaml_file.Reader):
             if step > high - low:
                 raise self.error(items["step"][1], step_key, f"is larger than the range {format_value(low)} .. "
                                  f"{format_value(high)}")
-        return Param(name, kind, low, high, step, log, line=line)
+        return Param(name, kind, low, high, step, log, line=line, when=when)
+
+    def when(self, item: tuple, name: str, before: dict[str, Param]) -> tuple:
+        """A parameter's `when:`: each earlier parameter it depends on, with the values (a list) or
+        the range ({min: .., max: ..}, for a number) in which this one is tried."""
+        key_node, node = item
+        key = f"{name}.when"
+        shape = "e.g. when: {n_layers: {min: 2}} or when: {optimizer: [sgd]}"
+        entries = self.mapping(node, key, None, what=f"earlier parameters to the values they must take ({shape})")
+        if not entries:
+            raise self.error(node, key, f"names no parameter; {shape}")
+        out = []
+        for parent_node, condition in entries.values():
+            parent = before.get(parent_node.value)
+            where = f"{key}.{parent_node.value}"
+            if parent is None:
+                raise self.error(parent_node, where, f"{parent_node.value!r} is no parameter above {name} in the file: "
+                                 "a condition names one written before it (whose value is known by then)")
+            if isinstance(condition, yaml.SequenceNode):
+                values = self.choices(condition, where)
+                if parent.kind == "choice":
+                    bad = [v for v in values if v not in parent.choices]
+                    if bad:
+                        raise self.error(condition, where, f"{format_value(bad[0])} is none of {parent.name}'s "
+                                         f"choices ({', '.join(map(format_value, parent.choices))})")
+                elif parent.kind != "int" or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                    raise self.error(condition, where, f"{parent.name} is a number in a range: give the range, "
+                                     "{min: .., max: ..}" + (" (or a list of its integers)" if parent.kind == "int"
+                                                             else ""))
+                out.append((parent.name, values, None, None))
+                continue
+            if parent.kind == "choice":
+                raise self.error(condition, where, f"{parent.name} is a choice: list the values in which {name} is "
+                                 f"tried, e.g. [{format_value(parent.choices[0])}]")
+            bounds = self.mapping(condition, where, ("min", "max"), what="{min: .., max: ..} (either or both)")
+            if not bounds:
+                raise self.error(condition, where, "give min, max or both")
+            low, high = (self.construct(bounds[b][1], f"{where}.{b}", ("int", "float"), "a number")
+                         if b in bounds else None for b in ("min", "max"))
+            out.append((parent.name, None, low, high))
+        return tuple(out)
 
     def bounds(self, node: yaml.Node, key: str, integer: bool) -> tuple:
         what = "integers" if integer else "numbers"
