@@ -166,9 +166,12 @@ SWEEP = Options(
     Option("prune", False, "stop a trial at an epoch's end when the median pruner judges it worse than the "
            "others at that epoch"),
     Option("seed", 0, "the sampler's seed (the same seed asks the same parameters)"),
+    Option("env", "", "environment variables for every trial's ranks, as invoke train's --env (OMP_NUM_THREADS=1,...)"),
+    Option("timeout", 0, "seconds after which no trial starts (Optuna's optimize(timeout=)): the running ones end, "
+           "then the sweep; --resume goes on (0: none)"),
     Option("run_dir", None, "the sweep's folder (default runs/<time>-sweep-<space>)"),
-    Option("resume", "", "SWEEP_DIR: continue that sweep (its finished trials kept; --hosts and --inventory may "
-           "differ)"))
+    Option("resume", "", "SWEEP_DIR: continue that sweep (its finished trials kept; --hosts, --inventory and "
+           "--timeout may differ)"))
 
 
 @task(help=SWEEP.help, auto_shortflags=False)
@@ -184,12 +187,13 @@ def sweep(c, **given):
     if given["resume"]:
         defaults = SWEEP.defaults()
         changed = [checks.flag(k) for k, v in given.items()
-                   if k not in ("resume", "hosts", "inventory") and (v != defaults[k] or checks.flag(k) in _written())]
+                   if k not in ("resume", "hosts", "inventory", "timeout")
+                   and (v != defaults[k] or checks.flag(k) in _written())]
         changed += ["arguments after --"] if _script_args() else []
         if changed:
             raise Exit(f"error: --resume continues the sweep with its own options (its sweep.json): "
                        f"{', '.join(changed)} cannot change there (--hosts and --inventory can)", code=2)
-        folder = sweeps.resume(given["resume"], ROOT, given["hosts"], given["inventory"] or "")
+        folder = sweeps.resume(given["resume"], ROOT, given["hosts"], given["inventory"] or "", _timeout(given))
     else:
         if not given["space"]:
             raise Exit("error: --space is required: a YAML file of the parameters to try (docs/sweep.md)", code=2)
@@ -201,10 +205,22 @@ def sweep(c, **given):
         hosts = [h.name for h in inv.load(inventory).select(given["hosts"])]
         request = sweeps.Request(inventory, hosts, str(Path(given["space"]).resolve()), given["trials"],
                                  given["metric"], given["mode"], given["budget"], given["prune"], given["seed"],
-                                 script, given["workdir"], recipe, _script_args())
+                                 script, given["workdir"], recipe, _script_args(), env=given["env"])
+        timeout = _timeout(given)
         folder = sweeps.start(request, sweeps.new_folder(given["run_dir"], RUNS, Path(given["space"]).stem), ROOT,
-                              check_argv, [checks.flag(f.name) for f in fields(RecipeOptions)])
+                              check_argv, [checks.flag(f.name) for f in fields(RecipeOptions)], timeout)
     print(f"sweep directory: {folder}")
+
+
+def _timeout(given: dict) -> float:
+    """invoke sweep's --timeout, checked: seconds >= 0."""
+    try:
+        timeout = float(given["timeout"])
+    except (TypeError, ValueError):
+        timeout = -1.0
+    if not timeout >= 0 or timeout == float("inf"):
+        raise Exit(f"error: --timeout must be seconds >= 0 (0: none), got {given['timeout']!r}", code=2)
+    return timeout
 
 
 PLAN = Options(

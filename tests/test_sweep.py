@@ -561,6 +561,25 @@ def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(
 
 
 @pytest.mark.slow
+def test_a_timeout_starts_no_trial_after_it_and_the_sweep_goes_on_when_resumed(tmp_path):
+    """Optuna's optimize(timeout=): --timeout 1 lets the first trial (started at once) end, starts
+    none after, and says how to go on; --env reaches each trial as invoke train's."""
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: {loguniform: [0.01, 0.2]}\n")
+    folder = tmp_path / "sweep"
+    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, folder, "--hosts", "fast", "--trials", "3", "--budget", "1",
+                             "--timeout", "1", "--env", "OMP_NUM_THREADS=1,SWEPT=yes", "--metric", "test_accuracy", "--mode", "max", "--script",
+                             ROOT / "tests" / "scripts" / "user_train.py"), timeout=300)
+    records = trials(folder)
+    assert [r["state"] for r in records] == ["complete"], proc.stdout
+    assert "sweep: --timeout 1 s: no trial starts from now on; 1 running end as they would" in proc.stdout
+    assert f"sweep: 1 of 3 trials done within --timeout 1 s; continue with\n  invoke sweep --resume {folder}" in \
+        proc.stdout, proc.stdout
+    launched = json.loads((folder / records[0]["run_dir"] / "launch.json").read_text())
+    assert launched["settings"]["env"] == "OMP_NUM_THREADS=1,SWEPT=yes", launched["settings"]
+
+
+@pytest.mark.slow
 def test_a_flag_goes_alone_or_not_at_all_and_one_written_as_a_value_stops_the_sweep_saying_how(tmp_path):
     space, script = tmp_path / "space.yaml", ROOT / "tests" / "scripts" / "user_train.py"
     space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false]}\n")

@@ -34,6 +34,8 @@ class Request:
     workdir: str = ""
     recipe: list[str] = field(default_factory=list)
     script_args: list[str] = field(default_factory=list)
+    env: str = ""
+    """Each trial's invoke train --env (OMP_NUM_THREADS=1,...)."""
     enqueued: list[dict] = field(default_factory=list)
     """Parameters the first trials take, in order, before the sampler asks (invoke bench --sweep:
     the fastest host alone runs the very trials the sweep ran)."""
@@ -47,6 +49,10 @@ class Request:
             raise ConfigError(f"--metric must be the name a script logs with job.log(NAME=...), got {self.metric!r}")
         if self.budget < 0:
             raise ConfigError(f"--budget must be epochs > 0 (0: the script's own), got {self.budget}")
+        if self.env:
+            from hvdhetero.config import env_items
+
+            env_items(self.env)  # its own errors, naming --env
 
     def trial_args(self, space: spaces.Space, values: dict[str, Any]) -> list[str]:
         """What follows `--` in a trial's invoke train: the script's (or recipe's) arguments, the budget, the values."""
@@ -61,6 +67,7 @@ def train_command(tasks_root: Path, request: Request, host: str, run_dir: Path, 
         if request.script else request.recipe
     return [sys.executable, "-m", "invoke", "--search-root", str(tasks_root), "train", "--inventory",
             request.inventory, "--hosts", host, "--run-dir", str(run_dir), *what,
+            *(["--env", request.env] if request.env else []),
             *(["--dry-run"] if dry_run else []), "--", *args]
 
 

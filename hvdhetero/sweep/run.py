@@ -41,14 +41,16 @@ def new_folder(run_dir: str, runs: Path, name: str) -> Path:
     return folder
 
 
-def start(request: Request, folder: Path, tasks_root: Path, recipe_check, recipe_flags: list[str]) -> Path:
-    """A new sweep: checked (exit 2, nothing written: check_before), then run in `folder`."""
+def start(request: Request, folder: Path, tasks_root: Path, recipe_check, recipe_flags: list[str],
+          timeout: float = 0.0) -> Path:
+    """A new sweep: checked (exit 2, nothing written: check_before), then run in `folder` (`timeout`:
+    seconds after which no trial starts; 0: none)."""
     space = spaces.load(request.space, request.script)
     check_before(request, space, tasks_root, recipe_check, recipe_flags)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
         (folder / SWEEP_FILE).write_text(json.dumps(asdict(request), indent=1) + "\n")
-        return _run(request, folder, tasks_root)
+        return _run(request, folder, tasks_root, timeout)
 
 
 @contextlib.contextmanager
@@ -65,9 +67,10 @@ def _locked(folder: Path):
         yield
 
 
-def resume(folder: str, tasks_root: Path, hosts: str | None = None, inventory: str = "") -> Path:
+def resume(folder: str, tasks_root: Path, hosts: str | None = None, inventory: str = "", timeout: float = 0.0) -> Path:
     """Continue the sweep in `folder` with its own options (sweep.json), on `hosts` of `inventory`
-    if given (else its own): its finished trials kept, those that were running asked again."""
+    if given (else its own): its finished trials kept, those that were running asked again
+    (`timeout`: this run's, from now)."""
     import optuna
 
     from hvdhetero.cluster import inventory as inv
@@ -90,11 +93,11 @@ def resume(folder: str, tasks_root: Path, hosts: str | None = None, inventory: s
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)  # not counted: trials.jsonl has no record of it
             study.enqueue_trial(t.params)
-        return _run(request, path, tasks_root)
+        return _run(request, path, tasks_root, timeout)
 
 
-def _run(request: Request, folder: Path, tasks_root: Path) -> Path:
-    sweep = Sweep(request, folder, tasks_root)
+def _run(request: Request, folder: Path, tasks_root: Path, timeout: float = 0.0) -> Path:
+    sweep = Sweep(request, folder, tasks_root, timeout=timeout)
     try:
         with _terminate_as_interrupt():
             try:
@@ -109,6 +112,9 @@ def _run(request: Request, folder: Path, tasks_root: Path) -> Path:
     except HvdHeteroError:
         sweep.interrupt()
         raise
+    if sweep.done() < request.trials:  # --timeout
+        print(f"sweep: {sweep.done()} of {request.trials} trials done within --timeout {timeout:g} s; continue with\n"
+              f"  {checkout.invoke()} sweep --resume {folder}", flush=True)
     print(sweep.summary(), flush=True)
     return folder
 

@@ -44,10 +44,14 @@ then its whole session is killed."""
 class Sweep:
     """One sweep, from its folder: the study, the hosts' clocks, the running trials."""
 
-    def __init__(self, request: Request, folder: Path, tasks_root: Path, out=None):
+    def __init__(self, request: Request, folder: Path, tasks_root: Path, out=None, timeout: float = 0.0):
         import optuna
 
         self.request, self.folder, self.tasks_root = request, folder, tasks_root
+        self.timeout = timeout
+        """--timeout: seconds after which no trial starts (Optuna's optimize(timeout=)); 0: none."""
+        self.began: float | None = None
+        """When this run launched its first trial (--timeout counts from there: the checks before do not count)."""
         self.board = board.Board(out or sys.stdout, self.board_rows, self.board_title, request.metric)
         self.space = spaces.load(request.space, request.script)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -96,8 +100,10 @@ class Sweep:
             now = time.time()
             for trial in list(self.running.values()):
                 self.poll(trial, now)
-            if self.done() >= self.request.trials:
+            if self.done() >= self.request.trials or self.out_of_time(now):
                 self.cut_short_trials()
+                if not self.running:  # (out of time: what ran has ended)
+                    break
             else:
                 self.start_trials(time.time())
                 if not self.running:
@@ -105,6 +111,16 @@ class Sweep:
                         f"{h}: {HOST_FAILURES} failed trials in a row" for h in sorted(self.hosts.dropped))
                         + f"); the last said: {self.last_error}")
             time.sleep(POLL_S)
+
+    def out_of_time(self, now: float) -> bool:
+        """--timeout has passed: no trial starts from now on (the running ones end as they would)."""
+        if not self.timeout or self.began is None or now - self.began < self.timeout:
+            return False
+        if not getattr(self, "_timed_out", False):
+            self._timed_out = True
+            self.say(f"--timeout {self.timeout:g} s: no trial starts from now on; "
+                     + (f"{len(self.under_way())} running end as they would" if self.under_way() else "none is running"))
+        return True
 
     def poll(self, trial: Trial, now: float) -> None:
         """What a running trial's progress says since the last poll: its values to the study (pruned?),
@@ -223,6 +239,7 @@ class Sweep:
         while run_dir.exists():
             run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
         run_dir.mkdir(parents=True)
+        self.began = self.began or time.time()
         args = self.request.trial_args(self.space, trial.params) + ([f"--epochs={short}"] if short and not cut_at
                                                                     else [])
         self.running[host] = Trial.start(trial, host, run_dir, train_command(self.tasks_root, self.request, host,
