@@ -299,6 +299,39 @@ def test_a_trial_stopped_on_the_only_host_the_plan_gives_it_to_runs_there_again_
     assert f"trial {moved.number} on fast (again)" in said.getvalue() and not sweep.pending
 
 
+def test_a_hosts_trials_slower_on_its_ranks_than_on_one_are_said_once_on_the_sweeps_console(tmp_path, monkeypatch):
+    """The default `local` host runs a trial on its two ranks, sharing one machine's cores: a small
+    model's trial ran 0.23x as fast as one rank alone, said only in each trial's log. The sweep
+    relays it once for the host, with the way out (`slots: 1`)."""
+    from hvdhetero.policy.alone import Verdict
+    from hvdhetero.sweep import scheduler
+    from hvdhetero.sweep.request import Request
+    from hvdhetero.sweep.trial import LOG_FILE, Trial
+
+    monkeypatch.setattr(Trial, "start", classmethod(
+        lambda cls, trial, host, run_dir, argv, stopped_on, short=0, cut_at=None:
+        cls(trial, host, run_dir, Running(), time.time(), stopped_on, short=short, cut_at=cut_at)))
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    (tmp_path / "sweep").mkdir()
+    said = io.StringIO()
+    sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
+                                    trials=3, metric="val_loss", script=str(tmp_path / "train.py")),
+                            tmp_path / "sweep", ROOT, out=said)
+    line = Verdict(0, 0.01, 0.043, 64).line(30, ["fast", "fast"], [0.02, 0.04], [32, 32], equal_split=False,
+                                            auto=False)
+    for n in range(2):
+        sweep.launch(sweep.space.ask(sweep.study), "fast", [])
+        trial = sweep.running["fast"]
+        (trial.run_dir / LOG_FILE).write_text(f"epoch 0\n{line}\nepoch 1\n")
+        trial.proc.returncode, trial.logged = 0, [{"epoch": 0, "step": 9, "val_loss": 0.5}]
+        sweep.ended(trial)
+    out = said.getvalue()
+    assert out.count("sweep: trials on fast run slower than one of its ranks would alone; trial 0's run said: the "
+                     "job trains about 1,488 samples/s, where rank 0 (fast) alone would train about 6,400") == 1, out
+    assert "(`slots: 1` for it in the inventory: its ranks share its cores" in out
+
+
 def test_a_trial_that_ended_before_a_ctrl_c_was_seen_is_recorded_as_it_ended(tmp_path, monkeypatch):
     """Ctrl-C stops the running trials, and --resume asks them again; a trial whose run had ended
     (both epochs trained, invoke train exited 0) before the sweep saw it was dropped with them and

@@ -76,6 +76,8 @@ class Sweep:
         self.hosts = Hosts(request.hosts, self.records, request.budget)
         """Each host's speed and failures, a whole trial's length (sweep/hosts.py)."""
         self.last_error = ""
+        self.told_alone: set[str] = set()
+        """Hosts whose trials' ranks were said to train slower together than one alone (once each)."""
 
     def clocks(self, now: float) -> dict[str, policy.HostClock]:
         return self.hosts.clocks(now, self.running)
@@ -353,6 +355,10 @@ class Sweep:
             for other in others:
                 other.stop("superseded")
             self.hosts.finished(trial, seconds)
+            if trial.host not in self.told_alone and (slower := trial.slower_than_alone()):
+                self.told_alone.add(trial.host)  # once a host: every trial there would say it
+                self.say(f"trials on {trial.host} run slower than one of its ranks would alone; trial "
+                         f"{trial.trial.number}'s run said: {slower}")
             self.study.tell(trial.trial, value)
             self.record({**record, "state": "complete", "value": value})
             self.say(f"trial {trial.trial.number} on {trial.host}: {self.request.metric} {value:.4g} "

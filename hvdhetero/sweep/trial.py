@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from typing import Any
 from hvdhetero.cluster import console
 
 LOG_FILE = "trial.log"
+SLOWER_THAN_ALONE = re.compile(r"hvdhetero: step \d+: (the job trains about .*?\(metrics\.jsonl: slower_than_alone\))")
+"""policy/alone.py's line in a trial's output."""
 """The trial's console output, in its run directory."""
 ESTIMATE_AFTER = (0.05, 2.0)
 """A trial's end is estimated once it has gone this fraction further and this many seconds
@@ -108,6 +111,16 @@ class Trial:
             return ""
         errors = [l for l in lines if l.startswith("error:") or "hvdhetero:" in l]
         return (errors or lines or [""])[-1].strip()[:500]
+
+    def slower_than_alone(self) -> str:
+        """Its run's line saying the job was slower than its fastest rank alone (rank/training.py's
+        verdict: a host whose ranks share one machine's cores, the default `local` host's two), or ''."""
+        try:
+            text = (self.run_dir / LOG_FILE).read_text(errors="replace")
+        except OSError:
+            return ""
+        found = SLOWER_THAN_ALONE.search(text)
+        return found.group(1).strip() if found else ""
 
     def read(self) -> None:
         """New lines of its progress.jsonl."""
