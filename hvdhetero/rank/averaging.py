@@ -49,6 +49,8 @@ class _Job:
     state: StepState | None = None
     sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     """Every AveragedModel updated in this process -> a weak reference to the model it last averaged."""
+    updated: weakref.WeakSet = weakref.WeakSet()
+    """Those updated since the ranks last made their buffers one (or update_bn recomputed them)."""
     said = False
     """Whether rank 0 said that the ranks update different counts of AveragedModels."""
 
@@ -72,6 +74,7 @@ def install() -> None:
 
     def update_parameters(self, model):
         _Job.sources[self] = weakref.ref(model)
+        _Job.updated.add(self)
         if _Job.state is not None and _Job.state.accumulating:
             return None  # between a step's chunks: the parameters have not moved since the last update
         return torchs(self, model)
@@ -82,12 +85,13 @@ def install() -> None:
     torchs_bn = swa_utils.update_bn
 
     def update_bn(loader, model, device=None):
+        _Job.updated.discard(model)  # its statistics are these from now on, not the model's copied again
         if not isinstance(loader, Loader) or _Job.state is None or hvd.size() == 1:
             return torchs_bn(loader, model, device)
         seen = [0]
 
         def counted():
-            for batch in loader:
+            for batch in loader.untrained():  # no step's clock, checkpoint or pass's end: nothing trains
                 seen[0] += batches.size(batch)
                 yield batch
         torchs_bn(counted(), model, device)
@@ -101,10 +105,14 @@ def install() -> None:
 
 def buffers(model: torch.nn.Module) -> None:
     """The model's BatchNorm-style buffers averaged across ranks (reducer.average_buffers; every
-    rank calls it), and every AveragedModel updated from it (or a part of it) given one copy:
-    torch's default one takes the averaged buffers, one with use_buffers=True has its own averaged."""
+    rank calls it), and every AveragedModel updated from it (or a part of it) since the last time
+    given one copy: torch's default one takes the averaged buffers (as its update would have
+    copied them), one with use_buffers=True has its own averaged. One not updated since keeps its
+    own (SWA's statistics from update_bn, evaluated or saved after it)."""
     mine = [(a, source) for a, ref in list(_Job.sources.items())
-            if (source := ref()) is not None and _part_of(source, model)]
+            if a in _Job.updated and (source := ref()) is not None and _part_of(source, model)]
+    for a, _ in mine:
+        _Job.updated.discard(a)
     averaged = [b for a, _ in mine if a.use_buffers for b in a.module.buffers() if b.is_floating_point()]
     if not average_buffers(model, averaged) and averaged and hvd.rank() == 0 and not _Job.said:
         _Job.said = True
@@ -119,7 +127,8 @@ def buffers(model: torch.nn.Module) -> None:
 def _part_of(source: torch.nn.Module, model: torch.nn.Module) -> bool:
     """Whether `source`'s buffers are `model`'s (the model itself, a part of it, torch.compile's wrapper)."""
     ours = {id(b) for b in model.buffers()}
-    return source is model or all(id(b) in ours for b in source.buffers())
+    theirs = [id(b) for b in source.buffers()]
+    return source is model or (bool(theirs) and all(b in ours for b in theirs))
 
 
 def _weighted_statistics(model: torch.nn.Module, samples: int) -> None:
@@ -132,7 +141,8 @@ def _weighted_statistics(model: torch.nn.Module, samples: int) -> None:
     floats = [b for m in norms for b in (m.running_mean, m.running_var)]
     flat = torch.cat([*(b.detach().cpu().to(torch.float64).reshape(-1) * samples for b in floats),
                       torch.tensor([float(samples)], dtype=torch.float64)])
-    allreduce_(flat, hvd.Sum, "hvdhetero.update_bn", "update_bn over the prepared loader")
+    allreduce_(flat, hvd.Sum, "hvdhetero.update_bn", "update_bn over the prepared loader (every rank calls it: each "
+               "forwards its share, and the statistics are averaged over the ranks)")
     if flat[-1] > 0:
         for b, chunk in zip(floats, (flat[:-1] / flat[-1]).split([b.numel() for b in floats])):
             b.copy_(chunk.view_as(b).to(b.dtype))

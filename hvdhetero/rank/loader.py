@@ -132,6 +132,17 @@ class Loader:
         while self._pending and self._pending[0][0] <= global_step:
             self.sampler.set_batch_sizes(self._pending.pop(0)[1])
 
+    def untrained(self):
+        """This rank's batches of a pass that trains nothing (SWA's update_bn over the prepared
+        loader): none of the training hooks (a step's clock, a checkpoint or commit due, the pass's
+        end), as each rank reads its share."""
+        hooks = self.on_item, self.before_step, self.after_pass
+        self.on_item, self.before_step, self.after_pass = (lambda item: None), (lambda item: None), (lambda b: None)
+        try:
+            yield from self
+        finally:
+            self.on_item, self.before_step, self.after_pass = hooks
+
     def __iter__(self):
         self.iterating += 1
         began = self.began()

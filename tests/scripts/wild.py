@@ -69,6 +69,8 @@ for epoch in job.epochs(args.epochs):
 swa = AveragedModel(model)  # the docs' SWA recipe's end: statistics recomputed over the training data
 swa.update_parameters(model)
 update_bn(loader, swa)
+swa.eval()
+job.evaluate(lambda b: {"right": (swa(b[0]).argmax(1) == b[1]).sum()}, train_set)  # its statistics kept through it
 
 
 def buffers(m):
