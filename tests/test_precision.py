@@ -60,6 +60,19 @@ def test_a_training_forward_outside_any_autocast_is_said_once(capsys):
         out = capsys.readouterr().out
         assert out == (precision.outside("bf16") + "\n" if said else ""), (way, out)
     assert precision.outside("bf16").startswith("hvdhetero: --precision bf16 applies inside `with job.autocast():`")
+    # an EMA made from the model before its first training forward, or the model saved whole then: the
+    # copy's hook does nothing (a closure did not pickle, and a copy's said it again at its forwards)
+    import copy
+    import io
+
+    watch, model = precision.Watch(), torch.nn.Linear(4, 2)
+    watch.first_forward(model, asked, is_main=True)
+    torch.save(model, io.BytesIO())
+    ema = copy.deepcopy(model)
+    ema(torch.zeros(1, 4))
+    assert capsys.readouterr().out == ""
+    model(torch.zeros(1, 4))
+    assert capsys.readouterr().out == precision.outside("bf16") + "\n"
 
 
 def test_a_script_without_job_autocast_is_told_where_precision_applies(tmp_path):

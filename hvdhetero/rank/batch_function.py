@@ -233,7 +233,7 @@ class NextBatch:
         """Hooks of a batch fetched ahead (nanoGPT's), run at the model's next forward."""
         self.forwards = False
         """The script calls the prepared model (in training mode): its forward hands a batch fetched ahead over."""
-        self._hook = model.register_forward_pre_hook(_Unsaved(self._forward))
+        self._hook = model.register_forward_pre_hook(Unsaved(self._forward))
         self._it = None
 
     def __call__(self):
@@ -287,7 +287,7 @@ class NextBatch:
             hook(item)
 
 
-class _Unsaved:
+class Unsaved:
     """A hook on the script's model that a copy of the model does not carry: `torch.save(model, f)`
     (word_language_model saves its best model whole) or `copy.deepcopy(model)` (an EMA made from it)
     pickles it as a hook that does nothing and names nothing of hvdhetero (`{}.get(module, args)`

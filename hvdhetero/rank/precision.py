@@ -89,13 +89,16 @@ class Watch:
         if precision.requested == "fp32" or not is_main:
             return
 
+        from hvdhetero.rank.batch_function import Unsaved
+
         def seen(module, args):
             if not module.training or not torch.is_grad_enabled():
                 return
             handle.remove()
             if not self.inside and not torch.is_autocast_enabled(precision.device):
                 print(outside(precision.requested), flush=True)
-        handle = model.register_forward_pre_hook(seen)
+        # a copy of the model (an EMA made from it, torch.save of it whole) carries a hook that does nothing
+        handle = model.register_forward_pre_hook(Unsaved(seen))
 
 
 def outside(requested: str) -> str:
