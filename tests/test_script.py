@@ -502,6 +502,22 @@ def test_a_torch_load_of_a_name_job_save_wrote_elsewhere_is_refused_naming_both_
             "path)") in proc.stdout + proc.stderr, proc.stdout[-2000:]
 
 
+def test_the_hint_for_an_earlier_runs_file_names_that_file_and_only_it(tmp_path):
+    from hvdhetero.rank import saving
+
+    (tmp_path / "runs" / "a" / "out").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "out" / "model1.pt").write_bytes(b"")
+    (tmp_path / "runs" / "a" / "model[1].pt").write_bytes(b"")
+    new = tmp_path / "runs" / "new"
+    err = FileNotFoundError(2, "No such file or directory", "out/model1.pt")
+    assert saving.in_an_earlier_run(err, str(new)).startswith(f" (job.save writes into the run directory: "
+                                                              f"{tmp_path / 'runs/a/out/model1.pt'} is the newest")
+    glob_like = FileNotFoundError(2, "No such file or directory", "out/model[1].pt")  # no glob: model1.pt is not it
+    assert saving.in_an_earlier_run(glob_like, str(new)) == ""
+    assert saving.in_an_earlier_run(FileNotFoundError(2, "x", "/abs/model1.pt"), str(new)) == ""
+    assert saving.in_an_earlier_run(ValueError("out/model1.pt"), str(new)) == ""
+
+
 def test_ranks_on_one_host_saving_and_loading_one_path_never_read_it_half_written(tmp_path):
     """tests/scripts/save_race.py: the quickstart's save-then-load, on both local ranks at once, 100
     times. torch's save truncated and rewrote the file another rank was loading: 2 loads in 30

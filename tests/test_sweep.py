@@ -299,6 +299,36 @@ def test_a_trial_stopped_on_the_only_host_the_plan_gives_it_to_runs_there_again_
     assert f"trial {moved.number} on fast (again)" in said.getvalue() and not sweep.pending
 
 
+def test_a_trial_whose_estimate_overshoots_its_hosts_whole_trials_is_not_moved(tmp_path, monkeypatch):
+    """From a review: a first epoch whose loop leaves early (Optuna's 30 of 469 batches) tells an
+    end far past what this host's whole trials take; judged then (--budget 1: never again), the
+    fast host's trial was moved to the 4x slower one. Its end is capped by the host's longest
+    recent whole trial."""
+    from hvdhetero.sweep import scheduler
+    from hvdhetero.sweep.request import Request
+    from hvdhetero.sweep.trial import Trial
+
+    monkeypatch.setattr(Trial, "start", classmethod(
+        lambda cls, trial, host, run_dir, argv, stopped_on, short=0, cut_at=None:
+        cls(trial, host, run_dir, Running(), time.time(), stopped_on, short=short, cut_at=cut_at)))
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    (tmp_path / "sweep").mkdir()
+    said = io.StringIO()
+    sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
+                                    trials=3, metric="val_loss", script=str(tmp_path / "train.py")),
+                            tmp_path / "sweep", ROOT, out=said)
+    sweep.hosts.durations["fast"], sweep.hosts.durations["slow"] = [10.0], [40.0]
+    now = time.time()
+    sweep.launch(sweep.space.ask(sweep.study), "fast", [])
+    trial = sweep.running["fast"]
+    trial.started, trial.length = now - 3.0, 10
+    trial.first, trial.last = (now - 3.0, 0.0), (now, 0.6)  # 0.06 of it in 3 s: 47 s more, by its progress
+    assert trial.expected_end() == pytest.approx(now + 47.0)
+    sweep.judge(trial, now)
+    assert trial.judged and not trial.stopping, said.getvalue()  # capped at 7 s more: it goes on
+
+
 def test_a_hosts_trials_slower_on_its_ranks_than_on_one_are_said_once_on_the_sweeps_console(tmp_path, monkeypatch):
     """The default `local` host runs a trial on its two ranks, sharing one machine's cores: a small
     model's trial ran 0.23x as fast as one rank alone, said only in each trial's log. The sweep

@@ -58,6 +58,16 @@ def test_a_slow_trial_is_stopped_once_its_end_is_known_to_come_after_the_fast_ho
     assert sweep.simulate(12, {"pc": 1.0, "mac": 12.0}, probe=0.05) == (12.0, {"pc": 11, "mac": 1})
 
 
+def test_the_fastest_host_idle_takes_a_trial_before_busy_hosts_of_unknown_speed():
+    """From a review: h2 known fast, h0 and h1 busy and unknown (guessed as fast, their guessed ends
+    overdue, so counted free now): the plan gave them the next trials on the name's tie and h2
+    waited from 1.17 until their speeds showed (the sweep ended at 6.40, the fastest alone at 5.86)."""
+    assert sweep.simulate(5, {"h0": 7.958, "h1": 11.992, "h2": 1.172}, probe=0.2152) == \
+        (pytest.approx(5.86), {"h0": 0, "h1": 0, "h2": 5})
+    clocks = {"h0": sweep.HostClock(1.172, 1.5, busy=True), "h2": sweep.HostClock(1.172, 1.5)}
+    assert sweep.plan(1.5, 1, clocks) == [("h2", 1.5, pytest.approx(2.672))]
+
+
 def test_a_trial_is_moved_only_where_another_host_ends_it_and_the_sweep_sooner():
     """The fast host's trial, expected to end at 39 (its loop leaves each epoch early: its progress
     overshoots), while the other host, 4x slower, is busy until 45: run again there it would end

@@ -266,6 +266,21 @@ def test_a_parameter_that_applies_only_to_some_values_of_earlier_ones_is_tried_a
     assert {(1, True), (3, False)} <= seen and len({n for n, _ in seen}) == 3, seen
 
 
+def test_the_checks_before_a_sweep_try_a_conditional_parameter_only_where_it_applies(tmp_path):
+    """From a review: the extremes a sweep checks first passed every parameter (units_l2 with one
+    layer, momentum with Adam), which the built-in recipe's check could refuse though no trial
+    would pass them; a conditional parameter's ends are tried with its conditions met."""
+    from hvdhetero.sweep.request import extremes
+
+    tried = extremes(space.load(write(tmp_path, CONDITIONAL)))
+    for values in tried:
+        assert ("n_units_l1" in values) == (values["n_layers"] >= 2), values
+        assert ("n_units_l2" in values) == (values["n_layers"] == 3), values
+        assert ("momentum" in values) == (values["optimizer"] == "SGD" and values["n_layers"] <= 2), values
+    assert {values.get("n_units_l2") for values in tried} >= {4, 128}
+    assert {values.get("momentum") for values in tried} >= {0.0, 0.99}
+
+
 @pytest.mark.parametrize("text, line, key, said", BAD.values(), ids=BAD.keys())
 def test_a_bad_space_file_is_refused_naming_the_file_line_and_key(tmp_path, text, line, key, said):
     path = write(tmp_path, text)

@@ -38,17 +38,25 @@ class HostClock:
     """Seconds one trial takes there (measured, or the plan probe's ratio to the fastest host)."""
     free_at: float
     """When its current trial is expected to end (now or earlier when it is free)."""
+    busy: bool = False
+    """It runs a trial now (whose end may be guessed, and overdue): of two hosts that would end a
+    trial alike, the idle one takes it."""
 
 
 def plan(now: float, left: int, hosts: Mapping[str, HostClock]) -> list[tuple[str, float, float]]:
     """The trials not yet started, in order, as (host, start, end): each on the host where it
-    ends first (ties: the host that starts it sooner, an idle one, then the name)."""
+    ends first (ties: the host that starts it sooner, an idle one, then the name). A busy host
+    whose trial's guessed end is overdue counts as free now, but after an idle one: the fastest
+    host, idle, waited while the plan gave its trials to busy hosts of unknown speed (guessed as
+    fast as it)."""
     free = {name: max(now, clock.free_at) for name, clock in hosts.items()}
+    busy = {name for name, clock in hosts.items() if clock.busy}
     out = []
     for _ in range(left):
-        name = min(hosts, key=lambda n: (free[n] + hosts[n].per_trial, free[n], n))
+        name = min(hosts, key=lambda n: (free[n] + hosts[n].per_trial, free[n], n in busy, n))
         out.append((name, free[name], free[name] + hosts[name].per_trial))
         free[name] += hosts[name].per_trial
+        busy.discard(name)  # (its next one starts as the trial it runs ends)
     return out
 
 
@@ -80,10 +88,10 @@ def keep_running(host: str, now: float, expected_end: float, left: int, hosts: M
     there = moved_to(host, now, hosts)
     if there is None:
         return True
-    kept = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, max(expected_end, now))})
+    kept = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, max(expected_end, now), True)})
     other = hosts[there]
     moved = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, now),
-                                  there: HostClock(other.per_trial, max(now, other.free_at) + other.per_trial)})
+                                  there: HostClock(other.per_trial, max(now, other.free_at) + other.per_trial, True)})
     return kept <= moved
 
 
@@ -132,7 +140,7 @@ def simulate(trials: int, per_trial: Mapping[str, float], probe: float | None = 
         out = {}
         for name in per_trial:
             t = per_trial[name] if name in known else fastest
-            out[name] = HostClock(t, start[name] + t if name in start else now)
+            out[name] = HostClock(t, start[name] + t if name in start else now, busy=name in start)
         return out
 
     while left or start:

@@ -79,12 +79,14 @@ def in_an_earlier_run(err: BaseException, run_dir: str) -> str:
         return ""
     runs = Path(run_dir).parent
     try:
-        found = [p for p in runs.glob(f"*/{os.path.normpath(name)}") if p.is_file()]
-    except (OSError, ValueError):  # a name glob cannot take
+        import glob
+
+        found = [(p.stat().st_mtime, p) for p in runs.glob(f"*/{glob.escape(os.path.normpath(name))}") if p.is_file()]
+    except (OSError, ValueError):  # a name glob cannot take, a file gone meanwhile: no hint
         return ""
     if not found:
         return ""
-    newest = max(found, key=lambda p: p.stat().st_mtime)
+    newest = max(found)[1]
     return (f" (job.save writes into the run directory: {newest} is the newest {name} under {runs}, an earlier "
             f"run's; pass its path)")
 

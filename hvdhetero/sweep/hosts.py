@@ -75,7 +75,7 @@ class Hosts:
                 whole = t if not trial.short or host not in self.speeds else \
                     self.speeds[host][0] + trial.short * self.speeds[host][1]
                 free_at = trial.expected_end() or trial.started + whole
-            out[host] = policy.HostClock(t, max(free_at, now))
+            out[host] = policy.HostClock(t, max(free_at, now), busy=trial is not None and not trial.stopping)
         return out
 
     def order(self) -> list[str]:

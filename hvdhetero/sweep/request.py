@@ -4,6 +4,7 @@ for every host and each end of every parameter (exit 2, nothing written)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import tempfile
@@ -73,15 +74,40 @@ def train_command(tasks_root: Path, request: Request, host: str, run_dir: Path, 
 
 def extremes(space: spaces.Space) -> list[dict[str, Any]]:
     """Values that reach each end of every parameter (each choice), the others at their low end:
-    what the checks before a sweep try."""
+    what the checks before a sweep try. A conditional parameter's ends come with its conditions
+    met (the earlier parameters it names at a value where it applies), and each set of values
+    holds only the parameters that apply there, as a trial's would."""
     def low(p):
         return p.choices[0] if p.kind == "choice" else p.low
 
+    by_name = {p.name: p for p in space.params}
+
+    def met(values: dict[str, Any], p: spaces.Param) -> dict[str, Any]:
+        for name, allowed, lo, hi in p.when:
+            parent = by_name[name]
+            if allowed is not None:
+                values[name] = allowed[0]
+            elif lo is not None or hi is not None:
+                value = max(lo, parent.low) if lo is not None else min(hi, parent.high)
+                values[name] = math.ceil(value) if parent.kind == "int" and lo is not None else \
+                    math.floor(value) if parent.kind == "int" else value
+            values = met(values, parent)
+        return values
+
+    def used(values: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for p in space.params:
+            if p.applies(out):
+                out[p.name] = values[p.name]
+        return out
+
     base = {p.name: low(p) for p in space.params}
-    out = [base]
+    out = [used(base)]
     for p in space.params:
         for value in (p.choices[1:] if p.kind == "choice" else (p.high,)):
-            out.append({**base, p.name: value})
+            out.append(used(met({**base, p.name: value}, p)))
+        if p.when:  # its low end too, where it applies
+            out.append(used(met(dict(base), p)))
     return out
 
 

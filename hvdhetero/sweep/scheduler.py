@@ -298,8 +298,11 @@ class Sweep:
             return
         trial.judged = True
         self.hosts.judged(trial)
-        if trial.short:
+        if trial.short or self.out_of_time(now):  # (after --timeout a stopped trial would run nowhere)
             return
+        done = self.hosts.durations[trial.host][-3:]
+        if done:  # no later than this host's longest recent whole trial: an estimate made in a first epoch that
+            end = min(end, trial.started + max(done))  # its loop leaves early (a pass's length unknown yet) overshoots
         clocks = self.clocks(now)
         if len(clocks) > 1 and not self.copies(trial) and not trial.stopped_on and \
                 not policy.keep_running(trial.host, now, end, self.left(), clocks):
