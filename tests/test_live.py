@@ -32,6 +32,20 @@ def record(rank, t, done, share=32, batch=64, **job):
             "batch": batch, **job}
 
 
+def test_the_gap_between_two_epochs_is_no_steps_time():
+    """The script's evaluation between epochs (20 s here) counted in the next epoch's first rate:
+    a user's live line said 30 samples/s and ETA 2:18 where 3 s of the run were left. The new
+    epoch's rates are its own, the last epoch's until it has two lines."""
+    board = live.Board()
+    for i in range(6):  # epoch 0: 10 steps a second of 64 samples, 20 steps
+        board.update(record(0, 100.0 + i, 10 * i, share=64, epoch=0, epochs=2, step=10 * i, steps=60))
+    board.update(record(0, 125.0, 51, share=64, epoch=1, epochs=2, step=1, steps=60))  # after 20 s evaluating
+    assert board.rows()[0].samples_per_s == pytest.approx(640.0)
+    assert board.status().eta_epoch_s == pytest.approx(5.9)  # 59 steps at 10 a second
+    board.update(record(0, 127.0, 71, share=64, epoch=1, epochs=2, step=21, steps=60))
+    assert board.rows()[0].samples_per_s == pytest.approx(640.0)
+
+
 def test_rates_come_from_the_ranks_clocks_not_from_when_lines_arrive():
     """Ten seconds of two ranks' lines reach the launcher at once (a burst): rank 0 took 10 steps
     a second of 32 samples, rank 1 (another clock) 5 steps a second of 16."""
