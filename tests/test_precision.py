@@ -3,10 +3,14 @@ what the rank's log line says where that is not what was asked."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
+from hvdhetero import metrics
 from hvdhetero.rank import precision
 
 
@@ -82,3 +86,6 @@ def test_a_script_without_job_autocast_is_told_where_precision_applies(tmp_path)
                        timeout=120, env={"HVDHETERO_RUNS": str(tmp_path / "runs")})
         assert "done 8 steps" in proc.stdout, proc.stdout + proc.stderr
         assert proc.stdout.count(precision.outside("bf16")) == (0 if flag else 1), proc.stdout
+        run = Path(re.search(r"its run directory (\S+)", proc.stderr).group(1))
+        said = metrics.records(run / "metrics.jsonl", "precision")  # what a report reads: not the start record's
+        assert said == ([] if flag else [{**said[0], "step": 0, "autocast": False, "trained": "float32"}]), said

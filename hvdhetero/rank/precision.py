@@ -84,8 +84,11 @@ class Watch:
         finally:
             self.inside -= 1
 
-    def first_forward(self, model: torch.nn.Module, precision: Precision, is_main: bool) -> None:
-        """After the probes (which call the model themselves): look at the script's first training forward."""
+    def first_forward(self, model: torch.nn.Module, precision: Precision, is_main: bool,
+                      record=lambda: None) -> None:
+        """After the probes (which call the model themselves): look at the script's first training
+        forward (`record()`: the metrics' word that the job trains in float32, whatever the start
+        record's precision says)."""
         if precision.requested == "fp32" or not is_main:
             return
 
@@ -97,6 +100,7 @@ class Watch:
             handle.remove()
             if not self.inside and not torch.is_autocast_enabled(precision.device):
                 print(outside(precision.requested), flush=True)
+                record()
         # a copy of the model (an EMA made from it, torch.save of it whole) carries a hook that does nothing
         handle = model.register_forward_pre_hook(Unsaved(seen))
 

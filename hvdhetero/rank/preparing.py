@@ -50,7 +50,9 @@ def prepare(job, model, optimizer, dataset, *, global_batch, collate_fn, num_wor
                                 begun=begun, mode=mode, schedulers=parts.schedulers, tracked=tracked,
                                 device=job.device)
     job.strategy = t.strategy
-    job.autocasts.first_forward(model, job.precision, job.is_main)  # --precision where no autocast is: said
+    job.autocasts.first_forward(  # --precision where no autocast is: said, and recorded
+        model, job.precision, job.is_main, lambda: job.records.write("precision", step=job.train_state.step,
+                                                                   autocast=False, trained="float32"))
     clipping.take_over(job.clip_grad_norm_, t.reducer.params, t.flush)  # torch's, over the whole model, is ours
     averaging.take_over(job.step_state)  # torch's AveragedModel (an EMA) averages once a step
     zeroing.take_over(job.step_state, t.reducer.params)  # and model.zero_grad() zeroes once a step
