@@ -474,3 +474,13 @@ def test_plain_python_keeps_the_scripts_seed_and_gives_each_run_a_folder_of_its_
     for folder in folders:
         starts = [line for line in (tmp_path / folder / "metrics.jsonl").read_text().splitlines() if '"start"' in line]
         assert len(starts) == 1, folder
+
+
+def test_a_compiled_model_is_told_apart_for_the_line_before_its_probes():
+    """torch.compile's first calls are the probes': a user's console stayed quiet 85 s before its
+    first line. rank/start.py says why first where the model is compiled (or holds a compiled part)."""
+    from hvdhetero.rank.start import compiled
+
+    model = nn.Linear(2, 2)
+    assert not compiled(model) and compiled(torch.compile(model))
+    assert compiled(nn.Sequential(nn.ReLU(), torch.compile(model)))

@@ -47,11 +47,14 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
     is not timed (a sweep's trial on a one-slot host: the probes were start-up time of every trial,
     and a slow host's the longest), unless `invoke plan` or --sync auto asks for its timings."""
     probe = loss_fn or ProbeLoss()
+    alone = size == 1 and not config.plan_only and config.sync != "auto"  # no split to size, no plan to make
+    if hvd.rank() == 0 and compiled(model) and not (alone and config.micro_batch != "auto"):
+        print("hvdhetero: timing the model before training: torch.compile compiles it in these first calls, which "
+              "can take minutes on a CPU (the console stays quiet meanwhile)", flush=True)
     with unchanged(model, me.device.name):
         largest = min(global_batch, me.max_batch or global_batch)
         big = min(global_batch, len(dataset))
         measured, error = None, ""
-        alone = size == 1 and not config.plan_only and config.sync != "auto"  # no split to size, no plan to make
         # the chunk size if tuning it fails: the setting's, else whole shares
         me.micro_batch = (int(config.micro_batch) or None) if config.micro_batch.isdigit() else None
         try:  # the user's model on the user's batches: whatever it raises, the job goes on
@@ -69,6 +72,11 @@ def calibrate(config: JobConfig, me: Worker, model: torch.nn.Module, dataset, gl
     if any(failed) and hvd.rank() == 0 and not (alone or config.plan_only):  # no split to start from (plan: refused)
         print(fallback_message(failed, loss_fn), flush=True)
     return Begun(balancer, failed, timed=measured is not None and not any(failed))
+
+
+def compiled(model: torch.nn.Module) -> bool:
+    """Whether `model` is torch.compile's (the probes' first calls compile it), or holds one."""
+    return any(type(m).__name__ == "OptimizedModule" for m in model.modules())
 
 
 def sync_mode(config: JobConfig, records: RunRecords, begun: Begun, model: torch.nn.Module,
