@@ -281,6 +281,10 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     # one line a bar, as it ended: 6 steps of 3 chunks (at most 40: 39 + 39 + 38 or 39) each (tqdm's total is
     # len(loader), the steps, which the chunks pass: docs/api.md says so)
     assert [b.split(":")[0] for b in bars] == ["epoch 0", "epoch 1"] and "18it" in bars[-1], proc.stdout
+    # said once, with what it means for the script's own counts and its BatchNorm (a MetricLogger printed [30/24])
+    assert proc.stdout.count("hvdhetero: micro-batches: the loop body runs once a chunk (3 chunks of at most 40 "
+                             "samples in this rank's first such step), so a count of the script's own") == 1, proc.stdout
+    assert "; BatchNorm normalises over each chunk (--micro-batch 0" in proc.stdout
     assert sorted(p.name for p in run_dir.glob("epoch*.pt")) == ["epoch0-step2.pt", "epoch1-step2.pt"]
     assert "hvdhetero: the script left job.epochs' loop in epoch 2 (3/3 on the live line) (break or return)" in proc.stdout, proc.stdout
     assert set(torch.load(run_dir / "epoch1-step2.pt", weights_only=True)) >= {"1.running_mean", "1.running_var"}

@@ -31,6 +31,15 @@ WHOLE = ("hvdhetero: the script went on to its next batch without stepping the o
          "such); job.log the loss you want to see")
 
 
+def in_chunks(chunks: int, chunk: int, batch_norm: bool) -> str:
+    """Rank 0's line at its first step handed out in chunks."""
+    return (f"hvdhetero: micro-batches: the loop body runs once a chunk ({chunks} chunks of at most {chunk} samples in "
+            "this rank's first such step), so a count of the script's own over the loader (tqdm's, MetricLogger's "
+            "[i/len], i % log_interval) counts chunks and runs past len(loader), the steps; job.sync_gradients is "
+            "True at a step's last chunk" + ("; BatchNorm normalises over each chunk (--micro-batch 0 or a larger "
+                                             "one keeps its statistics a share's)" if batch_norm else ""))
+
+
 def chunked(chunk: int) -> str:
     return (f"hvdhetero: the script went on to its next batch without stepping the optimizer job.prepare returned "
             f"(it accumulates gradients over several batches of its own), and --micro-batch {chunk} hands its loop "
@@ -43,8 +52,11 @@ class Accumulation:
     """Decides the loader's chunks around a script's own accumulation (the module's docstring)."""
 
     def __init__(self, loader: Loader, chunk: int | None, *, auto: bool, is_main: bool,
-                 whole: Callable[[int], None] = lambda step: None):
+                 whole: Callable[[int], None] = lambda step: None, batch_norm: bool = False):
         self.loader, self.auto, self.is_main, self.whole = loader, auto, is_main, whole
+        self.batch_norm = batch_norm
+        self.told = False
+        """Rank 0 said its loop body runs once a chunk (at its first step in chunks)."""
         """`whole(step)`: auto's chunks were given up at that step (rank 0 records it)."""
         self.deferred = chunk if auto and chunk else None
         """auto's chunk, handed out once the script has stepped at its first step's end."""
@@ -61,6 +73,9 @@ class Accumulation:
     def step_begins(self, item: Item, unstepped: int) -> None:
         """A step's first chunk is handed out, `unstepped` steps reduced since the optimizer last
         stepped (more than none: the script accumulates over steps)."""
+        if self.is_main and not self.told and item.chunks > 1 and self.loader.chunk:
+            self.told = True
+            print(in_chunks(item.chunks, self.loader.chunk, self.batch_norm), flush=True)
         if self.own or not unstepped:
             return
         self.own = True

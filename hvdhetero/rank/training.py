@@ -82,7 +82,8 @@ class Training:
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
         self.accumulation = Accumulation(self.loader, me.micro_batch, auto=config.micro_batch == "auto",
-                                         is_main=self.is_main, whole=lambda step: records.write(
+                                         is_main=self.is_main, batch_norm=self.sampler.min_share > 1,
+                                         whole=lambda step: records.write(
                                              "micro_batches", step=self.counted(step), micro_batches=None,
                                              reason="the script accumulates over batches of its own: whole shares"))
         """auto's chunks once the script stepped at its first step's end, whole shares where it accumulates."""
