@@ -336,6 +336,11 @@ def test_a_port_resumed_by_its_own_checkpoint_goes_on_from_its_epoch(tmp_path, t
     records = metrics.records(tmp_path / "b" / "metrics.jsonl")
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [4, 5]
     assert len(set(records[-1]["param_digests"])) == 1
+    # every record counts job.step's steps (this job's from 0): a split came in the epoch it was decided in
+    # (its step was the loader's, from epoch 4's: a user saw 63, 98 and 118 beside epoch records at 24 and 48)
+    epochs = [r["step"] for r in records if r["event"] == "epoch"]
+    splits = [r["step"] for r in records if r["event"] == "split"]
+    assert all(s <= epochs[-1] + 1 for s in splits), (splits, epochs)
 
 
 @pytest.mark.slow

@@ -193,6 +193,9 @@ class Job:
         t = self.training
         if t is not None:  # overlapped rounds end with the epochs (RoundClock.due)
             t.epochs, t.in_epochs, t.epochs_from = n, True, counted_from
+            # where the loader's numbering stands against job.step's as the loop starts: its first epoch's
+            # first step, or a resumed checkpoint's place in it
+            t.loader_offset = 0 if t.one_pass else max(t.loader.start_step, first * len(t.loader)) - t.train.step
         said_empty = False  # an epoch that took no step (said once)
         try:
             for epoch in range(first, n):

@@ -128,6 +128,8 @@ class Training:
         self.schedule = CheckpointSchedule(config.checkpoint_every, config.checkpoint_minutes,
                                            config.keep_checkpoints)
         self.epochs, self.in_epochs, self.epochs_from = 1, False, 0
+        self.loader_offset = 0
+        """Inside job.epochs: the loader's step numbers less job.step's (`counted`), set as its loop starts."""
         """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs;
         the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
         self.pass_steps: int | None = None
@@ -460,10 +462,11 @@ class Training:
             self.train.checkpoint_due = True
 
     def counted(self, loader_step: int) -> int:
-        """A loader step as the records count steps, from the job's first: the loader numbers its
-        steps from the loop's first epoch number times its length (range(1, n + 1)'s first step is
-        its length; a record at that step would come before its epoch's)."""
-        return loader_step - (self.epochs_from * len(self.loader) if self.in_epochs else 0)
+        """A loader step as the records count steps, job.step's: the loader numbers its steps from
+        the loop's first epoch number times its length (range(1, n + 1)'s first step is its length,
+        a script that resumed itself at its epoch 2 starts at twice it, its job.step at 0; a record
+        at that step came before its epoch's)."""
+        return loader_step - (self.loader_offset if self.in_epochs else 0)
 
     def _epoch_left(self, item: Item) -> int | None:
         """Steps of the epoch left after `item`'s, in the loader's numbering (None: outside job.epochs)."""
