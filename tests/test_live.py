@@ -263,7 +263,10 @@ def test_a_python_warning_is_said_once_by_the_rank_that_printed_it_first():
     assert [c[1] for c in shown.calls if c[0] == "echo"] == [
         "hvdhetero: the other ranks' output is in run/rank-N.log\n",
         "hvdhetero: rank 1 warned: " + cuda + "\n", "/w/train.py:9: FutureWarning: old API\n", "  old()\n",
-        "/venv/torch/utils/data/dataloader.py:431: " + workers + "\n", "  self.check_worker_number_rationality()\n",
+        "/venv/torch/utils/data/dataloader.py:431: " + workers + "\n",
+        "hvdhetero: rank 0's DataLoader workers share the cores it is pinned to (the ranks of one host each have "
+        "their own: one of the `local` host's two has one), taking turns with its training; fewer workers, or none, "
+        "may be as fast there\n", "  self.check_worker_number_rationality()\n",
         "epoch 1\n", "  indented, no warning's\n"]
 
 

@@ -158,7 +158,12 @@ STALLED = re.compile(r"^(\d+)!?: \[(.*)\]$")
 
 def device_hint(rank: int, warning: str) -> str:
     """What a warning of torch's about the rank's device means for the run, or "": a script's
-    `torch.autocast("cuda")` on a rank without CUDA (the Mac's mps, a CPU) runs in float32 there."""
+    `torch.autocast("cuda")` on a rank without CUDA (the Mac's mps, a CPU) runs in float32 there;
+    DataLoader workers more than the rank's cores (the ranks of one host are pinned to cores of their own)."""
+    if WORKERS_OVER_CORES in warning:
+        return (f"hvdhetero: rank {rank}'s DataLoader workers share the cores it is pinned to (the ranks of one host "
+                "each have their own: one of the `local` host's two has one), taking turns with its training; "
+                "fewer workers, or none, may be as fast there\n")
     if not all(words in warning for words in AUTOCAST_OFF):
         return ""
     return (f"hvdhetero: rank {rank} runs the script's torch.autocast(\"cuda\") in float32 (its device is not "
@@ -166,6 +171,8 @@ def device_hint(rank: int, warning: str) -> str:
             "precision (docs/api.md)\n")
 
 
+WORKERS_OVER_CORES = "This DataLoader will create"
+"""torch's DataLoader warning for more workers than the process's cores (its affinity): its only one so begun."""
 AUTOCAST_OFF = ("CUDA is not available", "Disabling autocast")
 """torch's warning when `torch.autocast("cuda")` runs where CUDA is not (not its other "Disabling
 autocast", for a dtype the device does not take)."""
