@@ -239,7 +239,7 @@ def digests(output: str) -> dict[int, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("loop, hold, newest, resumed_at", [
     (["--max-iters", "60"], "35", 30, "(step 30)"),  # a loop of its own: no epoch to name
-    (["--epochs", "3", "--steps-per-epoch", "40"], "85", 80, "(epoch 3, step 80)"),
+    (["--epochs", "3", "--steps-per-epoch", "40"], "85", 80, "(after epoch 2, step 80)"),
     (["--max-iters", "60", "--in-order"], "35", 30, "(step 30)"),
 ], ids=["own-loop", "epochs", "in-order-untracked"])
 def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path, loop, hold, newest, resumed_at):
