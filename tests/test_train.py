@@ -212,6 +212,8 @@ def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
     line = next(ln for ln in proc.stdout.splitlines() if "alone would train about" in ln)
     assert "where rank 0 (local) alone would train about" in line and "--sync diloco:32 --overlap-sync" in line, line
     assert "Train with one rank on local (`slots: 1` for it in the inventory" in line, line  # its ranks share a host
+    assert line.endswith("(metrics.jsonl: slower_than_alone). Rank 1 runs 30x slower on purpose (--slowdown, or the "
+                         "inventory's `slowdown:` for local): an experiment's straggler"), line
 
 
 def test_the_recipes_clock_counts_on_from_a_checkpoints_seconds():

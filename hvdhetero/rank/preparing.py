@@ -63,7 +63,8 @@ def prepare(job, model, optimizer, dataset, *, global_batch, collate_fn, num_wor
     if resumed is None and cfg.resume:
         resumed = resume.resume_from_disk(t)
     t.schedule.retime(begun.balancer.step_time(begun.balancer.split) if begun.timed else 0.0)
-    start.record(job.records, cfg, job.me, job.precision, begun.balancer, t.host_names, resumed, job.train_state.step)
+    t.slowdowns = start.record(job.records, cfg, job.me, job.precision, begun.balancer, t.host_names, resumed,
+                               job.train_state.step)
     if t.elastic:
         elastic.commit(t, check_hosts=False)
     given_model, given_optimizer = parts.given

@@ -109,9 +109,10 @@ def sync_mode(config: JobConfig, records: RunRecords, begun: Begun, model: torch
 
 
 def record(records: RunRecords, config: JobConfig, me: Worker, precision, balancer: Balancer,
-           host_names: list[str], resumed: str | None, step: int) -> None:
+           host_names: list[str], resumed: str | None, step: int) -> list[float]:
     """The run's "start" record (every rank's host, device, speed setting, chunk and precision)
-    and the first split's; the precision's note printed by each rank it applies to."""
+    and the first split's; the precision's note printed by each rank it applies to. Returns every
+    rank's slowdown (an experiment's straggler: --slowdown, the inventory's `slowdown:`)."""
     gathered = {k: collectives.allgather_object(v, f"hvdhetero.start.{k}", "the start-up") for k, v in {
         "hostnames": socket.gethostname(), "devices": me.device.describe(),
         "slowdowns": me.slowdown, "micro_batches": me.micro_batch,
@@ -123,3 +124,4 @@ def record(records: RunRecords, config: JobConfig, me: Worker, precision, balanc
                   fallback=balancer.fallback)
     if precision.note:
         print(f"hvdhetero: rank {hvd.rank()}: {precision.note}", flush=True)
+    return list(gathered["slowdowns"])

@@ -154,6 +154,8 @@ class Training:
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
         self.alone = AloneWatch()
         """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
+        self.slowdowns: list[float] = []
+        """Every rank's slowdown on purpose (--slowdown, the inventory's `slowdown:`), as the start record says."""
         self.unstepped = 0
         """Steps reduced (a last chunk's job.backward) since the prepared optimizer last stepped."""
         self._before_steps: torch.Tensor | None = None
@@ -386,8 +388,12 @@ class Training:
         self.records.write("slower_than_alone", step=step, rank=verdict.fastest, alone_s=round(verdict.alone_s, 5),
                            job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4),
                            slowest=verdict.waited_for(times))
+        slow = verdict.waited_for(times)
+        slowed = self.slowdowns[slow] if slow < len(self.slowdowns) else 1.0
         print(verdict.line(step, self.host_names, times, sizes, equal_split=self.config.equal_split,
-                           auto=self.config.sync == "auto"), flush=True)
+                           auto=self.config.sync == "auto")
+              + (f". Rank {slow} runs {slowed:g}x slower on purpose (--slowdown, or the inventory's `slowdown:` for "
+                 f"{self.host_names[slow]}): an experiment's straggler" if slowed > 1.0 else ""), flush=True)
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 
