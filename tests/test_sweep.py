@@ -270,12 +270,9 @@ def test_a_slow_hosts_short_trial_of_a_loop_is_cut_once_its_value_at_a_multiple_
     assert sweep.cut_due(diverged), "a value that is not finite ends a short trial too (the study is told none)"
 
 
-def test_a_trial_stopped_on_the_only_host_the_plan_gives_it_to_runs_there_again_rather_than_wait(tmp_path,
-                                                                                                    monkeypatch):
-    """A trial moved off fast waits for another host; when fast is free again, the plan gives it
-    a trial, and nothing but that one is left to start, fast runs it again: it sat idle while the
-    slow host, never planned a whole trial, ran short ones, and the sweep never ended (a user's
-    Optuna study on a 4x slower second host). Real scheduler and study; stand-in processes."""
+def standin_sweep(tmp_path: Path, monkeypatch, trials: int):
+    """The real scheduler and study on fast and slow, its trials' processes stand-ins that never
+    end (Running): a test feeds it progress and times. Returns the Sweep and what it said."""
     from hvdhetero.sweep import scheduler
     from hvdhetero.sweep.request import Request
     from hvdhetero.sweep.trial import Trial
@@ -288,8 +285,18 @@ def test_a_trial_stopped_on_the_only_host_the_plan_gives_it_to_runs_there_again_
     (tmp_path / "sweep").mkdir()
     said = io.StringIO()
     sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
-                                    trials=2, metric="val_loss", script=str(tmp_path / "train.py")),
+                                    trials=trials, metric="val_loss", script=str(tmp_path / "train.py")),
                             tmp_path / "sweep", ROOT, out=said)
+    return sweep, said
+
+
+def test_a_trial_stopped_on_the_only_host_the_plan_gives_it_to_runs_there_again_rather_than_wait(tmp_path,
+                                                                                                    monkeypatch):
+    """A trial moved off fast waits for another host; when fast is free again, the plan gives it
+    a trial, and nothing but that one is left to start, fast runs it again: it sat idle while the
+    slow host, never planned a whole trial, ran short ones, and the sweep never ended (a user's
+    Optuna study on a 4x slower second host). Real scheduler and study; stand-in processes."""
+    sweep, said = standin_sweep(tmp_path, monkeypatch, trials=2)
     sweep.hosts.durations["fast"], sweep.hosts.durations["slow"] = [10.0], [40.0]
     moved = sweep.study.ask(sweep.space.distributions())
     sweep.pending.append((moved, ["fast"]))  # stopped on fast, to run on slow
@@ -304,20 +311,7 @@ def test_a_trial_whose_estimate_overshoots_its_hosts_whole_trials_is_not_moved(t
     end far past what this host's whole trials take; judged then (--budget 1: never again), the
     fast host's trial was moved to the 4x slower one. Its end is capped by the host's longest
     recent whole trial."""
-    from hvdhetero.sweep import scheduler
-    from hvdhetero.sweep.request import Request
-    from hvdhetero.sweep.trial import Trial
-
-    monkeypatch.setattr(Trial, "start", classmethod(
-        lambda cls, trial, host, run_dir, argv, stopped_on, short=0, cut_at=None:
-        cls(trial, host, run_dir, Running(), time.time(), stopped_on, short=short, cut_at=cut_at)))
-    space = tmp_path / "space.yaml"
-    space.write_text("learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
-    (tmp_path / "sweep").mkdir()
-    said = io.StringIO()
-    sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
-                                    trials=3, metric="val_loss", script=str(tmp_path / "train.py")),
-                            tmp_path / "sweep", ROOT, out=said)
+    sweep, said = standin_sweep(tmp_path, monkeypatch, trials=3)
     sweep.hosts.durations["fast"], sweep.hosts.durations["slow"] = [10.0], [40.0]
     now = time.time()
     sweep.launch(sweep.space.ask(sweep.study), "fast", [])
@@ -334,20 +328,9 @@ def test_a_hosts_trials_slower_on_its_ranks_than_on_one_are_said_once_on_the_swe
     model's trial ran 0.23x as fast as one rank alone, said only in each trial's log. The sweep
     relays it once for the host, with the way out (`slots: 1`)."""
     from hvdhetero.policy.alone import Verdict
-    from hvdhetero.sweep import scheduler
-    from hvdhetero.sweep.request import Request
-    from hvdhetero.sweep.trial import LOG_FILE, Trial
+    from hvdhetero.sweep.trial import LOG_FILE
 
-    monkeypatch.setattr(Trial, "start", classmethod(
-        lambda cls, trial, host, run_dir, argv, stopped_on, short=0, cut_at=None:
-        cls(trial, host, run_dir, Running(), time.time(), stopped_on, short=short, cut_at=cut_at)))
-    space = tmp_path / "space.yaml"
-    space.write_text("learning_rate: {loguniform: [1.0e-4, 1.0e-2]}\n")
-    (tmp_path / "sweep").mkdir()
-    said = io.StringIO()
-    sweep = scheduler.Sweep(Request(inventory=str(inventory(tmp_path)), hosts=["fast", "slow"], space=str(space),
-                                    trials=3, metric="val_loss", script=str(tmp_path / "train.py")),
-                            tmp_path / "sweep", ROOT, out=said)
+    sweep, said = standin_sweep(tmp_path, monkeypatch, trials=3)
     line = Verdict(0, 0.01, 0.043, 64).line(30, ["fast", "fast"], [0.02, 0.04], [32, 32], equal_split=False,
                                             auto=False)
     for n in range(2):
