@@ -42,6 +42,10 @@ class HostClock:
     """It runs a trial now (whose end may be guessed, and overdue): of two hosts that would end a
     trial alike, the idle one takes it."""
 
+    def next_end(self, now: float) -> float:
+        """When a trial it starts as soon as it is free would end."""
+        return max(now, self.free_at) + self.per_trial
+
 
 def plan(now: float, left: int, hosts: Mapping[str, HostClock]) -> list[tuple[str, float, float]]:
     """The trials not yet started, in order, as (host, start, end): each on the host where it
@@ -91,14 +95,14 @@ def keep_running(host: str, now: float, expected_end: float, left: int, hosts: M
     kept = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, max(expected_end, now), True)})
     other = hosts[there]
     moved = sweep_end(now, left, {**hosts, host: HostClock(hosts[host].per_trial, now),
-                                  there: HostClock(other.per_trial, max(now, other.free_at) + other.per_trial, True)})
+                                  there: HostClock(other.per_trial, other.next_end(now), True)})
     return kept <= moved
 
 
 def moved_to(host: str, now: float, hosts: Mapping[str, HostClock]) -> str | None:
     """The host other than `host` that would end a trial started as soon as it is free first (None: no other)."""
     others = [h for h in hosts if h != host]
-    return min(others, key=lambda h: (max(now, hosts[h].free_at) + hosts[h].per_trial, h), default=None)
+    return min(others, key=lambda h: (hosts[h].next_end(now), h), default=None)
 
 
 def short_budget(host: str, now: float, left: int, hosts: Mapping[str, HostClock], startup_s: float,

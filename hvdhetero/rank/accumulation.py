@@ -54,10 +54,10 @@ class Accumulation:
     def __init__(self, loader: Loader, chunk: int | None, *, auto: bool, is_main: bool,
                  whole: Callable[[int], None] = lambda step: None, batch_norm: bool = False):
         self.loader, self.auto, self.is_main, self.whole = loader, auto, is_main, whole
+        """`whole(step)`: auto's chunks were given up at that step (rank 0 records it)."""
         self.batch_norm = batch_norm
         self.told = False
         """Rank 0 said its loop body runs once a chunk (at its first step in chunks)."""
-        """`whole(step)`: auto's chunks were given up at that step (rank 0 records it)."""
         self.deferred = chunk if auto and chunk else None
         """auto's chunk, handed out once the script has stepped at its first step's end."""
         if self.deferred:

@@ -109,8 +109,9 @@ def buffers(model: torch.nn.Module) -> None:
     given one copy: torch's default one takes the averaged buffers (as its update would have
     copied them), one with use_buffers=True has its own averaged. One not updated since keeps its
     own (SWA's statistics from update_bn, evaluated or saved after it)."""
+    ours = {id(b) for b in model.buffers()}
     mine = [(a, source) for a, ref in list(_Job.sources.items())
-            if a in _Job.updated and (source := ref()) is not None and _part_of(source, model)]
+            if a in _Job.updated and (source := ref()) is not None and _part_of(source, model, ours)]
     for a, _ in mine:
         _Job.updated.discard(a)
     averaged = [b for a, _ in mine if a.use_buffers for b in a.module.buffers() if b.is_floating_point()]
@@ -124,9 +125,9 @@ def buffers(model: torch.nn.Module) -> None:
                 b_avg.detach().copy_(b_model.detach().to(b_avg.device))
 
 
-def _part_of(source: torch.nn.Module, model: torch.nn.Module) -> bool:
-    """Whether `source`'s buffers are `model`'s (the model itself, a part of it, torch.compile's wrapper)."""
-    ours = {id(b) for b in model.buffers()}
+def _part_of(source: torch.nn.Module, model: torch.nn.Module, ours: set[int]) -> bool:
+    """Whether `source`'s buffers are `model`'s (`ours`: their ids): the model itself, a part of it,
+    torch.compile's wrapper."""
     theirs = [id(b) for b in source.buffers()]
     return source is model or (bool(theirs) and all(b in ours for b in theirs))
 

@@ -128,10 +128,10 @@ class Training:
         self.schedule = CheckpointSchedule(config.checkpoint_every, config.checkpoint_minutes,
                                            config.keep_checkpoints)
         self.epochs, self.in_epochs, self.epochs_from = 1, False, 0
-        self.loader_offset = 0
-        """Inside job.epochs: the loader's step numbers less job.step's (`counted`), set as its loop starts."""
         """job.epochs' count, and whether it is iterating: only there do overlapped rounds end with the epochs;
         the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
+        self.loader_offset = 0
+        """Inside job.epochs: the loader's step numbers less job.step's (`counted`), set as its loop starts."""
         self.pass_steps: int | None = None
         """The loader steps a pass of the script's loop takes where it leaves each epoch early (Optuna's
         examples break after N batches): the live line's and a sweep's count, from the last whole epoch's."""
@@ -385,10 +385,9 @@ class Training:
         if verdict is None:
             return
         step = self.train.step + 1
-        self.records.write("slower_than_alone", step=step, rank=verdict.fastest, alone_s=round(verdict.alone_s, 5),
-                           job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4),
-                           slowest=verdict.waited_for(times))
         slow = verdict.waited_for(times)
+        self.records.write("slower_than_alone", step=step, rank=verdict.fastest, alone_s=round(verdict.alone_s, 5),
+                           job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
         slowed = self.slowdowns[slow] if slow < len(self.slowdowns) else 1.0
         print(verdict.line(step, self.host_names, times, sizes, equal_split=self.config.equal_split,
                            auto=self.config.sync == "auto")

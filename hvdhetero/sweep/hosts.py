@@ -59,6 +59,10 @@ class Hosts:
             return startup_s + self.length * unit_s
         return None
 
+    def longest(self, host: str) -> float | None:
+        """Seconds the longest of `host`'s recent whole trials took (those per_trial averages); None before one."""
+        return max(self.durations[host][-3:], default=None)
+
     def clocks(self, now: float, running: dict[str, Trial]) -> dict[str, policy.HostClock]:
         """Every host's clock but the dropped ones': a host not measured yet counts as fast as the
         fastest known; a busy one is free when its trial's progress says, else a whole trial after it began."""

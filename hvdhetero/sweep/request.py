@@ -87,10 +87,12 @@ def extremes(space: spaces.Space) -> list[dict[str, Any]]:
             parent = by_name[name]
             if allowed is not None:
                 values[name] = allowed[0]
-            elif lo is not None or hi is not None:
-                value = max(lo, parent.low) if lo is not None else min(hi, parent.high)
-                values[name] = math.ceil(value) if parent.kind == "int" and lo is not None else \
-                    math.floor(value) if parent.kind == "int" else value
+            elif lo is not None:  # at its lowest where it applies (an int parent's next whole value)
+                value = max(lo, parent.low)
+                values[name] = math.ceil(value) if parent.kind == "int" else value
+            elif hi is not None:
+                value = min(hi, parent.high)
+                values[name] = math.floor(value) if parent.kind == "int" else value
             values = met(values, parent)
         return values
 

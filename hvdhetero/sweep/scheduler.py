@@ -52,6 +52,8 @@ class Sweep:
         """--timeout: seconds after which no trial starts (Optuna's optimize(timeout=)); 0: none."""
         self.began: float | None = None
         """When this run launched its first trial (--timeout counts from there: the checks before do not count)."""
+        self.timed_out = False
+        """--timeout has passed (said once)."""
         self.board = board.Board(out or sys.stdout, self.board_rows, self.board_title, request.metric)
         self.space = spaces.load(request.space, request.script)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -118,8 +120,8 @@ class Sweep:
         """--timeout has passed: no trial starts from now on (the running ones end as they would)."""
         if not self.timeout or self.began is None or now - self.began < self.timeout:
             return False
-        if not getattr(self, "_timed_out", False):
-            self._timed_out = True
+        if not self.timed_out:
+            self.timed_out = True
             self.say(f"--timeout {self.timeout:g} s: no trial starts from now on; "
                      + (f"{len(self.under_way())} running end as they would" if self.under_way() else "none is running"))
         return True
@@ -300,14 +302,13 @@ class Sweep:
         self.hosts.judged(trial)
         if trial.short or self.out_of_time(now):  # (after --timeout a stopped trial would run nowhere)
             return
-        done = self.hosts.durations[trial.host][-3:]
-        if done:  # no later than this host's longest recent whole trial: an estimate made in a first epoch that
-            end = min(end, trial.started + max(done))  # its loop leaves early (a pass's length unknown yet) overshoots
+        if longest := self.hosts.longest(trial.host):  # an estimate made in a first epoch that its loop leaves
+            end = min(end, trial.started + longest)  # early (a pass's length unknown yet) overshoots
         clocks = self.clocks(now)
         if len(clocks) > 1 and not self.copies(trial) and not trial.stopped_on and \
                 not policy.keep_running(trial.host, now, end, self.left(), clocks):
             there = policy.moved_to(trial.host, now, clocks)
-            again = max(now, clocks[there].free_at) + clocks[there].per_trial
+            again = clocks[there].next_end(now)
             trial.stop("moved")
             self.pending.append((trial.trial, [*trial.stopped_on, trial.host]))
             self.say(f"trial {trial.trial.number} on {trial.host}: would end in {end - now:.0f} s; run again on "
