@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset, TensorDataset
-from torchvision import datasets, transforms
 
 from hvdhetero.errors import ConfigError, DataError
 from hvdhetero.recipes.options import DATASETS
@@ -153,6 +152,8 @@ def _bounded_network():
 
 
 def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
+    from torchvision import datasets, transforms  # here, not at the top: the digits default does without
+
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MNIST_MEAN, MNIST_STD)])
     try:
         with _bounded_network():
@@ -164,6 +165,8 @@ def _mnist(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
 
 
 def _cifar10(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]:
+    from torchvision import datasets, transforms
+
     normalize = [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
     augment = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
     try:
@@ -184,6 +187,8 @@ def _cifar10(root: Path, download: bool) -> tuple[Dataset, Dataset, DatasetInfo]
 
 
 def _mnist_help(root: Path, download: bool, cause: Exception) -> str:
+    from torchvision import datasets
+
     raw = root / "MNIST" / "raw"
     gz_names = [filename for filename, _md5 in datasets.MNIST.resources]
     names = [name.removesuffix(".gz") for name in gz_names]
@@ -198,6 +203,8 @@ def _mnist_help(root: Path, download: bool, cause: Exception) -> str:
 
 
 def _cifar10_help(root: Path, download: bool, cause: Exception) -> str:
+    from torchvision import datasets
+
     folder = root / datasets.CIFAR10.base_folder
     names = [f for f, _md5 in datasets.CIFAR10.train_list + datasets.CIFAR10.test_list]
     names.append(datasets.CIFAR10.meta["filename"])
