@@ -291,6 +291,35 @@ def test_a_run_killed_at_a_step_resumes_to_the_whole_runs_parameters(tmp_path, l
     assert resumed_digests == whole_digests, (resumed.stdout[-2000:], whole.stdout[-2000:])
 
 
+ROLLOUTS = ROOT / "tests" / "scripts" / "rollouts.py"
+
+
+@pytest.mark.slow
+def test_an_rl_loop_agrees_on_its_stop_through_job_reduce_and_resumes_its_running_reward(tmp_path):
+    """A reinforcement-learning loop (tests/scripts/rollouts.py): no data, each rank rolls out its
+    share of the step's episodes and job.reduce in the loop gives every rank the same numbers to
+    stop on, so the run ends (exit 0) with rank 0 naming the step. Crashed after the checkpoint of
+    step 10, it resumes on the running reward job.track kept there (a dict of the script's own):
+    the resumed steps print what the uninterrupted run printed, to the digit (a reward started
+    over, or the ranks' draws taken from the seed again, would not). Under micro-batches a rank's
+    step comes in several calls: a job.reduce there is refused, saying so."""
+    args = [VENV_BIN / "invoke", "train", "--script", ROLLOUTS, "--equal-split", "--checkpoint-every", "5"]
+    pattern = re.compile(r"^step (\d+): running reward ([\d.]+)$", re.M)
+    whole = run_cmd([*args, "--run-dir", tmp_path / "whole"], timeout=300)
+    printed = pattern.findall(whole.stdout)
+    solved = re.search(r"^solved at step (\d+)$", whole.stdout, re.M)
+    assert solved and int(solved.group(1)) > 12 and printed[-1][0] == solved.group(1), whole.stdout[-2000:]
+    crashed = run_cmd([*args, "--run-dir", tmp_path / "cut", "--", "--fail-once", tmp_path / "once"], check=False,
+                      timeout=300)
+    assert crashed.returncode == 1 and "RuntimeError: crashed at step 12" in crashed.stdout + crashed.stderr
+    resumed = run_cmd([VENV_BIN / "invoke", "train", "--resume", tmp_path / "cut"], timeout=300)
+    assert pattern.findall(resumed.stdout) == printed[10:], (resumed.stdout[-2000:], printed)
+    refused = run_cmd([*args, "--micro-batch", "1", "--run-dir", tmp_path / "chunks"], check=False, timeout=300)
+    assert refused.returncode == 1, refused.stdout[-2000:]
+    assert "job.reduce() in the loop over a batch function's calls after one that held chunk 1 of its step's 2" \
+        in refused.stdout + refused.stderr, refused.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_micro_batches_of_a_batch_function_train_one_model(tmp_path):
     """--micro-batch 8: each call gives the next chunk of this rank's rows, the step's next one

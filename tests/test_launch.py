@@ -238,7 +238,7 @@ def test_a_rank_that_ended_its_script_early_is_named_not_the_rank_left_waiting(s
     assert said[0].startswith(f"rank 1 on host h1 ended its script{' after 72 steps' if ended else ''} while rank 0 "
                               f"on host h0 went on{' after 73 steps' if failed != ended else ''}: every rank must take "
                               "the same steps"), said
-    assert "job.evaluate's sums) and end with job.stop()" in said[0]
+    assert "end alike: job.stop() in job.epochs, a break on every rank in a loop of the script's own" in said[0]
     assert said[1:3] == ["  rank 0 then failed: HorovodInternalError: Horovod has been shut down",
                          "  train.py:24 in <module>: job.backward(loss)"], said
 

@@ -20,7 +20,8 @@ def left_early(ended: dict[int, tuple[int | None, str]] | None, rank: int, host:
     return (f"rank {other} on host {other_host} ended its script{_after(step)} while rank {rank} on host {host} went "
             f"on{_after(theirs) if theirs != step else ''}: every rank must take the same steps and make the same job "
             "calls; a loop that stops early on one rank's own numbers (its loss, an evaluation of its own) stops that "
-            "rank alone: decide on what every rank gets alike (job.evaluate's sums) and end with job.stop(); one "
+            "rank alone: decide on what every rank gets alike (job.evaluate's sums, job.reduce's) and end alike: "
+            "job.stop() in job.epochs, a break on every rank in a loop of the script's own; one "
             "that starts where a file of the script's own says (a snapshot only one host holds, torchrun's way of "
             "going on) starts there alone: resume with --resume, the job's checkpoints, which every rank loads "
             "(docs/api.md)")

@@ -33,7 +33,8 @@ WHOLE = ("hvdhetero: the script went on to its next batch without stepping the o
 
 def in_chunks(chunks: int, chunk: int, batch_norm: bool) -> str:
     """Rank 0's line at its first step handed out in chunks."""
-    return (f"hvdhetero: micro-batches: the loop body runs once a chunk ({chunks} chunks of at most {chunk} samples in "
+    samples = "1 sample" if chunk == 1 else f"{chunk} samples"
+    return (f"hvdhetero: micro-batches: the loop body runs once a chunk ({chunks} chunks of at most {samples} in "
             "this rank's first such step), so a count of the script's own over the loader (tqdm's, MetricLogger's "
             "[i/len], i % log_interval) counts chunks and runs past len(loader), the steps; job.sync_gradients is "
             "True at a step's last chunk" + ("; BatchNorm normalises over each chunk (--micro-batch 0 or a larger "

@@ -41,7 +41,7 @@ from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, curren
                             precision, preparing, records, reduction, saving, scheduling, zeroing)
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.registry import Registry, TrainState
+from hvdhetero.rank.registry import Registry, TrainState, Values
 from hvdhetero.rank.step_state import StepState
 from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.training import Training
@@ -258,15 +258,20 @@ class Job:
     def stop(self) -> None:
         """End training after this epoch (early stopping): `job.epochs` yields no more and
         writes the run's end record. Every rank must decide alike: decide on what every rank
-        sees the same, such as `job.evaluate`'s sums."""
+        sees the same, such as `job.evaluate`'s sums. (A loop of the script's own, with no
+        job.epochs, ends by a `break` on every rank alike.)"""
         self._stopping = True
 
     def track(self, name: str, obj) -> None:
         """Save `obj.state_dict()` in every checkpoint and `obj.load_state_dict(...)` it on
-        --resume (an EMA of the weights, a GradScaler of your own, a data iterator's position).
-        Call it before job.prepare, which resumes; its state must be tensors and plain values."""
+        --resume (an EMA of the weights, a GradScaler of your own, a data iterator's position),
+        or a dict of the script's own numbers (a running reward, a best score), put back into the
+        same dict. Call it before job.prepare, which resumes; its state must be tensors and plain values."""
+        if isinstance(obj, dict):
+            obj = Values(name, obj)
         if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-            raise ConfigError(f"job.track({name!r}, ...) needs an object with state_dict() and load_state_dict()")
+            raise ConfigError(f"job.track({name!r}, ...) needs an object with state_dict() and load_state_dict(), or "
+                              f"a dict of numbers (got a {type(obj).__name__})")
         if self.training is not None:
             raise ConfigError(f"job.track({name!r}, ...) after job.prepare: call it before, which restores it on "
                               "--resume")
@@ -353,9 +358,11 @@ class Job:
         rank: a count or a sum over each rank's share of the epoch (running_corrects, a DDP script's
         `dist.all_reduce(t)`) becomes the count over the whole epoch. Call it on every rank alike,
         after the loop over the prepared loader, not inside it (rank/reduction.py)."""
-        t = self.training
+        t, item = self.training, self.step_state.item
         # (a batch function's calls keep one iterator open for the run: its loop is the script's own)
-        reduction.check(op, in_loop=t is not None and not t.one_pass and t.loader.iterating > 0)
+        part = t is not None and t.one_pass and item is not None and not item.last  # a step's chunk, not its last
+        reduction.check(op, in_loop=t is not None and not t.one_pass and t.loader.iterating > 0,
+                        part_of_step=f"chunk {item.chunk + 1} of its step's {item.chunks}" if part else "")
         with collectives.within("job.reduce()"):
             return reduction.reduce(value, op)
 

@@ -13,8 +13,12 @@ it in (per-class counts); ranks whose values differ in keys or shapes are told s
 Every rank must call it as often: it is a collective, bounded in time like the job's own. Inside
 the loop over the prepared loader the ranks take different numbers of batches (a share of zero
 takes none, micro-batches and by-speed inner steps take several), so a call there is refused on
-every rank that reaches it, saying to sum over the loop and reduce after it. A mean over the
-ranks is refused too: their shares differ, so the mean of their means is no mean over the samples.
+every rank that reaches it, saying to sum over the loop and reduce after it. A batch function's
+loop is the script's own, every rank calling the function once a step: a call there is fine (an
+RL loop agreeing on when to stop), but not after a call that held a part of a step (micro-batches:
+another rank's step may come in fewer calls; nor, unchecked, under --inner-steps by-speed, where
+a merging rank's call holds several steps). A mean over the ranks is refused too: their shares
+differ, so the mean of their means is no mean over the samples.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ OPS = {"sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
 INT64 = (-2 ** 63, 2 ** 63 - 1)
 
 
-def check(op: str, in_loop: bool) -> None:
+def check(op: str, in_loop: bool, part_of_step: str = "") -> None:
     """ConfigError, the same on every rank, for an `op` job.reduce does not take or a call from
-    inside the loop over the prepared loader."""
+    inside the loop over the prepared loader; in a batch function's loop (every rank calls the
+    function once a step: a call a step is fine there), one after a call that held `part_of_step`
+    (micro-batches: a rank's calls a step differ)."""
     if op == "mean":
         raise ConfigError("job.reduce(value, op='mean'): the ranks' shares of a batch differ, so a mean of each rank's "
                           "mean is no mean over the samples; reduce the sum and the count (job.reduce({'loss': "
@@ -48,6 +54,11 @@ def check(op: str, in_loop: bool) -> None:
                           "open): the ranks take different numbers of batches there (a rank's share may be none, or "
                           "several micro-batches), and every rank must call job.reduce as often; add up over the loop "
                           "and call job.reduce once after it")
+    if part_of_step:
+        raise ConfigError(f"job.reduce() in the loop over a batch function's calls after one that held {part_of_step} "
+                          "(micro-batches: the loop's body runs once a chunk, and another rank's step may come in "
+                          "fewer): every rank must call job.reduce as often; with --micro-batch 0 every rank calls the "
+                          "function once a step, or add up over the loop and reduce after it")
 
 
 def reduce(value: Any, op: str = "sum") -> Any:

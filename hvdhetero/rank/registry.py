@@ -92,6 +92,36 @@ class Scheduler:
         return hasattr(self.scheduler, "state_dict") and hasattr(self.scheduler, "load_state_dict")
 
 
+class Values:
+    """A dict of the script's own numbers as a part (`job.track("stats", stats)`: a running reward,
+    a best score, a patience counter): saved as it stands at each checkpoint, put back into the same
+    dict on --resume. A NumPy number is saved as Python's (np.mean's float64 would not load back)."""
+
+    def __init__(self, name: str, values: dict):
+        self.name, self.values = name, values
+        self.state_dict()  # its refusal now, at job.track, not at the first checkpoint
+
+    def state_dict(self) -> dict:
+        out = {}
+        for key, value in self.values.items():
+            value = value.item() if _numpy_scalar(value) else value
+            if type(key) not in (str, int) or not _plain(value):
+                from hvdhetero.errors import ConfigError
+
+                raise ConfigError(f"job.track({self.name!r}, a dict): its {key!r} holds a {type(value).__name__}; a "
+                                  "checkpoint holds numbers, strings, None, tensors and lists and dicts of them "
+                                  "(give an object of yours state_dict() and load_state_dict() instead)")
+            out[key] = value
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values.update(state)
+
+
+def _numpy_scalar(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0
+
+
 def _plain(value: Any) -> bool:
     """What torch.load(weights_only=True) reads back: numbers, strings, None, tensors, and lists,
     tuples and dicts of them (not the optimizer a scheduler holds, nor a function). Types exactly:
