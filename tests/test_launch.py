@@ -331,6 +331,53 @@ def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
         f"[0]<stderr>:{progress.ALIVE_TAG}{{}}\n", "[0]<stderr>: 2%\n"]
 
 
+SECOND_SIGNAL = """
+import os, signal, sys, time
+from horovod.runner import gloo_run
+if sys.argv[1] == "ours":
+    from hvdhetero.cluster import horovodrun
+    horovodrun.one_shutdown_signal()
+event = gloo_run.register_shutdown_event()
+lock = event._cond
+
+
+class SecondSignalInside:  # the event's lock, taken by event.set: the launcher's SIGTERM lands then
+    def __enter__(self):
+        lock.__enter__()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # a Python handler runs here, inside the first one's event.set
+
+    def __exit__(self, *exc):
+        return lock.__exit__(*exc)
+
+    def notify_all(self):
+        lock.notify_all()
+
+
+event._cond = SecondSignalInside()
+os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, to the terminal's whole process group
+time.sleep(0.5)
+print("stopping", event.is_set())
+"""
+
+
+@pytest.mark.parametrize("handler", ["ours", "horovod's"])
+def test_horovodruns_shutdown_survives_ctrl_c_and_the_launchers_sigterm_together(handler):
+    """Ctrl-C reaches horovodrun with the terminal's process group and the launcher's SIGTERM
+    follows at once. Horovod's handler sets a threading.Event; where the second signal came while
+    the first handler held the Event's lock, the handler ran again inside it and waited on the
+    lock forever: the ranks trained on for 15 s (a SimCLR port: 12 more epochs) until the launcher
+    killed horovodrun. Ours ignores both signals before setting the event. Here the SIGTERM is sent
+    from inside the lock, where it landed by chance on a loaded machine."""
+    argv = [sys.executable, "-c", SECOND_SIGNAL, handler.split("'")[0]]
+    if handler == "ours":
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == "stopping True", (proc.stdout, proc.stderr)
+    else:  # the deadlock it had, or this test stops telling one from the other
+        with pytest.raises(subprocess.TimeoutExpired):
+            subprocess.run(argv, capture_output=True, timeout=10)
+
+
 def test_a_remote_ranks_command_carries_no_home_or_path_of_the_launcher(monkeypatch):
     """horovodrun writes its environment into every rank's command line: the launcher's HOME
     would be a Mac rank's (`~/` env and workdir looked up under /home/anna). What does travel:

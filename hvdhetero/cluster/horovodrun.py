@@ -18,6 +18,13 @@ SSH_AUTH_SOCK -- must stay on the launcher: a Mac rank given the PC's HOME=/home
 for its env and its workdir (`~/...`, expanded by the rank) under /home/anna. Local ranks inherit
 them from horovodrun itself; a remote rank keeps what its own sshd gave it.
 
+horovodrun stops its ranks when SIGINT or SIGTERM sets a threading.Event from a signal handler.
+Ctrl-C reaches horovodrun with the terminal's process group and the launcher's SIGTERM follows at
+once: where the second signal landed while the first handler held the Event's lock, the handler
+ran again inside it and waited on that lock forever, so the ranks trained on (and their output
+went nowhere) until the launcher killed horovodrun 15 s later (seen: 12 more epochs, 14.5 s).
+`one_shutdown_signal` gives it a handler that ignores both signals before it sets the event.
+
 A process of its own (the launcher never imports Horovod): it imports Horovod's runner, not torch.
 """
 
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import importlib.util
 import runpy
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from hvdhetero.cluster.horovod_build import MARKER_MODULE
@@ -45,10 +54,31 @@ def keep_hosts_own_env() -> None:
     env_util.IGNORE_REGEXES.update(f"{name}$" for name in MACHINE_OWN)
 
 
+def one_shutdown_signal() -> None:
+    """horovodrun's register_shutdown_event (static and elastic jobs alike), whose handler cannot
+    be entered twice: it ignores SIGINT and SIGTERM before it sets the event (module docstring)."""
+    from horovod.runner import gloo_run
+
+    def register_shutdown_event() -> threading.Event:
+        event = threading.Event()
+
+        def shut_down(signum, frame):
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)  # before event.set takes its lock: no second handler inside it
+            event.set()
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, shut_down)
+        return event
+
+    gloo_run.register_shutdown_event = register_shutdown_event
+
+
 def main() -> None:
     from horovod.runner import launch  # this process is horovodrun: the launcher never imports it
 
     keep_hosts_own_env()
+    one_shutdown_signal()
 
     asked = launch.gloo_built
     # horovodrun's run_controller and its elastic launch look the check up in its module
