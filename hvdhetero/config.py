@@ -53,9 +53,9 @@ class JobConfig:
     equal_split: bool = False
     """Give every rank the same batch (plain data parallelism) instead of balancing."""
     slowdown: float = 1.0
-    """Straggler injection: the last rank sleeps (k-1) times its compute time every step (the median
-    of its last steps of that size; a one-thread CPU rank's compute is its thread's CPU time, so a
-    busy machine's waits are not multiplied)."""
+    """Straggler injection: the last rank sleeps (k-1) times its busy time every step, its data's
+    fetch included (the median of its last steps of that size; a one-thread CPU rank's is its
+    thread's CPU time, so a busy machine's waits are not multiplied)."""
     micro_batch: str = "auto"
     """Most samples a rank runs forward/backward at once; its gradients accumulate over the
     chunks before the one allreduce. auto: each rank times a few chunk sizes on its device at

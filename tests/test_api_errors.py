@@ -143,6 +143,17 @@ def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     assert data_arguments(DataLoader(ds, batch_size=4), 8, tuple, 0) == Data(ds, 8, tuple, 0, None, shuffle=False)
     own_batches = DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 3, drop_last=True))
     assert data_arguments(own_batches, None, None, None) == Data(ds, 3, None, 0, None, shuffle=True, drop_last=True)
+    class Buckets:  # a seq2seq's batches of similar lengths
+        def __iter__(self):
+            return iter([[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]])
+
+        def __len__(self):
+            return 3
+
+    with pytest.raises(ConfigError) as refused:  # the fix it names keeps the padding collate_fn
+        data_arguments(DataLoader(ds, batch_sampler=Buckets(), collate_fn=list), None, None, None)
+    assert "(job.prepare(model, optimizer, loader.dataset, global_batch=..., collate_fn=loader.collate_fn)); its " \
+           "batch_sampler's own batches (buckets of similar lengths) are not kept" in str(refused.value), refused.value
     with pytest.raises(ConfigError, match=r"the DataLoader has batch_size=None \(each item of its dataset is a whole "):
         data_arguments(DataLoader(ds, batch_size=None), None, None, None)
     # torch's own ways to draw an epoch otherwise are kept, as a Draw every rank makes alike

@@ -263,3 +263,20 @@ def test_a_scheduler_with_no_state_dict_keeps_only_what_a_weights_only_load_read
     fresh.n = 0
     Scheduler(fresh).load_state_dict(torch.load(buffer, weights_only=True))
     assert (fresh.n, fresh.lrs) == (3, [0.1, 0.2])
+
+
+def test_the_line_of_a_scheduler_in_no_checkpoint_names_which_of_several_optimizers(monkeypatch):
+    """A seq2seq's encoder and decoder optimizers, each with a ReduceLROnPlateau the script did not
+    pass to job.prepare: each is said once, naming its optimizer (both said the same line)."""
+    from hvdhetero.rank import current, scheduling
+    from hvdhetero.rank.optimizer import JobOptimizer
+
+    state = StepState()
+    encoder, decoder = (torch.optim.Adam([torch.nn.Parameter(torch.ones(2))]),
+                        torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0))
+    prepared = [JobOptimizer(o, state, lambda: True, lambda: None) for o in (encoder, decoder)]
+    monkeypatch.setattr(current, "job", SimpleNamespace(is_main=True, training=SimpleNamespace(optimizers=prepared)))
+    assert scheduling._whose(encoder) == "the job's optimizer 1 of 2 (Adam)"
+    assert scheduling._whose(decoder) == "the job's optimizer 2 of 2 (SGD)"
+    monkeypatch.setattr(current, "job", SimpleNamespace(is_main=True, training=SimpleNamespace(optimizers=prepared[:1])))
+    assert scheduling._whose(encoder) == "the job's optimizer"

@@ -130,6 +130,19 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
     assert abs(mean["one"] - mean["k3"]) <= 0.005, (mean, accuracy)
 
 
+def test_a_rank_slow_at_its_data_gets_less_of_the_batch(tmp_path):
+    """Rank 1's dataset waits 1 ms a sample in __getitem__ (a slow disk, augmentation on a slow CPU;
+    tests/scripts/slow_data.py), its compute as fast as rank 0's. A step's clock starts where its
+    data's fetch begins, so the balancer sees rank 1's steps as the slow ones and deals it less of
+    each batch. While the clock started after the fetch, the split stayed about 32/32: rank 0
+    waited ~40 ms a step for rank 1, 1.6 s an epoch against 0.2 s balanced."""
+    run_dir = tmp_path / "run"
+    run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "slow_data.py",
+             "--run-dir", run_dir], timeout=300)
+    splits = [r["split"] for r in metrics.records(run_dir / "metrics.jsonl") if r["event"] == "split"]
+    assert splits[-1][0] >= 4 * splits[-1][1], splits
+
+
 def test_same_seed_repeats_a_run_and_another_seed_does_not(tmp_path):
     """One rank, whole batches (no timing-driven choices): --seed alone decides the result."""
     single = _one_rank_inventory(tmp_path)

@@ -276,6 +276,7 @@ class NextBatch:
 
     def _handed(self, item: Item) -> None:
         if self._ahead() or self.waiting:
+            self.loader.fetched = (0.0, 0.0)  # fetched inside the step in hand: its time is that step's
             self.waiting.append((self.on_item, item))
         else:
             self.on_item(item)

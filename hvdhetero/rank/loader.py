@@ -21,6 +21,7 @@ rank's optimizer steps changes.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,7 +61,8 @@ class Loader:
                  collate_fn: Callable | None = None, num_workers: int = 0, on_item: Callable | None = None,
                  epoch: Callable[[], int] = lambda: 0, before_step: Callable | None = None,
                  group: Callable[[int, int], int] | None = None, worker_init_fn: Callable | None = None,
-                 persistent_workers: bool = False, prefetch_factor: int | None = None):
+                 persistent_workers: bool = False, prefetch_factor: int | None = None,
+                 busy: Callable[[], float] = time.perf_counter):
         self.dataset, self.sampler, self.device, self.chunk = dataset, sampler, device, chunk
         self.collate_fn, self.num_workers, self.worker_init_fn = collate_fn, num_workers, worker_init_fn
         self.on_item = on_item or (lambda item: None)
@@ -87,6 +89,13 @@ class Loader:
         """Called when a loop has taken every batch of the epoch (not when it left the loop early),
         with what `began()` said as it started; every rank gets there after the same global step."""
         self.began: Callable[[], int] = lambda: 0
+        self.busy = busy
+        """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
+        self.fetched = (0.0, 0.0)
+        """(wall, busy) seconds the chunk just handed out took to come: its collate (the dataset's
+        __getitem__, a transform's augmentation) and copy without workers; the wait for it with
+        them (none where they kept ahead; the first batch of a pass, their start, not counted). The
+        step's clock starts that much earlier (Training.on_item): a rank slow at its data is slow."""
 
     def __len__(self) -> int:
         """Steps per epoch (the same on every rank)."""
@@ -157,7 +166,9 @@ class Loader:
             for indices, item in self._chunks():
                 if item.chunk == 0:
                     self.before_step(item)
+                wall, busy = time.perf_counter(), self.busy()
                 batch = batches.to_device(batches.collate(self.dataset, indices, self.collate_fn), self.device)
+                self.fetched = (time.perf_counter() - wall, self.busy() - busy)
                 self.on_item(item)
                 yield batch
             return
@@ -178,8 +189,16 @@ class Loader:
                 self._workers = loader
         else:  # the same workers, this epoch's indices: iter() below starts them on it
             loader.batch_sampler.it = index_lists()
-        for batch in loader:  # in order: the oldest drawn item is this batch's
-            item = drawn.popleft()
+        batches_in, first = iter(loader), True
+        while True:
+            wall, busy = time.perf_counter(), self.busy()
+            try:
+                batch = next(batches_in)
+            except StopIteration:
+                break
+            self.fetched = (0.0, 0.0) if first else (time.perf_counter() - wall, self.busy() - busy)
+            first = False
+            item = drawn.popleft()  # in order: the oldest drawn item is this batch's
             if item.chunk == 0:
                 self.before_step(item)
             self.on_item(item)

@@ -121,15 +121,26 @@ def _once_a_step(torchs):
         if id(self) not in _Job.saved | _Job.said:
             _Job.said.add(id(self))
             if current.job is None or current.job.is_main:
-                print(f"hvdhetero: the {type(self).__name__} on the job's optimizer is in no checkpoint: pass it as "
-                      "job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its schedule; "
-                      "it steps as it does now, where your script steps it",
-                      flush=True)
+                print(f"hvdhetero: the {type(self).__name__} on {_whose(self.optimizer)} is in no checkpoint: pass "
+                      "it as job.prepare(..., scheduler=) (or job.track it) so that --resume goes on with its "
+                      "schedule; it steps as it does now, where your script steps it", flush=True)
         return _once(torchs, self, state, args, kwargs)
 
     step.__doc__ = torchs.__doc__
     step._hvdhetero_torch = torchs
     return step
+
+
+def _whose(optimizer) -> str:
+    """The job's optimizer a scheduler steps, in words: which one where job.prepare took several
+    (a seq2seq's encoder and decoder optimizers each with its scheduler said the same line twice)."""
+    prepared = prepared_of(optimizer)
+    training = getattr(current.job, "training", None)
+    several = getattr(training, "optimizers", None) or []
+    if len(several) < 2 or prepared not in several:
+        return "the job's optimizer"
+    place = several.index(prepared)
+    return f"the job's optimizer {place + 1} of {len(several)} ({type(prepared.optimizer).__name__})"
 
 
 def _once(own, scheduler, state: StepState, args, kwargs):

@@ -77,7 +77,7 @@ class Training:
         """Where a loop over the loader stands, pass by pass (rank/passes.py)."""
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
                              worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
-                             prefetch_factor=data.prefetch_factor, on_item=self.on_item,
+                             prefetch_factor=data.prefetch_factor, on_item=self.on_item, busy=lambda: self.me.busy_clock()(),
                              epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.loader.fewest = self.sampler.min_share
@@ -177,16 +177,18 @@ class Training:
     # -- the loader's hooks ------------------------------------------------------------------------
 
     def on_item(self, item: Item) -> None:
-        """The loader hands out a chunk: the first of a step starts its clock (after straggling)."""
+        """The loader hands out a chunk: the first of a step starts its clock (after straggling), as
+        far back as the chunk's fetch began (its data is part of the rank's step: Loader.fetched)."""
         self.step_state.chunk_given(item)
         if item.chunk == 0:
             self.follow_trainable(before_forward=True)
             if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
                 self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
             slept = self.me.straggle(item.share)
-            began = time.perf_counter() - slept
+            (wall, busy), self.loader.fetched = self.loader.fetched, (0.0, 0.0)
+            began = time.perf_counter() - slept - wall
             self._wall = began - self._began[0] if self._began[0] else 0.0  # the last step, start to start
-            self._began = (began, self.me.busy_clock()(), slept)
+            self._began = (began, self.me.busy_clock()() - busy, slept)
 
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now

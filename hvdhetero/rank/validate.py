@@ -80,13 +80,18 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
                           "batch), but hvdhetero deals the samples of every global batch to the ranks by speed: "
                           "give it a dataset of samples and batch_size=, or pass that dataset with global_batch=")
     sampler = batches.sampler if type(batches) is BatchSampler else batches
-    draw = drawn(sampler, batches.batch_size if global_batch is None else global_batch)
+    draw = drawn(sampler, getattr(batches, "batch_size", None) if global_batch is None else global_batch)
     if type(sampler) not in (RandomSampler, SequentialSampler) and draw is None:
+        collate = ", collate_fn=loader.collate_fn" if data.collate_fn is not torch.utils.data.default_collate else ""
+        own_batches = "" if type(batches) is BatchSampler else (
+            "; its batch_sampler's own batches (buckets of similar lengths) are not kept: each global batch is "
+            "global_batch= samples of one shuffle")
         raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {type(sampler).__name__} of its "
                           "own, which two ranks cannot share: hvdhetero deals each rank its part of every global "
                           "batch (every sample once an epoch, shuffled; torch's WeightedRandomSampler, "
                           "SubsetRandomSampler and RandomSampler are drawn alike on every rank); pass its dataset "
-                          "and global_batch= instead (job.prepare(model, optimizer, loader.dataset, global_batch=...))")
+                          f"and global_batch= instead (job.prepare(model, optimizer, loader.dataset, global_batch=..."
+                          f"{collate})){own_batches}")
     if collate_fn is None and data.collate_fn is not torch.utils.data.default_collate:
         collate_fn = data.collate_fn
     return Data(data.dataset, global_batch if global_batch is not None else batches.batch_size, collate_fn,
