@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 
 import pytest
@@ -141,6 +142,23 @@ def test_a_rank_slow_at_its_data_gets_less_of_the_batch(tmp_path):
              "--run-dir", run_dir], timeout=300)
     splits = [r["split"] for r in metrics.records(run_dir / "metrics.jsonl") if r["event"] == "split"]
     assert splits[-1][0] >= 4 * splits[-1][1], splits
+
+
+def test_from_prepare_on_each_rank_draws_its_own_and_rank_0_as_one_process(tmp_path):
+    """Before job.prepare every rank draws alike (a random_split, the initial weights); from it on,
+    rank 1 draws from a stream of its own (a GAN's second rank fed the discriminator rank 0's noise
+    again, an RL port rolled out the same episodes twice) and rank 0 what one process draws."""
+    script = ROOT / "tests" / "scripts" / "draws.py"
+    pattern = r"^(?:\[rank \d\] )?rank (\d) before (\[.*?\]) after (\[.*?\])$"
+    two = run_cmd([VENV_BIN / "invoke", "train", "--script", script, "--all-ranks-output", "--run-dir", tmp_path / "two"],
+                  timeout=300)
+    one = run_cmd([VENV_BIN / "invoke", "train", "--script", script, "--inventory", _one_rank_inventory(tmp_path),
+                   "--run-dir", tmp_path / "one"], timeout=300)
+    drawn = {int(r): (before, after) for r, before, after in re.findall(pattern, two.stdout, re.M)}
+    alone = re.findall(pattern, one.stdout, re.M)
+    assert set(drawn) == {0, 1} and len(alone) == 1, (two.stdout[-2000:], one.stdout[-2000:])
+    assert drawn[0][0] == drawn[1][0] and drawn[0][1] != drawn[1][1], drawn
+    assert drawn[0] == alone[0][1:], (drawn, alone)
 
 
 def test_same_seed_repeats_a_run_and_another_seed_does_not(tmp_path):

@@ -3,13 +3,16 @@ a batch function's stream shared, lazy modules shaped, rank 0's model and optimi
 every rank, the speed probes and the first split (rank/start.py), the sync mode, the step's
 parts (rank/training.py: loader, reducer, strategy, optimizer), torch's own clipping, EMA,
 zero_grad and schedulers taken over for the step (clipping, averaging, zeroing, scheduling),
-then an elastic rejoin or --resume, and the run's start record. Job.prepare (rank/job.py)
+every rank but rank 0 on a random stream of its own, then an elastic rejoin or --resume, and the
+run's start record. Job.prepare (rank/job.py)
 says what a script passes and gets back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import torch
 
 from hvdhetero.rank import averaging, calibrate, clipping, elastic, resume, scheduling, start, validate, zeroing
 from hvdhetero.rank.batch_function import BatchFunction
@@ -58,6 +61,7 @@ def prepare(job, model, optimizer, dataset, *, global_batch, collate_fn, num_wor
     zeroing.take_over(job.step_state, t.reducer.params)  # and model.zero_grad() zeroes once a step
     scheduling.take_over(job.step_state, [*parts.schedulers, *tracked.parts.values()],  # so do LR schedulers
                          given=parts.schedulers)
+    own_stream(job.rank)  # before a resume, which sets each rank's saved states
     # --elastic after a reset (or joining): the last commit, from memory; else --resume's checkpoint
     resumed = elastic.rejoin(t) if t.elastic else None
     if resumed is None and cfg.resume:
@@ -71,3 +75,16 @@ def prepare(job, model, optimizer, dataset, *, global_batch, collate_fn, num_wor
     if isinstance(given_optimizer, (tuple, list)):  # as passed: a tuple (optG, optD) comes back as one
         return given_model, (list if isinstance(given_optimizer, list) else tuple)(t.optimizers), t.batches
     return given_model, t.optimizer, t.batches
+
+
+def own_stream(rank: int) -> None:
+    """From job.prepare on, every rank but rank 0 draws from torch's generators (the CPU's and the
+    device's) on a stream of its own, seeded from the one the script's torch stood on and the rank:
+    what a loop draws (a GAN's noise, dropout's masks, an augmentation in the loader's process, an
+    RL rollout's actions) differs by rank as it would across one device's batch, instead of every
+    rank repeating rank 0's draws (a GAN's second rank fed the discriminator the same noise).
+    Rank 0 goes on as one device would; until prepare every rank draws alike (a random_split, the
+    model's initial weights). NumPy's and Python's generators are the script's own."""
+    if rank:
+        torch.manual_seed((torch.initial_seed() * 1_000_003 + rank * 7_919) % (2 ** 63))
+

@@ -1,7 +1,7 @@
 """A reinforcement-learning loop as people write one (pytorch/examples' reinforce.py): no data,
 each step's episodes rolled out by the policy itself. Ported: the step's episodes are a batch
-function's rows (`lambda: torch.arange(EPISODES)`: each rank rolls out its share of them), each
-rank seeds its own draws (seed + job.rank: else both would roll out the same episodes), every rank
+function's rows (`lambda: torch.arange(EPISODES)`: each rank rolls out its share of them, its
+states and actions drawn from torch, which job.prepare puts on a stream of its own), every rank
 agrees on when to stop through job.reduce in the loop, and the running reward the stop reads is a
 dict of the script's own that job.track keeps in checkpoints.
 
@@ -29,7 +29,7 @@ args = parser.parse_args()
 
 EPISODES, LENGTH = 4, 8
 job = hh.init()
-torch.manual_seed(args.seed + job.rank)  # each rank its own episodes
+torch.manual_seed(args.seed)  # as on one device: job.prepare gives each rank its own episodes
 
 policy = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
 optimizer = torch.optim.Adam(policy.parameters(), lr=0.05)
