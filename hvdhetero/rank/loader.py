@@ -117,9 +117,10 @@ class Loader:
 
     def _chunks(self) -> Iterator[tuple[list[int], Item]]:
         """(indices, Item) for every chunk of this rank in the epoch, drawn as late as possible."""
-        epoch, steps = self.epoch(), len(self.sampler)
+        epoch = self.epoch()
         self.sampler.set_epoch(epoch)
         order = self.sampler.order()
+        steps = len(self.sampler)  # (after the draw: a batch sampler of the script's own counts its batches)
         step = max(0, min(steps, self.start_step - epoch * steps))  # resumed: the steps taken are skipped
         while step < steps:
             self._apply_pending(epoch * steps + step)  # the split in force decides the merge

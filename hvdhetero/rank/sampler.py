@@ -14,7 +14,9 @@ final step, and a final step too small for that is skipped. The split may change
 A script's DataLoader may draw its epochs otherwise (`Draw`): with torch's WeightedRandomSampler
 (an imbalanced dataset's classes drawn by weight, with replacement), a RandomSampler with replacement or
 num_samples, or a SubsetRandomSampler (a split by indices). Then the epoch is that sequence,
-drawn from the same (seed, epoch) generator on every rank, and dealt the same way.
+drawn from the same (seed, epoch) generator on every rank, and dealt the same way. A sampler or
+batch sampler of the script's own is drawn by rank 0 each epoch (rank/own_sampler.py); its
+batches, of any length, are dealt in proportion to the split.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from hvdhetero.policy.split import proportional_split
+from hvdhetero.rank.own_sampler import OwnDraw
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,19 @@ class WeightedBatchSampler:
 
     def __init__(self, dataset_size: int, batch_sizes: Sequence[int], rank: int, *,
                  seed: int = 0, shuffle: bool = True, drop_last: bool = False, min_share: int = 0,
-                 draw: Draw | None = None):
+                 draw: Draw | None = None, own: OwnDraw | None = None):
         if dataset_size <= 0:
             raise ValueError(f"dataset is empty (size {dataset_size})")
         if not 0 <= rank < len(batch_sizes):
             raise ValueError(f"rank {rank} outside 0..{len(batch_sizes) - 1}")
-        self.dataset_size, self.draw = dataset_size, draw
-        self.n = draw.size if draw is not None else dataset_size
+        self.dataset_size, self.draw, self.own = dataset_size, draw, own
+        self.n = draw.size if draw is not None else own.declared() if own is not None and not own.batches \
+            else dataset_size
         """Indices an epoch."""
+        if own is not None:
+            own.ranks, own.min_share = len(batch_sizes), min_share
+        self._batches: list[list[int]] | None = None
+        """A batch sampler of the script's own: this epoch's batches (rank/own_sampler.py)."""
         self.rank, self.seed = rank, seed
         self.shuffle, self.drop_last, self.min_share = shuffle, drop_last, min_share
         self.epoch = 0
@@ -151,12 +159,18 @@ class WeightedBatchSampler:
         self.global_batch = sum(sizes)
 
     def __len__(self) -> int:
+        if self.own is not None and self.own.batches:
+            return len(self._batches) if self._batches is not None else self.own.declared()
         full, rest = divmod(self.n, self.global_batch)
         keep = rest and not self.drop_last and rest >= self.min_share * len(self.batch_sizes)
         return full + (1 if keep else 0)
 
     def step_sizes(self, step: int) -> list[int]:
         """Every rank's sample count at `step` of the epoch (the same on all ranks)."""
+        if self._batches is not None:  # a batch of the script's own sampler: dealt in proportion to the split
+            length = len(self._batches[step])
+            return list(self.batch_sizes) if length == self.global_batch else \
+                proportional_split(length, self.batch_sizes, self.min_share)
         start = step * self.global_batch
         if start + self.global_batch <= self.n:
             return list(self.batch_sizes)
@@ -164,9 +178,16 @@ class WeightedBatchSampler:
 
     def order(self) -> torch.Tensor | Drawn:
         """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
+        seed = self.seed * 100_003 + self.epoch
+        if self.own is not None:  # rank 0's draw from the script's own sampler, on every rank
+            drawn = self.own.epoch(self.epoch, seed)
+            if self.own.batches:
+                self._batches = drawn
+                return torch.tensor([i for batch in drawn for i in batch], dtype=torch.long)
+            self.n = len(drawn)
+            return torch.tensor(drawn, dtype=torch.long)
         if not self.shuffle and self.draw is None:
             return torch.arange(self.n)
-        seed = self.seed * 100_003 + self.epoch
         if self.draw is not None:
             return self.draw.indices(self.dataset_size, seed)
         return torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
@@ -180,5 +201,8 @@ class WeightedBatchSampler:
     def step_indices(self, order: torch.Tensor | Drawn, step: int) -> list[int]:
         """This rank's indices at `step`, under the split set now."""
         sizes = self.step_sizes(step)
+        if self._batches is not None:
+            start = sum(sizes[: self.rank])
+            return self._batches[step][start : start + sizes[self.rank]]
         start = step * self.global_batch + sum(sizes[: self.rank])
         return order[start : start + sizes[self.rank]].tolist()

@@ -71,7 +71,7 @@ class Training:
         # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
         # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
         self.sampler = WeightedBatchSampler(len(data.dataset), self.balancer.split, self.rank, seed=config.seed,
-                                            shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw,
+                                            shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw, own=data.own,
                                             min_share=batches.fewest_samples(model))
         self.passes = Passes(train)
         """Where a loop over the loader stands, pass by pass (rank/passes.py)."""

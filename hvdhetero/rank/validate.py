@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler,
-                              SubsetRandomSampler, WeightedRandomSampler)
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+                              SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 from hvdhetero.config import check_sync
 from hvdhetero.errors import ConfigError
 from hvdhetero.rank.batch_function import BatchFunction
+from hvdhetero.rank.own_sampler import OwnDraw
 from hvdhetero.rank.sampler import ENDLESS, Draw
 
 
@@ -37,6 +38,8 @@ class Data:
     """The workers live on from epoch to epoch (a Mac spawns each, which runs the script's top level again)."""
     prefetch_factor: int | None = None
     """Chunks each worker collates ahead (torch's default, 2, where None)."""
+    own: OwnDraw | None = None
+    """The DataLoader's sampler or batch_sampler of the script's own, drawn by rank 0 each epoch."""
 
 
 def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, num_workers: int | None,
@@ -80,24 +83,34 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
                           "batch), but hvdhetero deals the samples of every global batch to the ranks by speed: "
                           "give it a dataset of samples and batch_size=, or pass that dataset with global_batch=")
     sampler = batches.sampler if type(batches) is BatchSampler else batches
-    draw = drawn(sampler, getattr(batches, "batch_size", None) if global_batch is None else global_batch)
-    if type(sampler) not in (RandomSampler, SequentialSampler) and draw is None:
-        collate = ", collate_fn=loader.collate_fn" if data.collate_fn is not torch.utils.data.default_collate else ""
-        own_batches = "" if type(batches) is BatchSampler else (
-            "; its batch_sampler's own batches (buckets of similar lengths) are not kept: each global batch is "
-            "global_batch= samples of one shuffle")
-        raise ConfigError(f"job.prepare(): the DataLoader draws its batches with a {type(sampler).__name__} of its "
-                          "own, which two ranks cannot share: hvdhetero deals each rank its part of every global "
-                          "batch (every sample once an epoch, shuffled; torch's WeightedRandomSampler, "
-                          "SubsetRandomSampler and RandomSampler are drawn alike on every rank); pass its dataset "
-                          f"and global_batch= instead (job.prepare(model, optimizer, loader.dataset, global_batch=..."
-                          f"{collate})){own_batches}")
     if collate_fn is None and data.collate_fn is not torch.utils.data.default_collate:
         collate_fn = data.collate_fn
+    kept = dict(num_workers=num_workers if num_workers is not None else data.num_workers,
+                worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
+                prefetch_factor=data.prefetch_factor)
+    if type(batches) is not BatchSampler:  # a batch_sampler of the script's own (buckets of similar lengths)
+        nominal = global_batch if global_batch is not None else getattr(batches, "batch_size", None)
+        if not isinstance(nominal, int) or nominal < 1:
+            raise ConfigError(f"job.prepare(): the DataLoader's batch_sampler {type(batches).__name__} has no "
+                              "batch_size: pass global_batch=, the samples of its usual batch (each batch of "
+                              "another length is dealt in proportion)")
+        own = OwnDraw(batches, batches=True)
+        own.declared()  # its refusal now: a batch sampler with no len()
+        return Data(data.dataset, nominal, collate_fn, shuffle=False, own=own, **kept)
+    draw = drawn(sampler, batches.batch_size if global_batch is None else global_batch)
+    own = None
+    if type(sampler) not in (RandomSampler, SequentialSampler) and draw is None:
+        if isinstance(sampler, DistributedSampler):
+            collate = ", collate_fn=loader.collate_fn" if collate_fn is not None else ""
+            raise ConfigError("job.prepare(): the DataLoader draws its batches with a DistributedSampler of its own, "
+                              "which two ranks cannot share: hvdhetero deals each rank its part of every global "
+                              "batch (a DDP script's sampler goes: shuffle=True does what it did); pass its dataset "
+                              f"and global_batch= instead (job.prepare(model, optimizer, loader.dataset, "
+                              f"global_batch=...{collate}))")
+        own = OwnDraw(sampler, batches=False)  # a sampler of the script's own: rank 0 draws each epoch
+        own.declared()
     return Data(data.dataset, global_batch if global_batch is not None else batches.batch_size, collate_fn,
-                num_workers if num_workers is not None else data.num_workers, data.worker_init_fn,
-                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw,
-                persistent_workers=data.persistent_workers, prefetch_factor=data.prefetch_factor)
+                shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw, own=own, **kept)
 
 
 def drawn(sampler, global_batch: int | None) -> Draw | None:

@@ -1,0 +1,113 @@
+"""A DataLoader's sampler or batch_sampler of the script's own: a bucket sampler that batches
+sequences of similar lengths (seq2seq, speech: less padding, epochs 1.6x faster on one device in
+a helper's port), a class-balanced sampler of its own. Each epoch rank 0 draws from it and every
+rank gets that draw; then each batch is dealt to the ranks by speed as any other (a batch of
+another length than the nominal one in proportion to the split).
+
+The draw runs under a random stream of the job's own, seeded by (--seed, epoch): torch's, Python's
+and NumPy's global generators are swapped for it around the sampler's `set_epoch(epoch)` (if it
+has one) and its iteration, so a resumed run draws the epoch it stopped in again, the same batches.
+A batch too short to give every rank `min_share` samples is left out (a bucket's last one or two
+samples), and every epoch must then hold as many batches as the first: steps are numbered by epoch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hvdhetero.errors import ConfigError
+
+
+@dataclass
+class OwnDraw:
+    """The script's sampler (`batches=False`: it yields indices, batched by the global batch) or
+    batch sampler (`batches=True`: it yields each batch's index list)."""
+
+    source: Any
+    batches: bool
+    ranks: int = 1
+    min_share: int = 1
+    steps: int | None = None
+    """Batches an epoch, as the first drawn epoch held (every later one must hold as many)."""
+    _drawn: tuple[int, Any] | None = field(default=None, repr=False)
+
+    def name(self) -> str:
+        return f"its {'batch_sampler' if self.batches else 'sampler'} {type(self.source).__name__}"
+
+    def declared(self) -> int:
+        """Its len(): indices an epoch (a sampler) or batches (a batch sampler), before a draw."""
+        try:
+            return len(self.source)
+        except TypeError:
+            raise ConfigError(f"job.prepare(): the DataLoader's {self.name()[4:]} has no len(): hvdhetero counts "
+                              "an epoch's steps before it draws; give it a __len__") from None
+
+    def epoch(self, epoch: int, seed: int) -> Any:
+        """This epoch's draw (rank 0's, on every rank): a list of indices, or of batches' index
+        lists. Drawn once an epoch: every rank calls it once at each epoch's first pass."""
+        if self._drawn is not None and self._drawn[0] == epoch:
+            return self._drawn[1]
+        import horovod.torch as hvd
+
+        from hvdhetero.rank import collectives
+
+        alone = not hvd.is_initialized() or hvd.size() == 1
+        drawn = self._draw(epoch, seed) if alone or hvd.rank() == 0 else None
+        if not alone:
+            drawn = collectives.broadcast_object(drawn, 0, f"hvdhetero.own_sampler.{epoch}",
+                                                 f"the epoch's draw of {self.name()}")
+        if isinstance(drawn, str):  # rank 0's refusal, said on every rank
+            raise ConfigError(drawn)
+        self._drawn = (epoch, drawn)
+        return drawn
+
+    def _draw(self, epoch: int, seed: int) -> Any:
+        """Rank 0: the draw as lists of plain ints, or the refusal's words (said on every rank)."""
+        saved = _states()
+        try:
+            torch.manual_seed(seed)
+            random.seed(seed)
+            _numpy_seed(seed)
+            if hasattr(self.source, "set_epoch"):
+                self.source.set_epoch(epoch)
+            drawn = list(iter(self.source))
+        finally:
+            _set_states(saved)
+        if not self.batches:
+            return [int(i) for i in drawn]
+        batches = [[int(i) for i in b] for b in drawn]
+        kept = [b for b in batches if len(b) >= self.min_share * self.ranks]
+        if not kept:
+            return (f"job.prepare(): {self.name()} gave no batch of {self.min_share * self.ranks} samples or more in "
+                    f"epoch {epoch}: every rank takes at least {self.min_share} of each")
+        if self.steps is None:
+            self.steps = len(kept)
+        elif len(kept) != self.steps:
+            return (f"{self.name()} gave {len(kept)} batches (of {self.min_share * self.ranks} samples or more) in "
+                    f"epoch {epoch}, and {self.steps} in the first: hvdhetero numbers an epoch's steps alike every "
+                    "epoch (checkpoints, --resume); give it as many batches each epoch (drop_last, or a fixed count)")
+        return kept
+
+
+def _states() -> tuple:
+    import numpy as np
+
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def _set_states(states: tuple) -> None:
+    import numpy as np
+
+    torch.set_rng_state(states[0])
+    random.setstate(states[1])
+    np.random.set_state(states[2])
+
+
+def _numpy_seed(seed: int) -> None:
+    import numpy as np
+
+    np.random.seed(seed % 2 ** 32)
