@@ -8,7 +8,8 @@ The draw runs under a random stream of the job's own, seeded by (--seed, epoch):
 and NumPy's global generators are swapped for it around the sampler's `set_epoch(epoch)` (if it
 has one) and its iteration, so a resumed run draws the epoch it stopped in again, the same batches.
 A batch too short to give every rank `min_share` samples is left out (a bucket's last one or two
-samples), and every epoch must then hold as many batches as the first: steps are numbered by epoch.
+samples), and every epoch must then hold as many batches as the first: steps are numbered by epoch,
+from the first draw, made at job.prepare (its len() is not what counts).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class OwnDraw:
     batches: bool
     ranks: int = 1
     min_share: int = 1
-    steps: int | None = None
-    """Batches an epoch, as the first drawn epoch held (every later one must hold as many)."""
+    count: int | None = None
+    """Batches (or indices) an epoch, as the first draw held: every epoch must hold as many."""
     _drawn: tuple[int, Any] | None = field(default=None, repr=False)
 
     def name(self) -> str:
@@ -63,6 +64,7 @@ class OwnDraw:
         if isinstance(drawn, str):  # rank 0's refusal, said on every rank
             raise ConfigError(drawn)
         self._drawn = (epoch, drawn)
+        self.count = len(drawn) if self.count is None else self.count
         return drawn
 
     def _draw(self, epoch: int, seed: int) -> Any:
@@ -78,18 +80,17 @@ class OwnDraw:
         finally:
             _set_states(saved)
         if not self.batches:
-            return [int(i) for i in drawn]
-        batches = [[int(i) for i in b] for b in drawn]
-        kept = [b for b in batches if len(b) >= self.min_share * self.ranks]
-        if not kept:
-            return (f"job.prepare(): {self.name()} gave no batch of {self.min_share * self.ranks} samples or more in "
-                    f"epoch {epoch}: every rank takes at least {self.min_share} of each")
-        if self.steps is None:
-            self.steps = len(kept)
-        elif len(kept) != self.steps:
-            return (f"{self.name()} gave {len(kept)} batches (of {self.min_share * self.ranks} samples or more) in "
-                    f"epoch {epoch}, and {self.steps} in the first: hvdhetero numbers an epoch's steps alike every "
-                    "epoch (checkpoints, --resume); give it as many batches each epoch (drop_last, or a fixed count)")
+            kept, what = [int(i) for i in drawn], "indices"
+        else:
+            kept = [b for b in ([int(i) for i in b] for b in drawn) if len(b) >= self.min_share * self.ranks]
+            what = f"batches (of {self.min_share * self.ranks} samples or more)"
+            if not kept:
+                return (f"job.prepare(): {self.name()} gave no batch of {self.min_share * self.ranks} samples or more "
+                        f"in epoch {epoch}: every rank takes at least {self.min_share} of each")
+        if self.count is not None and len(kept) != self.count:
+            return (f"{self.name()} gave {len(kept)} {what} in epoch {epoch}, and {self.count} in the first: "
+                    "hvdhetero numbers an epoch's steps alike every epoch (checkpoints, --resume); give it as many "
+                    "each epoch (drop_last, or a fixed count)")
         return kept
 
 

@@ -147,6 +147,13 @@ class WeightedBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def first_draw(self) -> None:
+        """A sampler of the script's own: its first epoch drawn now (job.prepare, every rank), so
+        that an epoch's steps are counted from what it draws before the first loop asks."""
+        if self.own is not None:
+            self.own.epoch(0, self.seed * 100_003)
+            self.n = self.own.count if not self.own.batches else self.n
+
     def set_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
         """Change the split; every rank must make the same call before the same step."""
         sizes = [int(b) for b in batch_sizes]
@@ -160,7 +167,7 @@ class WeightedBatchSampler:
 
     def __len__(self) -> int:
         if self.own is not None and self.own.batches:
-            return len(self._batches) if self._batches is not None else self.own.declared()
+            return self.own.count if self.own.count is not None else self.own.declared()
         full, rest = divmod(self.n, self.global_batch)
         keep = rest and not self.drop_last and rest >= self.min_share * len(self.batch_sizes)
         return full + (1 if keep else 0)
@@ -178,13 +185,12 @@ class WeightedBatchSampler:
 
     def order(self) -> torch.Tensor | Drawn:
         """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
-        seed = self.seed * 100_003 + self.epoch
+        seed = self.seed * 100_003 + self.epoch  # (first_draw's for epoch 0)
         if self.own is not None:  # rank 0's draw from the script's own sampler, on every rank
             drawn = self.own.epoch(self.epoch, seed)
             if self.own.batches:
                 self._batches = drawn
                 return torch.tensor([i for batch in drawn for i in batch], dtype=torch.long)
-            self.n = len(drawn)
             return torch.tensor(drawn, dtype=torch.long)
         if not self.shuffle and self.draw is None:
             return torch.arange(self.n)

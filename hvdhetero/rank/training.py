@@ -80,6 +80,7 @@ class Training:
                              prefetch_factor=data.prefetch_factor, on_item=self.on_item, busy=lambda: self.me.busy_clock()(),
                              epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
+        self.sampler.first_draw()  # a sampler of the script's own: its count of steps an epoch, from what it draws
         self.loader.fewest = self.sampler.min_share
         self.accumulation = Accumulation(self.loader, me.micro_batch, auto=config.micro_batch == "auto",
                                          is_main=self.is_main, batch_norm=self.sampler.min_share > 1,
