@@ -375,7 +375,7 @@ def test_horovodruns_shutdown_survives_ctrl_c_and_the_launchers_sigterm_together
         assert proc.returncode == 0 and proc.stdout.strip() == "stopping True", (proc.stdout, proc.stderr)
     else:  # the deadlock it had, or this test stops telling one from the other
         with pytest.raises(subprocess.TimeoutExpired):
-            subprocess.run(argv, capture_output=True, timeout=10)
+            subprocess.run(argv, capture_output=True, timeout=5)
 
 
 def test_a_remote_ranks_command_carries_no_home_or_path_of_the_launcher(monkeypatch):
