@@ -414,3 +414,16 @@ def test_a_resume_cuts_the_metrics_back_but_keeps_the_record_of_the_checkpoint_i
         log.truncate(offset, keep=resumed_from)
         assert (tmp_path / "metrics.jsonl").stat().st_size == offset, tail
     log.close()
+
+
+def test_a_checkpoint_resumed_with_another_count_of_steps_an_epoch_goes_on_at_its_epochs_step():
+    """A checkpoint written with 11 steps an epoch (2 ranks: a bucket sampler's batch of 2 kept)
+    and resumed where an epoch counts 10 (3 ranks leave it out), 3 steps into epoch 3: it goes on
+    at epoch 3's step 3 as now counted (33 read as 10 an epoch skipped 3 steps never trained)."""
+    from hvdhetero.rank.resume import loader_step
+
+    assert loader_step({"loader_step": 36, "loader_steps": 11}, 10, 99) == 33
+    assert loader_step({"loader_step": 36, "loader_steps": 11}, 11, 99) == 36
+    assert loader_step({"loader_step": 43, "loader_steps": 11}, 10, 99) == 40  # its last step: past the new epoch's end
+    assert loader_step({"loader_step": 36}, 10, 99) == 36  # a checkpoint from before the count was kept
+    assert loader_step({}, 10, 99) == 99

@@ -138,3 +138,13 @@ def test_two_ranks_train_on_the_bucket_samplers_batches_each_dealt_by_speed(tmp_
         assert all(a and b for a, b in steps)
     padding = float(proc.stdout.split("mean padding ")[1].split()[0])
     assert padding < 0.25, proc.stdout[-2000:]
+
+
+def test_a_sampler_that_deals_one_replicas_part_is_refused():
+    """A DDP-style bucket sampler (VITS's: num_replicas, rank) would draw rank 0's part alone."""
+    class Sharded(Buckets):
+        num_replicas, rank = 2, 0
+
+    with pytest.raises(ConfigError, match=r"batch_sampler Sharded draws for one of 2 replicas \(num_replicas, a DDP "
+                                          r"habit\): make it for one process"):
+        OwnDraw(Sharded(list(range(10))), batches=True)

@@ -28,15 +28,18 @@ def test_a_scaler_rank_0_held_disabled_loads_as_nothing_into_an_enabled_one():
 def test_a_dict_of_the_scripts_own_numbers_round_trips_into_the_same_dict():
     """job.track("stats", stats): an RL script's running reward (NumPy's float64, as np.mean gives
     it) is saved as Python's float, reads back with weights_only=True and lands in the dict the
-    script holds; a value a checkpoint cannot hold is refused at job.track, naming its key."""
-    stats = {"running": np.float64(0.25), "best": torch.tensor([1.5]), "episodes": 40}
+    script holds, a tensor's values copied into the tensor it holds; a value a checkpoint cannot
+    hold is refused at job.track, naming its key."""
+    stats = {"running": np.float64(0.25), "best": torch.tensor([1.5]), "episodes": 40, "last": [np.float32(2.0)]}
     buffer = io.BytesIO()
     torch.save(Registry(stats=Values("stats", stats)).state_dict(), buffer)
     buffer.seek(0)
     saved = torch.load(buffer, weights_only=True)
     assert type(saved["stats"]["running"]) is float
-    fresh = {"running": 0.0, "best": torch.tensor([0.0]), "episodes": 0}
+    best = torch.tensor([0.0])  # held by the script elsewhere too: filled in place
+    fresh = {"running": 0.0, "best": best, "episodes": 0, "last": []}
     Registry(stats=Values("stats", fresh)).load_state_dict(saved)
-    assert fresh["running"] == 0.25 and fresh["best"].item() == 1.5 and fresh["episodes"] == 40
+    assert fresh["running"] == 0.25 and fresh["best"] is best and best.item() == 1.5 and fresh["episodes"] == 40
+    assert fresh["last"] == [2.0] and type(fresh["last"][0]) is float
     with pytest.raises(ConfigError, match=r"job.track\('stats', a dict\): its 'env' holds a object"):
         Values("stats", {"running": 0.0, "env": object()})

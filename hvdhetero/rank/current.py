@@ -20,6 +20,9 @@ job: Any = None
 runner_seed: int | None = None
 """The seed the runner gave torch before the script began (None: a script launched without it,
 which hh.init() seeds, unless it runs `plain`)."""
+rank_seed: int | None = None
+"""The seed job.prepare gave this rank's own stream (rank/preparing.py own_stream): an elastic reset
+runs the script again from its top with it standing, and hh.init seeds that as the runner's."""
 plain = False
 """Run with plain python (no launcher), no seed= given to hh.init(): a job of one rank that
 seeds nothing, so the script's own torch.manual_seed (before hh.init() or after) stands, as on

@@ -37,8 +37,8 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation, host,
-                            precision, preparing, records, reduction, saving, scheduling, zeroing)
+from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
+                            gathering, host, precision, preparing, records, reduction, saving, scheduling, zeroing)
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.registry import Registry, TrainState, Values
@@ -82,6 +82,8 @@ class Job:
         self._tracked = Registry()
         """job.track(name, obj): the script's own state in every checkpoint."""
         self._stopping = False
+        self._gathers = 0
+        """job.gather's calls (the same count on every rank: it names each one's collective)."""
         self._last_norm = torch.tensor(0.0)
         self._carried: Carried | None = None
         """job.carry's state, every row's latest (rank/carry.py)."""
@@ -90,7 +92,8 @@ class Job:
         it has no record, the run's end no digests."""
         self.ended = self.closed = False
         """Whether the run's end record is written; whether `close` ran."""
-        if (current.runner_seed is None and not current.plain) or torch.initial_seed() == current.runner_seed:
+        if (current.runner_seed is None and not current.plain) or \
+                torch.initial_seed() in (current.runner_seed, current.rank_seed):  # (an elastic reset's: prepare's)
             torch.manual_seed(config.seed)  # else the script seeded torch itself (or runs plain): its seed stands
 
     # -- what a script calls ------------------------------------------------------------------
@@ -267,7 +270,7 @@ class Job:
         --resume (an EMA of the weights, a GradScaler of your own, a data iterator's position),
         or a dict of the script's own numbers (a running reward, a best score), put back into the
         same dict. Call it before job.prepare, which resumes; its state must be tensors and plain values."""
-        if isinstance(obj, dict):
+        if type(obj) is dict:  # (a module's state_dict() is an OrderedDict: loaded back into a copy, not the module)
             obj = Values(name, obj)
         if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
             raise ConfigError(f"job.track({name!r}, ...) needs an object with state_dict() and load_state_dict(), or "
@@ -351,6 +354,26 @@ class Job:
             return evaluation.evaluate(fn, dataset, batch_size, collate_fn, exchange, strategy=self.strategy,
                                        model=t.model if t else None, split=t.balancer.split if t else [1] * self.size,
                                        step=self.train_state.step, device=self.device, autocast=self.autocast)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows of `tensor` (computed from this rank's batch, rows along dim 0), in
+        rank order, for a loss over the whole global batch (SimCLR's NT-Xent, CLIP's similarity
+        matrix): every rank computes that one loss and job.backward(loss) reduces one device's
+        gradient of it, whatever the split (rank/gathering.py). Every rank calls it as often, in
+        step sync, with each step's share whole (--micro-batch 0)."""
+        t, item = self.training, self.step_state.item
+        if t is None or item is None:
+            raise RuntimeError("job.gather() needs a batch from the loader that job.prepare() returned")
+        if item.chunks > 1:
+            raise ConfigError(f"job.gather() on a micro-batch (chunk {item.chunk + 1} of {item.chunks}): a loss over "
+                              "the whole global batch wants each rank's share whole, and another rank's step may come "
+                              "in fewer chunks; run with --micro-batch 0")
+        if not self.strategy.always_one_model:
+            raise ConfigError(f"job.gather() under --sync {self.sync}: each rank steps on its own gradient there, "
+                              "and a loss over the gathered batch is one device's only when the ranks' gradients are "
+                              "reduced every step; use --sync step")
+        self._gathers += 1
+        return gathering.gather(tensor, sum(item.sizes) / item.share, self._gathers)
 
     def reduce(self, value, op: str = "sum"):
         """`value` (a number, a tensor on any device, or a dict, list or tuple of them) summed over

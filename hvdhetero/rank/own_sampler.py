@@ -1,15 +1,18 @@
 """A DataLoader's sampler or batch_sampler of the script's own: a bucket sampler that batches
 sequences of similar lengths (seq2seq, speech: less padding, epochs 1.6x faster on one device in
-a helper's port), a class-balanced sampler of its own. Each epoch rank 0 draws from it and every
-rank gets that draw; then each batch is dealt to the ranks by speed as any other (a batch of
-another length than the nominal one in proportion to the split).
+a helper's port), a class-balanced sampler of its own. Every rank draws each epoch from it alike,
+then each batch is dealt to the ranks by speed as any other (a batch of another length than the
+nominal one in proportion to the split).
 
-The draw runs under a random stream of the job's own, seeded by (--seed, epoch): torch's, Python's
-and NumPy's global generators are swapped for it around the sampler's `set_epoch(epoch)` (if it
-has one) and its iteration, so a resumed run draws the epoch it stopped in again, the same batches.
-A batch too short to give every rank `min_share` samples is left out (a bucket's last one or two
-samples), and every epoch must then hold as many batches as the first: steps are numbered by epoch,
-from the first draw, made at job.prepare (its len() is not what counts).
+The draw runs under a random stream of the job's own, seeded by (--seed, epoch): torch's CPU
+generator, Python's and NumPy's are swapped for it around the sampler's `set_epoch(epoch)` (if it
+has one) and its iteration, so every rank draws the same batches, with no exchange (a lone pass
+of rank 0's over the loader, which the API allows, would have waited for the others in one), and
+a resumed run draws the epoch it stopped in again. That the ranks drew alike is checked once, at
+job.prepare, where the first epoch is drawn: a sampler that keeps a generator or a rank of its own
+is refused there. A batch too short to give every rank `min_share` samples is left out (a
+bucket's last one or two samples), and every epoch must then hold as many batches as the first:
+steps are numbered by epoch, from the first draw (its len() is not what counts).
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ class OwnDraw:
     def name(self) -> str:
         return f"its {'batch_sampler' if self.batches else 'sampler'} {type(self.source).__name__}"
 
+    def __post_init__(self):
+        replicas = getattr(self.source, "num_replicas", None)
+        if isinstance(replicas, int) and replicas > 1:
+            raise ConfigError(f"job.prepare(): the DataLoader's {self.name()[4:]} draws for one of {replicas} "
+                              "replicas (num_replicas, a DDP habit): make it for one process (num_replicas=1, "
+                              "rank=0): hvdhetero deals each rank its part of every batch it draws")
+
     def declared(self) -> int:
         """Its len(): indices an epoch (a sampler) or batches (a batch sampler), before a draw."""
         try:
@@ -48,30 +58,42 @@ class OwnDraw:
                               "an epoch's steps before it draws; give it a __len__") from None
 
     def epoch(self, epoch: int, seed: int) -> Any:
-        """This epoch's draw (rank 0's, on every rank): a list of indices, or of batches' index
-        lists. Drawn once an epoch: every rank calls it once at each epoch's first pass."""
-        if self._drawn is not None and self._drawn[0] == epoch:
-            return self._drawn[1]
+        """This epoch's draw, a list of indices or of batches' index lists, the same on every rank
+        (module docstring); drawn once an epoch."""
+        if self._drawn is None or self._drawn[0] != epoch:
+            drawn = self._draw(epoch, seed)
+            if isinstance(drawn, str):
+                raise ConfigError(drawn)
+            self._drawn = (epoch, drawn)
+            self.count = len(drawn) if self.count is None else self.count
+        return self._drawn[1]
+
+    def first(self, seed: int) -> None:
+        """At job.prepare, on every rank: epoch 0 drawn, and every rank's draw the same (an exchange
+        of a digest: prepare is the ranks' together)."""
+        import hashlib
+
         import horovod.torch as hvd
 
         from hvdhetero.rank import collectives
 
-        alone = not hvd.is_initialized() or hvd.size() == 1
-        drawn = self._draw(epoch, seed) if alone or hvd.rank() == 0 else None
-        if not alone:
-            drawn = collectives.broadcast_object(drawn, 0, f"hvdhetero.own_sampler.{epoch}",
-                                                 f"the epoch's draw of {self.name()}")
-        if isinstance(drawn, str):  # rank 0's refusal, said on every rank
-            raise ConfigError(drawn)
-        self._drawn = (epoch, drawn)
-        self.count = len(drawn) if self.count is None else self.count
-        return drawn
+        drawn = self.epoch(0, seed)
+        if not hvd.is_initialized() or hvd.size() == 1:
+            return
+        digest = hashlib.sha256(repr(drawn).encode()).hexdigest()
+        digests = collectives.allgather_object(digest, "hvdhetero.own_sampler", f"the first draw of {self.name()}")
+        if len(set(digests)) > 1:
+            raise ConfigError(f"job.prepare(): {self.name()} drew other batches on rank "
+                              f"{next(r for r, d in enumerate(digests) if d != digests[0])} than on rank 0 from the "
+                              "same seed: it keeps a generator of its own (seeded by time, or by rank), or deals "
+                              "one rank's part (a DDP habit: num_replicas, rank); draw with torch's, Python's or "
+                              "NumPy's global generators, or with one seeded alike on every rank, for the whole batch")
 
     def _draw(self, epoch: int, seed: int) -> Any:
         """Rank 0: the draw as lists of plain ints, or the refusal's words (said on every rank)."""
         saved = _states()
         try:
-            torch.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)  # the CPU's alone: a device's generator is the rank's
             random.seed(seed)
             _numpy_seed(seed)
             if hasattr(self.source, "set_epoch"):

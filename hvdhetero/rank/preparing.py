@@ -14,7 +14,8 @@ import dataclasses
 
 import torch
 
-from hvdhetero.rank import averaging, calibrate, clipping, elastic, resume, scheduling, start, validate, zeroing
+from hvdhetero.rank import (averaging, calibrate, clipping, current, elastic, resume, scheduling, start, validate,
+                            zeroing)
 from hvdhetero.rank.batch_function import BatchFunction
 from hvdhetero.rank.reducer import Reducer, broadcast_state, sparse_params
 from hvdhetero.rank.training import Training
@@ -86,5 +87,6 @@ def own_stream(rank: int) -> None:
     Rank 0 goes on as one device would; until prepare every rank draws alike (a random_split, the
     model's initial weights). NumPy's and Python's generators are the script's own."""
     if rank:
-        torch.manual_seed((torch.initial_seed() * 1_000_003 + rank * 7_919) % (2 ** 63))
+        current.rank_seed = (torch.initial_seed() * 1_000_003 + rank * 7_919) % (2 ** 63)
+        torch.manual_seed(current.rank_seed)
 

@@ -95,7 +95,8 @@ class Scheduler:
 class Values:
     """A dict of the script's own numbers as a part (`job.track("stats", stats)`: a running reward,
     a best score, a patience counter): saved as it stands at each checkpoint, put back into the same
-    dict on --resume. A NumPy number is saved as Python's (np.mean's float64 would not load back)."""
+    dict on --resume, a tensor's values copied into the tensor it holds. NumPy numbers are saved as
+    Python's (np.mean's float64 would not load back)."""
 
     def __init__(self, name: str, values: dict):
         self.name, self.values = name, values
@@ -104,7 +105,7 @@ class Values:
     def state_dict(self) -> dict:
         out = {}
         for key, value in self.values.items():
-            value = value.item() if _numpy_scalar(value) else value
+            value = _python(value)
             if type(key) not in (str, int) or not _plain(value):
                 from hvdhetero.errors import ConfigError
 
@@ -115,11 +116,26 @@ class Values:
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        self.values.update(state)
+        import torch
+
+        for key, value in state.items():
+            held = self.values.get(key)
+            if isinstance(held, torch.Tensor) and isinstance(value, torch.Tensor) and held.shape == value.shape:
+                with torch.no_grad():
+                    held.copy_(value)  # a tensor the script holds elsewhere too stays that tensor
+            else:
+                self.values[key] = value
 
 
-def _numpy_scalar(value: Any) -> bool:
-    return type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0
+def _python(value: Any) -> Any:
+    """NumPy's numbers as Python's, in lists, tuples and dicts too."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    if type(value) in (list, tuple):
+        return type(value)(_python(v) for v in value)
+    if type(value) is dict:
+        return {k: _python(v) for k, v in value.items()}
+    return value
 
 
 def _plain(value: Any) -> bool:

@@ -47,7 +47,8 @@ def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
     loader_step = (t.train.epoch + 1) * len(t.loader) if epoch_done else t.loader_at
     if epoch_done and t.one_pass and t.step_state.item is not None:  # a batch function's rows go on by
         loader_step = t.step_state.item.step + 1  # global step: after the step in hand (one fetched ahead waits)
-    return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "loader_step": loader_step, "size": t.size,
+    return {"format": checkpoint.FORMAT, **t.train.state_dict(epoch_done), "loader_step": loader_step,
+            "loader_steps": len(t.loader), "size": t.size,
             "hosts": t.host_names, **parts, "optimizer": optimizer, "split": list(t.sampler.batch_sizes),
             "rng": rng, "config": asdict(t.config), "metrics_offset": t.records.offset(),
             "epochs_from": t.epochs_from if t.in_epochs else None}  # None: a loop of the script's own
@@ -65,12 +66,27 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
         torch.manual_seed(t.config.seed * 1_000_003 + state["step"] * 101 + t.rank)
     t.train.load_state_dict(state)
     t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
-    t.loader.start_step = state.get("loader_step", t.train.step)  # checkpoints before it: no accumulation known
+    t.loader.start_step = loader_step(state, len(t.loader), t.train.step)
     t.loader_at = t.loader.start_step  # a commit taken before the next step (an elastic rejoin's) holds it: it held 0
     t.resumed_own_loop = t.train.step or None  # the script runs again from its top: own_loop_went_on looks
     called = t.parts.parts.get("batches")
     if t.is_main and called is not None and called.moved:  # a position of the script's own starts afresh
         print(positions.said(called.moved, t.train.step), flush=True)
+
+
+def loader_step(state: dict[str, Any], steps: int, step: int) -> int:
+    """The loader step to go on from, counted with this run's `steps` an epoch: a checkpoint's
+    epoch and step within it, where the run that wrote it had another count (`loader_steps`: an
+    epoch's short last step kept or left out by the ranks' number, a sampler of the script's own
+    leaving out batches too short for them all) -- counted with the old number, a resume on
+    another host set skipped steps of its epoch that were never trained. A checkpoint from
+    before `loader_steps` is read as it was; one from before `loader_step`: the optimizer's step
+    (no accumulation known)."""
+    at = state.get("loader_step", step)
+    before = state.get("loader_steps")
+    if not before or not steps or before == steps:
+        return at
+    return (at // before) * steps + min(at % before, steps)
 
 
 def save_checkpoint(t: Training, epoch_done: bool) -> None:

@@ -15,8 +15,8 @@ A script's DataLoader may draw its epochs otherwise (`Draw`): with torch's Weigh
 (an imbalanced dataset's classes drawn by weight, with replacement), a RandomSampler with replacement or
 num_samples, or a SubsetRandomSampler (a split by indices). Then the epoch is that sequence,
 drawn from the same (seed, epoch) generator on every rank, and dealt the same way. A sampler or
-batch sampler of the script's own is drawn by rank 0 each epoch (rank/own_sampler.py); its
-batches, of any length, are dealt in proportion to the split.
+batch sampler of the script's own is drawn alike on every rank each epoch (rank/own_sampler.py);
+its batches, of any length, are dealt in proportion to the split.
 """
 
 from __future__ import annotations
@@ -148,10 +148,11 @@ class WeightedBatchSampler:
         self.epoch = epoch
 
     def first_draw(self) -> None:
-        """A sampler of the script's own: its first epoch drawn now (job.prepare, every rank), so
-        that an epoch's steps are counted from what it draws before the first loop asks."""
+        """A sampler of the script's own: its first epoch drawn now (job.prepare, every rank: the
+        draws checked alike), so that an epoch's steps are counted from what it draws before the
+        first loop asks."""
         if self.own is not None:
-            self.own.epoch(0, self.seed * 100_003)
+            self.own.first(self.seed * 100_003)
             self.n = self.own.count if not self.own.batches else self.n
 
     def set_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
@@ -186,7 +187,7 @@ class WeightedBatchSampler:
     def order(self) -> torch.Tensor | Drawn:
         """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
         seed = self.seed * 100_003 + self.epoch  # (first_draw's for epoch 0)
-        if self.own is not None:  # rank 0's draw from the script's own sampler, on every rank
+        if self.own is not None:  # the script's own sampler, drawn alike on every rank
             drawn = self.own.epoch(self.epoch, seed)
             if self.own.batches:
                 self._batches = drawn
