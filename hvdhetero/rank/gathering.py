@@ -17,10 +17,24 @@ float32 for a half-precision tensor.
 
 from __future__ import annotations
 
+import time
+
 import horovod.torch as hvd
 import torch
 
 from hvdhetero.rank import collectives
+
+_waited = [0.0]
+"""Seconds this rank's gathers took since the step's clock last asked (`waited`)."""
+
+
+def waited() -> float:
+    """The seconds job.gather spent in its collectives since the last call: the step's clock
+    leaves them out, as it does the gradients' reduction. Inside the forward, a gather waits
+    for the slowest rank to get there, so every rank's step took the slowest one's time, and
+    the balancer, seeing them alike, never moved a split (a rank slow at its data kept [32, 32])."""
+    seconds, _waited[0] = _waited[0], 0.0
+    return seconds
 
 
 class Gathered(torch.autograd.Function):
@@ -29,6 +43,7 @@ class Gathered(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, scale: float, name: str) -> torch.Tensor:
+        began = time.perf_counter()
         rows = torch.tensor([tensor.shape[0]], dtype=torch.int64)
         counts = collectives.wait(hvd.allgather_async(rows, name=f"{name}.rows"), "job.gather()")
         sent = tensor.detach().to("cpu", torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16)
@@ -36,6 +51,7 @@ class Gathered(torch.autograd.Function):
         whole = collectives.wait(hvd.allgather_async(sent, name=name), "job.gather()")
         start = int(counts[:hvd.rank()].sum())
         ctx.rows, ctx.scale = (start, start + tensor.shape[0]), scale
+        _waited[0] += time.perf_counter() - began
         return whole.to(tensor.device, tensor.dtype)
 
     @staticmethod

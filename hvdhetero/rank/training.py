@@ -27,7 +27,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import averaging, batches, collectives, elastic, resume, scaler
+from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, resume, scaler
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.deferral import Deferral
@@ -291,11 +291,13 @@ class Training:
         if not item.last:
             self.step_state.backward_done(last=False)
             return
+        gathered = gathering.waited()  # job.gather's collectives: waiting for the others is not this rank's work
         if not again:
             self.me.device.synchronize()
             began, busy0, slept = self._began
-            self.me.finish_step(item.share, self.me.busy_clock()() - busy0, time.perf_counter() - began, slept)
-        seconds = time.perf_counter() - self._began[0]
+            self.me.finish_step(item.share, self.me.busy_clock()() - busy0 - gathered,
+                                time.perf_counter() - began - gathered, slept)
+        seconds = time.perf_counter() - self._began[0] - gathered
         if defer:
             self.deferral.deferred(weight, seconds)
             self._pending = (unscale, common, rescale, self.loss_scale is not None or summed)
