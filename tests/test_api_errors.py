@@ -36,6 +36,9 @@ def messages():
      "DistributedSampler of its own, which two ranks cannot share"),
     ("a second model prepared", "ConfigError: job.prepare() was already called: one prepare per job (a GAN's two "
      "models, each with its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data))"),
+    ("a student trained after its teacher", "ConfigError: job.backward(loss): the loss reaches none of the parameters "
+     "of the model job.prepare took (Linear): a model made or trained after it (a student after its teacher) is not "
+     "the job's"),
     ("several optimizers in micro-batches", "ConfigError: --micro-batch 8 with several optimizers: a GAN's loop "
      "steps its discriminator before its generator's backward"),
     ("several optimizers in rounds", "ConfigError: --sync local:4 with several optimizers (stepped in turn, as a "

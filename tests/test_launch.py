@@ -406,3 +406,16 @@ def test_a_remote_ranks_command_carries_no_home_or_path_of_the_launcher(monkeypa
     monkeypatch.delenv("WILD_FROM_SHELL")
     with pytest.raises(ConfigError, match="--env WILD_FROM_SHELL: not set in this shell"):
         launch.rank_env(config)
+
+
+def test_a_failure_of_the_scripts_use_of_the_api_says_to_change_it_before_resuming(tmp_path):
+    """A ConfigError (a sampler's batch count changed, a loss that reaches no prepared parameter)
+    comes again on a resume of the same script: its resume line says to change the script first
+    (a helper resumed as told and met the same error, twice)."""
+    from hvdhetero.cluster import supervise
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step-000000010.pt").write_bytes(b"")
+    assert "\n  resume with: " in supervise.resume_hint(tmp_path)
+    assert "\n  once the script is changed as the error says, resume with: " in \
+        supervise.resume_hint(tmp_path, fix_first=True)

@@ -148,3 +148,53 @@ def test_a_sampler_that_deals_one_replicas_part_is_refused():
     with pytest.raises(ConfigError, match=r"batch_sampler Sharded draws for one of 2 replicas \(num_replicas, a DDP "
                                           r"habit\): make it for one process"):
         OwnDraw(Sharded(list(range(10))), batches=True)
+
+
+def test_a_sampler_with_a_generator_running_on_is_said_at_prepare_and_one_seeded_by_epoch_is_not(capsys):
+    """A class-balanced sampler keeping one np.random.default_rng for the run draws, after a resume,
+    other batches than the stopped run would have (a helper: 174 steps of 696 other samples, no
+    word): said once at prepare. One that seeds it from the epoch in set_epoch is not, and the
+    check leaves the generator where it was."""
+    import numpy as np
+
+    class Running:
+        def __init__(self):
+            self.rng = np.random.default_rng(3)
+
+        def __iter__(self):
+            return iter(self.rng.permutation(20).tolist())
+
+        def __len__(self):
+            return 20
+
+    class ByEpoch(Running):
+        def set_epoch(self, epoch):
+            self.rng = np.random.default_rng(3 + epoch)
+
+    running = Running()
+    before = running.rng.bit_generator.state
+    WeightedBatchSampler(20, [2, 2], 0, own=OwnDraw(running, batches=False)).first_draw()
+    said = capsys.readouterr().out
+    assert "its sampler Running draws from a generator of its own that runs on from epoch to epoch (self.rng: " \
+           "Generator), which no checkpoint holds" in said, said
+    assert running.rng.bit_generator.state != before  # its first epoch drawn, as a one-device loop's would be
+    WeightedBatchSampler(20, [2, 2], 0, own=OwnDraw(ByEpoch(), batches=False)).first_draw()
+    assert "runs on from epoch to epoch" not in capsys.readouterr().out
+
+
+def test_short_batches_left_out_are_said_once(capsys):
+    """A token-budget sampler's single long utterances, on 2 ranks: left out, and said once."""
+    class Budget:
+        def __iter__(self):
+            return iter([[0, 1, 2, 3], [4], [5, 6], [7]])
+
+        def __len__(self):
+            return 4
+
+    sampler = samplers(Budget(), [1, 1])[0]
+    assert list(sampler) == [[0, 1], [5]]
+    sampler.set_epoch(1)
+    list(sampler)
+    said = capsys.readouterr().out
+    assert said.count("its batch_sampler Budget gave 2 batches of fewer than 2 samples in epoch 0 (2 samples): each is "
+                      "left out") == 1, said

@@ -183,7 +183,8 @@ def _run(argv, env, cwd, run_dir, rank0_host, watch: elastic_hosts.Watch | None,
         return results  # ranks were dropped and the job went on; or every rank finished its work
     first = next(iter(exits.items()), None)
     if failures and not (first and (_signalled(first[1]) or first[1] == SSH_LOST)):
-        raise LaunchError(failure.summary(failures, ended) + resume_hint(run_dir, rank0_host))
+        raise LaunchError(failure.summary(failures, ended) + resume_hint(
+            run_dir, rank0_host, fix_first=failures[0]["error"].startswith("ConfigError")))
     if proc.returncode == REFUSED and not (exits or failures or alive or results):
         # its reason is on the console already: no "training failed", no resume of a run that never began
         raise LaunchError("the job did not start: its launcher refused it, saying why above")
@@ -388,9 +389,10 @@ def _what(code: int) -> str:
     return f"killed by signal {signum} ({name})"
 
 
-def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> str:
+def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None, fix_first: bool = False) -> str:
     """The newest checkpoint of a training run and the command that continues it (rank 0 writes
-    them: on `rank0_host` when that is another machine)."""
+    them: on `rank0_host` when that is another machine); `fix_first`: the failure was the script's
+    use of the API (a ConfigError), which a resume of the same script meets again."""
     if run_dir is None:
         return ""
     folder = Path(run_dir) / "checkpoints"
@@ -405,4 +407,5 @@ def resume_hint(run_dir: str | Path | None, rank0_host: str | None = None) -> st
         return f"\n  no checkpoint was written yet (run directory {run_dir}): a new run starts from the beginning"
     step, newest = saved[-1]
     return (f"\n  newest checkpoint: {newest} (step {step})"
-            f"\n  resume with: {checkout.invoke()} train --resume {shlex.quote(str(run_dir))}")
+            f"\n  {'once the script is changed as the error says, ' if fix_first else ''}resume with: "
+            f"{checkout.invoke()} train --resume {shlex.quote(str(run_dir))}")

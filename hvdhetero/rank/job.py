@@ -125,7 +125,9 @@ class Job:
         turn within each global step (rank/turns.py), under step sync, in whole shares."""
         if self.training is not None:
             raise ConfigError("job.prepare() was already called: one prepare per job (a GAN's two models, each with "
-                              "its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data))")
+                              "its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data)); models "
+                              "trained one after another (a teacher, then its student) run as a job each (docs/api.md, "
+                              "'Models trained one after another')")
         return preparing.prepare(self, model, optimizer, dataset, global_batch=global_batch, collate_fn=collate_fn,
                                  num_workers=num_workers, loss_fn=loss_fn, scheduler=scheduler, batch_dim=batch_dim,
                                  tracked=self._tracked)
@@ -199,6 +201,7 @@ class Job:
             # where the loader's numbering stands against job.step's as the loop starts: its first epoch's
             # first step, or a resumed checkpoint's place in it
             t.loader_offset = 0 if t.one_pass else max(t.loader.start_step, first * len(t.loader)) - t.train.step
+            t.check_reach = True  # the loop's first job.backward: its loss must reach the job's model
         said_empty = False  # an epoch that took no step (said once)
         try:
             for epoch in range(first, n):

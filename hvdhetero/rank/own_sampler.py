@@ -38,6 +38,8 @@ class OwnDraw:
     count: int | None = None
     """Batches (or indices) an epoch, as the first draw held: every epoch must hold as many."""
     _drawn: tuple[int, Any] | None = field(default=None, repr=False)
+    said_short: bool = False
+    """Rank 0 said that short batches are left out (once a run)."""
 
     def name(self) -> str:
         return f"its {'batch_sampler' if self.batches else 'sampler'} {type(self.source).__name__}"
@@ -78,6 +80,14 @@ class OwnDraw:
         from hvdhetero.rank import collectives
 
         drawn = self.epoch(0, seed)
+        if _is_main():
+            running = self._running_generators(seed, drawn)
+            if running:
+                print(f"hvdhetero: {self.name()} draws from a generator of its own that runs on from epoch to epoch "
+                      f"({running}), which no checkpoint holds: a --resume draws other batches than the stopped run "
+                      "would have. Seed it from the epoch in set_epoch(epoch) (self.rng = np.random.default_rng(seed "
+                      "+ epoch)), or draw from Python's, NumPy's or torch's global generators, which the job seeds "
+                      "each epoch", flush=True)
         if not hvd.is_initialized() or hvd.size() == 1:
             return
         digest = hashlib.sha256(repr(drawn).encode()).hexdigest()
@@ -88,6 +98,24 @@ class OwnDraw:
                               "same seed: it keeps a generator of its own (seeded by time, or by rank), or deals "
                               "one rank's part (a DDP habit: num_replicas, rank); draw with torch's, Python's or "
                               "NumPy's global generators, or with one seeded alike on every rank, for the whole batch")
+
+    def _running_generators(self, seed: int, drawn: Any) -> str:
+        """The generators of its own (attributes) whose running state its draw depends on, in words,
+        or "": the first epoch drawn again with each moved on a number gives other batches. Their
+        states are put back."""
+        own = {name: g for name, g in vars(self.source).items() if _generator(g)} \
+            if hasattr(self.source, "__dict__") else {}
+        if not own:
+            return ""
+        saved = {name: _state_of(g) for name, g in own.items()}
+        try:
+            for g in own.values():
+                _move_on(g)
+            again = self._draw(0, seed)
+        finally:
+            for name, g in own.items():
+                _set_state_of(g, saved[name])
+        return "" if again == drawn else ", ".join(f"self.{name}: {type(g).__name__}" for name, g in own.items())
 
     def _draw(self, epoch: int, seed: int) -> Any:
         """Rank 0: the draw as lists of plain ints, or the refusal's words (said on every rank)."""
@@ -104,16 +132,63 @@ class OwnDraw:
         if not self.batches:
             kept, what = [int(i) for i in drawn], "indices"
         else:
-            kept = [b for b in ([int(i) for i in b] for b in drawn) if len(b) >= self.min_share * self.ranks]
+            batches = [[int(i) for i in b] for b in drawn]
+            kept = [b for b in batches if len(b) >= self.min_share * self.ranks]
             what = f"batches (of {self.min_share * self.ranks} samples or more)"
+            if len(kept) < len(batches) and not self.said_short and _is_main():
+                self.said_short = True
+                short = [b for b in batches if len(b) < self.min_share * self.ranks]
+                print(f"hvdhetero: {self.name()} gave {len(short)} batch{'es' * (len(short) != 1)} of fewer than "
+                      f"{self.min_share * self.ranks} samples in epoch {epoch} ({sum(map(len, short))} samples): each "
+                      f"is left out, as every rank takes at least {self.min_share} of a batch, so they train nowhere; "
+                      "fold a bucket's short last batch into another to keep them", flush=True)
             if not kept:
                 return (f"job.prepare(): {self.name()} gave no batch of {self.min_share * self.ranks} samples or more "
                         f"in epoch {epoch}: every rank takes at least {self.min_share} of each")
         if self.count is not None and len(kept) != self.count:
             return (f"{self.name()} gave {len(kept)} {what} in epoch {epoch}, and {self.count} in the first: "
                     "hvdhetero numbers an epoch's steps alike every epoch (checkpoints, --resume); give it as many "
-                    "each epoch (drop_last, or a fixed count)")
+                    "each epoch (a fixed count of batches: a token budget's batches merged or split to it)")
         return kept
+
+
+def _is_main() -> bool:
+    import horovod.torch as hvd
+
+    return not hvd.is_initialized() or hvd.rank() == 0
+
+
+def _generator(g: Any) -> bool:
+    import numpy as np
+
+    return isinstance(g, (random.Random, np.random.Generator, np.random.RandomState, torch.Generator))
+
+
+def _state_of(g: Any) -> Any:
+    import numpy as np
+
+    if isinstance(g, np.random.Generator):
+        return g.bit_generator.state
+    return g.get_state() if isinstance(g, (np.random.RandomState, torch.Generator)) else g.getstate()
+
+
+def _set_state_of(g: Any, state: Any) -> None:
+    import numpy as np
+
+    if isinstance(g, np.random.Generator):
+        g.bit_generator.state = state
+    elif isinstance(g, (np.random.RandomState, torch.Generator)):
+        g.set_state(state)
+    else:
+        g.setstate(state)
+
+
+def _move_on(g: Any) -> None:
+    """One number drawn from `g`: its running state moved on."""
+    if isinstance(g, torch.Generator):
+        torch.rand(1, generator=g)
+    else:
+        g.random()
 
 
 def _states() -> tuple:

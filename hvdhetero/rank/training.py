@@ -27,7 +27,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, resume, scaler
+from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, reaching, resume, scaler
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.deferral import Deferral
@@ -165,6 +165,10 @@ class Training:
         """The last step reduced more than once (two losses backpropagated in turn, a GAN's three): the
         step times the ranks exchange cover its first backward only, no measure of the job against one rank."""
 
+    check_reach = True
+    """The next job.backward checks that its loss reaches the job's model (the first, and each
+    job.epochs loop's first: rank/reaching.py)."""
+
     @property
     def one_pass(self) -> bool:
         """The loader draws from a batch function: one endless pass, not one an epoch."""
@@ -253,6 +257,9 @@ class Training:
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
         if item.chunk == 0 and not self.step_state.reduced:
             self.follow_trainable(before_forward=False)
+        if self.check_reach:
+            self.check_reach = False
+            reaching.check(loss, self.reducer.params, self.model)
         theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
         if not self.step_state.reevaluating:  # (a closure's later evaluations: the step's loss is its first's)

@@ -58,12 +58,22 @@ for name, setting in {"several optimizers in micro-batches": {"micro_batch": "8"
         out[name] = f"{type(err).__name__}: {err}"
 # a GAN's habit: its discriminator prepared, then its generator with their own optimizer
 disc, gen = nn.Linear(4, 1), nn.Linear(2, 4)
-job.prepare(disc, torch.optim.Adam(disc.parameters()), data, global_batch=10)
+_, _, loader = job.prepare(disc, torch.optim.Adam(disc.parameters()), data, global_batch=10)
 try:
     job.prepare(gen, torch.optim.Adam(gen.parameters()), data, global_batch=10)
     out["a second model prepared"] = "accepted"
 except Exception as err:  # noqa: BLE001
     out["a second model prepared"] = f"{type(err).__name__}: {err}"
+# knowledge distillation's habit: the teacher prepared (and trained), then a student of its own in the job's loop
+student = nn.Linear(4, 2)
+try:
+    for epoch in job.epochs(1):
+        for x, _ in loader:
+            job.backward(student(x).logsumexp(1).mean() - (student(x) * disc(x).detach()).mean())
+            break
+    out["a student trained after its teacher"] = "accepted"
+except Exception as err:  # noqa: BLE001
+    out["a student trained after its teacher"] = f"{type(err).__name__}: {err}"
 # job.epochs given what a config or a loop holds: a float, a range of another step, nothing to count
 for name, args in {"epochs from a float": (10.0,), "epochs from a range of step 2": (range(0, 10, 2),),
                    "no epochs": (0,), "an empty range of epochs": (range(1, 1),)}.items():
