@@ -66,7 +66,7 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
         torch.manual_seed(t.config.seed * 1_000_003 + state["step"] * 101 + t.rank)
     t.train.load_state_dict(state)
     t.strategy.restart(t.train.step)  # local/diloco: the rounds start again at the checkpoint's step
-    t.loader.start_step = loader_step(state, len(t.loader), t.train.step)
+    t.loader.start_step = loader_step(state, len(t.loader) if state.get("loader_steps") else 0, t.train.step)
     t.loader_at = t.loader.start_step  # a commit taken before the next step (an elastic rejoin's) holds it: it held 0
     t.resumed_own_loop = t.train.step or None  # the script runs again from its top: own_loop_went_on looks
     called = t.parts.parts.get("batches")
