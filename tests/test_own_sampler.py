@@ -1,6 +1,6 @@
 """rank/own_sampler.py: a DataLoader's sampler or batch_sampler of the script's own, drawn each
 epoch on a stream of the job's and dealt to the ranks by speed (here without ranks: each rank's
-sampler drawn alone, as rank 0 draws for all)."""
+sampler drawn alone, as every rank draws it)."""
 
 from __future__ import annotations
 
@@ -14,25 +14,19 @@ from hvdhetero.rank.own_sampler import OwnDraw
 from hvdhetero.rank.sampler import WeightedBatchSampler
 
 
-class Buckets:
-    """A seq2seq's bucket sampler: indices shuffled with Python's random, sorted by length within
-    chunks of 4 batches, cut into batches of 8, the batches shuffled (a bucket's last one shorter)."""
+def _bucketing():
+    """tests/scripts/bucketing.py: the bucket sampler tests/scripts/buckets.py trains with."""
+    import importlib.util
 
-    def __init__(self, lengths, batch_size=8, drop_short=False):
-        self.lengths, self.batch_size, self.drop_short = lengths, batch_size, drop_short
+    from conftest import ROOT
 
-    def __iter__(self):
-        idx = list(range(len(self.lengths)))
-        random.shuffle(idx)
-        batches = []
-        for i in range(0, len(idx), 4 * self.batch_size):
-            part = sorted(idx[i:i + 4 * self.batch_size], key=lambda j: self.lengths[j])
-            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)]
-        random.shuffle(batches)
-        return iter(batches)
+    spec = importlib.util.spec_from_file_location("bucketing", ROOT / "tests" / "scripts" / "bucketing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Buckets
 
-    def __len__(self):
-        return -(-len(self.lengths) // self.batch_size)
+
+Buckets = _bucketing()
 
 
 def samplers(source, split, seed=0, min_share=1):
@@ -45,7 +39,7 @@ def test_a_bucket_samplers_batches_are_kept_and_dealt_by_the_split():
     nominal one dealt 5/3 and a bucket's short last one (4 of 100 % 32) in proportion; every
     sample once an epoch; the script's own Python random left where it was."""
     lengths = [random.Random(1).randint(1, 30) for _ in range(100)]
-    ranks = samplers(Buckets(lengths), [5, 3])
+    ranks = samplers(Buckets(lengths, 8), [5, 3])
     before = random.getstate()
     epoch = [list(r) for r in ranks]
     assert random.getstate() == before
@@ -64,7 +58,7 @@ def test_an_epoch_draws_alike_again_on_resume_and_anew_the_next_epoch():
     """A resumed run's sampler (a new object) draws the epoch it stopped in as the first run did;
     the next epoch draws another order."""
     lengths = list(range(100))
-    first, again = samplers(Buckets(lengths), [4, 4])[0], samplers(Buckets(lengths), [4, 4])[0]
+    first, again = samplers(Buckets(lengths, 8), [4, 4])[0], samplers(Buckets(lengths, 8), [4, 4])[0]
     for s in (first, again):
         s.set_epoch(3)
     assert list(first) == list(again)
@@ -147,7 +141,7 @@ def test_a_sampler_that_deals_one_replicas_part_is_refused():
 
     with pytest.raises(ConfigError, match=r"batch_sampler Sharded draws for one of 2 replicas \(num_replicas, a DDP "
                                           r"habit\): make it for one process"):
-        OwnDraw(Sharded(list(range(10))), batches=True)
+        OwnDraw(Sharded(list(range(10)), 8), batches=True)
 
 
 def test_a_sampler_with_a_generator_running_on_is_said_at_prepare_and_one_seeded_by_epoch_is_not(capsys):

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from hvdhetero.errors import ConfigError
+from hvdhetero.rank import checkpoint
 
 
 @dataclass
@@ -118,17 +119,19 @@ class OwnDraw:
         return "" if again == drawn else ", ".join(f"self.{name}: {type(g).__name__}" for name, g in own.items())
 
     def _draw(self, epoch: int, seed: int) -> Any:
-        """Rank 0: the draw as lists of plain ints, or the refusal's words (said on every rank)."""
-        saved = _states()
+        """The draw as lists of plain ints, or the refusal's words (`epoch` raises them)."""
+        import numpy as np
+
+        saved = checkpoint.rng_state()  # torch's CPU generator, NumPy's, Python's (a device's is the rank's)
         try:
-            torch.default_generator.manual_seed(seed)  # the CPU's alone: a device's generator is the rank's
+            torch.default_generator.manual_seed(seed)
             random.seed(seed)
-            _numpy_seed(seed)
+            np.random.seed(seed % 2 ** 32)
             if hasattr(self.source, "set_epoch"):
                 self.source.set_epoch(epoch)
             drawn = list(iter(self.source))
         finally:
-            _set_states(saved)
+            checkpoint.set_rng_state(saved)
         if not self.batches:
             kept, what = [int(i) for i in drawn], "indices"
         else:
@@ -189,23 +192,3 @@ def _move_on(g: Any) -> None:
         torch.rand(1, generator=g)
     else:
         g.random()
-
-
-def _states() -> tuple:
-    import numpy as np
-
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def _set_states(states: tuple) -> None:
-    import numpy as np
-
-    torch.set_rng_state(states[0])
-    random.setstate(states[1])
-    np.random.set_state(states[2])
-
-
-def _numpy_seed(seed: int) -> None:
-    import numpy as np
-
-    np.random.seed(seed % 2 ** 32)

@@ -89,4 +89,3 @@ def own_stream(rank: int) -> None:
     if rank:
         current.rank_seed = (torch.initial_seed() * 1_000_003 + rank * 7_919) % (2 ** 63)
         torch.manual_seed(current.rank_seed)
-

@@ -191,7 +191,7 @@ class WeightedBatchSampler:
             drawn = self.own.epoch(self.epoch, seed)
             if self.own.batches:
                 self._batches = drawn
-                return torch.tensor([i for batch in drawn for i in batch], dtype=torch.long)
+                return torch.empty(0, dtype=torch.long)  # (step_indices reads its batches, not an order)
             return torch.tensor(drawn, dtype=torch.long)
         if not self.shuffle and self.draw is None:
             return torch.arange(self.n)

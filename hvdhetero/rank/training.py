@@ -71,13 +71,14 @@ class Training:
         # every rank takes part in an epoch's short last step, with BatchNorm two samples at least: a
         # 1,400-sample epoch at batch 233 ends in 2 samples, which one device runs and two ranks got as 1 + 1
         self.sampler = WeightedBatchSampler(len(data.dataset), self.balancer.split, self.rank, seed=config.seed,
-                                            shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw, own=data.own,
-                                            min_share=batches.fewest_samples(model))
+                                            shuffle=data.shuffle, drop_last=data.drop_last, draw=data.draw,
+                                            own=data.own, min_share=batches.fewest_samples(model))
         self.passes = Passes(train)
         """Where a loop over the loader stands, pass by pass (rank/passes.py)."""
         self.loader = Loader(data.dataset, self.sampler, device, me.micro_batch, data.collate_fn, data.num_workers,
                              worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
-                             prefetch_factor=data.prefetch_factor, on_item=self.on_item, busy=lambda: self.me.busy_clock()(),
+                             prefetch_factor=data.prefetch_factor, on_item=self.on_item,
+                             busy=lambda: self.me.busy_clock()(),
                              epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.sampler.first_draw()  # a sampler of the script's own: its count of steps an epoch, from what it draws

@@ -39,7 +39,7 @@ class Data:
     prefetch_factor: int | None = None
     """Chunks each worker collates ahead (torch's default, 2, where None)."""
     own: OwnDraw | None = None
-    """The DataLoader's sampler or batch_sampler of the script's own, drawn by rank 0 each epoch."""
+    """The DataLoader's sampler or batch_sampler of the script's own, drawn alike on every rank each epoch."""
 
 
 def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, num_workers: int | None,
@@ -107,7 +107,7 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
                               "batch (a DDP script's sampler goes: shuffle=True does what it did); pass its dataset "
                               f"and global_batch= instead (job.prepare(model, optimizer, loader.dataset, "
                               f"global_batch=...{collate}))")
-        own = OwnDraw(sampler, batches=False)  # a sampler of the script's own: rank 0 draws each epoch
+        own = OwnDraw(sampler, batches=False)  # a sampler of the script's own: every rank draws it alike
         own.declared()
     return Data(data.dataset, global_batch if global_batch is not None else batches.batch_size, collate_fn,
                 shuffle=isinstance(sampler, RandomSampler), drop_last=batches.drop_last, draw=draw, own=own, **kept)

@@ -1,6 +1,6 @@
 """A seq2seq-style loader as people write one: sequences of 2 to 30 tokens, a bucket sampler of
-the script's own (Python's random: indices shuffled, sorted by length within chunks of 4 batches,
-cut into batches of 16, the batches shuffled) and a collate_fn that pads each batch to its
+the script's own (bucketing.py's: indices shuffled with Python's random, sorted by length within
+chunks of 4 batches, cut into batches of 16, the batches shuffled) and a collate_fn that pads each batch to its
 longest. The DataLoader goes to job.prepare as it is. Each rank writes the samples it trained on
 at each step to RUN_DIR/seen-RANK.json; rank 0 prints the mean padding a batch.
 
@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 import hvdhetero as hh
+from bucketing import Buckets  # the script's own sampler, beside it
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=2)
@@ -28,24 +29,6 @@ LENGTHS = [rng.randint(2, 30) for _ in range(320)]
 SEQUENCES = [torch.randint(1, 20, (n,), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(LENGTHS)]
 
 
-class Buckets:
-    def __init__(self, lengths, batch_size=16):
-        self.lengths, self.batch_size = lengths, batch_size
-
-    def __iter__(self):
-        idx = list(range(len(self.lengths)))
-        random.shuffle(idx)
-        batches = []
-        for i in range(0, len(idx), 4 * self.batch_size):
-            part = sorted(idx[i:i + 4 * self.batch_size], key=lambda j: self.lengths[j])
-            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)]
-        random.shuffle(batches)
-        return iter(batches)
-
-    def __len__(self):
-        return -(-len(self.lengths) // self.batch_size)
-
-
 def pad_collate(items):
     index = torch.tensor([i for i, _ in items])
     return index, pad_sequence([s for _, s in items], batch_first=True), torch.tensor([len(s) for _, s in items])
@@ -54,7 +37,8 @@ def pad_collate(items):
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.embed, self.rnn, self.out = nn.Embedding(20, 16, padding_idx=0), nn.GRU(16, 32, batch_first=True), nn.Linear(32, 2)
+        self.embed, self.rnn = nn.Embedding(20, 16, padding_idx=0), nn.GRU(16, 32, batch_first=True)
+        self.out = nn.Linear(32, 2)
 
     def forward(self, tokens, lengths):
         packed = nn.utils.rnn.pack_padded_sequence(self.embed(tokens), lengths, batch_first=True, enforce_sorted=False)
@@ -62,7 +46,7 @@ class Model(nn.Module):
 
 
 dataset = [(i, s) for i, s in enumerate(SEQUENCES)]
-loader = DataLoader(dataset, batch_sampler=Buckets(LENGTHS), collate_fn=pad_collate)
+loader = DataLoader(dataset, batch_sampler=Buckets(LENGTHS, batch_size=16), collate_fn=pad_collate)
 model = Model()
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 model, optimizer, loader = job.prepare(model, optimizer, loader, loss_fn=lambda m, b: m(b[1], b[2]).sum())
