@@ -113,7 +113,8 @@ def test_two_ranks_train_on_the_bucket_samplers_batches_each_dealt_by_speed(tmp_
     goes to job.prepare as it is. Each step the two ranks' rows together are one batch of the
     sampler's epoch, drawn from the job's (seed, epoch) stream, in its order; batches stay bucketed
     (mean padding 0.16 of a batch; shuffled batches of 16 pad ~0.45), as the seq2seq port's
-    original's were (its port had to drop them: epochs 1.6x slower on one device)."""
+    original's were (its port had to drop them: epochs 1.6x slower on one device). One shuffling
+    with a generator seeded by the rank is refused at job.prepare, naming the rank that drew otherwise."""
     import json
 
     from conftest import ROOT, VENV_BIN, run_cmd
@@ -132,6 +133,12 @@ def test_two_ranks_train_on_the_bucket_samplers_batches_each_dealt_by_speed(tmp_
         assert all(a and b for a, b in steps)
     padding = float(proc.stdout.split("mean padding ")[1].split()[0])
     assert padding < 0.25, proc.stdout[-2000:]
+    # a sampler shuffling with a generator seeded by the rank draws other batches on each: refused at prepare
+    refused = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "buckets.py",
+                       "--run-dir", tmp_path / "by-rank", "--", "--by-rank"], check=False, timeout=300)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "ConfigError: job.prepare(): its batch_sampler ByRank drew other batches on " \
+        "rank 1 than on rank 0 from the same seed" in said, said[-2000:]
 
 
 def test_a_sampler_that_deals_one_replicas_part_is_refused():

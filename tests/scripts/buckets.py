@@ -4,7 +4,7 @@ chunks of 4 batches, cut into batches of 16, the batches shuffled) and a collate
 longest. The DataLoader goes to job.prepare as it is. Each rank writes the samples it trained on
 at each step to RUN_DIR/seen-RANK.json; rank 0 prints the mean padding a batch.
 
-    invoke train --script tests/scripts/buckets.py -- [--epochs 2]
+    invoke train --script tests/scripts/buckets.py -- [--epochs 2] [--by-rank]
 """
 
 import argparse
@@ -22,6 +22,7 @@ from bucketing import Buckets  # the script's own sampler, beside it
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--by-rank", action="store_true", help="the sampler shuffles with a generator seeded by the rank")
 args = parser.parse_args()
 job = hh.init()
 rng = random.Random(1)
@@ -46,7 +47,17 @@ class Model(nn.Module):
 
 
 dataset = [(i, s) for i, s in enumerate(SEQUENCES)]
-loader = DataLoader(dataset, batch_sampler=Buckets(LENGTHS, batch_size=16), collate_fn=pad_collate)
+
+
+class ByRank(Buckets):  # a sampler that keeps a generator of its own, seeded by the rank (a DDP habit)
+    def __iter__(self):
+        batches = list(range(len(self.lengths)))
+        random.Random(job.rank).shuffle(batches)
+        return iter([batches[i:i + self.batch_size] for i in range(0, len(batches), self.batch_size)])
+
+
+sampler = (ByRank if args.by_rank else Buckets)(LENGTHS, batch_size=16)
+loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=pad_collate)
 model = Model()
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 model, optimizer, loader = job.prepare(model, optimizer, loader, loss_fn=lambda m, b: m(b[1], b[2]).sum())
