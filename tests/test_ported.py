@@ -308,7 +308,12 @@ def test_a_terminal_shows_rank_0_as_printed_and_others_tagged_with_all_ranks_out
 
 @pytest.mark.slow
 def test_a_port_run_with_plain_python_is_a_one_rank_job_with_no_protocol_on_stdout(tmp_path):
-    proc = run_cmd([VENV_BIN / "python", PORTED / "regression.py"], timeout=300,
+    """Run beside a clone of this checkout (a user's project holding it, as `invoke -r ~/hvdhetero`
+    has it): the folder named hvdhetero is no package of its own, and the installed one is imported."""
+    project = tmp_path / "project"
+    (project / "hvdhetero" / "hvdhetero").mkdir(parents=True)
+    shutil.copy(PORTED / "regression.py", project)
+    proc = run_cmd([VENV_BIN / "python", project / "regression.py"], timeout=300, cwd=project,
                    env={"HVDHETERO_RUNS": str(tmp_path / "runs")})  # (its run folder, not in the checkout)
     assert "@@hvdhetero" not in proc.stdout + proc.stderr
     assert PORTS["regression"][3](last(PORTS["regression"][2], proc.stdout)), proc.stdout[-2000:]

@@ -49,9 +49,17 @@ def pip(python: str, *args: str) -> None:
         raise BuildError(f"pip install {' '.join(args)} failed in {python}:\n{tail}")
 
 
+EDITABLE = ("--config-settings", "editable_mode=compat")
+"""The checkout's root on sys.path (a .pth line), not setuptools' import hook: the hook comes after
+Python's own path search, so a folder named hvdhetero beside a script (this checkout cloned into
+the user's project, as `invoke -r ~/hvdhetero` has it) was imported as an empty namespace package
+by `python script.py` ("module 'hvdhetero' has no attribute 'init'")."""
+
+
 def project_hash() -> str:
-    """What the editable install depends on: re-install hvdhetero when its metadata changes."""
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    """What the editable install depends on: re-install hvdhetero when its metadata (or how it is
+    installed) changes."""
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + " ".join(EDITABLE).encode()).hexdigest()[:16]
 
 
 def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> list[str]:
@@ -75,7 +83,7 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
     recorded = json.loads(stamp.read_text()) if stamp.exists() else {}
     if recorded.get("project") != project_hash() or recorded.get("root") != str(ROOT):
         log("hvdhetero: installing this checkout (editable) with its dev and launcher extras")
-        pip(python, "-e", f"{ROOT}[dev,launcher]")
+        pip(python, "-e", f"{ROOT}[dev,launcher]", *EDITABLE)
         changed.append("hvdhetero")
     else:
         log("hvdhetero: editable install of this checkout is current")
