@@ -43,3 +43,24 @@ def test_a_dict_of_the_scripts_own_numbers_round_trips_into_the_same_dict():
     assert fresh["last"] == [2.0] and type(fresh["last"][0]) is float
     with pytest.raises(ConfigError, match=r"job.track\('stats', a dict\): its 'env' holds a object"):
         Values("stats", {"running": 0.0, "env": object()})
+
+
+def test_an_averaged_model_no_checkpoint_holds_is_found_once_and_a_tracked_one_never():
+    """rank/averaging.unsaved: what the first checkpoint's line names (a helper's DDPM port left its
+    EMA out of job.track: --resume made it again, its 84 updates' average started over, unsaid)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    from hvdhetero.rank import averaging
+
+    averaging.install()  # as job.prepare does: updates recorded with the model they averaged
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    ema, tracked, of_part, other = (AveragedModel(m) for m in (model, model, model[0], torch.nn.Linear(3, 2)))
+    holder = torch.nn.ModuleDict({"ema": tracked})  # job.track'ed inside a module of the script's own
+    for _ in range(3):
+        ema.update_parameters(model)
+        tracked.update_parameters(model)
+    of_part.update_parameters(model[0])  # an EMA of a part of the model
+    stranger = torch.nn.Linear(3, 2)
+    other.update_parameters(stranger)  # of another model: not the job's
+    assert averaging.unsaved(model, [model, holder]) == [3, 1]
+    assert averaging.unsaved(model, [model, holder]) == [], "said once"

@@ -318,6 +318,11 @@ def test_a_script_written_for_one_gpu_runs_as_written_and_its_mistakes_are_said(
     assert [r["warmup_steps"] for r in ranks] == [12, 12], ranks
     assert proc.stdout.count("hvdhetero: the LambdaLR on the job's optimizer is in no checkpoint: pass it as "
                              "job.prepare(..., scheduler=)") == 1, proc.stdout
+    # its two EMAs, made after job.prepare and not job.track'ed, said once at the first checkpoint (a
+    # resume would make them again from the model: their averages started over, without a word before)
+    assert proc.stdout.count("hvdhetero: 2 AveragedModels of the model (an EMA or SWA, 6 and 6 updates averaged) "
+                             "are in no checkpoint: make each before job.prepare and job.track('ema', ema)") == 1, \
+        proc.stdout
     bad = subprocess.run([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "wild.py", "--run-dir", tmp_path / "x",
                           "--env", "WILD_UNSET_HERE", "--", "--out", out], capture_output=True, text=True,
                          timeout=120, env={k: v for k, v in env.items() if k != "WILD_UNSET_HERE"})

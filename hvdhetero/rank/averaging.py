@@ -53,6 +53,8 @@ class _Job:
     """Those updated since the ranks last made their buffers one (or update_bn recomputed them)."""
     said = False
     """Whether rank 0 said that the ranks update different counts of AveragedModels."""
+    unsaved: weakref.WeakSet = weakref.WeakSet()
+    """AveragedModels already said to be in no checkpoint."""
 
 
 def take_over(state: StepState) -> None:
@@ -123,6 +125,24 @@ def buffers(model: torch.nn.Module) -> None:
         if not a.use_buffers:  # as torch's update_parameters does, from the buffers as the ranks now have them
             for b_avg, b_model in zip(a.module.buffers(), source.buffers()):
                 b_avg.detach().copy_(b_model.detach().to(b_avg.device))
+
+
+def unsaved(model: torch.nn.Module, held) -> list[int]:
+    """The AveragedModels of `model` (an EMA or SWA updated from it or a part of it) that are
+    neither `held` (objects a checkpoint saves: job.track's, the model) nor a module of one, and
+    not said before: the updates each averaged. A resume made them again from the model, and
+    the average started over, without a word (a helper's DDPM port, its EMA not job.track'ed)."""
+    ours = {id(b) for b in model.buffers()} | {id(p) for p in model.parameters()}
+    inside = {id(m) for h in held if isinstance(h, torch.nn.Module) for m in h.modules()} | {id(h) for h in held}
+    found = []
+    for a, ref in list(_Job.sources.items()):
+        source = ref()
+        if source is None or a in _Job.unsaved or id(a) in inside:
+            continue
+        if _part_of(source, model, ours) or any(id(p) in ours for p in source.parameters()):
+            _Job.unsaved.add(a)
+            found.append(int(a.n_averaged))
+    return found
 
 
 def _part_of(source: torch.nn.Module, model: torch.nn.Module, ours: set[int]) -> bool:

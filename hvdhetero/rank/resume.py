@@ -22,7 +22,7 @@ import torch
 
 from hvdhetero.errors import ConfigError, briefly
 from hvdhetero.rank import checkpoint
-from hvdhetero.rank import collectives, positions
+from hvdhetero.rank import averaging, collectives, positions
 from hvdhetero.rank.reducer import to_cpu
 
 if TYPE_CHECKING:
@@ -105,6 +105,15 @@ def save_checkpoint(t: Training, epoch_done: bool) -> None:
     if t.is_main:
         checkpoint.save_object(snapshot(t, rng=rngs, optimizer=optimizer, epoch_done=epoch_done), path)
         checkpoint.keep_newest(t.run_dir, t.config.keep_checkpoints)
+        tracked = t.parts.parts["tracked"]
+        unsaved = averaging.unsaved(t.model, [t.model, *tracked.parts.values()])
+        if unsaved:
+            several = len(unsaved) > 1
+            print(f"hvdhetero: {f'{len(unsaved)} AveragedModels' if several else 'an AveragedModel'} of the model "
+                  f"(an EMA or SWA, {' and '.join(str(n) for n in unsaved)} updates averaged) "
+                  f"{'are' if several else 'is'} in no checkpoint: make {'each' if several else 'it'} before "
+                  "job.prepare and job.track('ema', ema) so that --resume goes on with the average; a resume makes "
+                  f"{'them' if several else 'it'} again from the model, the average started over", flush=True)
     t.train.last_checkpoint, t.train.checkpoint_due = step, False
     t.records.write("checkpoint", epoch=t.train.epoch, step=step, path=str(path),
                     seconds=round(time.perf_counter() - started, 4))
