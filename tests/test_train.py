@@ -188,10 +188,14 @@ def test_bf16_on_cpu_reaches_the_fp32_accuracy(tmp_path):
     for seed in range(3):
         for precision in accuracy:
             run_dir = tmp_path / f"{precision}-{seed}"
-            run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--precision", precision,
-                     "--run-dir", run_dir], timeout=600)
+            proc = run_cmd([VENV_BIN / "invoke", "train", "--epochs", "15", "--seed", seed, "--precision", precision,
+                            "--run-dir", run_dir], timeout=600)
             records = metrics.records(run_dir / "metrics.jsonl")
             assert records[0]["config"]["precision"] == precision
+            # a CPU without native bf16 runs it as fp32: said once for both ranks (it was once a rank)
+            said = [line for line in proc.stdout.splitlines() if "--precision bf16 runs as" in line]
+            assert said == [] if "runs as" not in records[0]["precision"][0] else \
+                said == [f"hvdhetero: ranks 0, 1: {records[0]['precision'][0]}"], proc.stdout[-2000:]
             tested = [r["test_accuracy"] for r in records if r["event"] == "log"]
             accuracy[precision].append(statistics.fmean(tested[-5:]))  # epochs 10-14
             final.append(tested[-1])

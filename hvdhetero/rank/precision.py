@@ -59,6 +59,11 @@ class Precision:
                     "fp16: torch emulates them, many times slower)")
         return f"--precision {self.requested} runs as {taken} on {self.device} (no fast {self.requested} there)"
 
+    @staticmethod
+    def note_of(said: str) -> bool:
+        """Whether `said` (what the start record holds of a rank's precision) is a note, not a dtype."""
+        return said.startswith("--precision ")
+
     def autocast(self):
         if self.dtype is None:
             return contextlib.nullcontext()

@@ -122,6 +122,10 @@ def record(records: RunRecords, config: JobConfig, me: Worker, precision, balanc
                   overhead_s=balancer.overhead, seconds_per_sample=balancer.seconds_per_sample)
     records.write("split", epoch=0, step=0, split=balancer.split, reason=balancer.reason,
                   fallback=balancer.fallback)
-    if precision.note:
-        print(f"hvdhetero: rank {hvd.rank()}: {precision.note}", flush=True)
+    notes: dict[str, list[int]] = {}  # one line a note, its ranks named (two CPU ranks said the same line twice)
+    for rank, said in enumerate(gathered["precision"]):
+        if precision.note_of(said):
+            notes.setdefault(said, []).append(rank)
+    for said, ranks in notes.items() if records.is_main else ():
+        print(f"hvdhetero: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {said}", flush=True)
     return list(gathered["slowdowns"])
