@@ -323,10 +323,18 @@ def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
             "for i in range(50): w('[0]<stderr>:\\r' + '[0]<stderr>:' + f'{i * 2:3d}%|bar| {i}/50\\r')\n"
             "w('[0]<stderr>:100%|bar| 50/50\\n')\n"
             "w('[0]<stdout>:a windows line\\r[0]<stdout>:\\n')\n"
+            # the rank's heartbeat inside a bar's line (tqdm ends it with no newline until the bar is
+            # done): a bar tqdm then cleared (leave=False) leaves no line, one it kept its last state once
+            f"beat = '{progress.ALIVE_TAG}' + '{{\"rank\": 0, \"host\": \"h0\"}}\\n'\n"
+            "w('[0]<stderr>:\\r[0]<stderr>:epoch 2:  50%|bar| 7/14' + beat)\n"
+            "w('[0]<stderr>:\\r[0]<stderr>:epoch 2: 100%|bar| 14/14\\r[0]<stderr>:                  \\r')\n"
+            "w('[0]<stdout>:epoch 2 done\\n')\n"
+            "w('[0]<stderr>:\\r[0]<stderr>:epoch 3:  50%|bar| 7/14' + beat)\n"
+            "w('[0]<stderr>:\\r[0]<stderr>:epoch 3: 100%|bar| 14/14\\n')\n"
             f"w('[0]<stderr>: 10%\\r[0]<stdout>:{progress.DONE_TAG}\\n[1]<stdout>:{progress.DONE_TAG}\\n')\n")
     assert supervise.run([sys.executable, "-c", code], {}, rank_hosts=["h0", "h1"]) == []
     shown = capsys.readouterr().out.splitlines()
-    assert shown == ["epoch 1", "100%|bar| 50/50", "a windows line"], shown
+    assert shown == ["epoch 1", "100%|bar| 50/50", "a windows line", "epoch 2 done", "epoch 3: 100%|bar| 14/14"], shown
     assert console.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
         f"[0]<stderr>:{progress.ALIVE_TAG}{{}}\n", "[0]<stderr>: 2%\n"]
 

@@ -358,6 +358,42 @@ class RankLogs:
             file.close()
 
 
+class Spliced:
+    """A rank's line that its heartbeat cut (the heartbeat thread writes whole lines to stderr, and
+    one landed inside a progress bar's line, which tqdm ends with no newline until the bar is done,
+    or never: leave=False) made whole again: the heartbeat passes as a line of its own, the text
+    before it is held and goes on with that rank's next line on that stream. Shown as it came, the
+    bar's state at the heartbeat was a console line of its own ("epoch 1:  50%|█████ | 7/14", a
+    helper's DDPM port), a bar tqdm then cleared."""
+
+    def __init__(self):
+        self.held: dict[tuple[str, str], str] = {}
+
+    def feed(self, line: str) -> list[str]:
+        match = PREFIX.match(line)
+        if match is None:
+            return [line]
+        key = match.group(1, 2)
+        if key in self.held:
+            line = self.held.pop(key) + line[match.end():]
+        at = line.find(ALIVE_TAG)
+        if at < 0 or not _said(line[:at]):
+            return [line]
+        self.held[key] = line[:at]
+        return [match.group(0) + line[at:]]
+
+    def rest(self) -> list[str]:
+        """What is still held (a rank's bar that never ended its line), as lines."""
+        rest = [text + "\n" for text in self.held.values()]
+        self.held.clear()
+        return rest
+
+
+def _said(text: str) -> bool:
+    """Whether `text`, a line's start (its redraws each with the rank's prefix), holds more than prefixes."""
+    return any(PREFIX.sub("", part, count=1) for part in text.split("\r"))
+
+
 def settled(line: str) -> list[str]:
     """A line as it reached the launcher, less the progress bar's updates in it: tqdm and its
     kind redraw a line with "\r" many times a second, and horovodrun passes on each redraw with
@@ -368,12 +404,19 @@ def settled(line: str) -> list[str]:
         return [line]
     parts = line.split("\r")
 
-    def text(part: str) -> str:
+    def raw(part: str) -> str:
         match = PREFIX.match(part)
-        return (part[match.end():] if match else part).strip()
+        return (part[match.end():] if match else part).rstrip("\n")
+
+    def text(part: str) -> str:
+        return raw(part).strip()
 
     ours = [part + "\n" for part in parts[:-1] if TAG_MARK in part]
-    last = next((part for part in reversed(parts) if text(part)), parts[-1])
+    # the line's last state: its last part with anything but the line's end ("a line\r\n" ends in
+    # none); blank, the bar was cleared (tqdm's leave=False), and nothing is left on a terminal
+    last = next((part for part in reversed(parts) if raw(part)), parts[-1])
+    if not text(last):
+        return ours
     tagged = PREFIX.match(parts[0])
     if tagged and not PREFIX.match(last):  # one prefix for all its redraws (mpirun's, the Ray driver's)
         last = tagged.group(0) + last

@@ -270,15 +270,20 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
     in_help = False  # inside one of Open MPI's dashed help blocks, printed once the ranks ran (left out)
 
     def read():
+        spliced = console.Spliced()  # a heartbeat inside a bar's line: the line made whole again
         try:
             proc.stdout.reconfigure(newline="\n")  # a "\r" ends no line: a progress bar's update (below)
             for line in proc.stdout:
                 for part in console.untangled(line):
-                    for kept in console.settled(part):
-                        lines.put(kept)
+                    for whole in spliced.feed(part):
+                        for kept in console.settled(whole):
+                            lines.put(kept)
         except (ValueError, OSError):  # the pipe closed under it: the job is being stopped, its end says why
             pass
         finally:
+            for whole in spliced.rest():
+                for kept in console.settled(whole):
+                    lines.put(kept)
             lines.put(None)
 
     threading.Thread(target=read, name="hvdhetero-relay", daemon=True).start()
