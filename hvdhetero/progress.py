@@ -107,6 +107,8 @@ class Reporter:
         self.compute_s = self.wait_s = 0.0
         self._printed: float | None = None
         self._round = 0
+        self._last: dict | None = None
+        self._job: tuple[int, int, dict] | None = None
 
     def exchanged(self, rounds: int, seconds: float) -> float:
         """--sync local/diloco: the seconds the last exchange blocked this rank, once per round
@@ -124,12 +126,29 @@ class Reporter:
         self.samples += samples
         self.compute_s += compute_s
         self.wait_s += wait_s
+        self._job = share, batch, job
         now = time.monotonic()
         if self._printed is not None and now - self._printed < self.every and not epoch_end:
             return False
+        self._print(now, share, batch, job)
+        return True
+
+    def again(self, **changes) -> None:
+        """The last step's line again with `changes` (an epoch's end the line did not count to),
+        unless the last line printed said them already at that step."""
+        if self._job is None:
+            return
+        last = self._last
+        if last is not None and last["n_steps"] == self.steps and all(last.get(k) == v for k, v in changes.items()):
+            return
+        share, batch, job = self._job
+        job = {**job, **changes, **({"logs": []} if "logs" in job else {})}  # (unsent ones go with the next)
+        self._print(time.monotonic(), share, batch, job)
+
+    def _print(self, now: float, share: int, batch: int, job: dict) -> None:
         self._printed = now
         line = {**self.who, "t": round(now, 6), "n_steps": self.steps, "n_samples": self.samples,
                 "compute_s": round(self.compute_s, 6), "wait_s": round(self.wait_s, 6), "share": share,
                 "batch": batch, **job}
+        self._last = line
         print(TAG + json.dumps(line), file=self.out or sys.stdout, flush=True)
-        return True

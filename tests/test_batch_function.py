@@ -552,3 +552,62 @@ def test_a_square_tensor_beside_the_samples_is_said_to_be_split_by_rows():
     assert _square_beside((torch.randn(64, 64), torch.randint(10, (64,))), 0) == ""
     assert _square_beside((torch.randn(8, 3, 8, 8), torch.randint(10, (8,))), 0) == ""
     assert _square_beside((torch.randn(30, 30), torch.randn(30, 7)), 1) == ""
+
+
+@pytest.mark.slow
+def test_two_data_sources_go_in_one_batch_function_and_a_loader_cycled_within_an_epoch_is_counted_so(tmp_path):
+    """tests/scripts/two_sources.py, FixMatch's loop: 32 labelled and 3 x 32 unlabelled samples a
+    step, 15 steps an epoch. Joined (docs/api.md's "Two data sources in one step"), each rank takes
+    its share of both, three unlabelled beside each labelled, however the split moves (rank 1 is 3x
+    slower); one model. Cycled (the labelled loader prepared, restarted with iter() every 6 steps),
+    the console says once what that means, counts each epoch's 15 steps over its passes (a pass's
+    6/6 had ended an epoch on the console at every pass: 108 blocks in a helper's 45 s run), and a
+    split's record stands at job.step's count (its loader step, numbered alike in every pass, was
+    behind the epoch's records)."""
+    joined, cycled = tmp_path / "joined", tmp_path / "cycled"
+    for run, mode, extra in ((joined, "joined", ["--slowdown", "3"]), (cycled, "cycled", [])):
+        (run / "out").mkdir(parents=True)
+        proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT.parent / "two_sources.py", "--run-dir", run / "run",
+                        "--keep-checkpoints", "0", *extra, "--", "--mode", mode, "--out", run / "out"], timeout=300)
+        ranks = [json.loads((run / "out" / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert ranks[0]["weights"] == ranks[1]["weights"], mode
+        records = metrics.records(run / "run" / "metrics.jsonl")
+        ends = [r["step"] for r in records if r["event"] == "epoch"]
+        assert ends == [15, 30, 45], ends
+        ended = re.findall(r"^epoch (\d)/3  step (\d+)/(\d+) \(100%\)", proc.stdout, re.M)
+        if mode == "joined":
+            took = [[a + b for a, b in zip(ranks[0]["took"][i], ranks[1]["took"][i])] for i in range(45)]
+            assert took == [[32, 96]] * 45 and all(u == 3 * n for r in ranks for n, u in r["took"]), ranks
+            assert any(n < 16 for n, _ in ranks[1]["took"]), "balanced: the slow rank 1 takes less"
+            assert "took the prepared loader again" not in proc.stdout
+            assert ended == [("1", "15", "15"), ("2", "15", "15"), ("3", "15", "15")], proc.stdout
+            continue
+        assert all(u == 96 for r in ranks for _, u in r["took"]), "each rank draws the unlabelled 96 whole"
+        assert proc.stdout.count("hvdhetero: the loop took the prepared loader again within one of job.epochs' "
+                                 "epochs (a loader restarted with iter() or cycled through)") == 1, proc.stdout
+        assert [e for e in ended if e[1] == e[2] == "15"] == [("1", "15", "15"), ("2", "15", "15"), ("3", "15", "15")]
+        assert [e for e in ended if e[1] != "15"] in ([], [("1", "6", "6")]), proc.stdout  # (a first pass's end)
+        # each split's step within the epoch it was decided in (at most a step past its end), in order
+        steps = [(r["event"], r["step"]) for r in records if r["event"] in ("epoch", "split")]
+        for i, (event, step) in enumerate(steps):
+            if event == "split" and i + 1 < len(steps):
+                assert (i == 0 or steps[i - 1][1] <= step) and step <= next(s for e, s in steps[i + 1:] if e == "epoch") + 1, steps
+
+
+def test_two_loaders_given_together_or_batches_of_k_samples_a_row_are_said_how_to_go_in_one_function():
+    """A port's first tries at FixMatch's two loaders (a helper's): a tuple of them, read as a
+    dataset of 2 samples ("pass global_batch="), and a batch function returning 16 labelled beside
+    80 unlabelled, each said what to do instead."""
+    labelled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64, 4)), batch_size=16)
+    unlabelled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(320, 4)), batch_size=80)
+    with pytest.raises(ConfigError, match=r"job.prepare\(model, optimizer, \(DataLoader, DataLoader\)\): one data "
+                                          r"source a job. .* go in one batch function .* 'Two data sources in one step'"):
+        validate.data_arguments((labelled, unlabelled), None, None, None)
+    fn = BatchFunction(lambda: (torch.zeros(16, 4), torch.zeros(16), torch.zeros(80, 4)), 0)
+    with pytest.raises(ConfigError, match=r"A tensor of 5 samples to each of the 16 .* goes as \.view\(16, 5, \.\.\.\), "
+                                          r"and \.flatten\(0, 1\) after the call"):
+        fn.measure(fn.fn())
+    fn = BatchFunction(lambda: (torch.zeros(16, 4), torch.zeros(12)), 0)
+    with pytest.raises(ConfigError) as refused:
+        fn.measure(fn.fn())
+    assert "samples to each" not in str(refused.value), "12 is no multiple of 16"

@@ -145,8 +145,10 @@ class Board:
             if isinstance(record.get("size"), int):  # --elastic: a host dropped, its ranks' rows go
                 for gone in [r for r in self.tracks if r >= record["size"]]:
                     del self.tracks[gone]
-            epoch = record.get("epoch")
-            return _ends_epoch(record) and all(t.last.get("epoch") == epoch and _ends_epoch(t.last)
+            # every rank at the same end (a loop that takes the loader again within an epoch ended a
+            # pass there first: that rank's line of it is no end of the epoch another rank reached)
+            at = record.get("epoch"), record.get("step")
+            return _ends_epoch(record) and all((t.last.get("epoch"), t.last.get("step")) == at and _ends_epoch(t.last)
                                                for t in self.tracks.values())
 
     def rows(self) -> list[Row]:

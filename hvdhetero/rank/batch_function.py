@@ -138,13 +138,17 @@ class BatchFunction:
                     "graph'); a sparse input of one row a sample goes dense (.to_dense())")
             if t.dim() > dim and t.shape[dim] != n:
                 shapes = ", ".join(str(tuple(x.shape)) for x in batches.tensors(first))
+                k = t.shape[dim] // n if not dim and t.shape[dim] % n == 0 else 0
+                laid = (f" A tensor of {k} samples to each of the {n} (FixMatch's unlabelled batch beside the "
+                        f"labelled) goes as .view({n}, {k}, ...), and .flatten(0, 1) after the call: each rank "
+                        f"keeps {k} of them a row (docs/api.md, 'Two data sources in one step')." if k > 1 else "")
                 raise ConfigError(
                     f"job.prepare(model, optimizer, fn): the batch function returned tensors of shapes {shapes}, "
                     f"which do not all hold the same number of samples along the {_nth(dim)} dimension ({n} in the "
                     "first): each rank keeps its share of the samples of every tensor. "
                     + ("Where the batch is the second dimension ([sequence, batch], an LSTM or a Transformer "
                        "without batch_first), pass job.prepare(..., batch_dim=1); a tensor every sample shares (a "
-                       "table, class weights) stays out of the batch function." if not dim else
+                       "table, class weights) stays out of the batch function." + laid if not dim else
                        "Return every tensor with the samples along that dimension, or flat (the batch's "
                        f"[..., {n}] laid out row by row, as .view(-1) makes it)."))
             if dim and t.dim() <= dim and (t.numel() % n or not t.numel()):

@@ -127,7 +127,9 @@ class Job:
             raise ConfigError("job.prepare() was already called: one prepare per job (a GAN's two models, each with "
                               "its optimizer, go in one call: job.prepare((netG, netD), (optG, optD), data)); models "
                               "trained one after another (a teacher, then its student) run as a job each (docs/api.md, "
-                              "'Models trained one after another')")
+                              "'Models trained one after another'); two data sources drawn in each step (a labelled "
+                              "and an unlabelled loader) go in one batch function (docs/api.md, 'Two data sources in "
+                              "one step')")
         return preparing.prepare(self, model, optimizer, dataset, global_batch=global_batch, collate_fn=collate_fn,
                                  num_workers=num_workers, loss_fn=loss_fn, scheduler=scheduler, batch_dim=batch_dim,
                                  tracked=self._tracked)

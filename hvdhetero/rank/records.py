@@ -133,6 +133,12 @@ class RunRecords:
                               batch=sum(split), epoch_end=step == steps, **job):
             self.unsent = []
 
+    def progress_ended(self, steps: int) -> None:
+        """An epoch of `steps` steps ended where the live line did not count to its end (its loop took
+        the loader more than once): its last line again, as the epoch's last."""
+        if self.report_progress and self.reporter is not None:
+            self.reporter.again(step=steps, steps=steps)
+
     def end_epoch(self, epoch: int, step: int, size: int, steps: int, split: list[int] | None,
                   skipped_steps: int) -> list[float]:
         """Every rank's epoch summed (a collective) into the "epoch" record; returns every rank's

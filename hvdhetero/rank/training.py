@@ -138,6 +138,12 @@ class Training:
         """The loader steps a pass of the script's loop takes where it leaves each epoch early (Optuna's
         examples break after N batches): the live line's and a sweep's count, from the last whole epoch's."""
         self._pass_span: tuple[int, int] | None = None  # this epoch's first and last loader steps (within it), + 1
+        self.repasses = 0
+        """Passes over the loader begun again within this job.epochs epoch (a labelled loader restarted
+        with iter() beside FixMatch's unlabelled batches): each deals the epoch's order again."""
+        self.epoch_steps: int | None = None
+        """The steps the last epoch took where its loop took the loader more than once: the live line's
+        count of an epoch (a pass's, 6/6, had ended the epoch on the console at every pass)."""
         self.resumed_own_loop: int | None = None
         """A --resume or an elastic restart past step 0: its step, until the second step after it
         (resume.own_loop_went_on); whether the script read job.step or job.epoch, and whether it
@@ -174,6 +180,11 @@ class Training:
     def one_pass(self) -> bool:
         """The loader draws from a batch function: one endless pass, not one an epoch."""
         return self.passes.one_pass
+
+    @property
+    def endless(self) -> bool:
+        """The loader draws with no end (a batch function's, minGPT's sampler): the loop ends each pass."""
+        return bool(self.sampler.draw and self.sampler.draw.endless)
 
     @property
     def elastic(self) -> bool:
@@ -357,20 +368,37 @@ class Training:
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
                 self._against_alone(whole_s / calls, each, list(item.sizes))
-        endless = bool(self.sampler.draw and self.sampler.draw.endless)
+        endless = self.endless
         at = item.step % len(self.loader) + 1
+        if self.in_epochs and not endless and self._pass_span is not None and at <= self._pass_span[1]:
+            self._taken_again()
         self._pass_span = (self._pass_span or (at - item.steps, at))[0], at
         steps = self.pass_steps if self.pass_steps and at <= self.pass_steps else len(self.loader)
+        by_epoch = self.in_epochs and bool(self.repasses or self.epoch_steps or endless)
+        if by_epoch:  # the epoch's steps over its passes (or of an endless draw): as many as the last one's
+            at = self.records.steps
+            steps = self.epoch_steps if self.epoch_steps and at <= self.epoch_steps else None
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
                               # an endless draw's (a batch function's, minGPT's sampler): the optimizer step in
                               # hand, what a loop of its own counts (one that accumulates: k batches a step)
-                              step=self.train.step + 1 if endless else at,
-                              epoch=self.train.epoch, steps=None if endless else steps,
+                              step=self.train.step + 1 if endless and not by_epoch else at,
+                              epoch=self.train.epoch, steps=None if endless and not by_epoch else steps,
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
                               first=self.epochs_from,
                               taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
+
+    def _taken_again(self) -> None:
+        """The loop began another pass over the loader within this job.epochs epoch: said once."""
+        self.repasses += 1
+        if self.is_main and self.repasses == 1 and self.epoch_steps is None:
+            print("hvdhetero: the loop took the prepared loader again within one of job.epochs' epochs (a loader "
+                  "restarted with iter() or cycled through): each pass within an epoch deals that epoch's order "
+                  "again, and the live line counts the epoch's steps over its passes. Where the loop draws a second "
+                  "data source beside it (FixMatch's unlabelled batches beside the labelled), that one is each "
+                  "rank's whole: return both from one batch function, so that every rank takes its share of each "
+                  "(docs/api.md, 'Two data sources in one step')", flush=True)
 
     def _unstepped_step(self) -> None:
         """One more reduced step the prepared optimizer has not stepped after: at the NEVER_STEPPED-th
@@ -501,8 +529,11 @@ class Training:
         new = self.balancer.observe(times, sizes, step=item.step)
         if new:
             at = item.step if after_step is None else after_step
-            self.records.write("split", step=self.counted(self.loader.resplit(new, at)), split=new,
-                               reason=self.balancer.reason, fallback=self.balancer.fallback)
+            effective = self.loader.resplit(new, at)
+            # (passes within an epoch number their steps alike: counted from job.step there)
+            step = self.train.step + effective - item.step if self.repasses else self.counted(effective)
+            self.records.write("split", step=step, split=new, reason=self.balancer.reason,
+                               fallback=self.balancer.fallback)
 
     def exchanged(self, sync: ParameterSync, landed: tuple[list[float], list[float]] | None, after_step: int,
                   count: bool = True) -> None:
@@ -543,9 +574,13 @@ class Training:
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
         averaging.buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
         self.schedule.retime(step_s[0])
-        if self._pass_span is not None and self._pass_span[0] == 0:  # an epoch taken from its start
+        if self.repasses or self.endless:  # the live line's end of the epoch, and its count from now on
+            self.epoch_steps = self.records.steps
+            self.records.progress_ended(self.records.steps)
+        elif self._pass_span is not None and self._pass_span[0] == 0:  # an epoch taken from its start
             self.pass_steps = self._pass_span[1] if self._pass_span[1] < len(self.loader) else None
-        self._pass_span = None
+            self.epoch_steps = None
+        self._pass_span, self.repasses = None, 0
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due
                 or self.schedule.due(self.train.step, self.train.last_checkpoint)):

@@ -54,6 +54,12 @@ def data_arguments(data, global_batch: int | None, collate_fn: Callable | None, 
     one step's whole batch (nanoGPT's get_batch) is drawn from once a step on every rank
     (rank/batch_function.py); `batch_dim`, the dimension its samples lie along, is for such a
     function alone (a DataLoader's collate_fn lays out its batches itself)."""
+    if isinstance(data, (tuple, list)) and len(data) > 1 and all(isinstance(d, DataLoader) for d in data):
+        raise ConfigError(f"job.prepare(model, optimizer, ({', '.join('DataLoader' for _ in data)})): one data source "
+                          "a job. Loaders drawn together in each step (a labelled and an unlabelled set, FixMatch's) "
+                          "go in one batch function that returns a batch of each, a larger one laid out [batch, k, "
+                          "...], so that every rank takes its share of both (docs/api.md, 'Two data sources in one "
+                          "step')")
     function = callable(data) and not isinstance(data, DataLoader) and not hasattr(data, "__getitem__")
     if batch_dim is not None and (type(batch_dim) is not int or batch_dim < 0 or (batch_dim and not function)):
         raise ConfigError(f"job.prepare(..., batch_dim={batch_dim!r}): " + (
