@@ -30,6 +30,7 @@ from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, reaching, resume, scaler
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
+from hvdhetero.rank.counting import Counting
 from hvdhetero.rank.deferral import Deferral
 from hvdhetero.rank.positions import Positions
 from hvdhetero.rank.loader import Item, Loader
@@ -134,16 +135,8 @@ class Training:
         the epoch the live table counts as its first (a loop's range(1, n + 1): 1)."""
         self.loader_offset = 0
         """Inside job.epochs: the loader's step numbers less job.step's (`counted`), set as its loop starts."""
-        self.pass_steps: int | None = None
-        """The loader steps a pass of the script's loop takes where it leaves each epoch early (Optuna's
-        examples break after N batches): the live line's and a sweep's count, from the last whole epoch's."""
-        self._pass_span: tuple[int, int] | None = None  # this epoch's first and last loader steps (within it), + 1
-        self.repasses = 0
-        """Passes over the loader begun again within this job.epochs epoch (a labelled loader restarted
-        with iter() beside FixMatch's unlabelled batches): each deals the epoch's order again."""
-        self.epoch_steps: int | None = None
-        """The steps the last epoch took where its loop took the loader more than once: the live line's
-        count of an epoch (a pass's, 6/6, had ended the epoch on the console at every pass)."""
+        self.count = Counting(self.is_main)
+        """Where the live line says the loop stands in its epoch (rank/counting.py)."""
         self.resumed_own_loop: int | None = None
         """A --resume or an elastic restart past step 0: its step, until the second step after it
         (resume.own_loop_went_on); whether the script read job.step or job.epoch, and whether it
@@ -368,37 +361,15 @@ class Training:
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
                 self._against_alone(whole_s / calls, each, list(item.sizes))
-        endless = self.endless
-        at = item.step % len(self.loader) + 1
-        if self.in_epochs and not endless and self._pass_span is not None and at <= self._pass_span[1]:
-            self._taken_again()
-        self._pass_span = (self._pass_span or (at - item.steps, at))[0], at
-        steps = self.pass_steps if self.pass_steps and at <= self.pass_steps else len(self.loader)
-        by_epoch = self.in_epochs and bool(self.repasses or self.epoch_steps or endless)
-        if by_epoch:  # the epoch's steps over its passes (or of an endless draw): as many as the last one's
-            at = self.records.steps
-            steps = self.epoch_steps if self.epoch_steps and at <= self.epoch_steps else None
+        at, steps = self.count.at(item, len(self.loader), self.in_epochs, self.endless, self.records.steps,
+                                  self.train.step)
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
-                              # an endless draw's (a batch function's, minGPT's sampler): the optimizer step in
-                              # hand, what a loop of its own counts (one that accumulates: k batches a step)
-                              step=self.train.step + 1 if endless and not by_epoch else at,
-                              epoch=self.train.epoch, steps=None if endless and not by_epoch else steps,
+                              step=at, epoch=self.train.epoch, steps=steps,
                               epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
                               first=self.epochs_from,
                               taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
-
-    def _taken_again(self) -> None:
-        """The loop began another pass over the loader within this job.epochs epoch: said once."""
-        self.repasses += 1
-        if self.is_main and self.repasses == 1 and self.epoch_steps is None:
-            print("hvdhetero: the loop took the prepared loader again within one of job.epochs' epochs (a loader "
-                  "restarted with iter() or cycled through): each pass within an epoch deals that epoch's order "
-                  "again, and the live line counts the epoch's steps over its passes. Where the loop draws a second "
-                  "data source beside it (FixMatch's unlabelled batches beside the labelled), that one is each "
-                  "rank's whole: return both from one batch function, so that every rank takes its share of each "
-                  "(docs/api.md, 'Two data sources in one step')", flush=True)
 
     def _unstepped_step(self) -> None:
         """One more reduced step the prepared optimizer has not stepped after: at the NEVER_STEPPED-th
@@ -531,7 +502,7 @@ class Training:
             at = item.step if after_step is None else after_step
             effective = self.loader.resplit(new, at)
             # (passes within an epoch number their steps alike: counted from job.step there)
-            step = self.train.step + effective - item.step if self.repasses else self.counted(effective)
+            step = self.train.step + effective - item.step if self.count.repasses else self.counted(effective)
             self.records.write("split", step=step, split=new, reason=self.balancer.reason,
                                fallback=self.balancer.fallback)
 
@@ -574,13 +545,9 @@ class Training:
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
         averaging.buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
         self.schedule.retime(step_s[0])
-        if self.repasses or self.endless:  # the live line's end of the epoch, and its count from now on
-            self.epoch_steps = self.records.steps
-            self.records.progress_ended(self.records.steps)
-        elif self._pass_span is not None and self._pass_span[0] == 0:  # an epoch taken from its start
-            self.pass_steps = self._pass_span[1] if self._pass_span[1] < len(self.loader) else None
-            self.epoch_steps = None
-        self._pass_span, self.repasses = None, 0
+        ended = self.count.epoch_ended(len(self.loader), self.endless, self.records.steps)
+        if ended is not None:  # the live line did not count to the epoch's end: its end marked now
+            self.records.progress_ended(ended)
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due
                 or self.schedule.due(self.train.step, self.train.last_checkpoint)):
