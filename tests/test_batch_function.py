@@ -561,9 +561,9 @@ def test_two_data_sources_go_in_one_batch_function_and_a_loader_cycled_within_an
     its share of both, three unlabelled beside each labelled, however the split moves (rank 1 is 3x
     slower); one model. Cycled (the labelled loader prepared, restarted with iter() every 6 steps),
     the console says once what that means, counts each epoch's 15 steps over its passes (a pass's
-    6/6 had ended an epoch on the console at every pass: 108 blocks in a helper's 45 s run), and a
-    split's record stands at job.step's count (its loader step, numbered alike in every pass, was
-    behind the epoch's records)."""
+    6/6 had ended an epoch on the console at every pass: 108 blocks in a helper's 45 s run), each
+    pass deals an order of its own, and a split's record stands at job.step's count (its loader
+    step, numbered alike in every pass, was behind the epoch's records)."""
     joined, cycled = tmp_path / "joined", tmp_path / "cycled"
     for run, mode, extra in ((joined, "joined", ["--slowdown", "3"]), (cycled, "cycled", [])):
         (run / "out").mkdir(parents=True)
@@ -583,6 +583,10 @@ def test_two_data_sources_go_in_one_batch_function_and_a_loader_cycled_within_an
             assert ended == [("1", "15", "15"), ("2", "15", "15"), ("3", "15", "15")], proc.stdout
             continue
         assert all(u == 96 for r in ranks for _, u in r["took"]), "each rank draws the unlabelled 96 whole"
+        # each pass deals an order of its own, as iter() reshuffles a DataLoader: a step's labelled batch
+        # (both ranks' shares) is another in the epoch's next pass (the same one every pass, before)
+        batch = [sorted(ranks[0]["labels"][i] + ranks[1]["labels"][i]) for i in range(45)]
+        assert all(batch[e * 15 + k] != batch[e * 15 + k + 6] for e in range(3) for k in range(6)), batch
         assert proc.stdout.count("hvdhetero: the loop took the prepared loader again within one of job.epochs' "
                                  "epochs (a loader restarted with iter() or cycled through)") == 1, proc.stdout
         assert [e for e in ended if e[1] == e[2] == "15"] == [("1", "15", "15"), ("2", "15", "15"), ("3", "15", "15")]

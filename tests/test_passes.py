@@ -77,3 +77,23 @@ def test_a_resumed_loop_deals_where_the_loader_stands_and_a_batch_function_one_p
     batch_function.one_pass = True
     batch_function.stepped(Item(40, 0, 1, 8, 8, (8, 8)), False)
     assert batch_function.epoch(False) == batch_function.epoch(True) == 0 and batch_function.train.epoch == 0
+
+
+def test_inside_job_epochs_a_pass_begun_again_within_an_epoch_deals_an_order_of_its_own():
+    """FixMatch's labelled loader restarted with iter() within each of job.epochs' epochs: every
+    pass after one that took a step counts on (the sampler's order of its own for it); a look at
+    the first batch (no step) deals what the pass after it deals; the next epoch starts at 0."""
+    p = passes()
+    seen = []
+    for epoch in range(2):
+        p.train.epoch = epoch
+        take(p, 0, in_epochs=True)  # next(iter(loader)), a look before the loop (the DDP tutorial's)
+        seen.append(p.again)
+        for _ in range(3):
+            take(p, STEPS, in_epochs=True)
+            seen.append(p.again)
+        take(p, 0, in_epochs=True)
+        seen.append(p.again)
+    assert seen == [0, 0, 1, 2, 3, 0, 0, 1, 2, 3]
+    take(p, 2)  # a pass of the script's own after job.epochs: its order by its epoch alone
+    assert p.again == 0

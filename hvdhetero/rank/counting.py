@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from hvdhetero.rank.loader import Item
 
 TAKEN_AGAIN = ("hvdhetero: the loop took the prepared loader again within one of job.epochs' epochs (a loader "
-               "restarted with iter() or cycled through): each pass within an epoch deals that epoch's order "
-               "again, and the live line counts the epoch's steps over its passes. Where the loop draws a second "
+               "restarted with iter() or cycled through): each pass deals an order of its own, as a DataLoader "
+               "reshuffles at every iter(), and the live line counts the epoch's steps over its passes. Where the loop draws a second "
                "data source beside it (FixMatch's unlabelled batches beside the labelled), that one is each "
                "rank's whole: return both from one batch function, so that every rank takes its share of each "
                "(docs/api.md, 'Two data sources in one step')")

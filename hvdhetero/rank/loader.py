@@ -69,6 +69,9 @@ class Loader:
         self.before_step = before_step or (lambda item: None)
         """Called before a step's first chunk is collated (a checkpoint taken there resumes at it)."""
         self.epoch = epoch
+        self.again: Callable[[], int] = lambda: 0
+        """The passes of this epoch begun before the new one, each after taking a step (a loop that
+        takes the loader more than once an epoch: rank/passes.py): each deals an order of its own."""
         self.iterating = 0
         """Loops over this epoch's batches under way, or iterators over them still open (job.reduce
         is refused there: the ranks take different numbers of batches)."""
@@ -118,7 +121,10 @@ class Loader:
     def _chunks(self) -> Iterator[tuple[list[int], Item]]:
         """(indices, Item) for every chunk of this rank in the epoch, drawn as late as possible."""
         epoch = self.epoch()
-        self.sampler.set_epoch(epoch)
+        again = self.again()
+        self.sampler.set_epoch(epoch, again)
+        if again:  # a split decided in an earlier pass of the epoch: its steps are numbered alike in each
+            self._apply_pending(float("inf"))
         order = self.sampler.order()
         steps = len(self.sampler)  # (after the draw: a batch sampler of the script's own counts its batches)
         step = max(0, min(steps, self.start_step - epoch * steps))  # resumed: the steps taken are skipped

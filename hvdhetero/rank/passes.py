@@ -37,13 +37,25 @@ class Passes:
         """A batch function's loader: one endless pass, its rows by global step."""
         self.stepped_in: int | None = None
         """The epoch of the last step taken (None: none since the start or a resume)."""
+        self.again = 0
+        """Inside job.epochs: the passes of its epoch begun before the one under way, each of which
+        took a step (FixMatch's labelled loader restarted with iter() within an epoch). Each deals
+        an order of its own: the same order every pass had a small labelled set seen alike 5 times
+        an epoch, where one device reshuffles it at every iter()."""
+        self._began: tuple[int, bool] | None = None  # the epoch the last pass dealt, and whether it took a step
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
         if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
             return 0
         if in_epochs:
+            if self._began is None or self._began[0] != self.train.epoch:
+                self.again = 0
+            elif self._began[1]:  # (one that took no step, a look at the first batch, deals the same again)
+                self.again += 1
+            self._began = self.train.epoch, False
             return self.train.epoch
+        self.again, self._began = 0, None
         if self.stepped_in is None:  # none taken yet: where the loader stands, resumed (a checkpoint taken as
             # a pass's first step came holds the epoch before, and the loader at the new pass)
             return max(self.train.epoch, self.loader.start_step // len(self.loader))
@@ -55,6 +67,8 @@ class Passes:
         if self.one_pass:
             return
         epoch = item.step // len(self.loader)
+        if in_epochs and self._began is not None:
+            self._began = self._began[0], True
         if not in_epochs and (self.stepped_in is None or epoch > self.train.epoch):
             self.train.epoch = epoch
         self.stepped_in = epoch

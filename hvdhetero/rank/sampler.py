@@ -141,11 +141,13 @@ class WeightedBatchSampler:
         """A batch sampler of the script's own: this epoch's batches (rank/own_sampler.py)."""
         self.rank, self.seed = rank, seed
         self.shuffle, self.drop_last, self.min_share = shuffle, drop_last, min_share
-        self.epoch = 0
+        self.epoch, self.again = 0, 0
         self.set_batch_sizes(batch_sizes)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, again: int = 0) -> None:
+        """The epoch the next pass deals; `again`: the passes of that epoch before it (a loop that
+        takes the loader more than once an epoch), each dealing an order of its own."""
+        self.epoch, self.again = epoch, again
 
     def first_draw(self) -> None:
         """A sampler of the script's own: its first epoch drawn now (job.prepare, every rank: the
@@ -187,6 +189,8 @@ class WeightedBatchSampler:
     def order(self) -> torch.Tensor | Drawn:
         """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
         seed = self.seed * 100_003 + self.epoch  # (first_draw's for epoch 0)
+        if self.again:
+            seed = seed * 1_000_003 + self.again
         if self.own is not None:  # the script's own sampler, drawn alike on every rank
             drawn = self.own.epoch(self.epoch, seed)
             if self.own.batches:

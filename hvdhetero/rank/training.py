@@ -98,6 +98,7 @@ class Training:
         self.passes.loader, self.passes.one_pass = self.loader, called is not None
         if not called:
             self.loader.began, self.loader.after_pass = lambda: self.train.step, self.pass_ended
+            self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step, mean_loss=self.mean_loss, flush=self.flush)
                            for index, o in enumerate(optimizers)]

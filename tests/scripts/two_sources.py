@@ -7,7 +7,7 @@ port of the reference loop does first (the console says what it means).
 --mode joined: docs/api.md's "Two data sources in one step": one batch function returns both, the
 unlabelled batch laid out [batch, mu, ...], so that each rank takes its share of each.
 
-Each rank writes what it took at every step to OUT/rank{r}.json.
+Each rank writes what it took at every step (and its labels) to OUT/rank{r}.json.
 """
 
 import argparse
@@ -65,7 +65,7 @@ else:
     model, optimizer, labelled_loader = job.prepare(model, optimizer, labelled_loader)
     labelled_iter = iter(labelled_loader)
 
-took = []
+took, labels = [], []
 for epoch in job.epochs(args.epochs):
     model.train()
     for step in range(STEPS):
@@ -76,6 +76,7 @@ for epoch in job.epochs(args.epochs):
             x_l, y_l = next_of("labelled")
             (x_u,) = next_of("unlabelled")
         took.append([len(y_l), len(x_u)])
+        labels.append(y_l.tolist())
         with torch.no_grad():
             probs = F.softmax(model(x_u + 0.05 * torch.randn_like(x_u)), dim=1)  # the weak view's pseudo-labels
         confidence, pseudo = probs.max(1)
@@ -91,4 +92,4 @@ for epoch in job.epochs(args.epochs):
     print(f"epoch {epoch}: test accuracy {accuracy:.4f}", flush=True)
 
 with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
-    json.dump({"took": took, "weights": [round(p.double().sum().item(), 10) for p in model.parameters()]}, f)
+    json.dump({"took": took, "labels": labels, "weights": [round(p.double().sum().item(), 10) for p in model.parameters()]}, f)
