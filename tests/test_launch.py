@@ -337,6 +337,15 @@ def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
     assert shown == ["epoch 1", "100%|bar| 50/50", "a windows line", "epoch 2 done", "epoch 3: 100%|bar| 14/14"], shown
     assert console.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
         f"[0]<stderr>:{progress.ALIVE_TAG}{{}}\n", "[0]<stderr>: 2%\n"]
+    # one launcher line holds every rank's pieces ended with "\r" until one ends a line: a piece is held by
+    # its own rank and stream (a review: rank 1's traceback after rank 0's heartbeat showed as rank 0's)
+    spliced, beat = console.Spliced(), f'{progress.ALIVE_TAG}{{"rank": 0, "host": "h0"}}\n'
+    came = [f"[1]<stderr>:e 30%\r[0]<stderr>:{beat}", "[1]<stderr>:Traceback (most recent call last):\n",
+            f"[1]<stderr>:e 40%\r[0]<stderr>:done 2/9{beat}", "[1]<stderr>:e 100%\r[0]<stderr>: 3/9\n"]
+    assert [line for part in came for line in spliced.feed(part)] == [
+        f"[1]<stderr>:e 30%\r[0]<stderr>:{beat}", "[1]<stderr>:Traceback (most recent call last):\n",
+        f"[1]<stderr>:e 40%\r[0]<stderr>:{beat}", "[1]<stderr>:e 100%\r[0]<stderr>:done 2/9 3/9\n"]
+    assert spliced.rest() == []
 
 
 SECOND_SIGNAL = """

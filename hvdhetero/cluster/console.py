@@ -361,37 +361,43 @@ class RankLogs:
 class Spliced:
     """A rank's line that its heartbeat cut (the heartbeat thread writes whole lines to stderr, and
     one landed inside a progress bar's line, which tqdm ends with no newline until the bar is done,
-    or never: leave=False) made whole again: the heartbeat passes as a line of its own, the text
-    before it is held and goes on with that rank's next line on that stream. Shown as it came, the
-    bar's state at the heartbeat was a console line of its own ("epoch 1:  50%|█████ | 7/14", a
-    helper's DDPM port), a bar tqdm then cleared."""
+    or never: leave=False) made whole again: the heartbeat passes on, and the piece of text before
+    it is held and goes on with that rank's next piece on that stream. Shown as it came, the bar's
+    state at the heartbeat was a console line of its own ("epoch 1:  50%|█████ | 7/14", a helper's
+    DDPM port), a bar tqdm then cleared. horovodrun prefixes each piece a rank ends with "\r", and
+    one launcher line holds every rank's such pieces until one of them ends a line: each piece is
+    held and joined by its own prefix."""
 
     def __init__(self):
         self.held: dict[tuple[str, str], str] = {}
 
     def feed(self, line: str) -> list[str]:
-        match = PREFIX.match(line)
-        if match is None:
-            return [line]
-        key = match.group(1, 2)
-        if key in self.held:
-            line = self.held.pop(key) + line[match.end():]
+        if self.held:
+            line = "\r".join(self._joined(piece) for piece in line.split("\r"))
         at = line.find(ALIVE_TAG)
-        if at < 0 or not _said(line[:at]):
+        if at < 0:
             return [line]
-        self.held[key] = line[:at]
-        return [match.group(0) + line[at:]]
+        start = line.rfind("\r", 0, at) + 1  # the heartbeat's own piece
+        match = PREFIX.match(line[start:at])
+        if match is None or start + match.end() == at:  # nothing of the rank's before it in its piece
+            return [line]
+        self.held[match.group(1, 2)] = line[start:at]
+        return [line[:start] + match.group(0) + line[at:]]
+
+    def _joined(self, piece: str) -> str:
+        match = PREFIX.match(piece)
+        held = self.held.pop(match.group(1, 2), None) if match else None
+        if held is None:
+            return piece
+        if piece[match.end():].startswith(TAG_MARK):  # one of our lines (Ray's one stream): the text apart
+            return held + "\r" + piece
+        return held + piece[match.end():]
 
     def rest(self) -> list[str]:
         """What is still held (a rank's bar that never ended its line), as lines."""
         rest = [text + "\n" for text in self.held.values()]
         self.held.clear()
         return rest
-
-
-def _said(text: str) -> bool:
-    """Whether `text`, a line's start (its redraws each with the rank's prefix), holds more than prefixes."""
-    return any(PREFIX.sub("", part, count=1) for part in text.split("\r"))
 
 
 def settled(line: str) -> list[str]:

@@ -139,9 +139,11 @@ class BatchFunction:
             if t.dim() > dim and t.shape[dim] != n:
                 shapes = ", ".join(str(tuple(x.shape)) for x in batches.tensors(first))
                 k = t.shape[dim] // n if not dim and t.shape[dim] % n == 0 else 0
-                laid = (f" A tensor of {k} samples to each of the {n} (FixMatch's unlabelled batch beside the "
-                        f"labelled) goes as .view({n}, {k}, ...), and .flatten(0, 1) after the call: each rank "
-                        f"keeps {k} of them a row (docs/api.md, 'Two data sources in one step')." if k > 1 else "")
+                laid = (f" A second source's {k} samples to each of the {n} (FixMatch's unlabelled batch beside "
+                        f"the labelled, drawn apart from them) go as .view({n}, {k}, ...), and .flatten(0, 1) after "
+                        f"the call: each rank keeps {k} of them a row (docs/api.md, 'Two data sources in one "
+                        f"step'); {k} views of each sample (torch.cat of augmented copies) go as "
+                        f"torch.stack(views, 1), which keeps a sample's views in its row." if k > 1 else "")
                 raise ConfigError(
                     f"job.prepare(model, optimizer, fn): the batch function returned tensors of shapes {shapes}, "
                     f"which do not all hold the same number of samples along the {_nth(dim)} dimension ({n} in the "

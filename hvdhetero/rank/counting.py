@@ -45,6 +45,11 @@ class Counting:
         """Passes over the loader begun again within this job.epochs epoch: each deals the epoch's order again."""
         self.epoch_steps: int | None = None
         """The steps the last epoch took where its loop took the loader more than once, or drew without end."""
+        self.taken_again = False
+        """Whether the loop took the loader again within an epoch at all (its loader steps repeat)."""
+        self.partial = False
+        """This epoch began before this process did (resumed, or restarted by --elastic, mid-epoch): its
+        steps are not an epoch's."""
 
     def at(self, item: Item, steps: int, in_epochs: bool, endless: bool, taken: int,
            step: int) -> tuple[int, int | None]:
@@ -53,6 +58,7 @@ class Counting:
         at = item.step % steps + 1
         if in_epochs and not endless and self.span is not None and at <= self.span[1]:
             self.repasses += 1
+            self.taken_again = True
             if self.is_main and self.repasses == 1 and self.epoch_steps is None:
                 print(TAKEN_AGAIN, flush=True)
         self.span = (self.span or (at - item.steps, at))[0], at
@@ -67,9 +73,11 @@ class Counting:
         over its passes (the line's end of the epoch, and its count from now on)."""
         ended = None
         if self.repasses or endless:
-            self.epoch_steps = ended = taken
+            ended = taken
+            if not self.partial and taken:  # (a resumed epoch's rest is no epoch's count)
+                self.epoch_steps = taken
         elif self.span is not None and self.span[0] == 0:  # an epoch taken from its start
             self.pass_steps = self.span[1] if self.span[1] < steps else None
             self.epoch_steps = None
-        self.span, self.repasses = None, 0
+        self.span, self.repasses, self.partial = None, 0, False
         return ended

@@ -69,6 +69,7 @@ def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> N
     t.loader.start_step = loader_step(state, len(t.loader) if state.get("loader_steps") else 0, t.train.step)
     t.loader_at = t.loader.start_step  # a commit taken before the next step (an elastic rejoin's) holds it: it held 0
     t.resumed_own_loop = t.train.step or None  # the script runs again from its top: own_loop_went_on looks
+    t.count.partial = not state.get("epoch_done")  # the live line counts no epoch's steps from its rest
     called = t.parts.parts.get("batches")
     if t.is_main and called is not None and called.moved:  # a position of the script's own starts afresh
         print(positions.said(called.moved, t.train.step), flush=True)

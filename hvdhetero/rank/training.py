@@ -351,6 +351,8 @@ class Training:
         if self.resumed_own_loop is not None:
             resume.own_loop_went_on(self)
         self.passes.stepped(item, self.in_epochs)
+        at, steps = self.count.at(item, len(self.loader), self.in_epochs, self.endless, self.records.steps,
+                                  self.train.step)
         if times is not None:
             if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
                 self.schedule.paced(walls)
@@ -362,8 +364,6 @@ class Training:
             if (self.is_main and self.size > 1 and self.strategy.kind == "step"
                     and self.train.step - self.again_at > 1):  # the last step's times were whole
                 self._against_alone(whole_s / calls, each, list(item.sizes))
-        at, steps = self.count.at(item, len(self.loader), self.in_epochs, self.endless, self.records.steps,
-                                  self.train.step)
         self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
                               exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
                               split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
@@ -502,8 +502,10 @@ class Training:
         if new:
             at = item.step if after_step is None else after_step
             effective = self.loader.resplit(new, at)
-            # (passes within an epoch number their steps alike: counted from job.step there)
-            step = self.train.step + effective - item.step if self.count.repasses else self.counted(effective)
+            # a loop that took the loader again within an epoch numbers its passes' steps alike: counted
+            # from job.step (before this step's optimizer step; a round's exchange comes after it)
+            step = self.train.step - (after_step is not None) + effective - at if self.count.taken_again \
+                else self.counted(effective)
             self.records.write("split", step=step, split=new, reason=self.balancer.reason,
                                fallback=self.balancer.fallback)
 
@@ -547,7 +549,7 @@ class Training:
         averaging.buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
         self.schedule.retime(step_s[0])
         ended = self.count.epoch_ended(len(self.loader), self.endless, self.records.steps)
-        if ended is not None:  # the live line did not count to the epoch's end: its end marked now
+        if ended:  # the live line did not count to the epoch's end: its end marked now
             self.records.progress_ended(ended)
         # local/diloco: not every epoch (its flush would expose one exchange an epoch), only when due
         if (self.strategy.always_one_model or self.train.checkpoint_due
