@@ -59,7 +59,7 @@ PORTS = {
     "time_sequence": (["--steps", "3", "--length", "120"], r"^test loss:", r"^test loss: ([\d.e-]+)$",
                       lambda v: v <= 5e-4),
     "detection": ([], r"^Test: recall", r"^Test: recall ([\d.]+)", lambda v: v >= 0.65),
-    "transfer": ([], r"^val Loss", r"^val Loss: [\d.]+ Acc: ([\d.]+)$", lambda v: v >= 0.9),
+    "transfer": ([], r"^val Loss", r"^val Loss: [\d.]+ Acc: ([\d.]+)$", lambda v: v >= 0.85),
     "seq2seq": ([], r"^\d+m \d+s \(- \d+m \d+s\) \(\d+ \d+%\) [\d.]+$", r"^translated exactly: ([\d.]+)$",
                 lambda v: v >= 0.85),
     # (its metric unanchored: torchrun's two processes share one pipe, and a line of one may run on
@@ -99,12 +99,13 @@ runs once more and is judged on that run."""
 PORT_ARGS = {"ddp": ["--batch_size", "64"]}
 """What a port is given beyond its original's arguments: the DDP script's `--batch_size` is each
 process's (32, twice a step on torchrun's two), a port's loader batch the step's across every rank."""
-JUDGED_OVER = {"gan": 3, "transfer": 2, "ddp": 2}
+JUDGED_OVER = {"gan": 3, "transfer": 3, "ddp": 2}
 """Ports whose metric is judged over their last epochs, not the last alone: a GAN's sample quality
 swings from epoch to epoch (its last epoch's: 0.395 in one CI run, 0.78 to 0.87 in three runs
 here, of one commit; the epochs before it 0.74 and 0.72), on one device as on two. transfer's
 validation accuracy, over 40 images, moves by 0.025 an image and swung from 1.0 to 0.9 in its last
-epoch on one device. ddp's test MSE, near its plateau (0.008-0.010 from epoch 9 on, by the
+epoch on one device; a CI run here (2026-11-30) of the original ended 1.0, 0.875, 0.825, under the 0.9 its
+last two were held to: its last three, at 0.85. ddp's test MSE, near its plateau (0.008-0.010 from epoch 9 on, by the
 initial weights), moves by 0.001 from epoch to epoch."""
 EVALUATED = {**{name: PORTS[name][1] for name in ("classifier", "hf_style", "reference", "detection", "transfer")},
              "seq2seq": r"^translated exactly"}
