@@ -42,7 +42,8 @@ class Counting:
         self.span: tuple[int, int] | None = None
         """This epoch's first and last loader steps (within a pass), + 1."""
         self.repasses = 0
-        """Passes over the loader begun again within this job.epochs epoch: each deals the epoch's order again."""
+        """Passes over the loader begun again within this job.epochs epoch (each deals an order of its own:
+        rank/passes.py's `again`, which counts the same passes as they begin)."""
         self.epoch_steps: int | None = None
         """The steps the last epoch took where its loop took the loader more than once, or drew without end."""
         self.taken_again = False
