@@ -91,13 +91,14 @@ def invoke(*args, inventory, timeout=1800, check=False):
     return launcher(VENV_BIN / "invoke", *args, "--inventory", inventory, timeout=timeout, check=check)
 
 
-def train_across(inventory, run_dir, *args) -> subprocess.Popen:
+def train_across(inventory, run_dir, *args, env: dict | None = None) -> subprocess.Popen:
     """`invoke train --hosts h1,h2 --run-dir RUN_DIR ARGS` from the launcher's namespace, in a
-    session of its own, running on while the test disturbs it (output captured, stdin closed)."""
+    session of its own, running on while the test disturbs it (output captured, stdin closed);
+    `env` added to the launcher's environment."""
     return subprocess.Popen(["ip", "netns", "exec", LAUNCH_NS, str(VENV_BIN / "invoke"), "train", "--hosts", "h1,h2",
                              "--inventory", str(inventory), "--run-dir", str(run_dir), *map(str, args)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(env or {})})
 
 
 def left_in_namespaces(run_dir) -> dict[str, str]:

@@ -343,7 +343,7 @@ def test_across_namespaced_hosts_a_rank_frozen_60_s_is_dropped_and_its_host_rejo
 @pytest.mark.slow
 @pytest.mark.parametrize("cut", ["rank 0"])
 def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(cut, provisioned, tmp_path):
-    """The link of the host holding `cut` goes down for 60 s (Wi-Fi gone): its rank cannot be
+    """The link of the host holding `cut` goes down for 30 s or more (Wi-Fi gone): its rank cannot be
     killed meanwhile. Its ssh session ends (keepalive) and Gloo's timeout fails the survivor's
     collective, so the other host goes on within 60 s; once the link is up, the old rank is killed
     over SSH and the host rejoins. With rank 0 (Horovod's coordinator) on the cut host, stock
@@ -363,7 +363,9 @@ def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(
         sent = time.time()
         subprocess.run([*link, "down"], check=True, timeout=30)
         went_on = recovered(run_dir, sent, within=60)
-        time.sleep(max(0.0, sent + 60 - time.time()))
+        # down at least 30 s, and 5 s past the survivor's going on: its ssh keepalive (20 s), Gloo's
+        # timeout and the watch (15 s) have all fired, and the cut rank is still there to be killed
+        time.sleep(max(0.0, sent + 30 - time.time(), (went_on["time"] + 5 - time.time()) if went_on else 0.0))
     finally:
         if link:
             subprocess.run([*link, "up"], check=True, timeout=30)

@@ -32,8 +32,8 @@ def test_mnist_cnn_with_dataloader_workers(tmp_path):
 
 
 def test_cifar10_resnet18_with_mixed_precision_a_per_batch_cosine_and_checkpointing(tmp_path):
-    proc, records = train_example("cifar10_resnet.py", tmp_path, "--fake-data", "128", "--epochs", "1",
-                                  "--batch-size", "32", "--workers", "1", "--checkpointing",
+    proc, records = train_example("cifar10_resnet.py", tmp_path, "--fake-data", "64", "--epochs", "1",
+                                  "--batch-size", "16", "--workers", "1", "--checkpointing",
                                   job=["--precision", "fp16", "--micro-batch", "8", "--slowdown", "3"])
     start = records[0]
     # Unequal shares (the last rank 3x slower) run unequal numbers of chunks, so BatchNorm's

@@ -129,7 +129,7 @@ def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tm
 
 
 def test_slow_steps_are_not_taken_for_a_frozen_rank(tmp_path):
-    """Steps of 15 s with the silence limit at 10 s (a heartbeat every 5 s): the heartbeat comes
+    """A step of 15 s with the silence limit at 10 s (a heartbeat every 5 s): the heartbeat comes
     from a thread of its own, which a busy step does not hold up."""
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "slow_step.py",
                     "--run-dir", tmp_path, "--micro-batch", "0", "--", "15"], env={"HVDHETERO_SILENT_S": "10"},
@@ -151,11 +151,14 @@ def test_across_namespaced_hosts_a_link_down_ends_the_job_within_60_s_and_nothin
     """Without --elastic: h2's link goes down (Wi-Fi gone) and stays down past the bound. Its rank
     sends nothing and closes nothing; the job ends within 60 s with the message naming h2's rank
     and the resume command. Once the link is back, the rank stranded on h2 is gone too (killed
-    over SSH, or ended by itself with its launcher gone)."""
+    over SSH, or ended by itself with its launcher gone). The silence limit is 15 s here (elastic's),
+    not the 45 s default, which the frozen rank's test above waits out: what this test adds is
+    the cut link, not the bound."""
     inventory, _ = provisioned
     run_dir = tmp_path / "run"  # /tmp is shared with the test hosts: rank 0 (h1) writes here
     proc = train_across(inventory, run_dir, "--checkpoint-every", "20", "--script",
-                        ROOT / "tests" / "scripts" / "paced_digits.py", "--", "70", "0.05")
+                        ROOT / "tests" / "scripts" / "paced_digits.py", "--", "70", "0.05",
+                        env={"HVDHETERO_SILENT_S": "15"})
     link = ["ip", "netns", "exec", "hvdt-h2", "ip", "link", "set", "enp3s0"]
     try:
         deadline = time.monotonic() + 300
@@ -170,8 +173,8 @@ def test_across_namespaced_hosts_a_link_down_ends_the_job_within_60_s_and_nothin
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 1 and took < 60, (took, out[-3000:])
-    assert re.search(r"error: rank \d on host h2", out), out[-3000:]
+    assert proc.returncode == 1 and took < 40, (took, out[-3000:])
+    assert re.search(r"error: rank \d on host h2: no response for 1\d s", out), out[-3000:]
     assert f"resume with: invoke train --resume {run_dir}" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     deadline = time.monotonic() + 90  # the stranded rank: gone once its host answers again

@@ -5,6 +5,7 @@ namespace; a rank killed or frozen there. Needs root (CI runs as root)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -105,14 +106,17 @@ def test_a_users_script_trains_across_the_hosts_through_mpirun_with_gloo_moving_
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_a_rank_killed_or_frozen_on_h2_ends_the_job_within_60_s_and_nothing_is_left(mpi_hosts, tmp_path, signum):
     """SIGKILL (a crash) or SIGSTOP (a laptop's lid closed) of h2's rank: one message naming h2's
-    rank and the resume command within 60 s, then no process of the job on any host."""
+    rank and the resume command within 60 s, then no process of the job on any host. The silence
+    limit is 15 s here, not the 45 s default (tests/test_failures.py waits that out): what this
+    test adds is mpirun's ranks across hosts, not the bound."""
     inventory, _ = mpi_hosts
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(["ip", "netns", "exec", "hvdt-launch", str(MPI_ENV / "bin" / "python"), "-m", "invoke",
                              "train", "--inventory", str(inventory), "--hosts", "h1,h2", "--run-dir", str(run_dir),
                              "--checkpoint-every", "20", "--script", str(ROOT / "tests/scripts/paced_digits.py"),
                              "--", "70", "0.05"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+                            text=True, stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "HVDHETERO_SILENT_S": "15"})
     victim = None
     try:
         deadline = time.monotonic() + 300
@@ -129,7 +133,7 @@ def test_a_rank_killed_or_frozen_on_h2_ends_the_job_within_60_s_and_nothing_is_l
             subprocess.run(["kill", "-KILL", f"-{proc.pid}"], timeout=10)
         if victim and signum == signal.SIGSTOP:
             subprocess.run(["kill", "-CONT", str(victim)], timeout=10)
-    assert proc.returncode == 1 and took < 60, (took, out[-3000:])
+    assert proc.returncode == 1 and took < 40, (took, out[-3000:])
     assert len(re.findall(r"^error: rank 1 on host h2", out, re.M)) == 1, out[-3000:]
     assert f"resume with: invoke train --resume {run_dir}" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

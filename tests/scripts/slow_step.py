@@ -1,5 +1,5 @@
 """A script whose steps are slow (a big model's first steps, a long checkpoint save): the job
-must not take it for a frozen rank. Its own argument: seconds each of its 2 steps sleeps."""
+must not take it for a frozen rank. Its own argument: seconds its one step sleeps."""
 
 import sys
 import time
@@ -13,7 +13,7 @@ job = hh.init()
 model = torch.nn.Linear(4, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=8,
+model, optimizer, loader = job.prepare(model, optimizer, data, global_batch=16,
                                        loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
 for epoch in job.epochs(1):
     for x, y in loader:
