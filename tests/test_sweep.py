@@ -586,27 +586,6 @@ def test_a_sweep_killed_outright_leaves_no_trial_running(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_users_script_is_swept_with_its_own_arguments_the_budget_and_mode_max(tmp_path):
-    space = tmp_path / "space.yaml"
-    # a conditional parameter whose condition no trial meets: never passed, never in the study (define-by-run)
-    space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true], flag: true, when: {lr: {max: 0.001}}}\n")
-    folder = tmp_path / "sweep"
-    proc = run_cmd(sweep_cmd(inventory(tmp_path), space, folder, "--hosts", "fast", "--trials", "2", "--budget", "1",
-                             "--metric", "test_accuracy", "--mode", "max", "--script",
-                             ROOT / "tests" / "scripts" / "user_train.py"), timeout=300)
-    records = trials(folder)
-    assert [r["state"] for r in records] == ["complete", "complete"], records
-    assert all(set(t.params) == {"lr"} for t in study(folder).trials)
-    for r in records:
-        launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
-        assert launched["script"].endswith("user_train.py")
-        assert launched["script_args"] == ["--epochs=1", f"--lr={r['params']['lr']!r}"]
-        assert r["value"] == r["values"]["0"]  # one epoch: its test accuracy
-    best = max(records, key=lambda r: r["value"])
-    assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout
-
-
-@pytest.mark.slow
 def test_a_timeout_starts_no_trial_after_it_and_the_sweep_goes_on_when_resumed(tmp_path):
     """Optuna's optimize(timeout=): --timeout 1 lets the first trial (started at once) end, starts
     none after, and says how to go on; --env reaches each trial as invoke train's."""
@@ -626,10 +605,14 @@ def test_a_timeout_starts_no_trial_after_it_and_the_sweep_goes_on_when_resumed(t
 
 
 @pytest.mark.slow
-def test_a_flag_goes_alone_or_not_at_all_and_one_written_as_a_value_stops_the_sweep_saying_how(tmp_path):
+def test_a_users_script_is_swept_with_its_own_arguments_and_a_flag_written_as_a_value_stops_it_saying_how(tmp_path):
+    """A user's script swept through its own argparse options, the budget its --epochs, the
+    metric what it logs, maximised: a flag goes alone or not at all, one written as a value
+    stops the sweep after one trial naming the space's line, and a conditional parameter whose
+    condition no trial meets is never passed nor in the study (define-by-run)."""
     space, script = tmp_path / "space.yaml", ROOT / "tests" / "scripts" / "user_train.py"
     space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false]}\n")
-    command = [*sweep_cmd(inventory(tmp_path), space, tmp_path / "valued", "--hosts", "fast", "--trials", "3",
+    command = [*sweep_cmd(inventory(tmp_path), space, tmp_path / "valued", "--hosts", "fast", "--trials", "2",
                           "--budget", "1", "--metric", "test_accuracy", "--mode", "max", "--script", script)]
     proc = run_cmd(command, check=False, timeout=300)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
@@ -637,15 +620,22 @@ def test_a_flag_goes_alone_or_not_at_all_and_one_written_as_a_value_stops_the_sw
             and f"--nesterov is a flag, which takes no value: write `nesterov: {{choice: [true, false], flag: true}}` "
                 f"in {space} (line 2)" in proc.stderr), proc.stderr
     assert len(trials(tmp_path / "valued")) <= 1 and not left_running(tmp_path / "valued")  # not a trial more
-    space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false], flag: true}\n")
+    space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false], flag: true}\n"
+                     "history: {choice: [never], when: {lr: {max: 0.001}}}\n")
     folder = tmp_path / "flagged"
-    run_cmd([*command[:command.index(tmp_path / "valued")], folder, *command[command.index(tmp_path / "valued") + 1:]],
-            timeout=300)
+    proc = run_cmd([*command[:command.index(tmp_path / "valued")], folder,
+                    *command[command.index(tmp_path / "valued") + 1:]], timeout=300)
     records = trials(folder)
-    assert [r["state"] for r in records] == ["complete"] * 3, records
+    assert [r["state"] for r in records] == ["complete"] * 2, records
+    assert all(set(t.params) == {"lr", "nesterov"} for t in study(folder).trials)
     for r in records:
-        args = json.loads((folder / r["run_dir"] / "launch.json").read_text())["script_args"]
-        assert args == ["--epochs=1", f"--lr={r['params']['lr']!r}", *(["--nesterov"] if r["params"]["nesterov"] else [])]
+        launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
+        assert launched["script"].endswith("user_train.py")
+        assert launched["script_args"] == ["--epochs=1", f"--lr={r['params']['lr']!r}",
+                                           *(["--nesterov"] if r["params"]["nesterov"] else [])]
+        assert r["value"] == r["values"]["0"]  # one epoch: its test accuracy
+    best = max(records, key=lambda r: r["value"])
+    assert f"best: trial {best['number']} on fast, test_accuracy {best['value']:.6g}" in proc.stdout
 
 
 @pytest.mark.slow
@@ -657,7 +647,7 @@ def test_a_hydra_app_is_swept_with_overrides_and_a_key_its_config_lacks_stops_th
     shutil.copytree(ROOT / "tests" / "scripts" / "hydra_app", tmp_path / "app")  # its outputs/ go there
     script, space = tmp_path / "app" / "train.py", tmp_path / "space.yaml"
     space.write_text("optimizer: {choice: [sgd, adam]}\noptimiser.lr: {loguniform: [0.003, 0.1]}\n")
-    command = sweep_cmd(inventory(tmp_path), space, tmp_path / "typo", "--hosts", "fast", "--trials", "3", "--budget",
+    command = sweep_cmd(inventory(tmp_path), space, tmp_path / "typo", "--hosts", "fast", "--trials", "2", "--budget",
                         "1", "--metric", "val_acc", "--mode", "max", "--script", script)
     proc = run_cmd(command, check=False, timeout=300)
     assert proc.returncode == 2 and "ConfigCompositionException: Could not override 'optimiser.lr'" in proc.stderr \
@@ -669,7 +659,7 @@ def test_a_hydra_app_is_swept_with_overrides_and_a_key_its_config_lacks_stops_th
     run_cmd([*command[:command.index(tmp_path / "typo")], folder, *command[command.index(tmp_path / "typo") + 1:]],
             timeout=300)
     records, kept = trials(folder), []
-    assert [r["state"] for r in records] == ["complete"] * 3, records
+    assert [r["state"] for r in records] == ["complete"] * 2, records
     for r in records:
         launched = json.loads((folder / r["run_dir"] / "launch.json").read_text())
         params = r["params"]
