@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib.metadata
+import inspect
 import io
 import json
 import os
@@ -202,11 +203,14 @@ the package can move them, and CI (~4 min for the fifteen) runs one again only w
 
 
 def original_key(name: str) -> str:
-    """The original's script and this file (its arguments, its target, how it is judged), Python's
-    version and every package installed but hvdhetero, hashed."""
+    """The original's script, how it is run and judged (its PORTS entry, target included, and the
+    test's code), Python's version and every package installed but hvdhetero, hashed."""
     packages = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
                       if d.metadata["Name"] and d.metadata["Name"].lower() != "hvdhetero")
-    blob = json.dumps([(PORTED / f"{name}_single.py").read_text(), Path(__file__).read_text(),
+    blob = json.dumps([(PORTED / f"{name}_single.py").read_text(), repr(PORTS[name][:3]),
+                       inspect.getsource(PORTS[name][3]), JUDGED_OVER.get(name), ORIGINAL_LAUNCH.get(name),
+                       DATA.get(name), inspect.getsource(last),
+                       inspect.getsource(test_the_original_reaches_its_target_on_one_device),
                        platform.python_version(), platform.machine(), packages])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
