@@ -342,7 +342,7 @@ def test_across_namespaced_hosts_a_rank_frozen_60_s_is_dropped_and_its_host_rejo
 @requires_root
 @pytest.mark.slow
 @pytest.mark.parametrize("cut", ["rank 0"])
-def test_across_namespaced_hosts_a_link_down_60_s_drops_the_host_and_it_rejoins(cut, provisioned, tmp_path):
+def test_across_namespaced_hosts_a_link_down_30_s_drops_the_host_and_it_rejoins(cut, provisioned, tmp_path):
     """The link of the host holding `cut` goes down for 30 s or more (Wi-Fi gone): its rank cannot be
     killed meanwhile. Its ssh session ends (keepalive) and Gloo's timeout fails the survivor's
     collective, so the other host goes on within 60 s; once the link is up, the old rank is killed

@@ -10,6 +10,7 @@ imports them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -89,7 +90,8 @@ def setup_local(inventory_path: Path, host_name: str = "local", log=print) -> li
         log("hvdhetero: editable install of this checkout is current")
     # Byte-compiled here (what changed since, at once): where PYTHONDONTWRITEBYTECODE is set (CI's
     # machines), each rank compiled the package again at every start, 0.1-0.2 s of it.
-    subprocess.run([python, "-m", "compileall", "-q", str(ROOT / "hvdhetero")], capture_output=True, timeout=300)  # (a speed-up)
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # a speed-up only: never a failed set-up
+        subprocess.run([python, "-m", "compileall", "-q", str(ROOT / "hvdhetero")], capture_output=True, timeout=300)
 
     installed = install_packages(python, inventory.pins, log)
     if installed:
