@@ -621,7 +621,7 @@ def test_a_users_script_is_swept_with_its_own_arguments_and_a_flag_written_as_a_
                 f"in {space} (line 2)" in proc.stderr), proc.stderr
     assert len(trials(tmp_path / "valued")) <= 1 and not left_running(tmp_path / "valued")  # not a trial more
     space.write_text("lr: {loguniform: [0.01, 0.2]}\nnesterov: {choice: [true, false], flag: true}\n"
-                     "history: {choice: [never], when: {lr: {max: 0.001}}}\n")
+                     "warm: {choice: [true], flag: true, when: {lr: {max: 0.001}}}\n")  # never met: never passed
     folder = tmp_path / "flagged"
     proc = run_cmd([*command[:command.index(tmp_path / "valued")], folder,
                     *command[command.index(tmp_path / "valued") + 1:]], timeout=300)
