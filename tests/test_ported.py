@@ -36,7 +36,7 @@ import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
 from hvdhetero import metrics, progress
-from hvdhetero.cluster import console
+from hvdhetero.cluster import console, horovod_build
 from test_live import ANSI, under_a_terminal
 
 PORTED = ROOT / "tests" / "scripts" / "ported"
@@ -199,7 +199,7 @@ def trained(name: str, tmp_path_factory) -> tuple:
     return _RUNS[name]
 
 
-ORIGINALS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdhetero" / "originals"
+ORIGINALS = horovod_build.default_cache() / "originals"
 """Where an original that reached its target records it, under a key of everything its run reads
 (as a Horovod build is cached by its key): the originals never import hvdhetero, so no change to
 the package can move them, and CI (~4 min for the fifteen) runs one again only when its key changes.
@@ -213,7 +213,7 @@ ORIGINALS_IMPORT = ("torch", "torchvision", "numpy", "scikit-learn", "scipy", "p
 def original_key(name: str) -> str:
     """The original's script, how it is run and judged (its PORTS entry, target included, and the
     test's code), Python's version and those of the packages the originals import, hashed."""
-    packages = [f"{name}=={importlib.metadata.version(name)}" for name in ORIGINALS_IMPORT]
+    packages = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ORIGINALS_IMPORT]
     blob = json.dumps([(PORTED / f"{name}_single.py").read_text(), repr(PORTS[name][:3]),
                        inspect.getsource(PORTS[name][3]), JUDGED_OVER.get(name), ORIGINAL_LAUNCH.get(name),
                        DATA.get(name), inspect.getsource(last),
@@ -225,14 +225,14 @@ def original_key(name: str) -> str:
 def test_the_originals_key_holds_every_package_they_import():
     """A package an original imports that the key leaves out would leave it skipped through that
     package's upgrade."""
-    distribution = {"sklearn": "scikit-learn", "PIL": "pillow"}
+    distributions = importlib.metadata.packages_distributions()  # sklearn: scikit-learn, PIL: pillow
     for name in PORTS:
         tree = ast.parse((PORTED / f"{name}_single.py").read_text())
         imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}
         imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                      if isinstance(node, ast.ImportFrom) and node.module and not node.level}
-        outside = {distribution.get(m, m) for m in imported - set(sys.stdlib_module_names)}
+        outside = {d.lower() for m in imported - set(sys.stdlib_module_names) for d in distributions.get(m, [m])}
         assert outside <= set(ORIGINALS_IMPORT), (name, outside - set(ORIGINALS_IMPORT))
 
 
