@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -264,6 +265,8 @@ def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_a
     # save_loop.py forks each saver from one process that imported torch once (see there)
     server = subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "tests/scripts/save_loop.py"), str(run)],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    bound = threading.Timer(300, server.kill)  # a read that never ends sees the server gone ("") instead
+    bound.start()
     try:
         for kill in range(20):
             server.stdin.write("go\n")
@@ -287,6 +290,7 @@ def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_a
             temporary = list((run / checkpoint.FOLDER).glob(".step-*.tmp"))
             assert len(temporary) <= unsaved_kills + 1, (kill, temporary)
     finally:
+        bound.cancel()
         server.kill()
         server.wait(timeout=30)
     assert saves >= 5, f"only {saves} saves completed in 20 runs: the kills did not interleave with saves"
