@@ -194,9 +194,10 @@ def test_a_cpu_rank_on_a_gpu_machine_sees_no_gpu(monkeypatch, device, local_rank
     assert (os.environ["CUDA_VISIBLE_DEVICES"] == "") is hidden
 
 
-def test_a_cpu_rank_started_by_the_runner_sees_no_gpu_before_the_script_runs(tmp_path):
+def test_a_cpu_rank_started_by_the_runner_sees_no_gpu_before_the_script_runs_and_its_collector_on(tmp_path):
     """The runner hides the GPU before the script's first line (which may ask torch for CUDA
-    before hh.init()); a real rank process, its script printing what it sees."""
+    before hh.init()); a real rank process, its script printing what it sees. The garbage
+    collector, off while the runner imports torch, is on again for the script's own objects."""
     import json
     import subprocess
     import sys
@@ -204,10 +205,12 @@ def test_a_cpu_rank_started_by_the_runner_sees_no_gpu_before_the_script_runs(tmp
     from hvdhetero.config import JobConfig
 
     script = tmp_path / "sees.py"
-    script.write_text("import os\nprint('SEES', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
+    script.write_text("import gc, os\nprint('SEES', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
+                      "print('COLLECTS', gc.isenabled())\n")
     config = JobConfig(run_dir=str(tmp_path), hosts={"localhost": {"name": "gpu", "device": "cuda,cpu"}})
     env = {**os.environ, "HOROVOD_HOSTNAME": "localhost", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_RANK": "1",
            "CUDA_VISIBLE_DEVICES": "0"}
     out = subprocess.run([sys.executable, "-m", "hvdhetero.rank.runner", "--job-json", config.to_json(),
                           "--script", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert "SEES ''" in out.stdout, (out.stdout, out.stderr, json.dumps(env.get("HOROVOD_HOSTNAME")))
+    assert "COLLECTS True" in out.stdout, out.stdout
