@@ -207,7 +207,7 @@ def run_script(args) -> None:
     first, so that the script's own torch.manual_seed, before hh.init() or after, is the one
     that counts (hh.init() seeds only a script that did not: rank/job.py)."""
     import torch
-    import torch._dynamo  # noqa: F401 - torch.optim imports it at the first step (~1.7 s); here the collector is off
+    import torch._dynamo  # torch.optim imports it at the first step (~1.7 s); here the collector is off
 
     from hvdhetero.rank import averaging, clipping, saving
 
