@@ -312,6 +312,25 @@ def test_ctrl_c_after_every_rank_finished_leaves_the_run_complete(monkeypatch, c
         assert "Ctrl-C (SIGINT): the job was stopped" in said and not run_dir.finished(tmp_path), said
 
 
+def test_a_line_cut_short_by_its_ranks_death_does_not_swallow_the_next_ranks_report(capsys):
+    """Rank 1 killed mid-print: horovodrun passes on the start of its line when the pipe closes,
+    with no newline, and rank 0's failure report, the next line, ran on after it. The job ended
+    with no error named and rank 0's report shown as rank 1's raw text; it is rank 0's failure."""
+    from hvdhetero.cluster import supervise
+    from hvdhetero.errors import LaunchError
+
+    said = [f"[{r}]<stdout>:{progress.ALIVE_TAG}{json.dumps({'rank': r, 'host': f'h{r}'})}\n" for r in (0, 1)]
+    said += ["[1]<stdout>:epoch 3 of 5, a line cut sho", f"[0]<stdout>:{progress.failure_line('h0', 'ValueError: bad batch')}\n"]
+    code = ["import sys", *(f"sys.stdout.write({text!r}); sys.stdout.flush()" for text in said)]
+    with pytest.raises(LaunchError) as raised:
+        supervise.run([sys.executable, "-c", "\n".join(code)], {}, rank_hosts=["h0", "h1"])
+    assert str(raised.value).startswith("rank 0 on host h0 failed: ValueError: bad batch"), str(raised.value)
+    shown = capsys.readouterr().out
+    assert progress.ERROR_TAG not in shown and "a line cut sho" in shown, shown
+    # a "\r" before the tag: the next piece of a bar's line, joined by Spliced and settled, not cut here
+    assert console.untangled("[1]<stderr>:e 30%\r[0]<stderr>:done\n") == ["[1]<stderr>:e 30%\r[0]<stderr>:done\n"]
+
+
 def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
     """tqdm redraws its bar with "\\r" many times a second; horovodrun passes each redraw on with
     its rank's prefix. The console shows the bar as it ended, once, and the lines around it."""

@@ -431,13 +431,21 @@ def settled(line: str) -> list[str]:
 
 MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 
+RAN_ON = re.compile(r"(?<=[^\r])\[\d+\]<(?:stdout|stderr)>:")
+"""horovodrun's tag inside a line, after anything but a "\r" (after one, it is the next piece of
+a progress bar's line: Spliced, settled): the line before it was a rank's last, cut short."""
+
 
 def untangled(line: str) -> list[str]:
     """mpirun --tag-output's line as the lines the ranks wrote. Open MPI 4 tags each chunk a rank
     writes, not each line, so one console line can hold two ranks' lines ("[1,0]<stdout>:a[1,1]<stdout>:b")
-    or end in a tag of its own (a newline written apart: "[1,1]<stdout>:a[1,1]<stdout>:"). Lines
-    without such a tag (horovodrun's) come back as they are."""
+    or end in a tag of its own (a newline written apart: "[1,1]<stdout>:a[1,1]<stdout>:").
+    horovodrun tags whole lines, but a rank's last one cut short (killed mid-print) is passed on
+    without a newline when its pipe closes, and the next rank's line ran on after it: rank 0's
+    failure report read as rank 1's text, and the job ended with no error named. Other lines come
+    back as they are."""
     starts = [m.start() for m in MPI_TAG.finditer(line)]
+    starts += [m.start() for m in RAN_ON.finditer(line)]
     if len(starts) < 2 and not (starts and starts[0] > 0):
         return [line]
     cuts = sorted({0, *starts, len(line)})
