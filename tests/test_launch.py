@@ -312,23 +312,33 @@ def test_ctrl_c_after_every_rank_finished_leaves_the_run_complete(monkeypatch, c
         assert "Ctrl-C (SIGINT): the job was stopped" in said and not run_dir.finished(tmp_path), said
 
 
-def test_a_line_cut_short_by_its_ranks_death_does_not_swallow_the_next_ranks_report(capsys):
+@pytest.mark.parametrize("after, said", [
+    ([f"[0]<stdout>:{progress.failure_line('h0', 'ValueError: bad batch')}\n"],
+     "rank 0 on host h0 failed: ValueError: bad batch"),
+    (["Process 1 exit with status code -9.\n", "Terminating remaining workers after failure of Process 1.\n"],
+     "rank 1 on host h1 killed by signal 9 (SIGKILL); the other ranks were stopped"),
+])
+def test_a_line_cut_short_by_its_ranks_death_does_not_swallow_the_next_line(after, said, capsys):
     """Rank 1 killed mid-print: horovodrun passes on the start of its line when the pipe closes,
-    with no newline, and rank 0's failure report, the next line, ran on after it. The job ended
-    with no error named and rank 0's report shown as rank 1's raw text; it is rank 0's failure."""
+    with no newline, and the next line ran on after it. Rank 0's failure report there was shown
+    as rank 1's raw text and the job ended with no error named; horovodrun's word that rank 1
+    exited on SIGKILL went unread ("the job's launcher exited with 1"). Each is read as it came."""
     from hvdhetero.cluster import supervise
     from hvdhetero.errors import LaunchError
 
-    said = [f"[{r}]<stdout>:{progress.ALIVE_TAG}{json.dumps({'rank': r, 'host': f'h{r}'})}\n" for r in (0, 1)]
-    said += ["[1]<stdout>:epoch 3 of 5, a line cut sho", f"[0]<stdout>:{progress.failure_line('h0', 'ValueError: bad batch')}\n"]
-    code = ["import sys", *(f"sys.stdout.write({text!r}); sys.stdout.flush()" for text in said)]
+    lines = [f"[{r}]<stdout>:{progress.ALIVE_TAG}{json.dumps({'rank': r, 'host': f'h{r}'})}\n" for r in (0, 1)]
+    lines += ["[1]<stdout>:epoch 3 of 5, a line cut sho", *after]
+    code = ["import sys", *(f"sys.stdout.write({text!r}); sys.stdout.flush()" for text in lines), "sys.exit(1)"]
     with pytest.raises(LaunchError) as raised:
         supervise.run([sys.executable, "-c", "\n".join(code)], {}, rank_hosts=["h0", "h1"])
-    assert str(raised.value).startswith("rank 0 on host h0 failed: ValueError: bad batch"), str(raised.value)
+    assert str(raised.value).startswith(said), str(raised.value)
     shown = capsys.readouterr().out
-    assert progress.ERROR_TAG not in shown and "a line cut sho" in shown, shown
+    assert progress.ERROR_TAG not in shown and "a line cut sho\n" in shown, shown
     # a "\r" before the tag: the next piece of a bar's line, joined by Spliced and settled, not cut here
     assert console.untangled("[1]<stderr>:e 30%\r[0]<stderr>:done\n") == ["[1]<stderr>:e 30%\r[0]<stderr>:done\n"]
+    # a failure whose message quotes a tagged line is one line still
+    quoting = f"[0]<stdout>:{progress.failure_line('h0', 'RuntimeError: read [1]<stdout>:x')}\n"
+    assert console.untangled(quoting) == [quoting]
 
 
 def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):

@@ -431,9 +431,10 @@ def settled(line: str) -> list[str]:
 
 MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 
-RAN_ON = re.compile(r"(?<=[^\r])\[\d+\]<(?:stdout|stderr)>:")
-"""horovodrun's tag inside a line, after anything but a "\r" (after one, it is the next piece of
-a progress bar's line: Spliced, settled): the line before it was a rank's last, cut short."""
+RAN_ON = re.compile(r"(?<=[^\r])(?:\[\d+\]<(?:stdout|stderr)>:|Process \d+ exit with status code -?\d+\.)")
+"""A line of horovodrun's inside a line, after anything but a "\r" (after one, it is the next
+piece of a progress bar's line: Spliced, settled): a rank's tagged line, or horovodrun's own word
+that a rank exited (supervise.EXIT_LINE); the text before it was a rank's last line, cut short."""
 
 
 def untangled(line: str) -> list[str]:
@@ -441,13 +442,28 @@ def untangled(line: str) -> list[str]:
     writes, not each line, so one console line can hold two ranks' lines ("[1,0]<stdout>:a[1,1]<stdout>:b")
     or end in a tag of its own (a newline written apart: "[1,1]<stdout>:a[1,1]<stdout>:").
     horovodrun tags whole lines, but a rank's last one cut short (killed mid-print) is passed on
-    without a newline when its pipe closes, and the next rank's line ran on after it: rank 0's
-    failure report read as rank 1's text, and the job ended with no error named. Other lines come
-    back as they are."""
+    without a newline when its pipe closes, and the next line ran on after it: rank 0's failure
+    report read as rank 1's text, and the job ended with no error named; horovodrun's "Process 1
+    exit with status code -9." went unread, and the rank's SIGKILL unsaid. One of our tagged lines
+    whose JSON is whole to the line's end is not cut (a failure's message may quote such a line).
+    Other lines come back as they are."""
     starts = [m.start() for m in MPI_TAG.finditer(line)]
-    starts += [m.start() for m in RAN_ON.finditer(line)]
+    if not _ours_whole(line):
+        starts += [m.start() for m in RAN_ON.finditer(line)]
     if len(starts) < 2 and not (starts and starts[0] > 0):
         return [line]
     cuts = sorted({0, *starts, len(line)})
     parts = [line[a:b] for a, b in zip(cuts, cuts[1:])]
     return [p.rstrip("\n") + "\n" for p in parts if MPI_TAG.sub("", p, count=1).strip()]  # not a tag alone
+
+
+def _ours_whole(line: str) -> bool:
+    """Whether `line` is one of our tagged lines (a failure, a result, progress) whose JSON runs
+    whole to its end."""
+    match = PREFIX.match(line)
+    body = line[match.end():] if match else ""
+    tag = next((t for t in (TAG, ERROR_TAG, RESULT_TAG) if body.startswith(t)), None)
+    try:
+        return tag is not None and isinstance(json.loads(body[len(tag):]), dict)
+    except ValueError:
+        return False
