@@ -245,18 +245,23 @@ def joined(lines: Iterable[str]) -> Iterator[str]:
 
 def _whole(line: str) -> bool:
     """False for a rank's tagged line whose last JSON object is cut short; True for any other."""
-    match = PREFIX.match(line)
-    if match is None:
-        return True
-    body = line[match.end():].rstrip("\r\n")
-    tag = next((t for t in (TAG, RESULT_TAG, ERROR_TAG) if body.startswith(t)), None)
+    tag, body = _ours(line)
     if tag is None:
         return True
     try:
-        json.JSONDecoder().raw_decode(body.split(tag)[-1])
+        json.JSONDecoder().raw_decode(body.rstrip("\r\n").split(tag)[-1])
     except ValueError:
         return False
     return True
+
+
+def _ours(line: str) -> tuple[str | None, str]:
+    """One of our tagged lines' tag (a failure, a result, progress) and its text from the tag on;
+    (None, "") for any other line."""
+    match = PREFIX.match(line)
+    body = line[match.end():] if match else ""
+    tag = next((t for t in (TAG, RESULT_TAG, ERROR_TAG) if body.startswith(t)), None)
+    return (tag, body) if tag else (None, "")
 
 
 def tagged(body: str, tag: str) -> list[dict]:
@@ -431,10 +436,13 @@ def settled(line: str) -> list[str]:
 
 MPI_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 
-RAN_ON = re.compile(r"(?<=[^\r])(?:\[\d+\]<(?:stdout|stderr)>:|Process \d+ exit with status code -?\d+\.)")
+EXITED = r"Process (\d+) exit with status code (-?\d+)\."
+"""horovodrun's own word that a rank exited, with its rank and exit code (supervise.EXIT_LINE)."""
+
+RAN_ON = re.compile(rf"(?<=[^\r])(?:\[\d+\]<(?:stdout|stderr)>:|{EXITED})")
 """A line of horovodrun's inside a line, after anything but a "\r" (after one, it is the next
-piece of a progress bar's line: Spliced, settled): a rank's tagged line, or horovodrun's own word
-that a rank exited (supervise.EXIT_LINE); the text before it was a rank's last line, cut short."""
+piece of a progress bar's line: Spliced, settled): a rank's tagged line, or its word that a rank
+exited; the text before it was a rank's last line, cut short."""
 
 
 def untangled(line: str) -> list[str]:
@@ -458,11 +466,8 @@ def untangled(line: str) -> list[str]:
 
 
 def _ours_whole(line: str) -> bool:
-    """Whether `line` is one of our tagged lines (a failure, a result, progress) whose JSON runs
-    whole to its end."""
-    match = PREFIX.match(line)
-    body = line[match.end():] if match else ""
-    tag = next((t for t in (TAG, ERROR_TAG, RESULT_TAG) if body.startswith(t)), None)
+    """Whether `line` is one of our tagged lines whose JSON runs whole to its end."""
+    tag, body = _ours(line)
     try:
         return tag is not None and isinstance(json.loads(body[len(tag):]), dict)
     except ValueError:

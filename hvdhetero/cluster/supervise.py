@@ -220,7 +220,7 @@ def _signalled(code: int) -> bool:
     return code < 0 or 128 < code <= 128 + 64
 
 
-EXIT_LINE = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
+EXIT_LINE = re.compile("^" + console.EXITED)
 MPI_EXIT_LINE = re.compile(r"^mpirun noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 MPI_HELP_RULE = re.compile(r"^-{40,}\s*$")
 """The dashed line that opens and closes each of Open MPI's help messages ("Primary job terminated
