@@ -14,7 +14,7 @@ import pytest
 
 from hvdhetero import progress
 from hvdhetero.cluster import inventory as inv
-from hvdhetero.cluster import console, launch
+from hvdhetero.cluster import launch, lines
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 
@@ -326,19 +326,19 @@ def test_a_line_cut_short_by_its_ranks_death_does_not_swallow_the_next_line(afte
     from hvdhetero.cluster import supervise
     from hvdhetero.errors import LaunchError
 
-    lines = [f"[{r}]<stdout>:{progress.ALIVE_TAG}{json.dumps({'rank': r, 'host': f'h{r}'})}\n" for r in (0, 1)]
-    lines += ["[1]<stdout>:epoch 3 of 5, a line cut sho", *after]
-    code = ["import sys", *(f"sys.stdout.write({text!r}); sys.stdout.flush()" for text in lines), "sys.exit(1)"]
+    written = [f"[{r}]<stdout>:{progress.ALIVE_TAG}{json.dumps({'rank': r, 'host': f'h{r}'})}\n" for r in (0, 1)]
+    written += ["[1]<stdout>:epoch 3 of 5, a line cut sho", *after]
+    code = ["import sys", *(f"sys.stdout.write({text!r}); sys.stdout.flush()" for text in written), "sys.exit(1)"]
     with pytest.raises(LaunchError) as raised:
         supervise.run([sys.executable, "-c", "\n".join(code)], {}, rank_hosts=["h0", "h1"])
     assert str(raised.value).startswith(said), str(raised.value)
     shown = capsys.readouterr().out
     assert progress.ERROR_TAG not in shown and "a line cut sho\n" in shown, shown
     # a "\r" before the tag: the next piece of a bar's line, joined by Spliced and settled, not cut here
-    assert console.untangled("[1]<stderr>:e 30%\r[0]<stderr>:done\n") == ["[1]<stderr>:e 30%\r[0]<stderr>:done\n"]
+    assert lines.untangled("[1]<stderr>:e 30%\r[0]<stderr>:done\n") == ["[1]<stderr>:e 30%\r[0]<stderr>:done\n"]
     # a failure whose message quotes a tagged line is one line still
     quoting = f"[0]<stdout>:{progress.failure_line('h0', 'RuntimeError: read [1]<stdout>:x')}\n"
-    assert console.untangled(quoting) == [quoting]
+    assert lines.untangled(quoting) == [quoting]
 
 
 def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
@@ -364,11 +364,11 @@ def test_a_progress_bars_redraws_reach_the_console_as_one_line_each(capsys):
     assert supervise.run([sys.executable, "-c", code], {}, rank_hosts=["h0", "h1"]) == []
     shown = capsys.readouterr().out.splitlines()
     assert shown == ["epoch 1", "100%|bar| 50/50", "a windows line", "epoch 2 done", "epoch 3: 100%|bar| 14/14"], shown
-    assert console.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
+    assert lines.settled(f"[0]<stderr>: 1%\r[0]<stderr>:{progress.ALIVE_TAG}{{}}\r[0]<stderr>: 2%\n") == [
         f"[0]<stderr>:{progress.ALIVE_TAG}{{}}\n", "[0]<stderr>: 2%\n"]
     # one launcher line holds every rank's pieces ended with "\r" until one ends a line: a piece is held by
     # its own rank and stream (a review: rank 1's traceback after rank 0's heartbeat showed as rank 0's)
-    spliced, beat = console.Spliced(), f'{progress.ALIVE_TAG}{{"rank": 0, "host": "h0"}}\n'
+    spliced, beat = lines.Spliced(), f'{progress.ALIVE_TAG}{{"rank": 0, "host": "h0"}}\n'
     came = [f"[1]<stderr>:e 30%\r[0]<stderr>:{beat}", "[1]<stderr>:Traceback (most recent call last):\n",
             f"[1]<stderr>:e 40%\r[0]<stderr>:done 2/9{beat}", "[1]<stderr>:e 100%\r[0]<stderr>: 3/9\n"]
     assert [line for part in came for line in spliced.feed(part)] == [

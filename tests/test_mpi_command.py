@@ -15,7 +15,7 @@ import pytest
 
 from hvdhetero.cluster import inventory as inv
 from hvdhetero import progress
-from hvdhetero.cluster import console, launch, mpi
+from hvdhetero.cluster import launch, lines, mpi
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError, InventoryError
 from hvdhetero.rank.runner import parse_args
@@ -244,7 +244,7 @@ def test_the_agent_runs_each_hosts_own_daemon_through_the_inventorys_ssh(tmp_pat
     assert other.returncode == 2 and "none of the job's hosts (192.168.1.10, 192.168.1.20)" in other.stderr
 
 
-@pytest.mark.parametrize("line, lines", [
+@pytest.mark.parametrize("line, expected", [
     ("[1,0]<stdout>:epoch 1\n", ["[1,0]<stdout>:epoch 1\n"]),
     # a newline written apart from its line got a tag of its own
     ("[1,1]<stdout>:epoch 1[1,1]<stdout>:\n", ["[1,1]<stdout>:epoch 1\n"]),
@@ -253,12 +253,12 @@ def test_the_agent_runs_each_hosts_own_daemon_through_the_inventorys_ssh(tmp_pat
     ("[0]<stdout>:horovodrun's own tag\n", ["[0]<stdout>:horovodrun's own tag\n"]),
     ("mpirun says[1,0]<stdout>:x\n", ["mpirun says\n", "[1,0]<stdout>:x\n"]),
 ])
-def test_the_launcher_splits_what_mpirun_ran_together_into_the_ranks_lines(line, lines):
+def test_the_launcher_splits_what_mpirun_ran_together_into_the_ranks_lines(line, expected):
     from hvdhetero import progress
 
-    assert console.untangled(line) == lines
-    assert [progress.PREFIX.match(part).group(1) for part in lines if part.startswith("[")] == \
-        [part[1:].split("]")[0].split(",")[-1] for part in lines if part.startswith("[")]
+    assert lines.untangled(line) == expected
+    assert [progress.PREFIX.match(part).group(1) for part in expected if part.startswith("[")] == \
+        [part[1:].split("]")[0].split(",")[-1] for part in expected if part.startswith("[")]
 
 
 def test_mpiruns_line_for_a_killed_rank_names_the_rank_and_the_signal():

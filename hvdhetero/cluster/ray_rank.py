@@ -63,7 +63,7 @@ class RankProcess:
                 started.set()
                 return
             started.set()
-            self._proc.stdout.reconfigure(newline="\n")  # a progress bar's "\r" ends no line (console.settled)
+            self._proc.stdout.reconfigure(newline="\n")  # a progress bar's "\r" ends no line (lines.settled)
             for line in self._proc.stdout:
                 with self._lock:
                     self._lines.append(line)

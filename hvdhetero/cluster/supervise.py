@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hvdhetero import progress
-from hvdhetero.cluster import checkout, console, elastic_hosts, failure, live
+from hvdhetero.cluster import checkout, console, elastic_hosts, failure, lines, live
 from hvdhetero.cluster import run_dir as run_dirs
 from hvdhetero.errors import LaunchError
 
@@ -220,7 +220,7 @@ def _signalled(code: int) -> bool:
     return code < 0 or 128 < code <= 128 + 64
 
 
-EXIT_LINE = re.compile("^" + console.EXITED)
+EXIT_LINE = re.compile("^" + lines.EXITED)
 MPI_EXIT_LINE = re.compile(r"^mpirun noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 MPI_HELP_RULE = re.compile(r"^-{40,}\s*$")
 """The dashed line that opens and closes each of Open MPI's help messages ("Primary job terminated
@@ -262,7 +262,7 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
     a dead one dropped, until fewer than --min-hosts hosts are left. Once every rank (at least
     `expected` of them) has said it is done, the command has FINISH_S to exit (_Lingering).
     `ended` gets each done rank's job step and host (a rank that ended while others trained)."""
-    lines: queue.Queue = queue.Queue()
+    incoming: queue.Queue = queue.Queue()
     done = set() if done is None else done
     ended = {} if ended is None else ended
     finish_s = float(os.environ.get("HVDHETERO_FINISH_S") or FINISH_S)
@@ -270,26 +270,26 @@ def _watched(proc: subprocess.Popen, alive: dict, exits: dict, silent_s: float,
     in_help = False  # inside one of Open MPI's dashed help blocks, printed once the ranks ran (left out)
 
     def read():
-        spliced = console.Spliced()  # a heartbeat inside a bar's line: the line made whole again
+        spliced = lines.Spliced()  # a heartbeat inside a bar's line: the line made whole again
         try:
             proc.stdout.reconfigure(newline="\n")  # a "\r" ends no line: a progress bar's update (below)
             for line in proc.stdout:
-                for part in console.untangled(line):
+                for part in lines.untangled(line):
                     for whole in spliced.feed(part):
-                        for kept in console.settled(whole):
-                            lines.put(kept)
+                        for kept in lines.settled(whole):
+                            incoming.put(kept)
         except (ValueError, OSError):  # the pipe closed under it: the job is being stopped, its end says why
             pass
         finally:
             for whole in spliced.rest():
-                for kept in console.settled(whole):
-                    lines.put(kept)
-            lines.put(None)
+                for kept in lines.settled(whole):
+                    incoming.put(kept)
+            incoming.put(None)
 
     threading.Thread(target=read, name="hvdhetero-relay", daemon=True).start()
     while True:
         try:
-            line = lines.get(timeout=1.0)
+            line = incoming.get(timeout=1.0)
         except queue.Empty:
             line = ""
         if line is None:
