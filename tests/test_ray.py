@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -267,3 +268,27 @@ def test_a_rank_gets_its_hosts_own_path_and_home_never_the_ray_workers_other_var
            "RAY_RAYLET_PID": "7", "AWS_SECRET_ACCESS_KEY": "x"}
     env = ray_rank.rank_env(own, {"HOROVOD_RANK": "1"})
     assert env == {"PATH": "/opt/homebrew/bin:/usr/bin", "HOME": "/Users/anna", "HOROVOD_RANK": "1"}
+
+
+def test_a_rank_killed_mid_print_has_its_cut_line_relayed_as_a_line_of_its_own():
+    """The actor's rank writes a line, then half of one, and is killed (SIGKILL, as the OOM killer
+    does): the driver relays the half line ended, so its exit line after it is read as one (under
+    horovodrun a line cut so ran into the next and the rank's SIGKILL went unsaid)."""
+    from hvdhetero.cluster import lines, ray_driver, ray_rank, supervise
+
+    rank = ray_rank.RankProcess()  # the class Ray makes the actor of, run here as a plain object
+    code = "import os, signal, sys; sys.stdout.write('first\\na line cut sho'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    rank.start([sys.executable, "-c", code], {"PATH": os.environ["PATH"]}, None)
+    said, ended, deadline = [], None, time.monotonic() + 30
+    while ended is None and time.monotonic() < deadline:
+        got, ended = rank.poll()
+        said += got
+        time.sleep(0.05)
+    said += rank.poll()[0]
+    assert ended == -signal.SIGKILL and said == ["first\n", "a line cut sho"], (ended, said)
+    relayed = ray_driver.relayed(1, said)
+    assert relayed == "[1]<stdout>:first\n[1]<stdout>:a line cut sho\n", relayed
+    relayed += f"Process 1 exit with status code {ended}.\n"  # what the driver says next
+    read = [part for line in relayed.splitlines(keepends=True) for part in lines.untangled(line)]
+    assert read == ["[1]<stdout>:first\n", "[1]<stdout>:a line cut sho\n", "Process 1 exit with status code -9.\n"]
+    assert supervise.EXIT_LINE.match(read[-1]).groups() == ("1", "-9")

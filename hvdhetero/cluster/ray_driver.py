@@ -100,6 +100,14 @@ def emit(text: str) -> None:
     sys.stdout.flush()
 
 
+def relayed(rank: int, lines: list[str]) -> str:
+    """A rank's lines as horovodrun tags them, each ended by a newline: the last line of a rank
+    killed mid-print comes without one, and is ended here, so the next line relayed (another
+    rank's, or its exit line) is never read as the rest of it (what cluster/lines.untangled
+    repairs in horovodrun's own output)."""
+    return "".join(f"[{rank}]<stdout>:{line if line.endswith(chr(10)) else line + chr(10)}" for line in lines)
+
+
 def run(plan: dict) -> int:
     address = address_of(plan)
     reachable(address)
@@ -168,7 +176,7 @@ def supervise(plan: dict, actors: list, actor_error: type) -> int:
             except actor_error as err:
                 lost[rank] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300].rstrip('.')}"
                 continue
-            emit("".join(f"[{rank}]<stdout>:{line if line.endswith(chr(10)) else line + chr(10)}" for line in lines))
+            emit(relayed(rank, lines))
             if failing_since is not None:
                 answered.add(rank)
             if code is None:
