@@ -617,3 +617,40 @@ def test_two_loaders_given_together_or_batches_of_k_samples_a_row_are_said_how_t
     with pytest.raises(ConfigError) as refused:
         fn.measure(fn.fn())
     assert "samples to each" not in str(refused.value), "12 is no multiple of 16"
+
+
+@pytest.mark.slow
+def test_a_dataset_grown_each_epoch_trains_as_it_stands_through_a_batch_function(tmp_path):
+    """tests/scripts/grows.py, self-training: the samples the model is sure of join the labelled
+    set after each epoch. Through a batch function over its own DataLoader (docs/api.md's "A
+    dataset that grows") every epoch trains the set as it stood at its start, 32 a step across
+    the two ranks; the prepared loader refuses such a set (test_a_prepared_loaders_dataset_...)."""
+    out = tmp_path / "sizes.json"
+    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPT.parent / "grows.py", "--run-dir", tmp_path / "run",
+             "--keep-checkpoints", "0", "--", "--out", out], timeout=300)
+    sizes = json.loads(out.read_text())
+    epochs = [r for r in metrics.records(tmp_path / "run" / "metrics.jsonl") if r["event"] == "epoch"]
+    assert len(sizes) == len(epochs) == 4 and sizes[-1] > sizes[0] + 32, sizes  # it grew by batches
+    assert [r["samples"] for r in epochs] == [32 * (n // 32) for n in sizes], (epochs, sizes)
+    assert all(sum(r["rank_samples"]) == r["samples"] for r in epochs), epochs
+
+
+def test_a_prepared_loaders_dataset_that_grows_or_shrinks_is_refused_at_the_next_pass_saying_how():
+    """The prepared loader deals the size it was prepared with: a set grown after job.prepare had
+    its new samples left out with nothing said (a self-training port's 300 labelled samples
+    trained alone while the set reached 873), a shrunk one indices past its end."""
+    from torch.utils.data import TensorDataset
+
+    from hvdhetero.rank.loader import Loader
+    from hvdhetero.rank.sampler import WeightedBatchSampler
+
+    data = TensorDataset(torch.arange(100))
+    loader = Loader(data, WeightedBatchSampler(100, [8, 8], 0), torch.device("cpu"), chunk=None)
+    assert sum(len(batch[0]) for batch in loader) == 50  # rank 0's half of the epoch
+    for size, said in ((130, "30 new samples would be left out"), (90, "the last 10 indices of the prepared order")):
+        data.tensors = (torch.arange(size),)
+        with pytest.raises(ConfigError, match=rf"holds {size} samples as epoch 1 begins, and held 100 at job.prepare\(\)"
+                                              rf".*{said}.*batch function.*'A dataset that grows'"):
+            next(iter(loader))
+    data.tensors = (torch.arange(100),)  # as prepared again: dealt as before
+    assert sum(len(batch[0]) for batch in loader) == 50

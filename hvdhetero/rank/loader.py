@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hvdhetero.errors import ConfigError
 from hvdhetero.rank import batches
 from hvdhetero.rank.sampler import WeightedBatchSampler
 
@@ -121,6 +122,7 @@ class Loader:
     def _chunks(self) -> Iterator[tuple[list[int], Item]]:
         """(indices, Item) for every chunk of this rank in the epoch, drawn as late as possible."""
         epoch = self.epoch()
+        self._same_size(epoch)
         again = self.again()
         self.sampler.set_epoch(epoch, again)
         if again:  # a split decided in an earlier pass of the epoch: its steps are numbered alike in each
@@ -143,6 +145,29 @@ class Loader:
             for i, part in enumerate(parts):
                 yield part, Item(epoch * steps + step - 1, i, len(parts), len(part), len(indices), tuple(sizes),
                                  merged, tuple(part))
+
+    def _same_size(self, epoch: int) -> None:
+        """A dataset that grew or shrank since job.prepare is refused at the next pass: its order
+        and its steps are the prepared size's, so a grown one's new samples (self-training's
+        pseudo-labels, added each epoch) were left out with nothing said, and a shrunk one's last
+        indices were past its end. A draw that is not over the whole dataset (a weighted or
+        subset sampler's, a sampler of the script's own, a batch function's rows) is not its length's."""
+        draw = self.sampler.draw
+        if self.sampler.own is not None or (draw is not None and (
+                draw.sampler is not None or draw.subset is not None or draw.sequential)):
+            return
+        now, was = len(self.dataset), self.sampler.dataset_size
+        if now != was:
+            change = f"{now - was} new samples would be left out" if now > was else \
+                f"the last {was - now} indices of the prepared order are past its end"
+            raise ConfigError(
+                f"the prepared loader's dataset holds {now} samples as epoch {epoch + 1} begins, and held {was} at "
+                "job.prepare(): "
+                f"its order and its steps are those of {was} samples (every rank numbers an epoch's steps alike, "
+                f"checkpoints and --resume too), so {change}. A dataset that grows or shrinks between epochs "
+                "(pseudo-labels added, active learning) goes to job.prepare in a batch function that takes each "
+                "step's batch from a DataLoader of your own over it, which sees it as it stands at each iter() "
+                "(docs/api.md, 'A dataset that grows')")
 
     def _apply_pending(self, global_step: int) -> None:
         while self._pending and self._pending[0][0] <= global_step:
