@@ -39,13 +39,16 @@ class StepState:
     reduces, and belongs to the step already counted and timed (rank/optimizer.py)."""
     evaluations: int = 0
     """A closure's evaluations in the step in hand (each a collective: the ranks must agree)."""
+    pass_over: bool = False
+    """The prepared loader's pass ended after it handed out `item` (its loop took every batch), and
+    nothing since: a job.backward now is of a batch it did not give (rank/job.py refuses it)."""
     updates: int = 0
     """Optimizer steps this rank took (updates or skips); each scheduler's OncePerStep compares it
     with the count at its own last step (1 more: the scheduler steps every step)."""
 
     def chunk_given(self, item) -> None:
         """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
-        self.item, self.backed = item, False
+        self.item, self.backed, self.pass_over = item, False, False
         if item.chunk == 0:
             self.reduced = self.stepped = False
 

@@ -535,6 +535,7 @@ class Training:
         that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
         replicas differ until a round's end: their buffers are averaged where the models are made
         one (the epoch's end, job.evaluate, job.save)."""
+        self.step_state.pass_over = True
         if self.strategy.always_one_model and self.train.step > began:
             averaging.buffers(self.model)  # (and an EMA's of it)
 

@@ -58,7 +58,7 @@ for name, setting in {"several optimizers in micro-batches": {"micro_batch": "8"
         out[name] = f"{type(err).__name__}: {err}"
 # a GAN's habit: its discriminator prepared, then its generator with their own optimizer
 disc, gen = nn.Linear(4, 1), nn.Linear(2, 4)
-_, _, loader = job.prepare(disc, torch.optim.Adam(disc.parameters()), data, global_batch=10)
+_, disc_opt, loader = job.prepare(disc, torch.optim.Adam(disc.parameters()), data, global_batch=10)
 try:
     job.prepare(gen, torch.optim.Adam(gen.parameters()), data, global_batch=10)
     out["a second model prepared"] = "accepted"
@@ -74,6 +74,16 @@ try:
     out["a student trained after its teacher"] = "accepted"
 except Exception as err:  # noqa: BLE001
     out["a student trained after its teacher"] = f"{type(err).__name__}: {err}"
+# a curriculum's habit: its DataLoader made anew once the prepared one's pass is over (each rank would train it whole)
+try:
+    for loader_of_the_pass in (loader, DataLoader(data, batch_size=10)):
+        for x, _ in loader_of_the_pass:
+            disc_opt.zero_grad()
+            job.backward(disc(x).mean())
+            disc_opt.step()
+    out["a loader of its own after the prepared one's pass"] = "accepted"
+except Exception as err:  # noqa: BLE001
+    out["a loader of its own after the prepared one's pass"] = f"{type(err).__name__}: {err}"
 # job.epochs given what a config or a loop holds: a float, a range of another step, nothing to count
 for name, args in {"epochs from a float": (10.0,), "epochs from a range of step 2": (range(0, 10, 2),),
                    "no epochs": (0,), "an empty range of epochs": (range(1, 1),)}.items():
