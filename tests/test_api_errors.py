@@ -45,8 +45,10 @@ def messages():
      "GAN's): local and diloco rounds count one optimizer's steps; use --sync step (the default)"),
     ("a tuple holding no model", "ConfigError: job.prepare(model, ...): expected a torch.nn.Module (or a tuple of "
      "them, a GAN's generator and discriminator), got str"),
+    ("a loop fetching one batch ahead", "accepted"),
     ("a loader of its own after the prepared one's pass", "ConfigError: job.backward() of a batch that the loader "
-     "job.prepare() returned did not give (its pass over the epoch had ended, or none had begun): a DataLoader of the "
+     "job.prepare() returned did not give (its pass over the epoch had ended and been stepped on, or none had begun): "
+     "a DataLoader of the "
      "script's own feeds the loop, so every rank would train the whole batch, sharing nothing."),
     ("epochs from a float", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the "
      "loop's range, got n=10.0, start=0: pass int(...) where a config gives a float or a string"),

@@ -41,14 +41,19 @@ class StepState:
     """A closure's evaluations in the step in hand (each a collective: the ranks must agree)."""
     pass_over: bool = False
     """The prepared loader's pass ended after it handed out `item` (its loop took every batch), and
-    nothing since: a job.backward now is of a batch it did not give (rank/job.py refuses it)."""
+    nothing was handed out since."""
+    stepped_after_pass: bool = False
+    """An optimizer step was taken since the pass ended (the last batch's, where a loop fetches one
+    ahead, as apex's data_prefetcher and timm's PrefetchLoader do, so the pass ends before its last
+    backward): a job.backward now is of a batch the prepared loader did not give (rank/job.py
+    refuses it: a DataLoader made anew each epoch trained every rank on the whole batch)."""
     updates: int = 0
     """Optimizer steps this rank took (updates or skips); each scheduler's OncePerStep compares it
     with the count at its own last step (1 more: the scheduler steps every step)."""
 
     def chunk_given(self, item) -> None:
         """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
-        self.item, self.backed, self.pass_over = item, False, False
+        self.item, self.backed, self.pass_over, self.stepped_after_pass = item, False, False, False
         if item.chunk == 0:
             self.reduced = self.stepped = False
 

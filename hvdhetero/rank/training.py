@@ -421,6 +421,7 @@ class Training:
                                "never reduced and their models drift apart")
         self.flush()  # a script's own accumulation that stepped sooner than its last step did
         state.reduced = False
+        state.stepped_after_pass = state.pass_over
         self.unstepped = 0
         skip = state.skip
         if turns is not None and state.item is not None:  # a GAN's: each optimizer on its own gradients

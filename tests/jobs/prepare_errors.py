@@ -74,6 +74,23 @@ try:
     out["a student trained after its teacher"] = "accepted"
 except Exception as err:  # noqa: BLE001
     out["a student trained after its teacher"] = f"{type(err).__name__}: {err}"
+# apex's data_prefetcher: one batch fetched ahead, so the pass ends before the last batch's backward (fine)
+def one_ahead(batches):
+    it = iter(batches)
+    ahead = next(it, None)
+    while ahead is not None:
+        batch, ahead = ahead, next(it, None)
+        yield batch
+
+
+try:
+    for x, _ in one_ahead(loader):
+        disc_opt.zero_grad()
+        job.backward(disc(x).mean())
+        disc_opt.step()
+    out["a loop fetching one batch ahead"] = "accepted"
+except Exception as err:  # noqa: BLE001
+    out["a loop fetching one batch ahead"] = f"{type(err).__name__}: {err}"
 # a curriculum's habit: its DataLoader made anew once the prepared one's pass is over (each rank would train it whole)
 try:
     for loader_of_the_pass in (loader, DataLoader(data, batch_size=10)):
