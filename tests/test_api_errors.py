@@ -47,7 +47,7 @@ def messages():
      "them, a GAN's generator and discriminator), got str"),
     ("a loop fetching one batch ahead", "accepted"),
     ("a loader of its own after the prepared one's pass", "ConfigError: job.backward() of a batch that the loader "
-     "job.prepare() returned did not give (its pass over the epoch had ended and been stepped on, or none had begun): "
+     "job.prepare() returned did not give (its pass over the epoch had ended two steps before, or none had begun): "
      "a DataLoader of the "
      "script's own feeds the loop, so every rank would train the whole batch, sharing nothing."),
     ("epochs from a float", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the "

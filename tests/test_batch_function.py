@@ -654,3 +654,16 @@ def test_a_prepared_loaders_dataset_that_grows_or_shrinks_is_refused_at_the_next
             next(iter(loader))
     data.tensors = (torch.arange(100),)  # as prepared again: dealt as before
     assert sum(len(batch[0]) for batch in loader) == 50
+    # active learning: a SubsetRandomSampler's labelled indices extended (the dataset's length stays)
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    from hvdhetero.rank.validate import drawn
+
+    labelled = list(range(40))
+    sampler = SubsetRandomSampler(labelled)
+    subset = Loader(data, WeightedBatchSampler(100, [8, 8], 0, draw=drawn(sampler, 16)), torch.device("cpu"), chunk=None)
+    assert sum(len(batch[0]) for batch in subset) == 20 and len(DataLoader(data, sampler=sampler)) == 40
+    labelled += range(40, 60)  # on one device the next epoch draws these too
+    with pytest.raises(ConfigError, match=r"the SubsetRandomSampler's indices hold 60 samples as epoch 1 begins, and "
+                                          r"held 40 at job.prepare\(\).*20 new samples would be left out"):
+        next(iter(subset))

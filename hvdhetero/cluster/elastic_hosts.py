@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hvdhetero.cluster.console import HOROVOD_LOOP_ERROR, tagged, without_heartbeat
+from hvdhetero.cluster.console import HOROVOD_LOOP_ERROR
 from hvdhetero.cluster.inventory import Host, Inventory
+from hvdhetero.cluster.lines import tagged, without_heartbeat
 from hvdhetero.errors import ConfigError
 from hvdhetero.progress import ALIVE_TAG, ERROR_TAG
 

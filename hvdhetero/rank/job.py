@@ -47,7 +47,7 @@ from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.training import Training
 
 _NOT_OURS = ("job.backward() of a batch that the loader job.prepare() returned did not give (its pass over the epoch "
-             "had ended and been stepped on, or none had begun): a DataLoader of the script's own feeds the loop, so every rank would train "
+             "had ended two steps before, or none had begun): a DataLoader of the script's own feeds the loop, so every rank would train "
              "the whole batch, sharing nothing. Loop over the loader job.prepare() returned; one made anew each epoch "
              "(a curriculum's growing subset, pseudo-labels added) goes to job.prepare as a batch function over it "
              "(docs/api.md, 'A dataset that grows')")
@@ -147,7 +147,7 @@ class Job:
         graph; each call reduces what it added, so two losses backpropagated in turn sum as on one
         device)."""
         item = self.step_state.item
-        if self.training is None or item is None or self.step_state.stepped_after_pass:
+        if self.training is None or item is None or self.step_state.foreign():
             raise ConfigError(_NOT_OURS if self.training is not None else
                               "job.backward() needs job.prepare() first, and a batch from the loader it returned")
         self.training.backward(loss, item, **kwargs)

@@ -150,23 +150,27 @@ class Loader:
         """A dataset that grew or shrank since job.prepare is refused at the next pass: its order
         and its steps are the prepared size's, so a grown one's new samples (self-training's
         pseudo-labels, added each epoch) were left out with nothing said, and a shrunk one's last
-        indices were past its end. A draw that is not over the whole dataset (a weighted or
-        subset sampler's, a sampler of the script's own, a batch function's rows) is not its length's."""
+        indices were past its end. So is a SubsetRandomSampler's list of indices that moved (an
+        active-learning loop's labelled indices, extended). A draw not over the whole dataset (a
+        weighted sampler's, a sampler of the script's own, a batch function's rows) is not its length's."""
         draw = self.sampler.draw
-        if self.sampler.own is not None or (draw is not None and (
-                draw.sampler is not None or draw.subset is not None or draw.sequential)):
+        if draw is not None and draw.subset is not None:
+            now, was, what = len(draw.source.indices) if draw.source is not None else len(draw.subset), \
+                len(draw.subset), "the SubsetRandomSampler's indices"
+        elif self.sampler.own is not None or (draw is not None and (draw.sampler is not None or draw.sequential)):
             return
-        now, was = len(self.dataset), self.sampler.dataset_size
+        else:
+            now, was, what = len(self.dataset), self.sampler.dataset_size, "the prepared loader's dataset"
         if now != was:
             change = f"{now - was} new samples would be left out" if now > was else \
-                f"the last {was - now} indices of the prepared order are past its end"
+                f"the last {was - now} indices of the prepared order are past its end" if draw is None else \
+                f"{was - now} samples it no longer holds would still be dealt"
             raise ConfigError(
-                f"the prepared loader's dataset holds {now} samples as epoch {epoch + 1} begins, and held {was} at "
-                "job.prepare(): "
-                f"its order and its steps are those of {was} samples (every rank numbers an epoch's steps alike, "
-                f"checkpoints and --resume too), so {change}. A dataset that grows or shrinks between epochs "
-                "(pseudo-labels added, active learning) goes to job.prepare in a batch function that takes each "
-                "step's batch from a DataLoader of your own over it, which sees it as it stands at each iter() "
+                f"{what} hold{'s' * (draw is None)} {now} samples as epoch {epoch + 1} begins, and held {was} at "
+                f"job.prepare(): its order and its steps are those of {was} samples (every rank numbers an epoch's "
+                f"steps alike, checkpoints and --resume too), so {change}. A dataset that grows or shrinks between "
+                "epochs (pseudo-labels added, active learning) goes to job.prepare in a batch function that takes "
+                "each step's batch from a DataLoader of your own over it, which sees it as it stands at each iter() "
                 "(docs/api.md, 'A dataset that grows')")
 
     def _apply_pending(self, global_step: int) -> None:

@@ -48,6 +48,9 @@ class Draw:
     replacement: bool = False
     subset: torch.Tensor | None = None
     """SubsetRandomSampler's indices: each epoch a permutation of them."""
+    source: Any = None
+    """The SubsetRandomSampler itself: an active-learning loop extends its indices (rank/loader.py
+    refuses a count that moved: the epochs deal `subset`, as prepared)."""
     sequential: bool = False
     """The indices in order, 0 to size - 1 (a batch function's rows: rank/batch_function.py)."""
     endless: bool = False

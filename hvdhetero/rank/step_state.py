@@ -39,13 +39,12 @@ class StepState:
     reduces, and belongs to the step already counted and timed (rank/optimizer.py)."""
     evaluations: int = 0
     """A closure's evaluations in the step in hand (each a collective: the ranks must agree)."""
-    pass_over: bool = False
-    """The prepared loader's pass ended after it handed out `item` (its loop took every batch), and
-    nothing was handed out since."""
-    stepped_after_pass: bool = False
-    """An optimizer step was taken since the pass ended (the last batch's, where a loop fetches one
-    ahead, as apex's data_prefetcher and timm's PrefetchLoader do, so the pass ends before its last
-    backward): a job.backward now is of a batch the prepared loader did not give (rank/job.py
+    pass_over: int | None = None
+    """`updates` when the prepared loader's pass ended after it handed out `item` (its loop took
+    every batch), with nothing handed out since; None within a pass. A loop that fetches one batch
+    ahead (apex's data_prefetcher, timm's PrefetchLoader) ends the pass before its last batch's
+    backward and step, a GAN's two optimizers and an LBFGS closure's evaluations included; two
+    updates past it, a job.backward is of a batch the prepared loader did not give (rank/job.py
     refuses it: a DataLoader made anew each epoch trained every rank on the whole batch)."""
     updates: int = 0
     """Optimizer steps this rank took (updates or skips); each scheduler's OncePerStep compares it
@@ -53,9 +52,14 @@ class StepState:
 
     def chunk_given(self, item) -> None:
         """The loader handed out `item`; a step's first chunk starts a step not yet reduced."""
-        self.item, self.backed, self.pass_over, self.stepped_after_pass = item, False, False, False
+        self.item, self.backed, self.pass_over = item, False, None
         if item.chunk == 0:
             self.reduced = self.stepped = False
+
+    def foreign(self) -> bool:
+        """Two updates since the prepared loader's pass ended and nothing handed out: the loop's
+        batches come from elsewhere."""
+        return self.pass_over is not None and self.updates - self.pass_over >= 2
 
     def backward_done(self, last: bool, overflowed: bool = False) -> None:
         """job.backward of a chunk: the step's last one was reduced (`overflowed`: skip it)."""

@@ -421,7 +421,6 @@ class Training:
                                "never reduced and their models drift apart")
         self.flush()  # a script's own accumulation that stepped sooner than its last step did
         state.reduced = False
-        state.stepped_after_pass = state.pass_over
         self.unstepped = 0
         skip = state.skip
         if turns is not None and state.item is not None:  # a GAN's: each optimizer on its own gradients
@@ -536,7 +535,7 @@ class Training:
         that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
         replicas differ until a round's end: their buffers are averaged where the models are made
         one (the epoch's end, job.evaluate, job.save)."""
-        self.step_state.pass_over = True
+        self.step_state.pass_over = self.step_state.updates
         if self.strategy.always_one_model and self.train.step > began:
             averaging.buffers(self.model)  # (and an EMA's of it)
 

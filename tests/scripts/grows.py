@@ -44,7 +44,8 @@ sizes = []
 for epoch in job.epochs(args.epochs):
     sizes.append(len(labelled))
     model.train()
-    for _ in range(len(loader)):  # this epoch's batches, of the set as it stands
+    end = job.step + len(loader)  # this epoch's steps, of the set as it stands (a step may come in chunks)
+    while job.step < end:
         x, target = get_batch()
         loss = nn.functional.cross_entropy(model(x), target)
         optimizer.zero_grad()
@@ -53,10 +54,15 @@ for epoch in job.epochs(args.epochs):
     model.eval()
     with torch.no_grad():
         confidence, label = model(unlabelled.to(job.device)).softmax(1).max(1)
-    sure = (confidence.cpu() > 0.9) & ~taken
+    sure, label = (confidence.cpu() > 0.9) & ~taken, label.cpu()
+    # rank 0's choice on every rank, so that every rank's set grows alike (another device may round a
+    # borderline confidence otherwise; under local/diloco the replicas differ until the epoch's end)
+    sure, label = job.reduce([sure.int(), label] if job.rank == 0 else [torch.zeros_like(sure, dtype=torch.int),
+                                                                       torch.zeros_like(label)])
+    sure = sure > 0
     taken |= sure
     labelled.tensors = (torch.cat([labelled.tensors[0], unlabelled[sure]]),
-                        torch.cat([labelled.tensors[1], label.cpu()[sure]]))
+                        torch.cat([labelled.tensors[1], label[sure]]))
     job.log(labelled=len(labelled))
 if job.rank == 0:
     with open(args.out, "w") as f:
