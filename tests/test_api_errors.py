@@ -48,8 +48,7 @@ def messages():
     ("a loop fetching one batch ahead", "accepted"),
     ("a loader of its own after the prepared one's pass", "ConfigError: job.backward() of a batch that the loader "
      "job.prepare() returned did not give (its pass over the epoch had ended two steps before, or none had begun): "
-     "a DataLoader of the "
-     "script's own feeds the loop, so every rank would train the whole batch, sharing nothing."),
+     "a DataLoader of the script's own feeds the loop, so every rank would train the whole batch, sharing nothing."),
     ("epochs from a float", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the "
      "loop's range, got n=10.0, start=0: pass int(...) where a config gives a float or a string"),
     ("epochs from a range of step 2", "ConfigError: job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, "

@@ -649,8 +649,8 @@ def test_a_prepared_loaders_dataset_that_grows_or_shrinks_is_refused_at_the_next
     assert sum(len(batch[0]) for batch in loader) == 50  # rank 0's half of the epoch
     for size, said in ((130, "30 new samples would be left out"), (90, "the last 10 indices of the prepared order")):
         data.tensors = (torch.arange(size),)
-        with pytest.raises(ConfigError, match=rf"holds {size} samples as epoch 1 begins, and held 100 at job.prepare\(\)"
-                                              rf".*{said}.*batch function.*'A dataset that grows'"):
+        with pytest.raises(ConfigError, match=rf"holds {size} samples as epoch 1 begins, "
+                                              rf"and held 100 at job.prepare\(\).*{said}.*batch function.*'A dataset that grows'"):
             next(iter(loader))
     data.tensors = (torch.arange(100),)  # as prepared again: dealt as before
     assert sum(len(batch[0]) for batch in loader) == 50
@@ -661,7 +661,8 @@ def test_a_prepared_loaders_dataset_that_grows_or_shrinks_is_refused_at_the_next
 
     labelled = list(range(40))
     sampler = SubsetRandomSampler(labelled)
-    subset = Loader(data, WeightedBatchSampler(100, [8, 8], 0, draw=drawn(sampler, 16)), torch.device("cpu"), chunk=None)
+    subset = Loader(data, WeightedBatchSampler(100, [8, 8], 0, draw=drawn(sampler, 16)), torch.device("cpu"),
+                    chunk=None)
     assert sum(len(batch[0]) for batch in subset) == 20 and len(DataLoader(data, sampler=sampler)) == 40
     labelled += range(40, 60)  # on one device the next epoch draws these too
     with pytest.raises(ConfigError, match=r"the SubsetRandomSampler's indices hold 60 samples as epoch 1 begins, and "

@@ -277,7 +277,8 @@ def test_a_rank_killed_mid_print_has_its_cut_line_relayed_as_a_line_of_its_own()
     from hvdhetero.cluster import lines, ray_driver, ray_rank, supervise
 
     rank = ray_rank.RankProcess()  # the class Ray makes the actor of, run here as a plain object
-    code = "import os, signal, sys; sys.stdout.write('first\\na line cut sho'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    code = ("import os, signal, sys; sys.stdout.write('first\\na line cut sho'); sys.stdout.flush(); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
     rank.start([sys.executable, "-c", code], {"PATH": os.environ["PATH"]}, None)
     said, ended, deadline = [], None, time.monotonic() + 30
     while ended is None and time.monotonic() < deadline:

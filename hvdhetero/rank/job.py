@@ -47,10 +47,10 @@ from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.training import Training
 
 _NOT_OURS = ("job.backward() of a batch that the loader job.prepare() returned did not give (its pass over the epoch "
-             "had ended two steps before, or none had begun): a DataLoader of the script's own feeds the loop, so every rank would train "
-             "the whole batch, sharing nothing. Loop over the loader job.prepare() returned; one made anew each epoch "
-             "(a curriculum's growing subset, pseudo-labels added) goes to job.prepare as a batch function over it "
-             "(docs/api.md, 'A dataset that grows')")
+             "had ended two steps before, or none had begun): a DataLoader of the script's own feeds the loop, so "
+             "every rank would train the whole batch, sharing nothing. Loop over the loader job.prepare() returned; "
+             "one made anew each epoch (a curriculum's growing subset, pseudo-labels added) goes to job.prepare as a "
+             "batch function over it (docs/api.md, 'A dataset that grows')")
 
 
 class Job:

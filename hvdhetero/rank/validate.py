@@ -133,7 +133,8 @@ def drawn(sampler, global_batch: int | None) -> Draw | None:
         draw = Draw(sampler.num_samples, sampler=sampler, replacement=True,
                     endless=sampler.num_samples >= ENDLESS * len(sampler.weights))
     elif kind is SubsetRandomSampler:
-        draw = Draw(len(sampler.indices), subset=torch.as_tensor(list(sampler.indices), dtype=torch.long), source=sampler)
+        draw = Draw(len(sampler.indices), subset=torch.as_tensor(list(sampler.indices), dtype=torch.long),
+                    source=sampler)
     elif kind is RandomSampler and (sampler.replacement or sampler._num_samples is not None):
         draw = Draw(sampler.num_samples, replacement=sampler.replacement,
                     endless=sampler.num_samples >= ENDLESS * len(sampler.data_source))

@@ -74,6 +74,16 @@ try:
     out["a student trained after its teacher"] = "accepted"
 except Exception as err:  # noqa: BLE001
     out["a student trained after its teacher"] = f"{type(err).__name__}: {err}"
+
+
+def trained(batches):
+    """A one-device loop's steps over `batches`: the discriminator's."""
+    for x, _ in batches:
+        disc_opt.zero_grad()
+        job.backward(disc(x).mean())
+        disc_opt.step()
+
+
 # apex's data_prefetcher: one batch fetched ahead, so the pass ends before the last batch's backward (fine)
 def one_ahead(batches):
     it = iter(batches)
@@ -84,20 +94,14 @@ def one_ahead(batches):
 
 
 try:
-    for x, _ in one_ahead(loader):
-        disc_opt.zero_grad()
-        job.backward(disc(x).mean())
-        disc_opt.step()
+    trained(one_ahead(loader))
     out["a loop fetching one batch ahead"] = "accepted"
 except Exception as err:  # noqa: BLE001
     out["a loop fetching one batch ahead"] = f"{type(err).__name__}: {err}"
 # a curriculum's habit: its DataLoader made anew once the prepared one's pass is over (each rank would train it whole)
 try:
-    for loader_of_the_pass in (loader, DataLoader(data, batch_size=10)):
-        for x, _ in loader_of_the_pass:
-            disc_opt.zero_grad()
-            job.backward(disc(x).mean())
-            disc_opt.step()
+    trained(loader)
+    trained(DataLoader(data, batch_size=10))
     out["a loader of its own after the prepared one's pass"] = "accepted"
 except Exception as err:  # noqa: BLE001
     out["a loader of its own after the prepared one's pass"] = f"{type(err).__name__}: {err}"
