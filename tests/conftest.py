@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -28,7 +31,69 @@ def run_cmd(argv, *, timeout=600, cwd=ROOT, env=None, check=True) -> subprocess.
     return proc
 
 
+# -- two workers (ci/test runs pytest-xdist, --dist loadgroup): what may run beside what ----------
+
+LONGEST_FIRST = ["hosts", "test_ported", "test_elastic", "checkpoints", "test_batch_function", "test_sweep",
+                 "test_train", "test_script", "test_api", "provision-local", "test_mpi", "test_examples"]
+"""Groups by their seconds in CI (the largest first, so that no worker is left with a long one at
+the end); the others follow in file order."""
+
+
+def group(item) -> str:
+    """The tests one worker runs, in file order: a module's own fixtures (a job, a cluster) run
+    once. The test hosts are one set for the machine (ci/testhosts): every test on them is one
+    group. Both Ray's local cluster and `provision --local` rewrite .venv's Ray and set-up stamp;
+    test_checkpoint and test_failures share one EXACT run (exact_whole)."""
+    module = Path(str(item.fspath)).stem
+    if "hosts" in item.fixturenames or module == "test_testhosts":
+        return "hosts"
+    return {"test_ray": "provision-local", "test_preflight": "provision-local", "test_checkpoint": "checkpoints",
+            "test_failures": "checkpoints"}.get(module, module)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist checks they collected the same
+        first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: first.get(group(item), len(first)))  # stable: file order within
+    skip_without_cuda(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist a test marked `alone` (its assertions time something, or hang on speeds
+    the ranks measured) runs with nothing beside it: it waits for the other worker's test to end
+    and holds the next one back. Every other test holds the machine shared. Setup and teardown
+    are inside, so a module's job run in a test's setup runs as that test does."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    with machine(Path(tempfile.gettempdir()) / f"hvdhetero-pytest-{run}", alone=bool(item.get_closest_marker("alone"))):
+        yield
+
+
+@contextlib.contextmanager
+def machine(path: Path, alone: bool):
+    """A fair readers-writer lock over flock(2): everyone passes the turnstile, in the order they
+    came; a test alone holds it (no one passes behind it) until the shared tests before it are
+    done and it has run. The kernel drops a dead worker's locks."""
+    with open(f"{path}.turnstile", "a") as turnstile, open(f"{path}.machine", "a") as held:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def skip_without_cuda(items):
     """Tests marked `gpu` (tests/gpu, issue 32) run only where torch sees a CUDA device: skipped,
     with the reason, everywhere else (CI, this project's machines); ci/gpu-check runs them."""
     marked = [item for item in items if item.get_closest_marker("gpu")]
@@ -199,6 +264,12 @@ def mpi_env(tmp_path_factory) -> Path:
     mpi4py from PyPI, then our Horovod built with MPI, cached by its own key). To spare a second
     5 GB torch, the env is layered on .venv (a .pth adds .venv's site-packages after its own), so
     what it installs itself (Open MPI, mpi4py, the MPI Horovod) comes first."""
+    with open(Path(tempfile.gettempdir()) / "hvdhetero-venv-mpi.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # test_mpi and test_mpi_hosts may be on two workers: one builds it
+        return set_up_mpi_env(tmp_path_factory)
+
+
+def set_up_mpi_env(tmp_path_factory) -> Path:
     python = MPI_ENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", MPI_ENV], check=True, timeout=300)

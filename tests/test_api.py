@@ -28,6 +28,7 @@ def exactness(tmp_path_factory):
     return two_ranks("api_exactness.py", "API_EXACTNESS", tmp_path_factory.mktemp("api"))
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("micro", [0, 8], ids=["whole-share", "micro-batches-of-8"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["after-backward", "overlapped"])
 @pytest.mark.parametrize("clip", [False, True], ids=["no-clip", "clip"])
@@ -46,6 +47,7 @@ def test_two_unequal_ranks_step_like_one_process_on_the_joined_batch(exactness, 
         assert r["chunks"] > 2, "micro-batches really ran"
 
 
+@pytest.mark.alone
 def test_a_sparse_embedding_and_a_lazy_head_step_like_one_process(exactness):
     """nn.Embedding(sparse=True) gives sparse gradients (the reducer packed only dense ones:
     "reshape is not implemented for sparse tensors"), and nn.LazyLinear has no shape until its
@@ -55,6 +57,7 @@ def test_a_sparse_embedding_and_a_lazy_head_step_like_one_process(exactness):
     assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2 and r["sparse_grad"] is True, r
 
 
+@pytest.mark.alone
 def test_a_loop_zeroing_through_the_model_in_micro_batches_steps_like_one_process(exactness):
     """`model.zero_grad()` at the top of every batch (word_language_model's, DCGAN's), with
     micro-batches: each chunk wiped the ones before it, and the step trained on its last chunk's
@@ -63,6 +66,7 @@ def test_a_loop_zeroing_through_the_model_in_micro_batches_steps_like_one_proces
     assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2, r
 
 
+@pytest.mark.alone
 def test_a_backbone_unfrozen_after_prepare_has_its_gradients_reduced(exactness):
     """Fine-tuning: all but the head frozen at job.prepare, unfrozen after the first step with a
     param group of its own. Its gradients were never reduced (the reducer held the parameters
@@ -75,6 +79,7 @@ def test_a_backbone_unfrozen_after_prepare_has_its_gradients_reduced(exactness):
     assert r["param_rel_err"] <= 1e-5 and len(r["lr"]) == 2, r
 
 
+@pytest.mark.alone
 def test_two_losses_backpropagated_in_turn_step_like_their_sum(exactness):
     """`job.backward(loss, retain_graph=True)` then `job.backward(penalty)` in each micro-batch
     (job.backward took no keywords: a one-device script's two backward calls could not port):
@@ -88,6 +93,7 @@ def test_two_losses_backpropagated_in_turn_step_like_their_sum(exactness):
     assert r["param_rel_err"] <= 1e-5 and r["chunks"] > 2, r
 
 
+@pytest.mark.alone
 def test_small_gradients_cross_an_fp16_wire_scaled(exactness):
     """--compression fp16 under a dynamic loss scale (--precision fp16 on CUDA and MPS), a loss
     1e-4 of the usual: the gradients (1e-9 to 1e-5) cross the wire still scaled, as DDP's fp16 hook
@@ -97,6 +103,7 @@ def test_small_gradients_cross_an_fp16_wire_scaled(exactness):
     assert r["change_rel_err"] <= 5e-3, r  # 2.8e-3 measured; 0.10 with the gradients unscaled before the wire
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_scripts_own_torch_clip_grad_norm_over_micro_batches_clips_the_steps_gradient(exactness, optimizer):
     """torch.nn.utils.clip_grad_norm_(model.parameters(), ...) kept from a one-device script, called
@@ -267,6 +274,7 @@ def test_a_weighted_random_sampler_draws_by_weight_across_the_ranks(tmp_path):
     assert ranks[0][0] != ranks[0][1]
 
 
+@pytest.mark.alone
 def test_a_scripts_own_counts_are_summed_over_the_ranks_after_the_loop_and_refused_inside_it(tmp_path):
     """job.reduce, a DDP script's `dist.all_reduce`: each rank counts over its share of the epoch
     (shares of 15 and 1 in micro-batches of 4: 24 batches and 6), the counts summed over the

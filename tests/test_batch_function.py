@@ -377,6 +377,7 @@ def test_a_stream_read_whole_on_every_rank_trains_until_it_ends(tmp_path):
             "with drop_last=True)") in short.stdout + short.stderr, short.stdout[-2000:]
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_two_uneven_ranks_train_as_one_device_on_the_same_draws(tmp_path):
     """The script run alone (a job of one rank) and on two ranks, the second 3x slower (its rows
@@ -556,6 +557,7 @@ def test_a_square_tensor_beside_the_samples_is_said_to_be_split_by_rows():
     assert _square_beside((torch.randn(30, 30), torch.randn(30, 7)), 1) == ""
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_two_data_sources_go_in_one_batch_function_and_a_loader_cycled_within_an_epoch_is_counted_so(tmp_path):
     """tests/scripts/two_sources.py, FixMatch's loop: 32 labelled and 3 x 32 unlabelled samples a

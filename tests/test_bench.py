@@ -17,6 +17,7 @@ def test_solo_and_hvdhetero_run_next_to_each_other_in_turns_then_the_engine_and_
     assert orders[1] == orders[3] == ["hvdhetero", "solo", "engine", "horovod"]
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_bench_writes_the_documented_json(tmp_path):
     out, scratch = tmp_path / "bench.json", tmp_path / "tmp"

@@ -250,6 +250,7 @@ def test_resume_with_other_options_than_the_hosts_exits_2_naming_them(tmp_path):
     assert proc.returncode == 2 and "got --sync (start a new run" in proc.stdout + proc.stderr, "its default, as much"
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_rank_0_killed_mid_save_20_times_leaves_a_newest_checkpoint_that_loads_and_resumes(tmp_path):
     """SIGKILL the saving process 20 times at random moments (mostly inside torch.save, fsync or

@@ -157,6 +157,7 @@ def accuracy(run_dir) -> float:
     return sum(last) / len(last)
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_killed_rank_is_dropped_the_job_completes_and_the_host_rejoins(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
@@ -212,6 +213,7 @@ def test_a_rank_killed_in_the_middle_of_a_large_transfer_is_dropped_and_the_surv
 @pytest.mark.slow
 @pytest.mark.parametrize("sync", [["--sync", "diloco:4"], ["--sync", "local:4", "--overlap-sync"]],
                          ids=["diloco", "local-overlapped"])
+@pytest.mark.alone
 def test_under_local_or_diloco_a_killed_rank_is_dropped_the_round_restarts_and_the_host_rejoins(sync, tmp_path):
     """The kill test under --sync local/diloco: commits are taken between rounds (overlapped: once
     the round in flight landed); the survivor abandons the exchange it was in and restarts the
@@ -247,6 +249,7 @@ def test_under_local_or_diloco_a_killed_rank_is_dropped_the_round_restarts_and_t
     assert not job_pids(cut)
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
     proc = start(tmp_path, *RUN)
@@ -269,6 +272,7 @@ def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
     assert not job_pids(tmp_path)
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
     proc = start(tmp_path, "--min-hosts", "2", *RUN)

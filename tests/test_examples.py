@@ -31,6 +31,7 @@ def test_mnist_cnn_with_dataloader_workers(tmp_path):
     torch.load(tmp_path / "mnist_cnn.pt", weights_only=True)
 
 
+@pytest.mark.alone
 def test_cifar10_resnet18_with_mixed_precision_a_per_batch_cosine_and_checkpointing(tmp_path):
     proc, records = train_example("cifar10_resnet.py", tmp_path, "--fake-data", "64", "--epochs", "1",
                                   "--batch-size", "16", "--workers", "1", "--checkpointing",

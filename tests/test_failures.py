@@ -107,6 +107,7 @@ def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothin
     assert subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 1
 
 
+@pytest.mark.alone
 def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tmp_path):
     """SIGSTOP (a laptop's lid closed): the rank sends nothing and closes nothing. Horovod alone
     took 253 s to give up; the heartbeat watchdog gives up after 45 s of silence."""
@@ -128,6 +129,7 @@ def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tm
     assert not leftover(run_dir), "the frozen rank was killed too"
 
 
+@pytest.mark.alone
 def test_slow_steps_are_not_taken_for_a_frozen_rank(tmp_path):
     """A step of 15 s with the silence limit at 10 s (a heartbeat every 5 s): the heartbeat comes
     from a thread of its own, which a busy step does not hold up."""
@@ -137,6 +139,7 @@ def test_slow_steps_are_not_taken_for_a_frozen_rank(tmp_path):
     assert "slow steps done" in proc.stdout
 
 
+@pytest.mark.alone
 def test_a_rank_whose_script_returned_is_not_taken_for_a_frozen_one(tmp_path):
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "main_lingers.py",
                     "--run-dir", tmp_path, "--", "15"], env={"HVDHETERO_SILENT_S": "8"}, timeout=300)

@@ -10,7 +10,7 @@ import pytest
 
 from test_api import two_ranks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # calibrated splits and timed rounds (a module job)
 
 
 @pytest.fixture(scope="module")

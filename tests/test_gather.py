@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import ROOT, VENV_BIN, run_cmd
@@ -13,6 +14,7 @@ from test_train import _one_rank_inventory
 SCRIPT = ROOT / "tests" / "scripts" / "contrastive.py"
 
 
+@pytest.mark.alone
 def test_a_gathered_contrastive_loss_on_two_uneven_ranks_trains_as_one_process(tmp_path):
     """48 steps of tests/scripts/contrastive.py on two ranks, rank 1 slow at its data (2 ms a
     sample: the split goes to [61, 3], then [63, 1]), against one process on the whole batch: the

@@ -253,6 +253,7 @@ def test_a_ranks_own_error_after_another_ended_is_its_own():
         supervise.run(fake_job("0 alive", "1 alive", "1 done 5", "0 error"), {}, rank_hosts=["h0", "h1"])
 
 
+@pytest.mark.alone
 def test_a_finished_ranks_late_heartbeat_does_not_make_it_silent(monkeypatch):
     """A rank's heartbeat thread beats until its process exits (Horovod's shutdown), so a beat
     can come after its DONE; rank 0 working on alone afterwards (a long final evaluation) must

@@ -396,6 +396,7 @@ def under_a_terminal(argv, columns=150, timeout=120) -> tuple[int, str]:
     return proc.returncode, out.decode(errors="replace")
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_terminal_shows_the_live_table_with_a_row_per_rank(tmp_path):
     code, out = under_a_terminal([VENV_BIN / "invoke", "train", "--epochs", "1", "--run-dir", tmp_path / "run"],

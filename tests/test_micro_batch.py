@@ -253,6 +253,7 @@ def test_a_script_accumulating_of_its_own_is_told_what_an_explicit_micro_batch_d
     assert "so each rank runs its share whole" in capsys.readouterr().out
 
 
+@pytest.mark.alone
 def test_a_script_counting_batches_to_accumulate_gets_whole_shares_under_micro_batch_auto(tmp_path):
     """tests/scripts/count_batches.py steps every second batch, as one device counts them, and
     auto picks chunks for its model. Chunks counted as batches stepped one rank after every step,

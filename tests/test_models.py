@@ -62,6 +62,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.alone
 def test_small_cnn_learns_digits(tmp_path, one_thread):
     torch.manual_seed(0)
     train, _, info = data.load("digits", tmp_path)

@@ -182,6 +182,7 @@ def test_a_job_that_cannot_run_rounds_is_planned_in_step_sync_and_the_plan_says_
     assert full.to_json()["step_only"].startswith("2 optimizers"), "in `invoke plan --out`'s file"
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_invoke_plan_on_two_local_ranks_prints_the_table_and_writes_the_plan(tmp_path):
     out = tmp_path / "plan.json"

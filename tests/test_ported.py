@@ -327,6 +327,7 @@ def test_an_endless_samplers_run_is_counted_in_steps_with_the_recent_loss(tmp_pa
     assert last["loss"] == pytest.approx(last["logged"]["train_loss"], rel=0.25), last
     assert "ETA" not in proc.stdout and "Killed" not in proc.stdout + proc.stderr
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_probe_that_raises_on_one_rank_starts_from_an_equal_split_and_balances(tmp_path):
     """Rank 1's model raises at the probe's batch (the whole global batch), as a small device

@@ -65,6 +65,7 @@ def test_a_parameter_no_rank_used_keeps_no_gradient_as_on_one_device(said):
     assert [r["buckets"] > 1 for r in said["UNUSED"]] == [False, True, False]
 
 
+@pytest.mark.alone
 def test_a_rank_waiting_for_a_late_one_leaves_the_cpu_idle_and_gives_up_at_the_bound(tmp_path):
     """Horovod's wait spins on sched_yield: a fast rank waiting for a slow one on a shared machine
     takes its CPU (unpinned test hosts: 0.85x plain Horovod, docs/benchmarks.md). collectives.wait

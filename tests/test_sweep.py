@@ -426,6 +426,7 @@ def swept(tmp_path_factory):
     return proc.stdout + proc.stderr, tmp / "sweep"
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_every_trial_is_recorded_with_the_value_its_run_logged(swept):
     out, folder = swept
@@ -447,6 +448,7 @@ def test_every_trial_is_recorded_with_the_value_its_run_logged(swept):
     assert f"best: trial {best['number']} on fast, test_loss {best['value']:.6g}: --lr={best['params']['lr']!r}" in out
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_trial_too_slow_for_its_host_is_run_again_on_the_fast_one_which_finishes_it(swept):
     """slow's first trial (100x slower: its first steps alone outlast fast's whole trials) has
@@ -465,6 +467,7 @@ def test_a_trial_too_slow_for_its_host_is_run_again_on_the_fast_one_which_finish
     assert not left_running(folder)
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_the_report_of_a_sweep_draws_every_trial_where_trials_jsonl_has_it(swept, tmp_path):
     """`invoke report SWEEP_DIR` writes its figures and page; each figure's points, read back from
@@ -542,6 +545,7 @@ def test_a_sweep_stopped_with_ctrl_c_resumes_keeping_its_finished_trials(tmp_pat
     assert "sweep: 3 trials of space.yaml on fast; 1 done already" in proc.stdout, proc.stdout
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_on_a_terminal_the_trials_under_way_are_a_live_table(tmp_path):
     """Each running trial's host, epoch, metric and parameters, redrawn in place below the event
@@ -676,6 +680,7 @@ SMALL_GPT = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=16", "--e
 """nanoGPT's settings for a model a tenth of the port's (its configurator takes them as globals)."""
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_nanogpt_with_one_job_log_line_is_swept_judged_at_its_steps_and_pruned(tmp_path):
     """nanoGPT's train.py as ported (tests/scripts/ported/nanogpt.py) plus the one line a sweep

@@ -9,7 +9,7 @@ from conftest import VENV_BIN, run_cmd
 from hvdhetero import metrics
 from test_api import two_ranks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # calibrated splits and timed rounds (a module job)
 
 
 @pytest.fixture(scope="module")

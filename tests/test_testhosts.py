@@ -28,6 +28,7 @@ def ssh(state, *argv, check=True):
                    timeout=30, check=check)
 
 
+@pytest.mark.alone
 @pytest.mark.root
 @requires_root
 def test_up_ssh_down_cycle(tmp_path):

@@ -96,6 +96,7 @@ def _one_rank_inventory(tmp_path):
 CONVERGENCE_SEEDS = range(4)
 
 
+@pytest.mark.alone
 def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
     """The last rank 3x slower gets a smaller share, and the model reaches the test accuracy of
     one process on the same global batch, within 0.5 percentage points. One run of each cannot
@@ -131,6 +132,7 @@ def test_balanced_split_at_k3_converges_like_one_process(tmp_path):
     assert abs(mean["one"] - mean["k3"]) <= 0.005, (mean, accuracy)
 
 
+@pytest.mark.alone
 def test_a_rank_slow_at_its_data_gets_less_of_the_batch(tmp_path):
     """Rank 1's dataset waits 1 ms a sample in __getitem__ (a slow disk, augmentation on a slow CPU;
     tests/scripts/slow_data.py), its compute as fast as rank 0's. A step's clock starts where its
@@ -236,6 +238,7 @@ def test_a_device_per_slot_puts_each_rank_of_the_host_on_its_own(tmp_path):
     assert start["config"]["hosts"]["localhost"]["device"] == "auto,cpu"
 
 
+@pytest.mark.alone
 def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
     """A rank 30x slower (as a CPU rank beside a GPU: 82x on the H200 machine) holds every step of
     step sync, even at one sample, for a job slower than the fast rank alone: one line says so,
@@ -251,6 +254,7 @@ def test_a_job_slower_than_its_fast_rank_alone_says_so_and_what_to_do(tmp_path):
                          "inventory's `slowdown:` for local): an experiment's straggler"), line
 
 
+@pytest.mark.alone
 def test_the_recipes_clock_counts_on_from_a_checkpoints_seconds():
     """What job.track saves of the recipe's clock and loads on --resume: a resumed run's logged
     seconds and its last line count the stretch before (they restarted at 0: "12 epochs in 2.2 s"
