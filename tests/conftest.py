@@ -31,7 +31,7 @@ def run_cmd(argv, *, timeout=600, cwd=ROOT, env=None, check=True) -> subprocess.
     return proc
 
 
-# -- two workers (ci/test runs pytest-xdist, --dist loadgroup): what may run beside what ----------
+# -- ci/test: the tests marked alone one at a time, then the rest on two workers (pytest-xdist) ----
 
 LONGEST_FIRST = ["hosts", "test_ported", "test_elastic", "checkpoints", "test_batch_function", "test_sweep",
                  "test_train", "test_script", "test_api", "provision-local", "test_mpi", "test_examples"]
@@ -64,7 +64,23 @@ def pytest_unconfigure(config):
         shutil.rmtree(Path(os.environ.pop(GROUPS)).parent, ignore_errors=True)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--machine", choices=["alone", "shared"],
+                     help="alone: only the tests marked alone (one at a time; those on the test hosts excepted); "
+                          "shared: every other (ci/test runs the first, then the second on two workers)")
+
+
+def alone(item) -> bool:
+    """Run in ci/test's first pass, one at a time: the test hosts' are one worker's, kept alone by
+    the lock below."""
+    return bool(item.get_closest_marker("alone")) and group(item) != "hosts"
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("machine"):
+        wanted = config.getoption("machine") == "alone"
+        config.hook.pytest_deselected(items=[item for item in items if alone(item) != wanted])
+        items[:] = [item for item in items if alone(item) == wanted]
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS):
         first = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: first.get(group(item), len(first)))  # stable: file order within; alike in every worker
