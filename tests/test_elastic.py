@@ -249,7 +249,6 @@ def test_under_local_or_diloco_a_killed_rank_is_dropped_the_round_restarts_and_t
     assert not job_pids(cut)
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
     proc = start(tmp_path, *RUN)
@@ -272,7 +271,6 @@ def test_a_frozen_rank_is_killed_and_the_others_go_on_within_60_s(tmp_path):
     assert not job_pids(tmp_path)
 
 
-@pytest.mark.alone
 @pytest.mark.slow
 def test_below_min_hosts_the_job_ends_with_the_failure_message(tmp_path):
     proc = start(tmp_path, "--min-hosts", "2", *RUN)

@@ -107,7 +107,6 @@ def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothin
     assert subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 1
 
 
-@pytest.mark.alone
 def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tmp_path):
     """SIGSTOP (a laptop's lid closed): the rank sends nothing and closes nothing. Horovod alone
     took 253 s to give up; the heartbeat watchdog gives up after 45 s of silence."""
