@@ -79,8 +79,9 @@ def alone(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     if config.getoption("machine"):
         wanted = config.getoption("machine") == "alone"
-        config.hook.pytest_deselected(items=[item for item in items if alone(item) != wanted])
-        items[:] = [item for item in items if alone(item) == wanted]
+        taken = {item: alone(item) == wanted for item in items}
+        config.hook.pytest_deselected(items=[item for item, take in taken.items() if not take])
+        items[:] = [item for item, take in taken.items() if take]
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS):
         first = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: first.get(group(item), len(first)))  # stable: file order within; alike in every worker
@@ -212,6 +213,20 @@ def train_across(inventory, run_dir, *args, env: dict | None = None) -> subproce
                              "--inventory", str(inventory), "--run-dir", str(run_dir), *map(str, args)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def left_running(folder: Path) -> list[str]:
+    """Command lines of this machine's processes that name `folder` (a run directory: the job's ranks,
+    horovodrun and its helpers; a sweep's folder: its trials too), this one's aside."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in cmd and proc.name != str(os.getpid()):
+            out.append(cmd)
+    return out
 
 
 def left_in_namespaces(run_dir) -> dict[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXACT, ROOT, VENV_BIN, left_in_namespaces, requires_root, run_cmd, train_across
+from conftest import EXACT, ROOT, VENV_BIN, left_in_namespaces, left_running, requires_root, run_cmd, train_across
 from hvdhetero import metrics
 from hvdhetero.cluster import checkout
 from hvdhetero.bench.recovery import job_pids
@@ -104,7 +104,7 @@ def test_kill_to_the_launcher_stops_the_job_says_how_to_resume_and_leaves_nothin
                       env={"PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
         assert "horovodrun" in dry.stdout, dry.stdout
     # horovodrun and its helpers too: every process of the job names the run directory
-    assert subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 1
+    assert not (left := left_running(run_dir)), left
 
 
 def test_a_frozen_rank_ends_the_job_within_a_minute_and_leaves_nothing_behind(tmp_path):

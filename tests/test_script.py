@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ROOT, VENV_BIN, run_cmd
+from conftest import ROOT, VENV_BIN, left_running, run_cmd
 from hvdhetero import metrics
 from hvdhetero.cluster import failure
 
@@ -204,8 +204,7 @@ def test_a_script_that_raises_on_one_rank_ends_in_one_summary(tmp_path):
     assert failed.count("Traceback (most recent call last):") == 1, failed
     assert 'raise ValueError("boom on purpose")\nValueError: boom on purpose\n' in failed, failed
     assert "@@hvdhetero" not in failed + waited, "heartbeats and tags are not the rank's output"
-    leftover = subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True, text=True)  # its command lines
-    assert leftover.stdout == "", f"no rank is left running: {leftover.stdout}"
+    assert not (left := left_running(run_dir)), f"no rank is left running: {left}"
 
 
 def test_a_rank_that_stops_early_on_its_own_loss_is_named_with_the_way_out(tmp_path):

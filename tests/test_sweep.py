@@ -23,7 +23,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, VENV_BIN, run_cmd
+from conftest import ROOT, VENV_BIN, left_running, run_cmd
 from test_sweep_space import BAD
 
 from hvdhetero import metrics
@@ -55,19 +55,6 @@ def trials(folder: Path) -> list[dict]:
 def study(folder: Path):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.load_study(study_name="hvdhetero-sweep", storage=f"sqlite:///{folder / 'study.db'}")
-
-
-def left_running(folder: Path) -> list[str]:
-    """Command lines of processes that name the sweep's folder (its trials, their ranks)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(folder) in cmd and proc.name != str(os.getpid()):
-            out.append(cmd)
-    return out
 
 
 # -- bad input: exit 2, the file, line and key, nothing launched ----------------------------------
