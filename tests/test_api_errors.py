@@ -180,3 +180,30 @@ def test_a_dataloader_given_to_prepare_keeps_what_its_script_set():
     drawn = data_arguments(DataLoader(ds, batch_size=4, sampler=RandomSampler(ds, num_samples=25)), None, None, None)
     assert (drawn.draw.size, drawn.draw.replacement, drawn.shuffle) == (25, False, True)
     assert plain.draw is None
+
+
+class _Node:
+    """A graph node as torch before 2.14 hands them out (2.11, the H200 image's): each access to
+    next_functions makes new Python objects, freed as soon as nothing holds them."""
+
+    def __init__(self, depth, param):
+        self.depth, self.param = depth, param
+        if depth == 0:
+            self.variable = param  # an AccumulateGrad
+
+    @property
+    def next_functions(self):
+        return ((_Node(self.depth - 1, self.param), 0),) if self.depth > 0 else ()
+
+
+def test_a_loss_is_seen_to_reach_its_parameters_where_torch_makes_graph_nodes_anew():
+    """The walk behind 'the loss reaches none of the parameters' refused every job on torch 2.11:
+    a node freed after its visit gave its id() to the next one, read as already seen."""
+    import torch
+
+    from hvdhetero.rank import reaching
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    loss = type("Loss", (), {"grad_fn": _Node(40, param)})()
+    assert reaching.reaches(loss, [param])
+    assert not reaching.reaches(loss, [torch.nn.Parameter(torch.zeros(1))])

@@ -22,13 +22,17 @@ NODES = 200_000
 def reaches(loss: torch.Tensor, params: Iterable[torch.nn.Parameter]) -> bool:
     """Whether the graph behind `loss` accumulates into any of `params`."""
     wanted = {id(p) for p in params}
-    seen: set[int] = set()
+    # Every node walked is held until the walk ends: torch before 2.14 (2.11 on the H200 machine)
+    # makes a new Python object for a graph node at each next_functions and frees it with its
+    # last reference, so a node dropped after its visit could hand its id() to the next one, which
+    # read as seen and ended the walk at the loss's second node (every job refused).
+    seen: dict[int, object] = {}
     todo = [loss.grad_fn]
     while todo and len(seen) < NODES:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf the backward adds to
         if variable is not None and id(variable) in wanted:
             return True

@@ -74,8 +74,10 @@ def build(name, model):
 
 
 def rel(a, b):
-    a = torch.cat([t.detach().reshape(-1) for t in a]).double()
-    b = torch.cat([t.detach().reshape(-1) for t in b]).double()
+    """Relative distance of two lists of tensors, on the CPU: on a GPU machine the replay's copy on
+    the CPU is compared with the one on the CUDA rank's device."""
+    a = torch.cat([t.detach().reshape(-1).cpu() for t in a]).double()
+    b = torch.cat([t.detach().reshape(-1).cpu() for t in b]).double()
     return ((a - b).norm() / b.norm()).item()
 
 
