@@ -24,45 +24,57 @@ def said():
 
 @pytest.fixture(scope="module")
 def results(said):
-    return {(r["optimizer"], r["overlap"], r["compression"], r["micro_batch"]): r for r in said["EXACTNESS"]}
+    return {(r["optimizer"], r["overlap"], r["compression"], r["micro_batch"], r["staged"]): r
+            for r in said["EXACTNESS"]}
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["cpu-buffers", "staged-on-the-device"])
 @pytest.mark.parametrize("micro", [0, 8], ids=["whole-batch", "micro-batches-of-8"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_unequal_batches_match_one_process_on_the_joined_batch(results, optimizer, overlap, micro):
+def test_unequal_batches_match_one_process_on_the_joined_batch(results, optimizer, overlap, micro, staged):
     """Also with micro-batches of at most 8: 37 = 8 + 8 + 7 + 7 + 7 and 11 = 6 + 5 accumulate to the same
-    gradient."""
-    r = results[(optimizer, overlap, "none", micro)]
+    gradient; and with each bucket gathered on the device first (a CUDA or MPS rank's path)."""
+    r = results[(optimizer, overlap, "none", micro, staged)]
+    assert r["flat_on_device"] is staged, r
     assert r["param_rel_err"] <= 1e-5, r
     assert r["grad_rel_err"] <= 1e-5, r
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_fp16_on_the_wire_stays_within_1e_3(results, optimizer):
-    for overlap, micro in itertools.product((False, True), (0, 8)):
-        r = results[(optimizer, overlap, "fp16", micro)]
+    for overlap, micro, staged in itertools.product((False, True), (0, 8), (False, True)):
+        r = results[(optimizer, overlap, "fp16", micro, staged)]
         assert r["param_rel_err"] <= 1e-3, r
         assert r["grad_rel_err"] > 0, "fp16 must actually be on the wire"
 
 
+def test_a_bucket_gathered_on_the_device_first_ends_the_step_as_one_gathered_on_the_cpu(results):
+    """The same bytes either way: staging moves copies, not arithmetic."""
+    for key, r in results.items():
+        if r["staged"]:
+            plain = results[(*key[:4], False)]
+            assert (r["param_rel_err"], r["grad_rel_err"]) == (plain["param_rel_err"], plain["grad_rel_err"]), (r, plain)
+
+
 def test_overlap_starts_allreduces_during_backward(results):
-    for micro in (0, 8):  # with micro-batches, only during the last chunk's backward
-        r = results[("sgd", True, "none", micro)]
+    for micro, staged in itertools.product((0, 8), (False, True)):  # with micro-batches, only during the last chunk's backward
+        r = results[("sgd", True, "none", micro, staged)]
         assert r["buckets"] > 1 and r["launched_in_backward"] == r["buckets"] * 2  # every bucket, both steps
-    assert results[("sgd", False, "none", 0)]["launched_in_backward"] == 0
+    assert results[("sgd", False, "none", 0, False)]["launched_in_backward"] == 0
 
 
 def test_a_parameter_no_rank_used_keeps_no_gradient_as_on_one_device(said):
     """A mixture of experts: expert 1 picked by rank 0's samples alone, expert 2 by none. Its
     gradient came back zeros (not None), and AdamW's weight decay and moments moved the expert no
     sample chose (a helper's MoE port drifted 0.016 from one device in 64 steps)."""
-    for r in said["UNUSED"]:  # in one buffer, in buckets launched during backward, in fp16 on the wire
+    assert [r["staged"] for r in said["UNUSED"]] == [False, False, False, True]
+    for r in said["UNUSED"]:  # in one buffer, in buckets launched during backward, in fp16 on the wire, staged
         assert r["ref_grad_none"] == [False] * 4 + [True] * 2, "the case: on one device expert 2 has no gradient"
         assert all(step == r["ref_grad_none"] for rank in r["grad_none"] for step in rank), r
         # (fp16: AdamW's normalised steps at lr 1e-2 carry the wire's rounding, 2.4e-3 measured)
         assert r["expert_2_kept"] and r["param_rel_err"] <= (1e-2 if r["compression"] == "fp16" else 1e-5), r
-    assert [r["buckets"] > 1 for r in said["UNUSED"]] == [False, True, False]
+    assert [r["buckets"] > 1 for r in said["UNUSED"]] == [False, True, False, True]
 
 
 @pytest.mark.alone

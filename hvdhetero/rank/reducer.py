@@ -7,7 +7,12 @@ along (whether the rank held a gradient for it): a parameter no rank's backward 
 no gradient, as on one device. Per-rank weights cannot go
 through Horovod's `prescale_factor` (it rejects factors that differ across ranks), hence the
 local scaling. Copies between device and CPU are blocking: non_blocking MPS<->CPU copies have
-returned wrong data in other projects.
+returned wrong data in other projects. On a CUDA or MPS rank a bucket's gradients are first
+gathered into one flat buffer on the device (`staged`), so that a bucket crosses to the CPU in one
+copy and back in one: a blocking copy a parameter waited for the device at each of them, and the
+device ran dry while the next kernels were queued (on the H200 machine a CUDA rank's ResNet-18
+step computed 43.5 ms under step sync against 14.5 ms alone, where 62 parameters each crossed
+twice). A CUDA rank's CPU buffers are pinned (page-locked), which copies take at full speed.
 
 Our Horovod is a CPU-only build, so every tensor handed to it here is a CPU tensor; that is
 also why parameters are broadcast through CPU copies rather than `hvd.broadcast_parameters`.
@@ -37,6 +42,8 @@ class _Bucket:
     name: str
     sparse: frozenset = frozenset()
     """ids of the parameters whose gradients go back sparse (sparse_params)."""
+    staged: torch.Tensor | None = None
+    """The gradients' flat copy on the parameters' device (a CUDA or MPS rank), crossing as one."""
     waiting: int = 0
     handle: object = None
     buffer: torch.Tensor = field(init=False)
@@ -47,7 +54,8 @@ class _Bucket:
         self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
 
     def pack(self, weight: float) -> None:
-        chunks = self.buffer.split([p.numel() for p in self.params])
+        flat = self.staged if self.staged is not None else self.buffer
+        chunks = flat.split([p.numel() for p in self.params])
         for p, chunk in zip(self.params, chunks):
             if p.grad is None:
                 chunk.zero_()  # e.g. a rank that had no samples this step: contributes nothing
@@ -55,6 +63,8 @@ class _Bucket:
                 chunk.copy_(p.grad.detach().to_dense().reshape(-1))
             else:
                 chunk.copy_(p.grad.detach().reshape(-1))
+        if self.staged is not None:
+            self.buffer.copy_(self.staged)  # the bucket to the CPU in one blocking copy
         self.buffer.mul_(weight)
         self.used.copy_(torch.tensor([p.grad is not None for p in self.params], dtype=self.used.dtype))
 
@@ -73,8 +83,11 @@ class _Bucket:
             self.message.copy_(self.wire)
         if after != 1.0:
             self.buffer.mul_(after)
-        for p, chunk, used in zip(self.params, self.buffer.split([p.numel() for p in self.params]),
-                                  self.used.tolist()):
+        sizes = [p.numel() for p in self.params]
+        if self.staged is not None:
+            self.staged.copy_(self.buffer)  # back to the device in one copy
+        back = (self.staged if self.staged is not None else self.buffer).split(sizes)
+        for p, chunk, there, used in zip(self.params, self.buffer.split(sizes), back, self.used.tolist()):
             if not used:  # no rank's backward reached it (an expert no sample chose): no gradient, as on one
                 p.grad = None  # device, where Adam and weight decay leave such a parameter alone
                 continue
@@ -83,7 +96,7 @@ class _Bucket:
                 continue
             if p.grad is None:
                 p.grad = torch.empty_like(p)
-            p.grad.copy_(chunk.view_as(p))
+            p.grad.copy_(there.view_as(p))
 
 
 LAYOUTS_KEPT = 4
@@ -101,7 +114,8 @@ class Reducer:
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none",
-                 overlap: bool = False, bucket_mb: float = 0.5, sparse: frozenset = frozenset()):
+                 overlap: bool = False, bucket_mb: float = 0.5, sparse: frozenset = frozenset(),
+                 stage: bool | None = None):
         if compression not in WIRE_DTYPES:
             raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
         params = list(params)
@@ -110,6 +124,9 @@ class Reducer:
         """Every parameter prepare saw (and gave every rank rank 0's of), trainable or not."""
         self.wire_dtype = WIRE_DTYPES[compression]
         self.overlap, self.bucket_mb, self.sparse = overlap, bucket_mb, sparse
+        self.stage = stage
+        """Gather each bucket on its parameters' device before it crosses (None: where that device
+        is not the CPU; True on the CPU too, which the CPU tests take for a device's path)."""
         self.weight = 1.0
         self.steps = 0
         self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
@@ -162,9 +179,14 @@ class Reducer:
         return new
 
     def _bucket(self, params, name) -> _Bucket:
-        message = torch.zeros(sum(p.numel() for p in params) + len(params), dtype=torch.float32)
+        device = params[0].device if params else torch.device("cpu")
+        numel = sum(p.numel() for p in params)
+        pin = device.type == "cuda"  # page-locked: the copies from and to the GPU at full speed
+        message = torch.zeros(numel + len(params), dtype=torch.float32, pin_memory=pin)
         wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(message, dtype=self.wire_dtype)
-        return _Bucket(params, message, wire, name, self.sparse)
+        stage = self.stage if self.stage is not None else device.type != "cpu"
+        staged = torch.zeros(numel, dtype=torch.float32, device=device) if stage and params else None
+        return _Bucket(params, message, wire, name, self.sparse, staged)
 
     def _hook(self, bucket: _Bucket):
         def on_grad(_param):

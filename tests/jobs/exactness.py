@@ -1,6 +1,8 @@
 """Two ranks with unequal batches step through hvdhetero's Reducer (and the training loop's
 forward_backward, whole batches or micro-batches of 8); rank 0 compares the result with one
-process stepping on the joined batch and prints the relative errors as JSON.
+process stepping on the joined batch and prints the relative errors as JSON. Each case also
+`staged`: the buckets gathered in a flat buffer on the parameters' device before they cross, what
+a CUDA or MPS rank does, taken here on the CPU.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/exactness.py
 """
@@ -40,14 +42,14 @@ train, _, info = data.load("digits", "unused")
 x, y = train.tensors
 lo, n, total = sum(SIZES[: hvd.rank()]), SIZES[hvd.rank()], sum(SIZES)
 results = []
-for name, overlap, compression, micro in itertools.product(["sgd", "adam"], [False, True], ["none", "fp16"],
-                                                          [0, 8]):
+for name, overlap, compression, micro, staged in itertools.product(["sgd", "adam"], [False, True], ["none", "fp16"],
+                                                                  [0, 8], [False, True]):
     me = Worker(device=devices.select("cpu"), slowdown=1.0, max_batch=None, micro_batch=micro or None)
     torch.manual_seed(0)
     model = models.build("cnn", info).eval()  # eval: no dropout, the same function everywhere
     ref = copy.deepcopy(model)
     opt, ref_opt = optimizer(name, model), optimizer(name, ref)
-    reducer = Reducer(model.parameters(), compression, overlap=overlap, bucket_mb=0.1)
+    reducer = Reducer(model.parameters(), compression, overlap=overlap, bucket_mb=0.1, stage=staged)
     for step in range(STEPS):
         xb, yb = x[step * total:(step + 1) * total], y[step * total:(step + 1) * total]
         opt.zero_grad(set_to_none=True)
@@ -61,6 +63,7 @@ for name, overlap, compression, micro in itertools.product(["sgd", "adam"], [Fal
         opt.step()
         ref_opt.step()
     results.append({"optimizer": name, "overlap": overlap, "compression": compression, "micro_batch": micro,
+                    "staged": staged, "flat_on_device": all(b.staged is not None for b in reducer.buckets),
                     "buckets": len(reducer.buckets),
                     "launched_in_backward": reducer.launched_in_backward, "grad_rel_err": grad_err,
                     "param_rel_err": rel(list(model.parameters()), list(ref.parameters()))})
@@ -91,13 +94,15 @@ xr, yr = torch.randn(STEPS * total, 64, generator=gen), torch.randint(0, 10, (ST
 for step in range(STEPS):
     xr[step * total + SIZES[0]:(step + 1) * total, 0] = -xr[step * total + SIZES[0]:(step + 1) * total, 0].abs()
 unused = []
-for overlap, compression in [(False, "none"), (True, "none"), (False, "fp16")]:
+for overlap, compression, staged in [(False, "none", False), (True, "none", False), (False, "fp16", False),
+                                     (True, "none", True)]:
     torch.manual_seed(0)
     model = Routed()
     ref = copy.deepcopy(model)
     never = model.experts[2].weight.detach().clone()
     opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (model, ref))
-    reducer = Reducer(model.parameters(), compression, overlap=overlap, bucket_mb=1e-4)  # (a bucket a tensor)
+    reducer = Reducer(model.parameters(), compression, overlap=overlap, bucket_mb=1e-4,  # (a bucket a tensor)
+                      stage=staged)
     nones = []
     for step in range(STEPS):
         xb, yb = xr[step * total:(step + 1) * total], yr[step * total:(step + 1) * total]
@@ -111,7 +116,7 @@ for overlap, compression in [(False, "none"), (True, "none"), (False, "fp16")]:
         F.cross_entropy(ref(xb), yb).backward()
         opt.step()
         ref_opt.step()
-    unused.append({"overlap": overlap, "compression": compression, "buckets": len(reducer.buckets),
+    unused.append({"overlap": overlap, "compression": compression, "staged": staged, "buckets": len(reducer.buckets),
                    "param_rel_err": rel(list(model.parameters()), list(ref.parameters())),
                    "expert_2_kept": torch.equal(model.experts[2].weight, never),
                    "grad_none": hvd.allgather_object(nones),
