@@ -59,3 +59,21 @@ def test_the_line_names_the_rank_waited_for_and_the_ways_out_that_fit_the_option
     tiny = v.line(61, ["pc", "mac"], [0.0004, 0.00031], [60, 4], equal_split=False, auto=True)
     assert "waits for rank 1 (mac), 0.31 ms for its 4 samples" in tiny, tiny  # it read "0 ms"
     assert "--hosts" not in shared  # one host: leaving one out leaves nothing
+
+
+def test_a_diloco_round_counts_its_steps_and_names_by_speed_as_a_way_out():
+    """The H200 machine's DiLoCo bench (H=32): the CUDA rank 17.5 ms a step for 254 samples, the
+    CPU rank 38 ms for 2, rank 0's rounds 38 ms a step: said after the second round (64 global
+    steps, past SETTLE), not the first; under --inner-steps same the line names by-speed, under
+    by-speed (or --sync auto, which picks it) it does not, and it names no exchange every H steps."""
+    w = AloneWatch()
+    assert w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32) is None, "one round: 32 steps, not settled"
+    v = w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32)
+    assert v is not None and v.fastest == 0 and 0.45 < v.ratio < 0.47, v
+    assert w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32) is None, "said once"
+    same = v.line(64, ["pc", "pc"], [0.0175, 0.038], [254, 2], equal_split=False, auto=False, inner="same")
+    assert "Each round's steps wait for rank 1 (pc), 38 ms a step for its 2 samples." in same, same
+    assert "--inner-steps by-speed" in same and "--sync diloco" not in same, same
+    for inner, auto in (("by-speed", False), ("same", True)):
+        said = v.line(64, ["pc", "pc"], [0.0175, 0.038], [254, 2], equal_split=False, auto=auto, inner=inner)
+        assert "--inner-steps" not in said and "--sync diloco" not in said, said

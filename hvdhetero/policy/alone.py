@@ -1,4 +1,4 @@
-"""Whether a step-sync job trains slower than its fastest rank would alone.
+"""Whether a job trains slower than its fastest rank would alone.
 
 A rank far slower than the others gets the balancer's fewest samples, yet every step still
 waits for its fixed costs and for the gradients' exchange. On the H200 machine a 14-core CPU
@@ -13,6 +13,12 @@ against the job's own steps (rank 0's compute and reduce: the exchange and the w
 slowest included), medians over WINDOW steps. Both leave out the optimizer's step and the
 script's own work between steps, which makes the ratio read low, so only a job clearly below
 (MARGIN) is said to be slower. Once per Training: under --elastic, once per membership.
+
+Under local:H / diloco:H each round that lands tells every rank's mean seconds and samples per
+global step in it, all of a step included; a round's steps wait for its slowest rank, so the job's
+step is that rank's plus the round's exposed exchange over its steps. On the H200 machine DiLoCo
+(H=32, overlapped) trained at 0.31x of the GPU alone, its rounds waiting for the CPU rank's 38 ms
+steps of 2 samples against the GPU's 17.5 ms of 254, with nothing said either.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ class Verdict:
         return max((r for r in range(len(times)) if r != self.fastest), key=times.__getitem__)
 
     def line(self, step: int, hosts: Sequence[str], times: Sequence[float], sizes: Sequence[int], *,
-             equal_split: bool, auto: bool) -> str:
-        """What the console says, with the ways out that fit the job's options."""
+             equal_split: bool, auto: bool, inner: str | None = None) -> str:
+        """What the console says, with the ways out that fit the job's options; `inner`: the
+        job's --inner-steps under local/diloco (None: step sync)."""
         fast, slow = self.fastest, self.waited_for(times)
         ways = ["without --equal-split"] if equal_split else []
         if hosts[fast] == hosts[slow]:  # the ranks share one machine's cores (the default `local` host's two)
@@ -60,13 +67,18 @@ class Verdict:
                         "cores; with `device: cuda,cpu`, its GPU slot alone)")
         else:
             ways.append("without the slower ranks (--hosts; on a host with `device: cuda,cpu`, its GPU slot alone)")
-        if not auto:
+        if not auto and inner is None:
             ways.append("with an exchange every H steps (--sync diloco:32 --overlap-sync)")
+        elif not auto and inner == "same":
+            ways.append("with --inner-steps by-speed (the slower ranks' shares merged into bigger steps)")
         samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"
+        waits = (f"Each step waits for rank {slow} ({hosts[slow]}), {_ms(times[slow])} ms for its {samples}, and "
+                 "for the gradients' exchange" if inner is None else
+                 f"Each round's steps wait for rank {slow} ({hosts[slow]}), {_ms(times[slow])} ms a step for its "
+                 f"{samples}")
         return (f"hvdhetero: step {step}: the job trains about {self.batch / self.job_s:,.0f} samples/s, where rank "
                 f"{fast} ({hosts[fast]}) alone would train about {self.batch / self.alone_s:,.0f} (its own steps "
-                f"here, scaled to the whole batch): {self.ratio:.2f}x. Each step waits for rank {slow} "
-                f"({hosts[slow]}), {_ms(times[slow])} ms for its {samples}, and for the gradients' exchange. "
+                f"here, scaled to the whole batch): {self.ratio:.2f}x. {waits}. "
                 f"Train {', or '.join(ways)}; `invoke plan` predicts each (metrics.jsonl: slower_than_alone)")
 
 
@@ -80,10 +92,11 @@ class AloneWatch:
     seen: int = 0
     said: bool = False
 
-    def observe(self, step_s: float, times: Sequence[float], sizes: Sequence[int]) -> Verdict | None:
+    def observe(self, step_s: float, times: Sequence[float], sizes: Sequence[int], steps: int = 1) -> Verdict | None:
         """One step: the job's (`step_s`, wall seconds) and every rank's measured compute
         (`times`) at its share (`sizes`); a Verdict the first time the job is clearly slower than
-        its fastest rank would be alone, else None."""
+        its fastest rank would be alone, else None. A round of local/diloco is one observation
+        of its `steps` global steps, each of them its mean."""
         batch = sum(sizes)
         bounds = [(t * batch / n, rank) for rank, (t, n) in enumerate(zip(times, sizes)) if n > 0 and t > 0]
         if not bounds:
@@ -91,7 +104,7 @@ class AloneWatch:
         self.steps.append(step_s)
         self.alone.append(min(bounds))
         self.batches.append(batch)
-        self.seen += 1
+        self.seen += steps
         if self.said or self.seen < SETTLE:
             return None
         alone_s, job_s = median(s for s, _ in self.alone), median(self.steps)

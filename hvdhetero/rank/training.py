@@ -391,10 +391,12 @@ class Training:
                   "(torch.optim.SGD(parameters, lr=lr) does what `p.data += -lr * p.grad` does; set its "
                   "param_groups' lr where the script changes lr)", flush=True)
 
-    def _against_alone(self, step_s: float, times: list[float], sizes: list[int]) -> None:
-        """Rank 0, step sync: the first time the job is clearly slower than its fastest rank would
-        be alone (policy/alone.py), a record and a line saying what to do instead."""
-        verdict = self.alone.observe(step_s, times, sizes)
+    def _against_alone(self, step_s: float, times: list[float], sizes: list[int], steps: int = 1) -> None:
+        """Rank 0: the first time the job is clearly slower than its fastest rank would be alone
+        (policy/alone.py), a record and a line saying what to do instead. Step sync: a step (its
+        compute and whole seconds); local/diloco: a round's `steps` (every rank's mean seconds a
+        global step)."""
+        verdict = self.alone.observe(step_s, times, sizes, steps)
         if verdict is None:
             return
         step = self.train.step + 1
@@ -403,7 +405,8 @@ class Training:
                            job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
         slowed = self.slowdowns[slow] if slow < len(self.slowdowns) else 1.0
         print(verdict.line(step, self.host_names, times, sizes, equal_split=self.config.equal_split,
-                           auto=self.config.sync == "auto")
+                           auto=self.config.sync == "auto",
+                           inner=None if self.strategy.kind == "step" else self.config.inner_steps)
               + (f". Rank {slow} runs {slowed:g}x slower on purpose (--slowdown, or the inventory's `slowdown:` for "
                  f"{self.host_names[slow]}): an experiment's straggler" if slowed > 1.0 else ""), flush=True)
 
@@ -526,6 +529,12 @@ class Training:
             if not self.in_epochs:  # a loop of its own: the round's slowest mean step retimes the checkpoints
                 self.schedule.retime(max(landed[0]))
             self.rebalance(*landed, item, after_step)
+            if self.is_main and self.size > 1 and len(landed[0]) == self.size:
+                # rank 0's round: its own steps, then its wait for the round to land (for the
+                # slowest rank to end it, and for what of the exchange showed)
+                steps = max(1, self.strategy.every)
+                sizes = [round(n) for n in landed[1]]
+                self._against_alone(landed[0][self.rank] + sync.wait_s / steps, landed[0], sizes, steps)
 
     def pass_ended(self, began: int) -> None:
         """A loop took every batch of the epoch, from global step `began`: where it trained (every
