@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvdhetero.policy.alone import MARGIN, SETTLE, AloneWatch
+from hvdhetero.policy.alone import MARGIN, MIN_OBSERVATIONS, SETTLE, AloneWatch
 
 
 def watch(steps: int, step_s: float, times: list[float], sizes: list[int]) -> list:
@@ -63,17 +63,28 @@ def test_the_line_names_the_rank_waited_for_and_the_ways_out_that_fit_the_option
 
 def test_a_diloco_round_counts_its_steps_and_names_by_speed_as_a_way_out():
     """The H200 machine's DiLoCo bench (H=32): the CUDA rank 17.5 ms a step for 254 samples, the
-    CPU rank 38 ms for 2, rank 0's rounds 38 ms a step: said after the second round (64 global
-    steps, past SETTLE), not the first; under --inner-steps same the line names by-speed, under
-    by-speed (or --sync auto, which picks it) it does not, and it names no exchange every H steps."""
+    CPU rank 38 ms for 2, rank 0's rounds 38 ms a step: said at the third round (past SETTLE's 60
+    global steps at the second, but a verdict takes three rounds: the first runs the calibration's
+    split), once; under --inner-steps same the line names by-speed, under by-speed (or --sync auto,
+    which picks it) it does not, and it names no exchange every H steps."""
     w = AloneWatch()
-    assert w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32) is None, "one round: 32 steps, not settled"
-    v = w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32)
+    for _ in range(MIN_OBSERVATIONS - 1):
+        assert w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32) is None
+    v = w.observe(0.038, [0.0175, 0.038], [254.0, 2.0], steps=32)
     assert v is not None and v.fastest == 0 and 0.45 < v.ratio < 0.47, v
     assert w.observe(0.038, [0.0175, 0.038], [254, 2], steps=32) is None, "said once"
-    same = v.line(64, ["pc", "pc"], [0.0175, 0.038], [254, 2], equal_split=False, auto=False, inner="same")
-    assert "Each round's steps wait for rank 1 (pc), 38 ms a step for its 2 samples." in same, same
+    same = v.line(64, ["pc", "pc"], [0.0175, 0.038], [254.0, 2.0], equal_split=False, auto=False, inner="same")
+    assert "Each round's steps wait for rank 1 (pc), 38 ms a step for its 2 samples, and for the exchange." in same, same
     assert "--inner-steps by-speed" in same and "--sync diloco" not in same, same
     for inner, auto in (("by-speed", False), ("same", True)):
         said = v.line(64, ["pc", "pc"], [0.0175, 0.038], [254, 2], equal_split=False, auto=auto, inner=inner)
         assert "--inner-steps" not in said and "--sync diloco" not in said, said
+    mean = v.line(64, ["pc", "pc"], [0.0175, 0.038], [253.6, 2.4], equal_split=False, auto=False, inner="same")
+    assert "for its 2.4 samples" in mean, mean  # a round's mean share, not rounded to 2
+
+
+def test_one_round_however_long_is_not_a_verdict():
+    """diloco:64 reaches SETTLE's 60 global steps in its first round, which runs the calibration's
+    split (an equal one where a probe failed): no verdict from it, nor from two."""
+    w = AloneWatch()
+    assert [w.observe(0.2, [0.0175, 0.2], [128, 128], steps=64) for _ in range(2)] == [None, None]

@@ -14,11 +14,13 @@ slowest included), medians over WINDOW steps. Both leave out the optimizer's ste
 script's own work between steps, which makes the ratio read low, so only a job clearly below
 (MARGIN) is said to be slower. Once per Training: under --elastic, once per membership.
 
-Under local:H / diloco:H each round that lands tells every rank's mean seconds and samples per
-global step in it, all of a step included; a round's steps wait for its slowest rank, so the job's
-step is that rank's plus the round's exposed exchange over its steps. On the H200 machine DiLoCo
-(H=32, overlapped) trained at 0.31x of the GPU alone, its rounds waiting for the CPU rank's 38 ms
-steps of 2 samples against the GPU's 17.5 ms of 254, with nothing said either.
+Under local:H / diloco:H each whole round that lands tells every rank's mean seconds and samples
+per global step in it, all of a step included; the job's step is rank 0's own over the round: its
+steps, then its blocking time at the round's end (the wait for the slowest rank to end the round,
+the exchange) spread over the round's steps. A verdict takes MIN_OBSERVATIONS rounds at least (the
+median of three: the first round runs the calibration's split). On the H200 machine DiLoCo (H=32,
+overlapped) trained at 0.31x of the GPU alone, its rounds waiting for the CPU rank's 38 ms steps
+of 2 samples against the GPU's 17.5 ms of 254, with nothing said either.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ WINDOW = 30
 """Steps whose median step time is the job's."""
 SETTLE = 60
 """Steps before the first verdict: the calibration's split settled, the first re-splits made."""
+MIN_OBSERVATIONS = 3
+"""Observations before the first verdict: rounds of local/diloco (a step sync's steps are SETTLE's)."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,12 @@ class Verdict:
             ways.append("with an exchange every H steps (--sync diloco:32 --overlap-sync)")
         elif not auto and inner == "same":
             ways.append("with --inner-steps by-speed (the slower ranks' shares merged into bigger steps)")
-        samples = f"{sizes[slow]} sample{'s' if sizes[slow] != 1 else ''}"
+        share = round(sizes[slow]) if abs(sizes[slow] - round(sizes[slow])) < 0.05 else round(sizes[slow], 1)
+        samples = f"{share} sample{'s' if share != 1 else ''}"
         waits = (f"Each step waits for rank {slow} ({hosts[slow]}), {_ms(times[slow])} ms for its {samples}, and "
                  "for the gradients' exchange" if inner is None else
                  f"Each round's steps wait for rank {slow} ({hosts[slow]}), {_ms(times[slow])} ms a step for its "
-                 f"{samples}")
+                 f"{samples}, and for the exchange")
         return (f"hvdhetero: step {step}: the job trains about {self.batch / self.job_s:,.0f} samples/s, where rank "
                 f"{fast} ({hosts[fast]}) alone would train about {self.batch / self.alone_s:,.0f} (its own steps "
                 f"here, scaled to the whole batch): {self.ratio:.2f}x. {waits}. "
@@ -92,7 +97,7 @@ class AloneWatch:
     seen: int = 0
     said: bool = False
 
-    def observe(self, step_s: float, times: Sequence[float], sizes: Sequence[int], steps: int = 1) -> Verdict | None:
+    def observe(self, step_s: float, times: Sequence[float], sizes: Sequence[float], steps: int = 1) -> Verdict | None:
         """One step: the job's (`step_s`, wall seconds) and every rank's measured compute
         (`times`) at its share (`sizes`); a Verdict the first time the job is clearly slower than
         its fastest rank would be alone, else None. A round of local/diloco is one observation
@@ -105,7 +110,7 @@ class AloneWatch:
         self.alone.append(min(bounds))
         self.batches.append(batch)
         self.seen += steps
-        if self.said or self.seen < SETTLE:
+        if self.said or self.seen < SETTLE or len(self.steps) < MIN_OBSERVATIONS:
             return None
         alone_s, job_s = median(s for s, _ in self.alone), median(self.steps)
         if job_s <= 0 or alone_s / job_s >= MARGIN:

@@ -12,7 +12,8 @@ gathered into one flat buffer on the device (`staged`), so that a bucket crosses
 copy and back in one: a blocking copy a parameter waited for the device at each of them, and the
 device ran dry while the next kernels were queued (on the H200 machine a CUDA rank's ResNet-18
 step computed 43.5 ms under step sync against 14.5 ms alone, where 62 parameters each crossed
-twice). A CUDA rank's CPU buffers are pinned (page-locked), which copies take at full speed.
+twice). A CUDA rank's CPU buffers are pinned (page-locked), which copies take at full speed. Both
+are made at a bucket's first reduction: under local/diloco, which never reduce, they take nothing.
 
 Our Horovod is a CPU-only build, so every tensor handed to it here is a CPU tensor; that is
 also why parameters are broadcast through CPU copies rather than `hvd.broadcast_parameters`.
@@ -42,8 +43,12 @@ class _Bucket:
     name: str
     sparse: frozenset = frozenset()
     """ids of the parameters whose gradients go back sparse (sparse_params)."""
+    device: torch.device | None = None
+    """Where a CUDA or MPS rank's gradients are gathered before they cross (None: into the CPU buffer)."""
     staged: torch.Tensor | None = None
-    """The gradients' flat copy on the parameters' device (a CUDA or MPS rank), crossing as one."""
+    """Their flat copy there, made at the first pack (local/diloco never reduce: no memory for it),
+    in the gradients' own dtype where they share one (a bf16 model's crosses in half the bytes; the
+    CPU buffer's float32 takes it exactly)."""
     waiting: int = 0
     handle: object = None
     buffer: torch.Tensor = field(init=False)
@@ -53,7 +58,17 @@ class _Bucket:
     def __post_init__(self):
         self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
 
+    def _stage(self) -> None:
+        dtypes = {p.dtype for p in self.params}
+        dtype = dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)).is_floating_point else torch.float32
+        self.staged = torch.zeros(self.buffer.numel(), dtype=dtype, device=self.device)
+        if self.device.type == "cuda":  # page-locked: the copies from and to the GPU at full speed
+            self.message = self.message.pin_memory()
+            self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
+
     def pack(self, weight: float) -> None:
+        if self.device is not None and self.staged is None:
+            self._stage()
         flat = self.staged if self.staged is not None else self.buffer
         chunks = flat.split([p.numel() for p in self.params])
         for p, chunk in zip(self.params, chunks):
@@ -180,13 +195,10 @@ class Reducer:
 
     def _bucket(self, params, name) -> _Bucket:
         device = params[0].device if params else torch.device("cpu")
-        numel = sum(p.numel() for p in params)
-        pin = device.type == "cuda"  # page-locked: the copies from and to the GPU at full speed
-        message = torch.zeros(numel + len(params), dtype=torch.float32, pin_memory=pin)
+        message = torch.zeros(sum(p.numel() for p in params) + len(params), dtype=torch.float32)
         wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(message, dtype=self.wire_dtype)
         stage = self.stage if self.stage is not None else device.type != "cpu"
-        staged = torch.zeros(numel, dtype=torch.float32, device=device) if stage and params else None
-        return _Bucket(params, message, wire, name, self.sparse, staged)
+        return _Bucket(params, message, wire, name, self.sparse, device if stage and params else None)
 
     def _hook(self, bucket: _Bucket):
         def on_grad(_param):

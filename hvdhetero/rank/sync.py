@@ -98,6 +98,9 @@ class ParameterSync:
         """Seconds the last exchange blocked this rank (waiting for the slower one included)."""
         self.wait_s = 0.0
         """Of those, seconds waiting for the round applied (its slowest rank, then the link)."""
+        self.landed_steps = 0
+        """The global steps of the round applied last (H; a flush's part round fewer, an overlapped
+        round run on to its epoch's end more)."""
         self.inner_steps: list[int] = []
         """Every rank's optimizer steps in the round applied last (fewer than H on a rank that
         merged steps: --inner-steps by-speed)."""
@@ -323,6 +326,7 @@ class ParameterSync:
         total, *rest = wait(counts_handle, "a parameter exchange").tolist()
         n = len(rest) // (4 if self.settings is None else 5)
         self.inner_steps = [int(u) for u in rest[2 * n:3 * n]]
+        self.landed_steps = round_steps
         steps = [int(s) for s in rest[3 * n:4 * n]]
         if len(set(steps)) > 1:
             raise RuntimeError(f"the ranks reached round {self.applied + 1}'s exchange at different global steps "

@@ -391,15 +391,16 @@ class Training:
                   "(torch.optim.SGD(parameters, lr=lr) does what `p.data += -lr * p.grad` does; set its "
                   "param_groups' lr where the script changes lr)", flush=True)
 
-    def _against_alone(self, step_s: float, times: list[float], sizes: list[int], steps: int = 1) -> None:
+    def _against_alone(self, step_s: float, times: list[float], sizes: list[float], steps: int = 1,
+                       step: int | None = None) -> None:
         """Rank 0: the first time the job is clearly slower than its fastest rank would be alone
         (policy/alone.py), a record and a line saying what to do instead. Step sync: a step (its
-        compute and whole seconds); local/diloco: a round's `steps` (every rank's mean seconds a
-        global step)."""
+        compute and whole seconds), before the optimizer's; local/diloco: a round of `steps`
+        (every rank's mean seconds a global step), at global `step`."""
         verdict = self.alone.observe(step_s, times, sizes, steps)
         if verdict is None:
             return
-        step = self.train.step + 1
+        step = self.train.step + 1 if step is None else step
         slow = verdict.waited_for(times)
         self.records.write("slower_than_alone", step=step, rank=verdict.fastest, alone_s=round(verdict.alone_s, 5),
                            job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
@@ -529,12 +530,12 @@ class Training:
             if not self.in_epochs:  # a loop of its own: the round's slowest mean step retimes the checkpoints
                 self.schedule.retime(max(landed[0]))
             self.rebalance(*landed, item, after_step)
-            if self.is_main and self.size > 1 and len(landed[0]) == self.size:
-                # rank 0's round: its own steps, then its wait for the round to land (for the
-                # slowest rank to end it, and for what of the exchange showed)
-                steps = max(1, self.strategy.every)
-                sizes = [round(n) for n in landed[1]]
-                self._against_alone(landed[0][self.rank] + sync.wait_s / steps, landed[0], sizes, steps)
+            steps = sync.landed_steps
+            if self.is_main and self.size > 1 and len(landed[0]) == self.size and steps >= self.strategy.every:
+                # rank 0's whole round (a flush's part round aside): its own steps, then what its
+                # round's end blocked it (the slowest rank ending the round, the exchange), a step's share
+                self._against_alone(landed[0][self.rank] + sync.last_exchange_s / steps, landed[0], landed[1], steps,
+                                    step=self.train.step)
 
     def pass_ended(self, began: int) -> None:
         """A loop took every batch of the epoch, from global step `began`: where it trained (every
