@@ -148,3 +148,20 @@ def test_a_trainable_set_trained_again_takes_its_buckets_back():
     model[1].requires_grad_(False)
     reducer.follow(model)
     assert reducer.returned and reducer.buckets is frozen
+
+
+def test_the_copies_bench_times_every_way_a_device_rank_can_reduce(tmp_path):
+    """hvdhetero/bench/copies.py, which ci/gpu-check runs on a CUDA rank, on the CPU here (every way
+    staged but the per-parameter one): one step each way, their buckets as each way cuts them."""
+    out = tmp_path / "copies.json"
+    proc = run_cmd([VENV_BIN / "horovodrun", "-np", "1", "-H", "localhost:1", "--gloo", VENV_BIN / "python", "-m",
+                    "hvdhetero.bench.copies", "--device", "cpu", "--batch", "4", "--steps", "1", "--warmup", "0",
+                    "--out", out],
+                   timeout=300)
+    result = json.loads(out.read_text())
+    assert set(result["median_ms"]) == {"no reduction", "per-parameter", "staged", "staged, unpinned", "one bucket",
+                                        "25 MB buckets"}, result
+    assert all(ms > 0 for ms in result["median_ms"].values()), result
+    b = result["buckets"]
+    assert b["per-parameter"] == b["staged"] > b["25 MB buckets"] >= b["one bucket"] == 1, b
+    assert "per-parameter" in proc.stdout and "(1 bucket)" in proc.stdout, proc.stdout

@@ -49,6 +49,8 @@ class _Bucket:
     """Their flat copy there, made at the first pack (local/diloco never reduce: no memory for it),
     in the gradients' own dtype where they share one (a bf16 model's crosses in half the bytes; the
     CPU buffer's float32 takes it exactly)."""
+    pin: bool = True
+    """Whether the CPU buffer is page-locked once a device's gradients cross (CUDA: copies at full speed)."""
     waiting: int = 0
     handle: object = None
     buffer: torch.Tensor = field(init=False)
@@ -62,7 +64,7 @@ class _Bucket:
         dtypes = {p.dtype for p in self.params}
         dtype = dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)).is_floating_point else torch.float32
         self.staged = torch.zeros(self.buffer.numel(), dtype=dtype, device=self.device)
-        if self.device.type == "cuda":  # page-locked: the copies from and to the GPU at full speed
+        if self.pin and self.device.type == "cuda":  # page-locked: the copies from and to the GPU at full speed
             self.message = self.message.pin_memory()
             self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
 
@@ -130,7 +132,7 @@ class Reducer:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], compression: str = "none",
                  overlap: bool = False, bucket_mb: float = 0.5, sparse: frozenset = frozenset(),
-                 stage: bool | None = None):
+                 stage: bool | None = None, pin: bool = True):
         if compression not in WIRE_DTYPES:
             raise ValueError(f"compression must be one of {sorted(WIRE_DTYPES)}, got {compression!r}")
         params = list(params)
@@ -139,9 +141,10 @@ class Reducer:
         """Every parameter prepare saw (and gave every rank rank 0's of), trainable or not."""
         self.wire_dtype = WIRE_DTYPES[compression]
         self.overlap, self.bucket_mb, self.sparse = overlap, bucket_mb, sparse
-        self.stage = stage
+        self.stage, self.pin = stage, pin
         """Gather each bucket on its parameters' device before it crosses (None: where that device
-        is not the CPU; True on the CPU too, which the CPU tests take for a device's path)."""
+        is not the CPU; True on the CPU too, which the CPU tests take for a device's path), and
+        on a CUDA rank into page-locked memory (`pin`; off only to measure what it gives)."""
         self.weight = 1.0
         self.steps = 0
         self.launched_in_backward = 0  # buckets whose allreduce overlapped backward
@@ -198,7 +201,8 @@ class Reducer:
         message = torch.zeros(sum(p.numel() for p in params) + len(params), dtype=torch.float32)
         wire = None if self.wire_dtype == torch.float32 else torch.zeros_like(message, dtype=self.wire_dtype)
         stage = self.stage if self.stage is not None else device.type != "cpu"
-        return _Bucket(params, message, wire, name, self.sparse, device if stage and params else None)
+        return _Bucket(params, message, wire, name, self.sparse, device=device if stage and params else None,
+                       pin=self.pin)
 
     def _hook(self, bucket: _Bucket):
         def on_grad(_param):
