@@ -12,7 +12,7 @@ reducer can take them, against the step with no reduction at all:
     one bucket      no overlap: every gradient gathered on the device after backward, one copy
     25 MB buckets   overlapped, DDP's default bucket size
 
-Run: horovodrun -np 1 -H localhost:1 --gloo python -m hvdhetero.bench.copies [--device cuda]
+Run: horovodrun -np 1 -H localhost:1 --gloo python -m hvdhetero.bench.copies [--device auto]
 [--batch 254] [--steps 20] [--warmup 3] [--out copies.json]. ci/gpu-check runs it on the lent GPU machine; on a
 CPU it runs too (every way staged on the CPU: the device's code path, timed as a CPU's).
 """
@@ -28,6 +28,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
+from hvdhetero.rank import devices
 from hvdhetero.rank.reducer import Reducer
 from hvdhetero.recipes import models
 
@@ -40,23 +41,17 @@ WAYS = {
 }
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="as an inventory host's (auto: cuda, then mps, then cpu)")
     parser.add_argument("--batch", type=int, default=254)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     hvd.init()
-    device = torch.device(args.device)
+    rank_device = devices.select(args.device)  # as a rank takes it (CUDA's index, a CPU's threads)
+    device = rank_device.torch_device
     torch.manual_seed(0)
     model = models.resnet18_cifar(3, 10).to(device)
     x = torch.randn(args.batch, 3, 32, 32, device=device)
@@ -67,7 +62,7 @@ def main() -> None:
     for _ in range(args.warmup + args.steps):  # ways take turns, so the machine's drift falls on each alike
         for name, reducer in ways.items():  # (every overlapped Reducer hooks the parameters; an unarmed one passes)
             model.zero_grad(set_to_none=True)
-            sync(device)
+            rank_device.synchronize()
             started = time.perf_counter()
             loss = F.cross_entropy(model(x), y)
             if reducer is not None and reducer.overlap:
@@ -75,14 +70,13 @@ def main() -> None:
             loss.backward()
             if reducer is not None:
                 reducer.reduce(1.0)
-            sync(device)
+            rank_device.synchronize()
             times[name].append(time.perf_counter() - started)
-    result = {"device": str(device), "name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "model": "resnet18", "batch": args.batch, "steps": args.steps,
+    result = {"device": rank_device.describe(), "model": "resnet18", "batch": args.batch, "steps": args.steps,
               "buckets": {name: len(r.buckets) for name, r in ways.items() if r is not None},
               "median_ms": {name: round(1e3 * statistics.median(t[args.warmup:]), 3) for name, t in times.items()}}
     base = result["median_ms"]["no reduction"]
-    print(f"{args.batch} samples of ResNet-18 on {device}: median of {args.steps} steps, ms (x the step without)")
+    print(f"{args.batch} samples of ResNet-18 on {rank_device.describe()}: median of {args.steps} steps, ms (x the step without)")
     for name, ms in result["median_ms"].items():
         buckets = result["buckets"].get(name)
         print(f"  {name:18s} {ms:9.2f}  {ms / base:5.2f}x" + (f"  ({buckets} bucket{'s' if buckets > 1 else ''})"

@@ -58,15 +58,19 @@ class _Bucket:
     used: torch.Tensor = field(init=False)
 
     def __post_init__(self):
+        self._views()
+
+    def _views(self) -> None:
         self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
 
     def _stage(self) -> None:
         dtypes = {p.dtype for p in self.params}
-        dtype = dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)).is_floating_point else torch.float32
-        self.staged = torch.zeros(self.buffer.numel(), dtype=dtype, device=self.device)
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+        self.staged = torch.zeros(self.buffer.numel(), dtype=dtype if dtype.is_floating_point else torch.float32,
+                                  device=self.device)
         if self.pin and self.device.type == "cuda":  # page-locked: the copies from and to the GPU at full speed
             self.message = self.message.pin_memory()
-            self.buffer, self.used = self.message.split([self.message.numel() - len(self.params), len(self.params)])
+            self._views()
 
     def pack(self, weight: float) -> None:
         if self.device is not None and self.staged is None:
