@@ -11,7 +11,9 @@ The Job (rank/job.py) is the façade a script talks to; rank/resume.py, rank/ela
 rank/evaluation.py are given this object (its parts, not the Job). What the ranks share in a
 step is in `step_state` (rank/step_state.py); how their models stay one is `strategy`
 (rank/strategy.py); where the job is, `train` (rank/registry.py's TrainState), and where a loop
-over the loader stands, pass by pass, `passes` (rank/passes.py).
+over the loader stands, pass by pass, `passes` (rank/passes.py). What a step's end does with its
+seconds (records, balancer, the verdict against one rank alone) is rank/step_end.py; the
+parameters followed as the script changes what trains, rank/trainable.py.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import horovod.torch as hvd
 import torch
 
 from hvdhetero.config import JobConfig
-from hvdhetero.errors import ConfigError
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, reaching, resume, scaler
+from hvdhetero.rank import step_end, trainable
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.counting import Counting
@@ -37,7 +39,7 @@ from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
 from hvdhetero.rank.passes import Passes
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, broadcast_tensors, scale_gradients
+from hvdhetero.rank.reducer import Reducer, scale_gradients
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.replicas import Replicas, Told
 from hvdhetero.rank.sampler import WeightedBatchSampler
@@ -48,11 +50,6 @@ from hvdhetero.rank.turns import InTurn
 from hvdhetero.rank.strategy import EveryStep, Rounds
 from hvdhetero.rank.validate import Data
 from hvdhetero.rank.sync import ParameterSync
-
-NEVER_STEPPED = 50
-"""Steps reduced with the prepared optimizer never stepped before rank 0 says so (a loop that
-updates the parameters by hand; accumulation over fewer batches steps before)."""
-
 
 class Training:
     """One rank's prepared job: model, optimizer, loader, balancer, strategy and records, and the
@@ -116,7 +113,8 @@ class Training:
             self.reducer, config.overlap, replicas
         ) if kind == "step" else Rounds(
             ParameterSync(model, kind, every, data.global_batch, config.compression, config.outer_lr,
-                          config.outer_momentum, overlap_sync, settings=replicas), on_exchange=self.exchanged)
+                          config.outer_momentum, overlap_sync, settings=replicas),
+            on_exchange=functools.partial(step_end.exchanged, self))
         if kind != "step" and inner == "by-speed" and data.num_workers:
             self.loader.lag = 2 * data.num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
         self.parts = Registry(model=model, optimizer=PerRank(optimizers[0], self.rank),
@@ -152,7 +150,7 @@ class Training:
         steps: fewer where the script accumulates gradients over several batches)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
-        self._unshared: list[torch.nn.Parameter] = []
+        self.unshared: list[torch.nn.Parameter] = []
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
         self.alone = AloneWatch()
         """Rank 0's steps against the fastest rank alone (policy/alone.py)."""
@@ -160,7 +158,7 @@ class Training:
         """Every rank's slowdown on purpose (--slowdown, the inventory's `slowdown:`), as the start record says."""
         self.unstepped = 0
         """Steps reduced (a last chunk's job.backward) since the prepared optimizer last stepped."""
-        self._before_steps: torch.Tensor | None = None
+        self.before_steps: torch.Tensor | None = None
         """A few of the first parameter's values as the first of those steps was reduced."""
         self.again_at = -2
         """The last step reduced more than once (two losses backpropagated in turn, a GAN's three): the
@@ -192,7 +190,7 @@ class Training:
         far back as the chunk's fetch began (its data is part of the rank's step: Loader.fetched)."""
         self.step_state.chunk_given(item)
         if item.chunk == 0:
-            self.follow_trainable(before_forward=True)
+            trainable.follow(self, before_forward=True)
             if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
                 self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
             slept = self.me.straggle(item.share)
@@ -219,50 +217,11 @@ class Training:
 
     # -- job.backward ------------------------------------------------------------------------------
 
-    def follow_trainable(self, before_forward: bool) -> None:
-        """As a step's first chunk is handed out (`before_forward`), and again at its first backward
-        (a change the loop body made in between): the parameters that now need a gradient are the
-        ones reduced (step sync: Reducer.follow); a fine-tuning script that unfreezes its backbone
-        after job.prepare had its gradients never reduced, the ranks' backbones apart. Parameters
-        prepare never saw (a new head) take rank 0's values: before the forward where the change
-        came between steps, else after this step's reduction (the forward used each rank's own
-        then; autograd forbids changing them before its backward). Under local/diloco the ranks
-        first exchange what they have (one model), then the rounds carry the new set
-        (ParameterSync.retarget); a change inside a step's loop body is refused there."""
-        if not self.reducer.trainable_changed(self.model):  # the reducer follows them under every sync mode
-            return
-        self.flush()  # what a script's own accumulation left pending: reduced over the set it was computed for
-        before = len(self.reducer.params)
-        if self.strategy.kind != "step":
-            if not before_forward:
-                raise ConfigError(f"the model's trainable parameters changed inside a step's loop body (requires_grad "
-                                  f"set or cleared after the batch came) under --sync {self.strategy.name}, whose "
-                                  "rounds follow such a change only between steps: make it before the loop over the "
-                                  "batches (at an epoch's start), or use --sync step")
-            item = self.step_state.item
-            if self.config.inner_steps == "by-speed" and item is not None and item.step % len(self.loader):
-                raise ConfigError(f"the model's trainable parameters changed in the middle of an epoch under --sync "
-                                  f"{self.strategy.name} --inner-steps by-speed, where a rank that merges steps "
-                                  "reaches the change at another step than the others: make it at an epoch's start "
-                                  "(before the loop over the batches)")
-        new = self.reducer.follow(self.model)
-        if self.strategy.kind != "step":  # rounds: one model now, then exchanges over the new set
-            self.strategy.one_model(self.train.step)
-            _share(new)
-            self.strategy.sync.retarget(self.model)
-        elif before_forward:  # a head made after prepare: each rank's own initial values until now
-            _share(new)
-        else:
-            self._unshared = new
-        if not self.reducer.returned:  # a set trained before (a GAN's D thawed and frozen every step): said once
-            self.records.write("trainable", step=self.train.step, before=before, now=len(self.reducer.params),
-                               new=len(new), elements=sum(p.numel() for p in self.reducer.params))
-
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
         if item.chunk == 0 and not self.step_state.reduced:
-            self.follow_trainable(before_forward=False)
+            trainable.follow(self, before_forward=False)
         if self.check_reach:
             self.check_reach = False
             reaching.check(loss, self.reducer.params, self.model)
@@ -314,9 +273,9 @@ class Training:
         if defer:
             self.deferral.deferred(weight, seconds)
             self._pending = (unscale, common, rescale, self.loss_scale is not None or summed)
-            _share(self._unshared)  # parameters made in this batch's loop body take rank 0's now, as reduced
-            self._unshared = []
-            self._after_batch(item, seconds, 0.0, None, None, overflowed=False)
+            trainable.share(self.unshared)  # parameters made in this batch's loop body take rank 0's now, as reduced
+            self.unshared = []
+            step_end.after_batch(self, item, seconds, 0.0, None, None, overflowed=False)
             return
         # Step sync: each rank's step time rides along with the gradients, and every rank gets all
         # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
@@ -336,80 +295,7 @@ class Training:
             return
         if self.loss_scale is not None and turns is None:
             self.loss_scale.update(overflowed)
-        self._after_batch(item, seconds, reduce_s, times, walls, overflowed, calls + 1, pending_s)
-
-    def _after_batch(self, item: Item, seconds: float, reduce_s: float, times: list[float] | None, walls,
-                     overflowed: bool, calls: int = 1, pending_s: float = 0.0) -> None:
-        """A batch's job.backward done (its step's last chunk), reduced or added to what is
-        pending: counted, timed, and its step's `times` (every rank's compute over the `calls`
-        batches the reduction covered, `pending_s` of it this rank's before this one) to the
-        balancer, the live line and the metrics."""
-        self.last_step_seconds = (seconds, reduce_s)
-        self.step_state.backward_done(last=True, overflowed=overflowed)
-        self.records.step_done(item.share, *self.last_step_seconds, steps=item.steps)
-        self._unstepped_step()
-        if self.resumed_own_loop is not None:
-            resume.own_loop_went_on(self)
-        self.passes.stepped(item, self.in_epochs)
-        at, steps = self.count.at(item, len(self.loader), self.in_epochs, self.endless, self.records.steps,
-                                  self.train.step)
-        if times is not None:
-            if not self.in_epochs or not self.schedule.timed:  # no epoch's end has retimed checkpoints (yet)
-                self.schedule.paced(walls)
-            whole_s = pending_s + seconds + reduce_s  # rank 0's batches the reduction covered, start to end
-            if not self.in_epochs and self.is_main:  # a loop of its own: no epoch record says what the ranks did
-                self.records.window_step(list(item.sizes), times, whole_s, steps=calls)
-            each = [t / calls for t in times]  # a batch's compute, each rank's mean over them
-            self.rebalance(each, list(item.sizes), item)
-            if (self.is_main and self.size > 1 and self.strategy.kind == "step"
-                    and self.train.step - self.again_at > 1):  # the last step's times were whole
-                self._against_alone(whole_s / calls, each, list(item.sizes))
-        self.records.progress(samples=item.share, compute_s=seconds, wait_s=reduce_s,
-                              exchanged=(self.strategy.rounds, self.strategy.last_exchange_s),
-                              split=self.sampler.batch_sizes,  # the split in effect (an epoch's short last step aside)
-                              step=at, epoch=self.train.epoch, steps=steps,
-                              epochs=self.epochs if self.in_epochs else None,  # a loop of the script's own: not known
-                              first=self.epochs_from,
-                              taken=self.train.step)  # optimizer steps, as job.step (a step may take several)
-
-    def _unstepped_step(self) -> None:
-        """One more reduced step the prepared optimizer has not stepped after: at the NEVER_STEPPED-th
-        with no update yet, where the parameters moved all the same (updated by hand; unmoved, the
-        script accumulates over many batches), rank 0 says the job's steps stand still. Costs an int
-        compare a step, and a 16-value copy at the first."""
-        self.unstepped += 1
-        if self.step_state.updates or not self.reducer.params:
-            return
-        first = self.reducer.params[0].detach().reshape(-1)[:16]
-        if self.unstepped == 1:
-            self._before_steps = first.clone()
-        elif (self.unstepped == NEVER_STEPPED and self.is_main and self._before_steps is not None
-              and not torch.equal(self._before_steps, first)):
-            print(f"hvdhetero: {NEVER_STEPPED} steps' gradients were reduced (job.backward) and the optimizer given to "
-                  "job.prepare never stepped: the job counts its steps by that optimizer's step() (job.step, "
-                  "metrics, checkpoints, a resume's place), so they all stand at step 0. Update through it "
-                  "(torch.optim.SGD(parameters, lr=lr) does what `p.data += -lr * p.grad` does; set its "
-                  "param_groups' lr where the script changes lr)", flush=True)
-
-    def _against_alone(self, step_s: float, times: list[float], sizes: list[float], steps: int = 1,
-                       step: int | None = None) -> None:
-        """Rank 0: the first time the job is clearly slower than its fastest rank would be alone
-        (policy/alone.py), a record and a line saying what to do instead. Step sync: a step (its
-        compute and whole seconds), before the optimizer's; local/diloco: a round of `steps`
-        (every rank's mean seconds a global step), at global `step`."""
-        verdict = self.alone.observe(step_s, times, sizes, steps)
-        if verdict is None:
-            return
-        step = self.train.step + 1 if step is None else step
-        slow = verdict.waited_for(times)
-        self.records.write("slower_than_alone", step=step, rank=verdict.fastest, alone_s=round(verdict.alone_s, 5),
-                           job_s=round(verdict.job_s, 5), ratio=round(verdict.ratio, 4), slowest=slow)
-        slowed = self.slowdowns[slow] if slow < len(self.slowdowns) else 1.0
-        print(verdict.line(step, self.host_names, times, sizes, equal_split=self.config.equal_split,
-                           auto=self.config.sync == "auto",
-                           inner=None if self.strategy.kind == "step" else self.config.inner_steps)
-              + (f". Rank {slow} runs {slowed:g}x slower on purpose (--slowdown, or the inventory's `slowdown:` for "
-                 f"{self.host_names[slow]}): an experiment's straggler" if slowed > 1.0 else ""), flush=True)
+        step_end.after_batch(self, item, seconds, reduce_s, times, walls, overflowed, calls + 1, pending_s)
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 
@@ -459,11 +345,11 @@ class Training:
     def _reduced(self, rescale: float) -> None:
         """After a reduction (a step's, or a flush of what was pending): a script's GradScaler's
         scale back in (`rescale`), the job's loss scale out, and parameters made inside the step's
-        loop body (follow_trainable) given rank 0's values."""
+        loop body (rank/trainable.py) given rank 0's values."""
         scale_gradients(self.reducer.params, rescale)
         self._grads_scaled = False
-        _share(self._unshared)
-        self._unshared = []
+        trainable.share(self.unshared)
+        self.unshared = []
 
     def mean_loss(self, loss):
         """A closure's loss as every rank's optimizer must see it (rank/optimizer.py's mean_over_ranks)."""
@@ -495,47 +381,7 @@ class Training:
         steps = len(self.loader) if self.in_epochs else 0
         return (self.train.epoch + 1) * steps - 1 - item.step if steps else None
 
-    # -- the balancer ------------------------------------------------------------------------------
-
-    def rebalance(self, times: list[float], sizes: list[float], item: Item, after_step: int | None = None) -> None:
-        """Every rank's step seconds (and the samples they took) to the balancer; a new split
-        reaches the loader (and the metrics) for the step it takes effect at."""
-        if self.config.equal_split:
-            return
-        new = self.balancer.observe(times, sizes, step=item.step)
-        if new:
-            at = item.step if after_step is None else after_step
-            effective = self.loader.resplit(new, at)
-            # a loop that took the loader again within an epoch numbers its passes' steps alike: counted
-            # from job.step (before this step's optimizer step; a round's exchange comes after it)
-            step = self.train.step - (after_step is not None) + effective - at if self.count.taken_again \
-                else self.counted(effective)
-            self.records.write("split", step=step, split=new, reason=self.balancer.reason,
-                               fallback=self.balancer.fallback)
-
-    def exchanged(self, sync: ParameterSync, landed: tuple[list[float], list[float]] | None, after_step: int,
-                  count: bool = True) -> None:
-        """Rounds.on_exchange, after a round's end or a flush: its record in the metrics, and the
-        round that landed (every rank's mean step seconds and samples per step in it) to the
-        balancer. `count`: its seconds go to this epoch's communication time."""
-        item = self.step_state.item
-        if item is None:
-            return
-        if count:
-            self.records.communicated(sync.last_exchange_s)
-        self.records.write("exchange", step=self.train.step, round=sync.rounds, applied=sync.applied,
-                           split=list(self.sampler.batch_sizes), seconds=round(sync.last_exchange_s, 4),
-                           wait_s=round(sync.wait_s, 4), link_late=sync.link_late, inner_steps=sync.inner_steps)
-        if landed is not None:
-            if not self.in_epochs:  # a loop of its own: the round's slowest mean step retimes the checkpoints
-                self.schedule.retime(max(landed[0]))
-            self.rebalance(*landed, item, after_step)
-            steps = sync.landed_steps
-            if self.is_main and self.size > 1 and len(landed[0]) == self.size and steps >= self.strategy.every:
-                # rank 0's whole round (a flush's part round aside): its own steps, then what its
-                # round's end blocked it (the slowest rank ending the round, the exchange), a step's share
-                self._against_alone(landed[0][self.rank] + sync.last_exchange_s / steps, landed[0], landed[1], steps,
-                                    step=self.train.step)
+    # -- a pass over the loader --------------------------------------------------------------------
 
     def pass_ended(self, began: int) -> None:
         """A loop took every batch of the epoch, from global step `began`: where it trained (every
@@ -571,8 +417,3 @@ class Training:
         # Overlapped, a round of H steps or more ends with the epoch, its exchange launched after
         # the epoch's collectives (RoundClock.ends_with_epoch); what that blocked counts in the next epoch
         self.records.carried = self.strategy.end_epoch(self.train.step, more)
-
-
-def _share(params: list[torch.nn.Parameter]) -> None:
-    """Parameters made after job.prepare (each rank's own initial values) take rank 0's."""
-    broadcast_tensors(params, 0, "hvdhetero.new_params", "giving every rank rank 0's new parameters")
