@@ -152,7 +152,8 @@ def test_a_trainable_set_trained_again_takes_its_buckets_back():
 
 def test_the_copies_bench_times_every_way_a_device_rank_can_reduce(tmp_path):
     """hvdhetero/bench/copies.py, which ci/gpu-check runs on a CUDA rank, on the CPU here (every way
-    staged but the per-parameter one): one step each way, their buckets as each way cuts them."""
+    staged but the per-parameter one): one step each way, their buckets as each way cuts them, and
+    the steps with no reduction run back to back."""
     out = tmp_path / "copies.json"
     proc = run_cmd([VENV_BIN / "horovodrun", "-np", "1", "-H", "localhost:1", "--gloo", VENV_BIN / "python", "-m",
                     "hvdhetero.bench.copies", "--device", "cpu", "--batch", "4", "--steps", "1", "--warmup", "0",
@@ -165,3 +166,4 @@ def test_the_copies_bench_times_every_way_a_device_rank_can_reduce(tmp_path):
     b = result["buckets"]
     assert b["per-parameter"] == b["staged"] > b["25 MB buckets"] >= b["one bucket"] == 1, b
     assert "per-parameter" in proc.stdout and "(1 bucket)" in proc.stdout, proc.stdout
+    assert result["back_to_back_ms"] > 0 and "back to back" in proc.stdout, proc.stdout

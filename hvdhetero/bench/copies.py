@@ -12,6 +12,10 @@ reducer can take them, against the step with no reduction at all:
     one bucket      no overlap: every gradient gathered on the device after backward, one copy
     25 MB buckets   overlapped, DDP's default bucket size
 
+and, apart, the step with no reduction run back to back (the device synchronized once after them
+all): what the host's wait at each step's end costs the device (a job times each step and reads
+its loss there).
+
 Run: horovodrun -np 1 -H localhost:1 --gloo python -m hvdhetero.bench.copies [--device auto]
 [--batch 254] [--steps 20] [--warmup 3] [--out copies.json]. ci/gpu-check runs it on the lent GPU machine; on a
 CPU it runs too (every way staged on the CPU: the device's code path, timed as a CPU's).
@@ -75,17 +79,34 @@ def main() -> None:
     result = {"device": rank_device.describe(), "model": "resnet18", "batch": args.batch, "steps": args.steps,
               "buckets": {name: len(r.buckets) for name, r in ways.items() if r is not None},
               "median_ms": {name: round(1e3 * statistics.median(t[args.warmup:]), 3) for name, t in times.items()}}
+    result["back_to_back_ms"] = round(1e3 * back_to_back(model, x, y, rank_device, args.steps), 3)
     base = result["median_ms"]["no reduction"]
     print(f"{args.batch} samples of ResNet-18 on {rank_device.describe()}: median of {args.steps} steps, ms (x the step without)")
     for name, ms in result["median_ms"].items():
         buckets = result["buckets"].get(name)
         print(f"  {name:18s} {ms:9.2f}  {ms / base:5.2f}x" + (f"  ({buckets} bucket{'s' if buckets > 1 else ''})"
                                                                   if buckets else ""))
+    ms = result["back_to_back_ms"]
+    print(f"  {'back to back':18s} {ms:9.2f}  {ms / base:5.2f}x  (no reduction, the device synchronized once after "
+          f"{args.steps} steps: each step above waits for it at its end, as a job's step does)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     hvd.shutdown()
 
+
+def back_to_back(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device, steps: int) -> float:
+    """Seconds a step of "no reduction" (the same zero_grad, forward and backward) takes when
+    `steps` of them run back to back and the device is synchronized once after them all: the
+    host never waits for the device, against each way's step above, which waits at its end as a
+    job's step does (its clock, its loss read)."""
+    device.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+    device.synchronize()
+    return (time.perf_counter() - started) / steps
 
 if __name__ == "__main__":
     main()
