@@ -393,6 +393,29 @@ def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step
     assert [r["step"] for r in kept] == [4, 8], kept  # (none as the run ends: the next step never begins)
 
 
+def test_a_loop_fetching_a_batch_ahead_resumes_at_the_batch_it_had_in_hand(tmp_path):
+    """apex's data_prefetcher fetches the next batch before the forward of the one in hand, so a
+    checkpoint due after step 5 is taken as batch 7 is handed out, with batch 6 not trained yet.
+    Resumed from it (rank 1 fails at step 7), the run trains batch 6 and on, each batch once, the
+    same batches as before the failure (it went on from batch 7: batch 6 never trained, and the
+    loop ran a pass more to reach step 12)."""
+    import json
+
+    said = []
+    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 2, "rank 1 fails once, at step 7", "--one-ahead",
+                                     said=said)
+    assert f"resuming from {tmp_path / 'run/checkpoints/step-000000006.pt'} (step 6)" in said[0], said[0][-2000:]
+    assert lines == [{"step": 12, "epoch": 2, "batches": 6}], lines
+    for rank in (0, 1):
+        trained = [json.loads(line) for line in (tmp_path / "out" / f"batches{rank}.jsonl").read_text().splitlines()]
+        steps = [b["step"] for b in trained]
+        resumed = steps.index(6, steps.index(6) + 1)  # the resumed run's first batch: step 6 again
+        assert steps[resumed:] == list(range(6, 12)), steps
+        first, again = ({b["step"]: b["sum"] for b in part} for part in (trained[:resumed], trained[resumed:]))
+        assert sorted(first) == list(range(8 if rank == 0 else 7)), steps  # (rank 1 failed before its step 7's)
+        assert [again[step] for step in first if step >= 6] == [first[step] for step in first if step >= 6], trained
+
+
 def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):
     """The same loop counting three passes itself: resumed at step 4, it runs three whole passes
     again (16 steps, not 12). The job cannot know what the loop counts, so rank 0 says, once its

@@ -94,7 +94,7 @@ class Training:
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         self.passes.loader, self.passes.one_pass = self.loader, called is not None
         if not called:
-            self.loader.began, self.loader.after_pass = lambda: self.train.step, self.pass_ended
+            self.loader.began, self.loader.after_pass = self.pass_begins, self.pass_ended
             self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step, mean_loss=self.mean_loss, flush=self.flush)
@@ -146,6 +146,9 @@ class Training:
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
+        self.ahead, self.pass_first = False, None
+        """Whether the pass under way fetches one batch ahead (apex's data_prefetcher), as seen at its
+        second step (handed out before its first step's job.backward); its first step's number."""
         """The loader's global steps before the step that begins now (train.step counts optimizer
         steps: fewer where the script accumulates gradients over several batches)."""
         self._grads_scaled = False
@@ -201,8 +204,18 @@ class Training:
 
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
-        (every rank at the same step), and under --elastic a commit."""
-        self.loader_at = item.step - item.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
+        (every rank at the same step), and under --elastic a commit. Either goes on from the step
+        that begins now, or, in a loop that fetches one batch ahead (apex's data_prefetcher, timm's
+        PrefetchLoader: its pass's second batch comes before its first's job.backward), from the
+        step in hand, which has not trained yet (resumed from the batch ahead, it skipped one)."""
+        held = self.step_state.item
+        if self.pass_first is None:
+            self.pass_first = item.step
+        elif (not self.one_pass and held is not None and held.step == self.pass_first == item.step - item.steps
+              and not self.step_state.backed):  # the pass's second step came before its first's job.backward
+            self.ahead = True
+        begins = held if self.ahead and held is not None else item
+        self.loader_at = begins.step - begins.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
         self.accumulation.step_begins(item, self.unstepped)
         if self.train.checkpoint_due:
             resume.save_checkpoint(self, epoch_done=False)
@@ -382,6 +395,11 @@ class Training:
         return (self.train.epoch + 1) * steps - 1 - item.step if steps else None
 
     # -- a pass over the loader --------------------------------------------------------------------
+
+    def pass_begins(self) -> int:
+        """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
+        self.ahead, self.pass_first = False, None
+        return self.train.step
 
     def pass_ended(self, began: int) -> None:
         """A loop took every batch of the epoch, from global step `began`: where it trained (every

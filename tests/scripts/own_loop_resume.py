@@ -6,7 +6,10 @@ resumed run goes on from step 4 in pass 1 and stops at step 12, as one that neve
 With --counted the loop is three passes counted by the script (`for _ in range(3)`), not by
 job.step: resumed, it trains three whole passes again, which rank 0 says at the first step.
 
-    invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR [--counted]
+With --one-ahead the loop fetches one batch ahead (apex's data_prefetcher), rank 1 fails at step 7
+instead, and each rank writes every batch it trains (job.step, the inputs' sum) to OUT/batchesR.jsonl.
+
+    invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR [--counted] [--one-ahead]
 """
 
 import argparse
@@ -21,6 +24,7 @@ import hvdhetero as hh
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--counted", action="store_true")
+parser.add_argument("--one-ahead", action="store_true")
 args = parser.parse_args()
 
 job = hh.init()
@@ -30,14 +34,29 @@ model = torch.nn.Linear(1, 1).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer, loader = job.prepare(model, optimizer, loader)  # 4 steps a pass
 marker = os.path.join(args.out, "failed-once")
+fails_at = 7 if args.one_ahead else 5
+
+
+def one_ahead(batches):
+    """apex's data_prefetcher, as a generator: the next batch fetched before the one in hand is used."""
+    it = iter(batches)
+    ahead = next(it, None)
+    while ahead is not None:
+        batch, ahead = ahead, next(it, None)
+        yield batch
+
+
 batches = 0
 for _ in range(3 if args.counted else 6):  # passes until 12 steps (at most 6: a pass that deals nothing ends it)
     if not args.counted and job.step >= 12:
         break
-    for inputs, targets in loader:
-        if job.rank == 1 and not os.path.exists(marker) and job.step == 5:  # (read: rank 1's first run only)
+    for inputs, targets in (one_ahead(loader) if args.one_ahead else loader):
+        if job.rank == 1 and not os.path.exists(marker) and job.step == fails_at:  # (read: rank 1's first run only)
             open(marker, "w").close()
-            raise RuntimeError("rank 1 fails once, at step 5")
+            raise RuntimeError(f"rank 1 fails once, at step {fails_at}")
+        if args.one_ahead:
+            with open(os.path.join(args.out, f"batches{job.rank}.jsonl"), "a") as f:
+                f.write(json.dumps({"step": job.step, "sum": round(float(inputs.sum()), 6)}) + "\n")
         job.backward(F.mse_loss(model(inputs), targets))
         optimizer.step()
         optimizer.zero_grad()
