@@ -396,24 +396,42 @@ def test_a_loop_of_its_own_resumed_from_a_checkpoint_taken_at_a_passs_first_step
 def test_a_loop_fetching_a_batch_ahead_resumes_at_the_batch_it_had_in_hand(tmp_path):
     """apex's data_prefetcher fetches the next batch before the forward of the one in hand, so a
     checkpoint due after step 5 is taken as batch 7 is handed out, with batch 6 not trained yet.
-    Resumed from it (rank 1 fails at step 7), the run trains batch 6 and on, each batch once, the
-    same batches as before the failure (it went on from batch 7: batch 6 never trained, and the
-    loop ran a pass more to reach step 12)."""
-    import json
-
+    Resumed from it (rank 1 fails at step 7), the run trains batch 6 and on, each batch once,
+    batch 6 the same samples as before the failure (it went on from batch 7: batch 6 never
+    trained, and the loop ran a pass more to reach step 12)."""
     said = []
     lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 2, "rank 1 fails once, at step 7", "--one-ahead",
                                      said=said)
     assert f"resuming from {tmp_path / 'run/checkpoints/step-000000006.pt'} (step 6)" in said[0], said[0][-2000:]
     assert lines == [{"step": 12, "epoch": 2, "batches": 6}], lines
+    first, again = {}, {}  # step: the sum of its inputs over both ranks (whatever the split), before and after
     for rank in (0, 1):
         trained = [json.loads(line) for line in (tmp_path / "out" / f"batches{rank}.jsonl").read_text().splitlines()]
         steps = [b["step"] for b in trained]
         resumed = steps.index(6, steps.index(6) + 1)  # the resumed run's first batch: step 6 again
         assert steps[resumed:] == list(range(6, 12)), steps
-        first, again = ({b["step"]: b["sum"] for b in part} for part in (trained[:resumed], trained[resumed:]))
-        assert sorted(first) == list(range(8 if rank == 0 else 7)), steps  # (rank 1 failed before its step 7's)
-        assert [again[step] for step in first if step >= 6] == [first[step] for step in first if step >= 6], trained
+        # rank 1 failed before its step 7's line; rank 0 wrote it unless it was stopped first
+        assert steps[:resumed] in (list(range(7)), list(range(8))) if rank == 0 else steps[:resumed] == list(range(7))
+        for run, part in ((first, trained[:resumed]), (again, trained[resumed:])):
+            for b in part:
+                run[b["step"]] = run.get(b["step"], 0.0) + b["sum"]
+    assert again[6] == pytest.approx(first[6], abs=1e-5), (first, again)  # the batch in hand at the checkpoint
+
+
+def test_a_loop_fetching_a_batch_ahead_is_refused_micro_batches_at_its_first_step(tmp_path):
+    """With --micro-batch 4 (8-sample shares in two chunks), the prefetcher's job.backward would be
+    taken for the chunk handed out after it, each step reduced a chunk early (it trained 14
+    batches in 16 steps, some twice): refused as the pass's second step comes, before the first
+    step's last chunk, saying what to drop."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "own_loop_resume.py", "--run-dir",
+                    tmp_path / "run", "--micro-batch", "4", "--", "--out", out, "--one-ahead"], check=False, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--micro-batch 4 with a loop that fetches one batch ahead" in proc.stderr, proc.stderr[-2000:]
+    assert "Drop the prefetcher" in proc.stderr, proc.stderr[-2000:]
+    trained = [json.loads(line)["step"] for line in (out / "batches0.jsonl").read_text().splitlines()]
+    assert set(trained) == {0}, trained  # step 0's chunks but its last (as many as the split cut), no more
 
 
 def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):

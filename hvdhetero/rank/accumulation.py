@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from hvdhetero.errors import ConfigError
 from hvdhetero.rank.loader import Item, Loader
 
 WHOLE = ("hvdhetero: the script went on to its next batch without stepping the optimizer job.prepare returned "
@@ -70,6 +71,19 @@ class Accumulation:
         """The prepared optimizer stepped: auto's chunks from the steps not yet drawn on."""
         if self.deferred is not None:
             self.loader.chunk, self.deferred = self.deferred, None
+
+    def one_ahead(self, item: Item) -> None:
+        """The loop fetches one batch ahead (apex's data_prefetcher): its job.backward comes for the
+        chunk before the one handed out last, so a step in chunks would be reduced a chunk early.
+        auto's chunks are given up (whole shares: auto cuts from the second step on); an explicit
+        --micro-batch that cuts a share is refused, as the pass's second step comes."""
+        self.deferred = None
+        if self.loader.chunk and max(item.sizes) > self.loader.chunk:
+            raise ConfigError(f"--micro-batch {self.loader.chunk} with a loop that fetches one batch ahead (apex's "
+                              "data_prefetcher, timm's PrefetchLoader: the next batch comes before the forward of "
+                              "the one in hand): job.backward would be taken for the chunk handed out last, and the "
+                              "ranks' shares reduced a chunk early. Drop the prefetcher (the prepared loader hands each "
+                              "batch out on the rank's device already), or --micro-batch")
 
     def step_begins(self, item: Item, unstepped: int) -> None:
         """A step's first chunk is handed out, `unstepped` steps reduced since the optimizer last

@@ -146,11 +146,16 @@ class Training:
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
-        self.ahead, self.pass_first = False, None
-        """Whether the pass under way fetches one batch ahead (apex's data_prefetcher), as seen at its
-        second step (handed out before its first step's job.backward); its first step's number."""
-        """The loader's global steps before the step that begins now (train.step counts optimizer
-        steps: fewer where the script accumulates gradients over several batches)."""
+        """The loader's global steps before the step that begins now, or before the step in hand in
+        a loop that fetches one batch ahead (train.step counts optimizer steps: fewer where the
+        script accumulates gradients over several batches)."""
+        self.ahead = False
+        """The pass under way fetches one batch ahead (apex's data_prefetcher): its second step was
+        handed out before its first step's chunks all had their job.backward."""
+        self.pass_first: int | None = None
+        self.pass_chunks = self.pass_backwards = 0
+        """The pass's first step; the chunks it handed out and the job.backward calls since it began
+        (a pass of the loop's own: one inside it, a look at a batch, counts nothing)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self.unshared: list[torch.nn.Parameter] = []
@@ -192,6 +197,8 @@ class Training:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling), as
         far back as the chunk's fetch began (its data is part of the rank's step: Loader.fetched)."""
         self.step_state.chunk_given(item)
+        if self.loader.iterating == 1:
+            self.pass_chunks += 1
         if item.chunk == 0:
             trainable.follow(self, before_forward=True)
             if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
@@ -208,12 +215,13 @@ class Training:
         that begins now, or, in a loop that fetches one batch ahead (apex's data_prefetcher, timm's
         PrefetchLoader: its pass's second batch comes before its first's job.backward), from the
         step in hand, which has not trained yet (resumed from the batch ahead, it skipped one)."""
-        held = self.step_state.item
-        if self.pass_first is None:
+        outer = not self.one_pass and self.loader.iterating == 1  # (not a look inside a pass under way)
+        if outer and self.pass_first is None:
             self.pass_first = item.step
-        elif (not self.one_pass and held is not None and held.step == self.pass_first == item.step - item.steps
-              and not self.step_state.backed):  # the pass's second step came before its first's job.backward
-            self.ahead = True
+        elif outer and self.pass_first == item.step - item.steps and self.pass_backwards < self.pass_chunks:
+            self.ahead = True  # the pass's second step came before its first's last job.backward
+            self.accumulation.one_ahead(item)
+        held = self.step_state.item
         begins = held if self.ahead and held is not None else item
         self.loader_at = begins.step - begins.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
         self.accumulation.step_begins(item, self.unstepped)
@@ -233,6 +241,7 @@ class Training:
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
+        self.pass_backwards += 1
         if item.chunk == 0 and not self.step_state.reduced:
             trainable.follow(self, before_forward=False)
         if self.check_reach:
@@ -398,7 +407,8 @@ class Training:
 
     def pass_begins(self) -> int:
         """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
-        self.ahead, self.pass_first = False, None
+        if self.loader.iterating == 1:  # (a look inside a pass under way leaves the pass's own count)
+            self.ahead, self.pass_first, self.pass_chunks, self.pass_backwards = False, None, 0, 0
         return self.train.step
 
     def pass_ended(self, began: int) -> None:
