@@ -421,17 +421,32 @@ def test_a_loop_fetching_a_batch_ahead_resumes_at_the_batch_it_had_in_hand(tmp_p
 def test_a_loop_fetching_a_batch_ahead_is_refused_micro_batches_at_its_first_step(tmp_path):
     """With --micro-batch 4 (8-sample shares in two chunks), the prefetcher's job.backward would be
     taken for the chunk handed out after it, each step reduced a chunk early (it trained 14
-    batches in 16 steps, some twice): refused as the pass's second step comes, before the first
-    step's last chunk, saying what to drop."""
+    batches in 16 steps, some twice): refused at the first job.backward, before it runs, saying
+    what to drop."""
     out = tmp_path / "out"
     out.mkdir()
     proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "own_loop_resume.py", "--run-dir",
-                    tmp_path / "run", "--micro-batch", "4", "--", "--out", out, "--one-ahead"], check=False, timeout=300)
+                    tmp_path / "run", "--micro-batch", "4", "--equal-split", "--", "--out", out, "--one-ahead"],
+                   check=False, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "--micro-batch 4 with a loop that fetches one batch ahead" in proc.stderr, proc.stderr[-2000:]
     assert "Drop the prefetcher" in proc.stderr, proc.stderr[-2000:]
     trained = [json.loads(line)["step"] for line in (out / "batches0.jsonl").read_text().splitlines()]
-    assert set(trained) == {0}, trained  # step 0's chunks but its last (as many as the split cut), no more
+    assert trained == [0], trained  # written before its job.backward, which refused it
+
+
+def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
+    """Rank 0 alone counts its share in a pass of its own before the loop (no job.backward), in
+    --micro-batch 4's chunks: its second step comes with no backward before it, which a loop
+    fetching ahead also shows; nothing is refused, and the loop trains its 12 steps."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "failed-once").touch()  # (rank 1 failed before: it goes on)
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "own_loop_resume.py", "--run-dir",
+                    tmp_path / "run", "--micro-batch", "4", "--equal-split", "--", "--out", out, "--count-first"],
+                   timeout=300)
+    assert "COUNTED 32" in proc.stdout, proc.stdout[-2000:]  # its share, 8 a step in 4 steps
+    assert json.loads((out / "rank0.jsonl").read_text())["step"] == 12
 
 
 def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):

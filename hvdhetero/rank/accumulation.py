@@ -76,7 +76,8 @@ class Accumulation:
         """The loop fetches one batch ahead (apex's data_prefetcher): its job.backward comes for the
         chunk before the one handed out last, so a step in chunks would be reduced a chunk early.
         auto's chunks are given up (whole shares: auto cuts from the second step on); an explicit
-        --micro-batch that cuts a share is refused, as the pass's second step comes."""
+        --micro-batch that cuts a share is refused (at the loop's first job.backward, and at each
+        step after, where a split that moved may cut one)."""
         self.deferred = None
         if self.loader.chunk and max(item.sizes) > self.loader.chunk:
             raise ConfigError(f"--micro-batch {self.loader.chunk} with a loop that fetches one batch ahead (apex's "

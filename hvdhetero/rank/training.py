@@ -150,12 +150,12 @@ class Training:
         a loop that fetches one batch ahead (train.step counts optimizer steps: fewer where the
         script accumulates gradients over several batches)."""
         self.ahead = False
-        """The pass under way fetches one batch ahead (apex's data_prefetcher): its second step was
-        handed out before its first step's chunks all had their job.backward."""
-        self.pass_first: int | None = None
+        """The loop fetches one batch ahead (apex's data_prefetcher): its pass's first job.backward
+        came with a second chunk handed out (kept into the next pass while one is still in hand)."""
         self.pass_chunks = self.pass_backwards = 0
-        """The pass's first step; the chunks it handed out and the job.backward calls since it began
-        (a pass of the loop's own: one inside it, a look at a batch, counts nothing)."""
+        self.pass_item: Item | None = None
+        """The chunks the loop's pass handed out and the job.backward calls since it began, and the
+        chunk it handed out last (a look at a batch inside the pass counts nothing)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self.unshared: list[torch.nn.Parameter] = []
@@ -198,7 +198,7 @@ class Training:
         far back as the chunk's fetch began (its data is part of the rank's step: Loader.fetched)."""
         self.step_state.chunk_given(item)
         if self.loader.iterating == 1:
-            self.pass_chunks += 1
+            self.pass_chunks, self.pass_item = self.pass_chunks + 1, item
         if item.chunk == 0:
             trainable.follow(self, before_forward=True)
             if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
@@ -213,15 +213,12 @@ class Training:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
         (every rank at the same step), and under --elastic a commit. Either goes on from the step
         that begins now, or, in a loop that fetches one batch ahead (apex's data_prefetcher, timm's
-        PrefetchLoader: its pass's second batch comes before its first's job.backward), from the
-        step in hand, which has not trained yet (resumed from the batch ahead, it skipped one)."""
-        outer = not self.one_pass and self.loader.iterating == 1  # (not a look inside a pass under way)
-        if outer and self.pass_first is None:
-            self.pass_first = item.step
-        elif outer and self.pass_first == item.step - item.steps and self.pass_backwards < self.pass_chunks:
-            self.ahead = True  # the pass's second step came before its first's last job.backward
+        PrefetchLoader: its pass's first job.backward comes with the next batch handed out already),
+        from the step in hand, which has not trained yet (resumed from the batch ahead, it skipped
+        one)."""
+        if self.ahead and self.loader.iterating == 1:  # (a split moved since may cut a share into chunks now)
             self.accumulation.one_ahead(item)
-        held = self.step_state.item
+        held = self.pass_item
         begins = held if self.ahead and held is not None else item
         self.loader_at = begins.step - begins.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
         self.accumulation.step_begins(item, self.unstepped)
@@ -242,6 +239,9 @@ class Training:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
         self.pass_backwards += 1
+        if self.pass_backwards == 1 and self.pass_chunks > 1 and not self.one_pass and not self.ahead:
+            self.ahead = True  # the pass's first job.backward, a second chunk handed out: one fetched ahead
+            self.accumulation.one_ahead(self.step_state.item)
         if item.chunk == 0 and not self.step_state.reduced:
             trainable.follow(self, before_forward=False)
         if self.check_reach:
@@ -408,7 +408,9 @@ class Training:
     def pass_begins(self) -> int:
         """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
         if self.loader.iterating == 1:  # (a look inside a pass under way leaves the pass's own count)
-            self.ahead, self.pass_first, self.pass_chunks, self.pass_backwards = False, None, 0, 0
+            held = self.pass_chunks - self.pass_backwards if self.ahead else 0  # (an endless cycle's batch in hand)
+            self.ahead = held > 0
+            self.pass_chunks, self.pass_backwards = max(0, held), 0
         return self.train.step
 
     def pass_ended(self, began: int) -> None:

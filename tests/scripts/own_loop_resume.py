@@ -8,6 +8,7 @@ job.step: resumed, it trains three whole passes again, which rank 0 says at the 
 
 With --one-ahead the loop fetches one batch ahead (apex's data_prefetcher), rank 1 fails at step 7
 instead, and each rank writes every batch it trains (job.step, the inputs' sum) to OUT/batchesR.jsonl.
+With --count-first rank 0 alone counts the loader's samples in a pass of its own first (no backward).
 
     invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR [--counted] [--one-ahead]
 """
@@ -25,6 +26,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--counted", action="store_true")
 parser.add_argument("--one-ahead", action="store_true")
+parser.add_argument("--count-first", action="store_true")
 args = parser.parse_args()
 
 job = hh.init()
@@ -46,6 +48,9 @@ def one_ahead(batches):
         yield batch
 
 
+if args.count_first and job.is_main:
+    with torch.no_grad():
+        print("COUNTED", sum(len(inputs) for inputs, _ in loader), flush=True)
 batches = 0
 for _ in range(3 if args.counted else 6):  # passes until 12 steps (at most 6: a pass that deals nothing ends it)
     if not args.counted and job.step >= 12:
