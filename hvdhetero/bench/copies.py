@@ -81,7 +81,8 @@ def main() -> None:
               "median_ms": {name: round(1e3 * statistics.median(t[args.warmup:]), 3) for name, t in times.items()}}
     result["back_to_back_ms"] = round(1e3 * back_to_back(model, x, y, rank_device, args.steps), 3)
     base = result["median_ms"]["no reduction"]
-    print(f"{args.batch} samples of ResNet-18 on {rank_device.describe()}: median of {args.steps} steps, ms (x the step without)")
+    print(f"{args.batch} samples of ResNet-18 on {rank_device.describe()}: median of {args.steps} steps, ms "
+          "(x the step without)")
     for name, ms in result["median_ms"].items():
         buckets = result["buckets"].get(name)
         print(f"  {name:18s} {ms:9.2f}  {ms / base:5.2f}x" + (f"  ({buckets} bucket{'s' if buckets > 1 else ''})"
@@ -111,6 +112,7 @@ def back_to_back(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, devic
         device.synchronize()
         runs.append((time.perf_counter() - started) / steps)
     return statistics.median(runs)
+
 
 if __name__ == "__main__":
     main()

@@ -83,8 +83,8 @@ class Accumulation:
             raise ConfigError(f"--micro-batch {self.loader.chunk} with a loop that fetches one batch ahead (apex's "
                               "data_prefetcher, timm's PrefetchLoader: the next batch comes before the forward of "
                               "the one in hand): job.backward would be taken for the chunk handed out last, and the "
-                              "ranks' shares reduced a chunk early. Drop the prefetcher (the prepared loader hands each "
-                              "batch out on the rank's device already), or --micro-batch")
+                              "ranks' shares reduced a chunk early. Drop the prefetcher (the prepared loader hands "
+                              "each batch out on the rank's device already), or --micro-batch")
 
     def step_begins(self, item: Item, unstepped: int) -> None:
         """A step's first chunk is handed out, `unstepped` steps reduced since the optimizer last
