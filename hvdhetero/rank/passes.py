@@ -3,6 +3,9 @@
     passes = Passes(train)                 # the job's TrainState: its epoch moves here
     passes.loader, passes.one_pass = ...   # once made
     iter(loader)        -> passes.epoch(in_epochs): the epoch the new pass deals
+                           passes.begun(): the pass's own counts start
+    a chunk handed out  -> passes.handed(item)
+    job.backward        -> passes.backward(): True where the pass is found to fetch one batch ahead
     a step taken        -> passes.stepped(item, in_epochs)
 
 Inside job.epochs a pass deals job.epochs' epoch. Outside it, as a DataLoader reshuffles at every
@@ -14,6 +17,12 @@ every rank does. What each got wrong before:
 - the DDP tutorial's `next(iter(loader))` before its loop counted every epoch twice;
 - a pass rank 0 took alone (counting its share) moved its epoch ahead of the other ranks';
 - a pass of the script's own after job.epochs dealt job.epochs' last epoch again.
+
+A loop that fetches one batch ahead (apex's data_prefetcher, timm's PrefetchLoader) hands the next
+batch out before the forward of the one in hand: its pass's first job.backward comes with a second
+chunk handed out already. From then on a checkpoint or an elastic commit goes on from the chunk in
+hand (`held`), not from the one being handed out (resumed from the batch ahead, it skipped one).
+Only the outermost pass counts (Loader.iterating == 1): a look at a batch inside a pass counts nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +52,11 @@ class Passes:
         an order of its own: the same order every pass had a small labelled set seen alike 5 times
         an epoch, where one device reshuffles it at every iter()."""
         self._began: tuple[int, bool] | None = None  # the epoch the last pass dealt, and whether it took a step
+        self.ahead = False
+        """The loop fetches one batch ahead: its pass's first job.backward came with a second chunk
+        handed out (kept into the next pass while one is still in hand)."""
+        self._chunks = self._backwards = 0  # the chunks the pass handed out, and the job.backward calls since it began
+        self._item: Item | None = None  # the chunk the pass handed out last
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
@@ -72,3 +86,37 @@ class Passes:
         if not in_epochs and (self.stepped_in is None or epoch > self.train.epoch):
             self.train.epoch = epoch
         self.stepped_in = epoch
+
+    @property
+    def outermost(self) -> bool:
+        """The loader is in one pass, the loop's own (not a look at a batch inside a pass under way)."""
+        return self.loader is not None and self.loader.iterating == 1
+
+    @property
+    def held(self) -> Item | None:
+        """In a loop that fetches one batch ahead, the chunk in hand, which has not trained yet (None elsewhere)."""
+        return self._item if self.ahead else None
+
+    def begun(self) -> None:
+        """A pass begins (iter()): its counts start, a chunk still in hand kept (an endless cycle's
+        prefetcher holds the last pass's batch as it takes the next)."""
+        if not self.outermost:
+            return
+        held = self._chunks - self._backwards if self.ahead else 0
+        self.ahead = held > 0
+        self._chunks, self._backwards = max(0, held), 0
+
+    def handed(self, item: Item) -> None:
+        """The loader hands a chunk out."""
+        if self.outermost:
+            self._chunks, self._item = self._chunks + 1, item
+
+    def backward(self) -> bool:
+        """A job.backward: True where it finds the loop fetching one batch ahead (the pass's first,
+        a second chunk handed out already), decided once; only a backward decides (a pass with
+        none, rank 0's alone counting its share, is no prefetcher)."""
+        self._backwards += 1
+        if self._backwards == 1 and self._chunks > 1 and not self.one_pass and not self.ahead:
+            self.ahead = True
+            return True
+        return False

@@ -149,13 +149,6 @@ class Training:
         """The loader's global steps before the step that begins now, or before the step in hand in
         a loop that fetches one batch ahead (train.step counts optimizer steps: fewer where the
         script accumulates gradients over several batches)."""
-        self.ahead = False
-        """The loop fetches one batch ahead (apex's data_prefetcher): its pass's first job.backward
-        came with a second chunk handed out (kept into the next pass while one is still in hand)."""
-        self.pass_chunks = self.pass_backwards = 0
-        self.pass_item: Item | None = None
-        """The chunks the loop's pass handed out and the job.backward calls since it began, and the
-        chunk it handed out last (a look at a batch inside the pass counts nothing)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self.unshared: list[torch.nn.Parameter] = []
@@ -197,8 +190,7 @@ class Training:
         """The loader hands out a chunk: the first of a step starts its clock (after straggling), as
         far back as the chunk's fetch began (its data is part of the rank's step: Loader.fetched)."""
         self.step_state.chunk_given(item)
-        if self.loader.iterating == 1:
-            self.pass_chunks, self.pass_item = self.pass_chunks + 1, item
+        self.passes.handed(item)
         if item.chunk == 0:
             trainable.follow(self, before_forward=True)
             if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
@@ -216,10 +208,9 @@ class Training:
         PrefetchLoader: its pass's first job.backward comes with the next batch handed out already),
         from the step in hand, which has not trained yet (resumed from the batch ahead, it skipped
         one)."""
-        if self.ahead and self.loader.iterating == 1:  # (a split moved since may cut a share into chunks now)
+        if self.passes.ahead and self.passes.outermost:  # (a split moved since may cut a share into chunks now)
             self.accumulation.one_ahead(item)
-        held = self.pass_item
-        begins = held if self.ahead and held is not None else item
+        begins = self.passes.held or item
         self.loader_at = begins.step - begins.steps + 1  # loader steps, not optimizer steps (a script may accumulate)
         self.accumulation.step_begins(item, self.unstepped)
         if self.train.checkpoint_due:
@@ -238,9 +229,7 @@ class Training:
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
-        self.pass_backwards += 1
-        if self.pass_backwards == 1 and self.pass_chunks > 1 and not self.one_pass and not self.ahead:
-            self.ahead = True  # the pass's first job.backward, a second chunk handed out: one fetched ahead
+        if self.passes.backward():  # the loop fetches one batch ahead: an explicit split into chunks refused
             self.accumulation.one_ahead(self.step_state.item)
         if item.chunk == 0 and not self.step_state.reduced:
             trainable.follow(self, before_forward=False)
@@ -407,10 +396,7 @@ class Training:
 
     def pass_begins(self) -> int:
         """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
-        if self.loader.iterating == 1:  # (a look inside a pass under way leaves the pass's own count)
-            held = self.pass_chunks - self.pass_backwards if self.ahead else 0  # (an endless cycle's batch in hand)
-            self.ahead = held > 0
-            self.pass_chunks, self.pass_backwards = max(0, held), 0
+        self.passes.begun()
         return self.train.step
 
     def pass_ended(self, began: int) -> None:
