@@ -29,11 +29,14 @@ def test_a_commit_taken_right_after_a_restore_holds_the_restored_loader_position
 
     from hvdhetero.rank import resume
     from hvdhetero.rank.counting import Counting
+    from hvdhetero.rank.passes import Passes
     from hvdhetero.rank.registry import TrainState
 
-    t = SimpleNamespace(parts=SimpleNamespace(load_state_dict=lambda state: None, parts={}), train=TrainState(),
-                        strategy=SimpleNamespace(restart=lambda step: None), loader=SimpleNamespace(start_step=0),
-                        loader_at=0, config=SimpleNamespace(seed=0), rank=0, is_main=True, count=Counting(True))
+    train = TrainState()
+    t = SimpleNamespace(parts=SimpleNamespace(load_state_dict=lambda state: None, parts={}), train=train,
+                        strategy=SimpleNamespace(restart=lambda step: None), passes=Passes(train),
+                        loader=SimpleNamespace(start_step=0), loader_at=0, config=SimpleNamespace(seed=0), rank=0,
+                        is_main=True, count=Counting(True))
     resume.restore(t, {"step": 12, "epoch": 3, "epoch_done": False, "loader_step": 18}, rng=None)
     assert (t.train.step, t.train.epoch, t.loader.start_step, t.loader_at) == (12, 3, 18, 18)
     assert t.count.partial, "the epoch's rest: no epoch's count for the live line"

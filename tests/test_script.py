@@ -418,6 +418,32 @@ def test_a_loop_fetching_a_batch_ahead_resumes_at_the_batch_it_had_in_hand(tmp_p
     assert again[6] == pytest.approx(first[6], abs=1e-5), (first, again)  # the batch in hand at the checkpoint
 
 
+def test_a_loader_restarted_within_each_epoch_resumes_in_the_pass_it_was_in(tmp_path):
+    """FixMatch's labelled loader, restarted with iter() within each of job.epochs' epochs (6-step
+    passes, 15 steps an epoch), each pass in an order of its own. The checkpoint is taken as step
+    10 comes, in the epoch's second pass; rank 1 fails at step 14, in the third. Resumed, steps
+    10-13 take the same samples as before the failure: the second pass's order from its fifth
+    batch, then the third pass's from its first (a resume dealt the first pass's order, and every
+    pass after it in the epoch skipped its first four batches)."""
+    said = []
+    lines = failed_once_then_resumed(tmp_path, "cycled_resume.py", 10, "rank 1 fails once, at step 14", said=said)
+    assert f"resuming from {tmp_path / 'run/checkpoints/step-000000010.pt'} (epoch 1, step 10)" in said[0], \
+        said[0][-2000:]
+    assert lines == [{"step": 45, "epoch": 2}], lines
+    runs: dict[int, dict[int, list[int]]] = {1: {}, 2: {}}  # run: step: the step's samples, both ranks'
+    for rank in (0, 1):
+        for line in (tmp_path / "out" / f"steps{rank}.jsonl").read_text().splitlines():
+            took = json.loads(line)
+            runs[took["run"]].setdefault(took["step"], []).extend(took["index"])
+    assert sorted(runs[2]) == list(range(10, 45)), sorted(runs[2])
+    assert all(len(index) == 32 for index in runs[2].values()), runs[2]
+    for step in range(10, 14):
+        assert sorted(runs[2][step]) == sorted(runs[1][step]), (step, runs[1], runs[2])
+    passes = [frozenset(i for s in range(k, k + 6) for i in runs[1][s]) for k in (0, 6)]
+    assert passes[0] == passes[1] == frozenset(range(192)), "each pass takes every sample once"
+    assert [sorted(runs[1][s]) for s in range(6)] != [sorted(runs[1][s]) for s in range(6, 12)], "orders of their own"
+
+
 def test_a_loop_fetching_a_batch_ahead_is_refused_micro_batches_at_its_first_step(tmp_path):
     """With --micro-batch 4 (8-sample shares in two chunks), the prefetcher's job.backward would be
     taken for the chunk handed out after it, each step reduced a chunk early (it trained 14

@@ -86,6 +86,9 @@ class Loader:
         self._pending: list[tuple[int, list[int]]] = []
         self.start_step = 0
         """Resumed: the global steps before this one were taken (their samples are skipped)."""
+        self.start_again = 0
+        """Resumed inside job.epochs: the pass of its epoch the job went on in (`again`'s count); a
+        pass after it in the same epoch deals its steps from the first (each numbered alike)."""
         self.fewest = 1
         """The fewest samples a chunk may hold (batches.fewest_samples: 2 with BatchNorm); a shorter
         last chunk of a step joins the one before."""
@@ -129,7 +132,8 @@ class Loader:
             self._apply_pending(float("inf"))
         order = self.sampler.order()
         steps = len(self.sampler)  # (after the draw: a batch sampler of the script's own counts its batches)
-        step = max(0, min(steps, self.start_step - epoch * steps))  # resumed: the steps taken are skipped
+        # resumed: the steps taken are skipped (in the pass the job went on in, not the epoch's passes after it)
+        step = max(0, min(steps, self.start_step - epoch * steps)) if again == self.start_again else 0
         while step < steps:
             self._apply_pending(epoch * steps + step)  # the split in force decides the merge
             merged = max(1, min(self.group(epoch * steps + step, steps - step), steps - step))

@@ -75,6 +75,23 @@ class Passes:
             return max(self.train.epoch, self.loader.start_step // len(self.loader))
         return self.stepped_in + 1
 
+    def state_dict(self) -> dict[str, int] | None:
+        """A checkpoint's or commit's part: inside job.epochs, the epoch the pass under way deals and
+        how many of its passes came before it (a resume mid-epoch of FixMatch's labelled loader,
+        restarted within each epoch, deals that pass's order again, not the epoch's first pass's)."""
+        if self._began is None:
+            return None
+        return {"epoch": self._began[0], "again": self.again}
+
+    def load_state_dict(self, state: dict[str, int] | None) -> None:
+        """The pass under way at the checkpoint is the one the resumed loop begins (its first pass
+        deals it where the job goes on in that epoch; one taken at an epoch's end goes on in the
+        next). None: no pass of job.epochs' was under way (a loop of the script's own, or a
+        checkpoint from before passes were kept)."""
+        self._began, self.again = ((state["epoch"], False), state["again"]) if state else (None, 0)
+        if self.loader is not None:
+            self.loader.start_again = self.again
+
     def stepped(self, item: Item, in_epochs: bool) -> None:
         """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
         deals is the job's from now on."""

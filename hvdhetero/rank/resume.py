@@ -57,6 +57,7 @@ def snapshot(t: Training, *, rng: Any, optimizer: Any, epoch_done: bool = False,
 def restore(t: Training, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
     """Put `state` back into the job's registered parts, in place, and continue from its position;
     `rng` is this rank's random states to restore (None: draw new ones from the seed and step)."""
+    t.passes.load_state_dict(None)  # (a part whose state is None loads nothing: an elastic restore's pass reset)
     t.parts.load_state_dict(state)
     # The split is the one calibrated now (balancer and loader agree on it; with --equal-split it
     # is the run's). The same hosts get their random states back; others draw from the seed.

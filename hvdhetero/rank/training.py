@@ -119,7 +119,8 @@ class Training:
             self.loader.lag = 2 * data.num_workers * every  # workers draw 2 chunks each ahead, a chunk may hold H steps
         self.parts = Registry(model=model, optimizer=PerRank(optimizers[0], self.rank),
                               scheduler=Scheduler(schedulers[0]) if schedulers else None,
-                              loss_scale=loss_scale, sync=self.strategy, tracked=tracked, batches=called)
+                              loss_scale=loss_scale, sync=self.strategy, tracked=tracked, batches=called,
+                              passes=self.passes)
         for i, optimizer in enumerate(optimizers[1:], start=2):  # a GAN's: step sync, rank 0's state kept
             self.parts.add(f"optimizer_{i}", PerRank(optimizer, self.rank))
         for i, scheduler in enumerate(schedulers[1:], start=2):
