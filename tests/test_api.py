@@ -67,6 +67,16 @@ def test_a_loop_zeroing_through_the_model_in_micro_batches_steps_like_one_proces
 
 
 @pytest.mark.alone
+def test_a_loop_fetching_a_batch_ahead_steps_like_one_process_where_the_split_changes(exactness):
+    """apex's data_prefetcher holds the next batch as the one in hand trains; the split changes
+    between them (step 1's batch in the old split, batch 2, fetched ahead, in the new). Step 1 was
+    weighted by the batch ahead's shares, the ranks' gradients summed in the wrong proportion."""
+    r = next(r for r in exactness if r["optimizer"] == "prefetch")
+    assert r["split_after"] != r["sizes"] and sum(r["split_after"]) == 48, r
+    assert r["global_steps"] == 2 and r["param_rel_err"] <= 1e-5, r
+
+
+@pytest.mark.alone
 def test_a_backbone_unfrozen_after_prepare_has_its_gradients_reduced(exactness):
     """Fine-tuning: all but the head frozen at job.prepare, unfrozen after the first step with a
     param group of its own. Its gradients were never reduced (the reducer held the parameters

@@ -17,6 +17,9 @@ STEPS = 6
 @dataclass
 class Loader:
     start_step: int = 0
+    iterating: int = 1
+    """Passes under way (2: a look at a batch inside the loop's pass)."""
+    start_again: int = 0
 
     def __len__(self) -> int:
         return STEPS
@@ -97,3 +100,42 @@ def test_inside_job_epochs_a_pass_begun_again_within_an_epoch_deals_an_order_of_
     assert seen == [0, 0, 1, 2, 3, 0, 0, 1, 2, 3]
     take(p, 2)  # a pass of the script's own after job.epochs: its order by its epoch alone
     assert p.again == 0
+
+
+def test_the_pass_a_checkpoint_holds_is_the_loops_own_and_a_resume_goes_on_in_it():
+    """Inside job.epochs, the second of an epoch's passes under way: a look at a batch inside it
+    (rank 0's alone, to log a sample) deals its order and counts nothing (it had moved rank 0's
+    passes' orders off the others', and a checkpoint had held the look's count). A resume goes on
+    in the checkpoint's pass, a look at a batch before job.epochs' loop (outside it) in between;
+    a loop fetching one batch ahead, checkpointed as the next pass's first batch is handed out,
+    goes on in the pass of the batch it holds."""
+    p = passes(epoch=1)
+    take(p, STEPS, in_epochs=True)
+    take(p, 2, in_epochs=True)
+    p.loader.iterating = 2
+    take(p, 0, in_epochs=True)  # the look, inside the pass
+    p.loader.iterating = 1
+    assert p.again == 1 and p.state_dict() == {"epoch": 1, "again": 1}
+    assert (take(p, 1, in_epochs=True), p.again) == ([STEPS], 2), "the epoch's third pass"
+
+    resumed = passes(epoch=1)
+    resumed.load_state_dict({"epoch": 1, "again": 1})
+    assert resumed.loader.start_again == 1
+    take(resumed, 0)  # next(iter(loader)) before job.epochs' loop
+    take(resumed, STEPS, in_epochs=True)
+    assert resumed.state_dict() == {"epoch": 1, "again": 1}
+    take(resumed, 1, in_epochs=True)
+    assert resumed.again == 2
+
+    ahead = passes(epoch=1)
+    ahead.epoch(True)
+    for step in range(STEPS):  # the pass's batches handed out, the first backed once the second is
+        ahead.handed(Item(STEPS + step, 0, 1, 8, 8, (8, 8)))
+        if step == 1:
+            assert ahead.backward(), "one fetched ahead"
+        if step:
+            ahead.stepped(Item(STEPS + step - 1, 0, 1, 8, 8, (8, 8)), True)
+    ahead.begun()
+    ahead.epoch(True)  # the next pass, as the prefetcher takes its first batch: the last one still in hand
+    assert ahead.again == 1 and ahead.held.step == 2 * STEPS - 1
+    assert ahead.state_dict() == {"epoch": 1, "again": 0}

@@ -5,7 +5,8 @@
     iter(loader)        -> passes.epoch(in_epochs): the epoch the new pass deals
                            passes.begun(): the pass's own counts start
     a chunk handed out  -> passes.handed(item)
-    job.backward        -> passes.backward(): True where the pass is found to fetch one batch ahead
+    job.backward        -> passes.backward(): True where the pass is found to fetch one batch ahead;
+                           passes.in_hand(item): the chunk its loss came from
     a step taken        -> passes.stepped(item, in_epochs)
 
 Inside job.epochs a pass deals job.epochs' epoch. Outside it, as a DataLoader reshuffles at every
@@ -52,24 +53,34 @@ class Passes:
         an order of its own: the same order every pass had a small labelled set seen alike 5 times
         an epoch, where one device reshuffles it at every iter()."""
         self._began: tuple[int, bool] | None = None  # the epoch the last pass dealt, and whether it took a step
+        self._pass: tuple[int, int] | None = None  # job.epochs' pass dealing now: its epoch and `again`
+        self._loaded: tuple[int, int] | None = None  # a resume's pass, until job.epochs' first pass takes it
         self.ahead = False
         """The loop fetches one batch ahead: its pass's first job.backward came with a second chunk
         handed out (kept into the next pass while one is still in hand)."""
         self._chunks = self._backwards = 0  # the chunks the pass handed out, and the job.backward calls since it began
         self._item: Item | None = None  # the chunk the pass handed out last
+        self._before: Item | None = None  # and the one before it (a pass's or the pass before's)
+        self._item_pass: tuple[int, int] | None = None  # the pass that handed `_item` out
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
         if self.one_pass:  # a batch function's: its rows by global step, whatever job.epochs says
             return 0
         if in_epochs:
+            if not self.outermost:  # a look at a batch inside the pass under way: its order, nothing counted
+                return self.train.epoch  # (rank 0's alone had moved its passes' orders off the others')
+            if self._loaded is not None:  # resumed: the pass under way at the checkpoint goes on
+                (epoch, self.again), self._loaded = self._loaded, None
+                self._began = epoch, False
             if self._began is None or self._began[0] != self.train.epoch:
                 self.again = 0
             elif self._began[1]:  # (one that took no step, a look at the first batch, deals the same again)
                 self.again += 1
             self._began = self.train.epoch, False
+            self._pass = self.train.epoch, self.again
             return self.train.epoch
-        self.again, self._began = 0, None
+        self.again, self._began, self._pass = 0, None, None
         if self.stepped_in is None:  # none taken yet: where the loader stands, resumed (a checkpoint taken as
             # a pass's first step came holds the epoch before, and the loader at the new pass)
             return max(self.train.epoch, self.loader.start_step // len(self.loader))
@@ -79,18 +90,17 @@ class Passes:
         """A checkpoint's or commit's part: inside job.epochs, the epoch the pass under way deals and
         how many of its passes came before it (a resume mid-epoch of FixMatch's labelled loader,
         restarted within each epoch, deals that pass's order again, not the epoch's first pass's)."""
-        if self._began is None:
-            return None
-        return {"epoch": self._began[0], "again": self.again}
+        held = self._item_pass if self.held is not None else self._pass  # (one fetched ahead: the held one's)
+        return None if held is None else {"epoch": held[0], "again": held[1]}
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
         """The pass under way at the checkpoint is the one the resumed loop begins (its first pass
         deals it where the job goes on in that epoch; one taken at an epoch's end goes on in the
         next). None: no pass of job.epochs' was under way (a loop of the script's own, or a
         checkpoint from before passes were kept)."""
-        self._began, self.again = ((state["epoch"], False), state["again"]) if state else (None, 0)
+        self._loaded = (state["epoch"], state["again"]) if state else None
         if self.loader is not None:
-            self.loader.start_again = self.again
+            self.loader.start_again = state["again"] if state else 0
 
     def stepped(self, item: Item, in_epochs: bool) -> None:
         """A step of a pass was taken (every rank takes it): outside job.epochs, the epoch its pass
@@ -114,6 +124,15 @@ class Passes:
         """In a loop that fetches one batch ahead, the chunk in hand, which has not trained yet (None elsewhere)."""
         return self._item if self.ahead else None
 
+    def in_hand(self, item: Item) -> Item:
+        """The chunk a job.backward's loss came from, `item` the one handed out last: in a loop that
+        fetches one batch ahead, while its pass goes on, the one handed out before it (its share
+        and the step's split weigh the gradient: the batch ahead's, where the split changed between
+        them, were another's); at its pass's end, the last."""
+        if self.ahead and self.outermost and self._before is not None:
+            return self._before
+        return item
+
     def begun(self) -> None:
         """A pass begins (iter()): its counts start, a chunk still in hand kept (an endless cycle's
         prefetcher holds the last pass's batch as it takes the next)."""
@@ -126,7 +145,8 @@ class Passes:
     def handed(self, item: Item) -> None:
         """The loader hands a chunk out."""
         if self.outermost:
-            self._chunks, self._item = self._chunks + 1, item
+            self._chunks, self._before, self._item = self._chunks + 1, self._item, item
+            self._item_pass = self._pass
 
     def backward(self) -> bool:
         """A job.backward: True where it finds the loop fetching one batch ahead (the pass's first,

@@ -47,7 +47,8 @@ def after_batch(t: Training, item: Item, seconds: float, reduce_s: float, times:
         if not t.in_epochs and t.is_main:  # a loop of its own: no epoch record says what the ranks did
             t.records.window_step(list(item.sizes), times, whole_s, steps=calls)
         each = [s / calls for s in times]  # a batch's compute, each rank's mean over them
-        rebalance(t, each, list(item.sizes), item)
+        # a new split goes on after the steps the loader drew (a loop fetching one batch ahead holds the next)
+        rebalance(t, each, list(item.sizes), t.step_state.item or item)
         if (t.is_main and t.size > 1 and t.strategy.kind == "step"
                 and t.train.step - t.again_at > 1):  # the last step's times were whole
             against_alone(t, whole_s / calls, each, list(item.sizes))

@@ -232,6 +232,7 @@ class Training:
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
         if self.passes.backward():  # the loop fetches one batch ahead: an explicit split into chunks refused
             self.accumulation.one_ahead(self.step_state.item)
+        item = self.passes.in_hand(item)  # (a loop fetching one batch ahead: the one it holds, not the one ahead)
         if item.chunk == 0 and not self.step_state.reduced:
             trainable.follow(self, before_forward=False)
         if self.check_reach:

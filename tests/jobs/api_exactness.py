@@ -11,7 +11,8 @@ rank from a seed of its own after the first step (rank 0's must train everywhere
 backpropagated in turn (`job.backward(loss, retain_graph=True)`, then a penalty's), overlapped, in
 micro-batches, also under a dynamic loss scale; and "tiny": a loss 1e-4 of the usual (gradients
 of 1e-9 to 1e-5) under a dynamic loss scale with fp16 on the wire, compared by each step's change
-of the parameters (the wire's 11 bits against one process's float32).
+of the parameters (the wire's 11 bits against one process's float32); and "prefetch": a loop that fetches one
+batch ahead (apex's data_prefetcher), the split changed between the batch in hand and the one ahead.
 
 Run: horovodrun -np 2 -H localhost:2 --gloo python tests/jobs/api_exactness.py RUN_DIR
 $HVDHETERO_TEST_HOSTS (JSON, JobConfig.hosts: each horovodrun host's device) puts the ranks on
@@ -33,6 +34,7 @@ import hvdhetero as hh
 from hvdhetero.config import JobConfig
 from hvdhetero.rank import precision
 from hvdhetero.recipes import data, models
+from prefetching import one_ahead
 
 STEPS = 2
 GLOBAL_BATCH = 48
@@ -57,7 +59,7 @@ class Tokens(torch.nn.Module):
 def build(name, model):
     if name == "sparse":
         return torch.optim.SGD(model.parameters(), lr=0.5), None
-    if name in ("twoloss", "tiny", "zeromodel"):
+    if name in ("twoloss", "tiny", "zeromodel", "prefetch"):
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
     if name == "newhead":
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None
@@ -92,7 +94,8 @@ CASES = [*itertools.product(["sgd", "adamw"], [False, True], [False, True], [0, 
          ("sgd", "torch", True, 8), ("adamw", "torch", False, 8),  # the script's torch.nn.utils.clip_grad_norm_
          ("sparse", False, True, 8), ("unfreeze", False, True, 8), ("twoloss", False, True, 8),
          ("twoloss", "scaled", False, 8), ("newhead", False, True, 8), ("tiny", "scaled", True, 0),
-         ("zeromodel", False, True, 8)]  # model.zero_grad() atop each chunk (word_language_model's, DCGAN's)
+         ("zeromodel", False, True, 8),  # model.zero_grad() atop each chunk (word_language_model's, DCGAN's)
+         ("prefetch", False, False, 0)]  # apex's data_prefetcher: the next batch fetched before the one in hand trains
 TINY = 1e-4  # a dynamic loss scale (fp16 on CUDA/MPS), switched on by hand
 PENALTY = 0.01  # "twoloss": the outputs' mean square, its own backward after the loss's
 for i, (name, clip, overlap, micro) in enumerate(CASES):
@@ -116,7 +119,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
     initial = [p.detach().clone() for p in model.parameters()]
     frozen, headless = name == "unfreeze", name == "newhead"
     seen, chunks, sizes, sparse, taken = [], 0, None, None, 0
-    for x, y in loader:
+    for x, y in (one_ahead(loader) if name == "prefetch" else loader):
         if frozen and job.step == 1:  # the backbone joins after the first step, here and in the replay
             frozen = False
             for m, opt in ((model, optimizer), (ref, ref_opt)):
@@ -165,6 +168,9 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
             seen = []
         if job.step == STEPS:
             break
+        if name == "prefetch" and job.step == 1:  # batch 1 is fetched (ahead) already: a new split from batch 2 on
+            split = list(job.training.sampler.batch_sizes)
+            job.training.loader.resplit(split[::-1] if split[0] != split[1] else [30, 18], 1)
         if headless and job.step == 1:  # a new head between steps: each rank's own initial values
             headless = False
             torch.manual_seed(100 + hvd.rank())
@@ -180,6 +186,7 @@ for i, (name, clip, overlap, micro) in enumerate(CASES):
                     "device_rel_err": rel(cpu_ref.parameters(), ref.parameters()) if cpu_ref is not None else None,
                     "change_rel_err": rel([p - p0 for p, p0 in zip(model.parameters(), initial)],
                                           [p - p0 for p, p0 in zip(ref.parameters(), initial)]),
-                    "devices": hvd.allgather_object(str(job.device), name=f"api.devices.{i}")})
+                    "devices": hvd.allgather_object(str(job.device), name=f"api.devices.{i}"),
+                    "split_after": list(job.training.sampler.batch_sizes)})
 if hvd.rank() == 0:
     print("API_EXACTNESS " + json.dumps(results), flush=True)

@@ -10,6 +10,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import hvdhetero as hh
 from hvdhetero.config import JobConfig
+from prefetching import one_ahead
 
 job = hh.init(run_dir="/tmp/hvdhetero-prepare-errors")
 data = TensorDataset(torch.randn(100, 4), torch.randint(2, (100,)))
@@ -84,16 +85,7 @@ def trained(batches):
         disc_opt.step()
 
 
-# apex's data_prefetcher: one batch fetched ahead, so the pass ends before the last batch's backward (fine)
-def one_ahead(batches):
-    it = iter(batches)
-    ahead = next(it, None)
-    while ahead is not None:
-        batch, ahead = ahead, next(it, None)
-        yield batch
-
-
-try:
+try:  # apex's data_prefetcher: one batch fetched ahead, so the pass ends before the last batch's backward (fine)
     trained(one_ahead(loader))
     out["a loop fetching one batch ahead"] = "accepted"
 except Exception as err:  # noqa: BLE001
