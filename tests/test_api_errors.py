@@ -86,10 +86,10 @@ def test_a_refusal_of_ours_is_shown_at_the_scripts_call_not_in_hvdhetero():
     import json
 
     from hvdhetero.rank import runner
-    from hvdhetero.rank.job import _epoch_numbers
+    from hvdhetero.rank import epochs
 
     try:
-        _epoch_numbers(0, 0)  # raises ConfigError in hvdhetero/rank/job.py
+        epochs.numbers(0, 0)  # raises ConfigError in hvdhetero/rank/epochs.py
     except Exception as err:  # noqa: BLE001
         assert [f.filename for f in runner.frames_of(err)] == [__file__]
     from hvdhetero.recipes import data

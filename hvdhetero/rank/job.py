@@ -26,7 +26,6 @@ them imports the Job; docs/layout.md walks one step through them).
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -37,8 +36,9 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.errors import ConfigError
 from hvdhetero.policy.balancer import Balancer
-from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, evaluation,
-                            gathering, host, precision, preparing, records, reduction, saving, scheduling, zeroing)
+from hvdhetero.rank import (averaging, checkpoint, clipping, collectives, current, devices, elastic, epochs,
+                            evaluation, gathering, host, precision, preparing, records, reduction, saving,
+                            scheduling, zeroing)
 from hvdhetero.rank.carry import Carried
 from hvdhetero.rank.records import RunRecords
 from hvdhetero.rank.registry import Registry, TrainState, Values
@@ -194,9 +194,9 @@ class Job:
         job.epochs(stop, start=its start), the live table counting the range's epochs (1/15 for
         the first of range(1, 16))."""
         given = n
-        n, start = _epoch_numbers(n, start)
+        n, start = epochs.numbers(n, start)
         counted_from = start if isinstance(given, range) else 0
-        start = self._rank_0s_start(start)
+        start = epochs.rank_0s_start(start, self.size, self.is_main)
         self._stopping = False
         first = max(start, self.train_state.start_epoch)
         if first >= n and self.is_main and elastic.running(self.config) is None:
@@ -224,7 +224,8 @@ class Job:
                     raise
                 if t is not None and not self.records.steps and not said_empty:
                     said_empty = True
-                    self._took_no_step(epoch, counted_from, n, t.one_pass, t.step_state.item)
+                    if self.is_main:
+                        epochs.took_no_step(epoch, counted_from, n, t.one_pass, t.step_state.item)
                 self._end_epoch(more=not self._stopping and epoch + 1 < n)
                 if self._stopping:
                     break
@@ -232,43 +233,6 @@ class Job:
             if t is not None:
                 t.in_epochs = False
         self._end()
-
-    def _took_no_step(self, epoch: int, counted_from: int, n: int, stream: bool, item=None) -> None:
-        """Said once a run, by rank 0: an epoch of job.epochs ended with no step taken (a batch
-        function's stream that ended and was not made anew: every later loop over it ends at once;
-        or a loop that calls the function once an epoch, full-batch, under micro-batches: each call
-        one chunk of a step)."""
-        if not self.is_main:
-            return
-        if stream and item is not None and item.chunks > 1 and not item.last:
-            why = (f"the loop took chunk {item.chunk + 1} of its step's {item.chunks} (micro-batches hand a step's "
-                   "share in chunks, one a call) and went on to its next epoch: a loop that calls the function once "
-                   "a step (a graph's training nodes, trained full-batch) wants whole shares, --micro-batch 0")
-        elif stream:
-            why = ("its loop over the prepared batches yielded none. A batch function's stream (lambda: next(stream)) "
-                   "that ended yields none until the script makes it anew (stream = iter(...) before the loop: the "
-                   "next batch is drawn from it); else end with job.stop()")
-        else:
-            why = ("no step's job.backward came in its loop over the prepared loader (a loop that ends before its "
-                   "first step, a budget of steps spent); to end training early, call job.stop()")
-        print(f"hvdhetero: epoch {epoch} ({epoch - counted_from + 1}/{n - counted_from} on the live line) took no "
-              f"training step: {why}", flush=True)
-
-    def _rank_0s_start(self, start: int) -> int:
-        """Rank 0's `start` on every rank (one small exchange), said once where the ranks' differ: a
-        script that resumes itself from a file only rank 0's host holds (torchrun's snapshot) goes
-        on there on every rank, as job.prepare gave every rank rank 0's weights; before, the other
-        ranks trained epochs rank 0 never took, and the job failed at rank 0's end."""
-        if self.size == 1:
-            return start
-        starts = [round(s) for s in collectives.allreduce_sum(host.one_hot(float(start)), "hvdhetero.epochs_start")]
-        if len(set(starts)) > 1 and self.is_main:
-            each = ", ".join(f"rank {r}: {s}" for r, s in enumerate(starts))
-            print(f"hvdhetero: job.epochs(start=) differs between the ranks ({each}): every rank starts at rank 0's "
-                  f"epoch {starts[0]}, as it trains rank 0's weights (job.prepare); a file of the script's own that "
-                  "only rank 0's host holds (torchrun's snapshot) resumes rank 0 alone: --resume loads the job's "
-                  "checkpoints on every rank", flush=True)
-        return starts[0]
 
     def stop(self) -> None:
         """End training after this epoch (early stopping): `job.epochs` yields no more and
@@ -470,23 +434,3 @@ class Job:
         """Step sync: the gradient reductions this run made (Reducer.steps); else None."""
         t = self.training
         return t.reducer.steps if t is not None and t.strategy.kind == "step" else None
-
-
-def _epoch_numbers(n, start) -> tuple[int, int]:
-    """job.epochs' arguments as (stop, start): a count and a start, or the loop's own range
-    (`range(1, epochs + 1)`, `range(start_epoch, epochs)`); anything else said, naming it."""
-    usage = "job.epochs(n, start=0) takes whole numbers n >= 1 and start >= 0, or the loop's range"
-    if isinstance(n, range):
-        if n.step != 1 or start or n.start < 0:
-            raise ConfigError(f"{usage} of step 1 alone (job.epochs(range(1, epochs + 1))), got {n!r}"
-                              + (f" and start={start!r}" if start else ""))
-        if not n:
-            raise ConfigError(f"{usage}, got {n!r}, which holds no epoch")
-        n, start = n.stop, n.start
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or isinstance(start, bool) \
-            or not isinstance(start, numbers.Integral):
-        raise ConfigError(f"{usage}, got n={n!r}, start={start!r}: pass int(...) where a config gives a float or "
-                          "a string")
-    if n < 1 or start < 0:
-        raise ConfigError(f"{usage}, got n={n}, start={start}")
-    return int(n), int(start)
