@@ -129,13 +129,60 @@ def test_the_pass_a_checkpoint_holds_is_the_loops_own_and_a_resume_goes_on_in_it
 
     ahead = passes(epoch=1)
     ahead.epoch(True)
-    for step in range(STEPS):  # the pass's batches handed out, the first backed once the second is
-        ahead.handed(Item(STEPS + step, 0, 1, 8, 8, (8, 8)))
-        if step == 1:
-            assert ahead.backward(), "one fetched ahead"
+    for step in range(STEPS):  # the pass's batches handed out, each backed once the next is
+        ahead.handed(item(STEPS + step))
         if step:
-            ahead.stepped(Item(STEPS + step - 1, 0, 1, 8, 8, (8, 8)), True)
+            assert ahead.backward(item(STEPS + step)) == (step == 1, item(STEPS + step - 1)), "the batch in hand"
+            ahead.stepped(item(STEPS + step - 1), True)
     ahead.begun()
     ahead.epoch(True)  # the next pass, as the prefetcher takes its first batch: the last one still in hand
     assert ahead.again == 1 and ahead.held.step == 2 * STEPS - 1
     assert ahead.state_dict() == {"epoch": 1, "again": 0}
+
+
+def item(step: int) -> Item:
+    return Item(step, 0, 1, 8, 8, (8, 8))
+
+
+def test_a_loop_fetching_one_batch_ahead_is_found_through_two_losses_a_batch_and_lost_when_it_breaks():
+    """A GAN's two job.backward calls a batch, over an endless cycle of the loader fetched one batch
+    ahead: each is the batch in hand's, pass after pass (the calls were counted as batches, so
+    the next pass took nothing for in hand, and the batch ahead's weights came back). A break out
+    of such a pass leaves nothing in hand: a plain loop after it backs the batch it was handed (it
+    got the abandoned pass's)."""
+    p = passes()
+    held, trained = None, []
+    for lap in range(3):
+        p.begun()
+        p.epoch(False)
+        for step in range(STEPS):
+            p.handed(item(step))
+            if held is not None:
+                for _ in range(2):  # the discriminator's loss, then the generator's
+                    trained.append(p.backward(item(step))[1].step)
+                p.stepped(held, False)
+            held = item(step)
+    assert trained == ([s for s in range(STEPS) for _ in range(2)] * 3)[:len(trained)], trained
+    assert len(trained) == 2 * (3 * STEPS - 1) and p.ahead
+    p.left()  # the loop breaks out of its pass, the batch fetched ahead dropped with it
+    p.begun()
+    p.epoch(False)
+    p.handed(item(0))
+    assert p.backward(item(0)) == (False, item(0)) and not p.ahead
+
+
+def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
+    """Loader.__iter__ calls `left` as a loop's break drops its iterator (apex's prefetcher with it),
+    and `after_pass` alone when the pass ran to its end."""
+    from hvdhetero.rank import loader as loader_module
+
+    said = []
+    made = object.__new__(loader_module.Loader)
+    made.iterating, made.began = 0, lambda: 0
+    made.left, made.after_pass = (lambda: said.append("left")), (lambda began: said.append("ended"))
+    made._batches = lambda: iter(range(3))
+    for batch in made:
+        if batch == 1:
+            break
+    assert said == ["left"] and made.iterating == 0
+    assert [batch for batch in made] == [0, 1, 2] and said == ["left", "ended"]

@@ -96,6 +96,8 @@ class Loader:
         """Called when a loop has taken every batch of the epoch (not when it left the loop early),
         with what `began()` said as it started; every rank gets there after the same global step."""
         self.began: Callable[[], int] = lambda: 0
+        self.left: Callable[[], None] = lambda: None
+        """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self.busy = busy
         """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
         self.fetched = (0.0, 0.0)
@@ -185,18 +187,22 @@ class Loader:
         """This rank's batches of a pass that trains nothing (SWA's update_bn over the prepared
         loader): none of the training hooks (a step's clock, a checkpoint or commit due, the pass's
         end), as each rank reads its share."""
-        hooks = self.on_item, self.before_step, self.after_pass
+        hooks = self.on_item, self.before_step, self.after_pass, self.left
         self.on_item, self.before_step, self.after_pass = (lambda item: None), (lambda item: None), (lambda b: None)
+        self.left = lambda: None
         try:
             yield from self
         finally:
-            self.on_item, self.before_step, self.after_pass = hooks
+            self.on_item, self.before_step, self.after_pass, self.left = hooks
 
     def __iter__(self):
         self.iterating += 1
         began = self.began()
         try:
             yield from self._batches()
+        except GeneratorExit:  # the loop left the pass early (a break: its iterator dropped)
+            self.left()
+            raise
         finally:
             self.iterating -= 1
         self.after_pass(began)

@@ -5,8 +5,9 @@
     iter(loader)        -> passes.epoch(in_epochs): the epoch the new pass deals
                            passes.begun(): the pass's own counts start
     a chunk handed out  -> passes.handed(item)
-    job.backward        -> passes.backward(): True where the pass is found to fetch one batch ahead;
-                           passes.in_hand(item): the chunk its loss came from
+    job.backward        -> passes.backward(item): whether the pass is found to fetch one batch
+                           ahead, and the chunk its loss came from
+    a pass left early   -> passes.left()
     a step taken        -> passes.stepped(item, in_epochs)
 
 Inside job.epochs a pass deals job.epochs' epoch. Outside it, as a DataLoader reshuffles at every
@@ -62,6 +63,7 @@ class Passes:
         self._item: Item | None = None  # the chunk the pass handed out last
         self._before: Item | None = None  # and the one before it (a pass's or the pass before's)
         self._item_pass: tuple[int, int] | None = None  # the pass that handed `_item` out
+        self._backed: Item | None = None  # the chunk the last job.backward's loss came from
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
@@ -148,12 +150,22 @@ class Passes:
             self._chunks, self._before, self._item = self._chunks + 1, self._item, item
             self._item_pass = self._pass
 
-    def backward(self) -> bool:
-        """A job.backward: True where it finds the loop fetching one batch ahead (the pass's first,
-        a second chunk handed out already), decided once; only a backward decides (a pass with
-        none, rank 0's alone counting its share, is no prefetcher)."""
-        self._backwards += 1
-        if self._backwards == 1 and self._chunks > 1 and not self.one_pass and not self.ahead:
+    def backward(self, item: Item) -> tuple[bool, Item]:
+        """A job.backward, `item` the chunk handed out last: whether it finds the loop fetching one
+        batch ahead (the pass's first, a second chunk handed out already; decided once; only a
+        backward decides: a pass with none, rank 0's alone counting its share, is no prefetcher),
+        and the chunk its loss came from (in_hand). The pass counts the chunks backed, not the
+        calls: a GAN's two losses, a closure evaluated again, are one chunk's."""
+        found = self._backwards == 0 and self._chunks > 1 and not self.one_pass and not self.ahead
+        if found:
             self.ahead = True
-            return True
-        return False
+        trained = self.in_hand(item)
+        if trained is not self._backed:
+            self._backwards, self._backed = self._backwards + 1, trained
+        return found, trained
+
+    def left(self) -> None:
+        """The loop left its pass early (a `break`, the prefetcher holding a batch dropped with it):
+        nothing of the pass is in hand, and the next pass is looked at afresh."""
+        if self.outermost:
+            self.ahead, self._chunks, self._backwards, self._item, self._before = False, 0, 0, None, None

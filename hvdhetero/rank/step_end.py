@@ -48,7 +48,7 @@ def after_batch(t: Training, item: Item, seconds: float, reduce_s: float, times:
             t.records.window_step(list(item.sizes), times, whole_s, steps=calls)
         each = [s / calls for s in times]  # a batch's compute, each rank's mean over them
         # a new split goes on after the steps the loader drew (a loop fetching one batch ahead holds the next)
-        rebalance(t, each, list(item.sizes), t.step_state.item or item)
+        rebalance(t, each, list(item.sizes), t.passes.held or item)
         if (t.is_main and t.size > 1 and t.strategy.kind == "step"
                 and t.train.step - t.again_at > 1):  # the last step's times were whole
             against_alone(t, whole_s / calls, each, list(item.sizes))

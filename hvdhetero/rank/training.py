@@ -95,6 +95,7 @@ class Training:
         self.passes.loader, self.passes.one_pass = self.loader, called is not None
         if not called:
             self.loader.began, self.loader.after_pass = self.pass_begins, self.pass_ended
+            self.loader.left = self.passes.left
             self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step, mean_loss=self.mean_loss, flush=self.flush)
@@ -152,6 +153,9 @@ class Training:
         script accumulates gradients over several batches)."""
         self._grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
+        self.trained: Item | None = None
+        """The chunk the last job.backward's loss came from: the one handed out last, or in a loop
+        that fetches one batch ahead the one it held (rank/passes.py)."""
         self.unshared: list[torch.nn.Parameter] = []
         """Parameters made inside a step's loop body, given rank 0's values after its reduction."""
         self.alone = AloneWatch()
@@ -230,9 +234,12 @@ class Training:
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
         """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
-        if self.passes.backward():  # the loop fetches one batch ahead: an explicit split into chunks refused
+        # a loop fetching one batch ahead: an explicit split into chunks refused, and the item the batch it
+        # holds (not the one ahead) from here on, to the optimizer's step (`trained`)
+        ahead, item = self.passes.backward(item)
+        if ahead:
             self.accumulation.one_ahead(self.step_state.item)
-        item = self.passes.in_hand(item)  # (a loop fetching one batch ahead: the one it holds, not the one ahead)
+        self.trained = item
         if item.chunk == 0 and not self.step_state.reduced:
             trainable.follow(self, before_forward=False)
         if self.check_reach:
@@ -336,7 +343,7 @@ class Training:
         state.updates += 1
         self.accumulation.updated()
         self.deferral.updated()
-        self.train.step += state.item.steps if state.item is not None else 1
+        self.train.step += (self.trained or state.item).steps if state.item is not None else 1
         state.stepped = turns is not None and state.item is not None
         return not skip
 
@@ -371,7 +378,7 @@ class Training:
     def after_step(self) -> None:
         """The prepared optimizer stepped (or skipped): with --sync local/diloco, count the step
         and, at a round's end, exchange parameters (rank/strategy.py); a checkpoint may be due."""
-        item = self.step_state.item
+        item = self.trained or self.step_state.item if self.step_state.item is not None else None
         round_ended = self.strategy.always_one_model if item is None else self.strategy.after_step(
             item.share, self.last_step_seconds[0], item.steps, self.train.step, item.step, self._epoch_left(item))
         # Taken when the next step begins: after this step's scheduler.step(), the script's
