@@ -54,12 +54,11 @@ class Passes:
         an order of its own: the same order every pass had a small labelled set seen alike 5 times
         an epoch, where one device reshuffles it at every iter()."""
         self._began: tuple[int, bool] | None = None  # the epoch the last pass dealt, and whether it took a step
-        self._pass: tuple[int, int] | None = None  # job.epochs' pass dealing now: its epoch and `again`
         self._loaded: tuple[int, int] | None = None  # a resume's pass, until job.epochs' first pass takes it
         self.ahead = False
         """The loop fetches one batch ahead: its pass's first job.backward came with a second chunk
         handed out (kept into the next pass while one is still in hand)."""
-        self._chunks = self._backwards = 0  # the chunks the pass handed out, and the job.backward calls since it began
+        self._chunks = self._backwards = 0  # the chunks the pass handed out, and the ones backed since it began
         self._item: Item | None = None  # the chunk the pass handed out last
         self._before: Item | None = None  # and the one before it (a pass's or the pass before's)
         self._item_pass: tuple[int, int] | None = None  # the pass that handed `_item` out
@@ -80,9 +79,8 @@ class Passes:
             elif self._began[1]:  # (one that took no step, a look at the first batch, deals the same again)
                 self.again += 1
             self._began = self.train.epoch, False
-            self._pass = self.train.epoch, self.again
             return self.train.epoch
-        self.again, self._began, self._pass = 0, None, None
+        self.again, self._began = 0, None
         if self.stepped_in is None:  # none taken yet: where the loader stands, resumed (a checkpoint taken as
             # a pass's first step came holds the epoch before, and the loader at the new pass)
             return max(self.train.epoch, self.loader.start_step // len(self.loader))
@@ -92,7 +90,7 @@ class Passes:
         """A checkpoint's or commit's part: inside job.epochs, the epoch the pass under way deals and
         how many of its passes came before it (a resume mid-epoch of FixMatch's labelled loader,
         restarted within each epoch, deals that pass's order again, not the epoch's first pass's)."""
-        held = self._item_pass if self.held is not None else self._pass  # (one fetched ahead: the held one's)
+        held = self._item_pass if self.held is not None else self.dealing  # (one fetched ahead: the held one's)
         return None if held is None else {"epoch": held[0], "again": held[1]}
 
     def load_state_dict(self, state: dict[str, int] | None) -> None:
@@ -122,8 +120,15 @@ class Passes:
         return self.loader is not None and self.loader.iterating == 1
 
     @property
+    def dealing(self) -> tuple[int, int] | None:
+        """job.epochs' pass dealing now: its epoch and `again` (None outside job.epochs)."""
+        return None if self._began is None else (self._began[0], self.again)
+
+    @property
     def held(self) -> Item | None:
-        """In a loop that fetches one batch ahead, the chunk in hand, which has not trained yet (None elsewhere)."""
+        """In a loop that fetches one batch ahead, the chunk its pass handed out last (None
+        elsewhere): before a step begins, the one in hand, not trained yet; once that one's
+        job.backward came, the one ahead, the loader's latest step."""
         return self._item if self.ahead else None
 
     def in_hand(self, item: Item) -> Item:
@@ -148,7 +153,7 @@ class Passes:
         """The loader hands a chunk out."""
         if self.outermost:
             self._chunks, self._before, self._item = self._chunks + 1, self._item, item
-            self._item_pass = self._pass
+            self._item_pass = self.dealing
 
     def backward(self, item: Item) -> tuple[bool, Item]:
         """A job.backward, `item` the chunk handed out last: whether it finds the loop fetching one
