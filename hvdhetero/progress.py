@@ -42,7 +42,7 @@ RECENT_BATCHES = 100
 """An endless epoch's (a sampler that never runs out) loss on the live line: that of its last
 batches this many, as the epoch's mean would be that of every batch since the start."""
 REPORT_S = 1.0
-"""A rank prints its totals at most this often (and at its first step and each epoch's last):
+"""A rank prints its totals at most this often (and at its first step and each epoch's first and last):
 the live table refreshes about once a second."""
 # horovodrun's prefix on forwarded rank output, e.g. "[0]<stdout>:" (maybe with a timestamp).
 # horovodrun tags a line "[RANK]<stdout>:", mpirun --tag-output "[JOB,RANK]<stdout>:".
@@ -97,7 +97,7 @@ class Reporter:
     """Rank side: this rank's running totals since it started (steps, samples, seconds of
     compute and of communication or waiting), printed as one tagged line with this rank's
     monotonic clock at most every `every` seconds, and always at its first step and at each
-    epoch's last."""
+    epoch's first and last."""
 
     def __init__(self, rank: int, host: str, device: str, every: float = REPORT_S, out=None,
                  size: int | None = None):
@@ -128,7 +128,10 @@ class Reporter:
         self.wait_s += wait_s
         self._job = share, batch, job
         now = time.monotonic()
-        if self._printed is not None and now - self._printed < self.every and not epoch_end:
+        # an epoch's first step too: an epoch shorter than `every` had its last line alone, and the
+        # table showed the epoch before's rates for it (two epochs' rows alike to the digit)
+        epoch_begins = self._last is not None and job.get("epoch") != self._last.get("epoch")
+        if self._printed is not None and now - self._printed < self.every and not epoch_end and not epoch_begins:
             return False
         self._print(now, share, batch, job)
         return True

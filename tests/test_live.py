@@ -46,6 +46,26 @@ def test_the_gap_between_two_epochs_is_no_steps_time():
     assert board.rows()[0].samples_per_s == pytest.approx(640.0)
 
 
+def test_an_epoch_shorter_than_a_report_shows_rates_of_its_own():
+    """The Quickstart's epochs, ported, take 24 steps in a quarter of a second: a rank printed an
+    epoch's last line alone (its lines come at most every REPORT_S), and the table showed the epoch
+    before's rates for it, two epochs' rows alike to the digit. A rank prints an epoch's first step
+    too: here the second epoch's steps take twice the compute of the first's."""
+    out = io.StringIO()
+    reporter = progress.Reporter(0, "pc", "cpu", every=60.0, out=out)
+    board = live.Board()
+    for epoch, compute_s in ((0, 0.003), (1, 0.006)):
+        for step in range(1, 25):
+            reporter.step(samples=32, compute_s=compute_s, wait_s=0.001, share=32, batch=64, epoch_end=step == 24,
+                          epoch=epoch, epochs=2, step=step, steps=24)
+        lines = out.getvalue().splitlines()
+        out.seek(0), out.truncate()
+        assert [json.loads(line[len(progress.TAG):])["step"] for line in lines] == [1, 24]
+        for line in lines:
+            board.update(json.loads(line[len(progress.TAG):]))
+        assert board.rows()[0].compute_ms == pytest.approx(1e3 * compute_s)
+
+
 def test_rates_come_from_the_ranks_clocks_not_from_when_lines_arrive():
     """Ten seconds of two ranks' lines reach the launcher at once (a burst): rank 0 took 10 steps
     a second of 32 samples, rank 1 (another clock) 5 steps a second of 16."""
