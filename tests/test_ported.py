@@ -188,6 +188,9 @@ def test_a_port_changes_few_lines_of_its_original(name):
 _RUNS: dict = {}
 SAVES = {"reference": "--output-dir", "word_lm": "--save", "ddp": "--snapshot_path"}
 """Ports that save checkpoints of their own, and the option that puts them next to the run directory."""
+OWN_EPOCHS = {"cifar_tutorial": 2, "quickstart": 5}
+"""LOOPED ports whose loop takes the prepared loader once an epoch (`for epoch in range(n)`), and how
+many epochs: each pass's end writes an epoch record (under step sync)."""
 WORKDIR = {"cifar_tutorial", "quickstart"}
 """Ports that write into the folder they start in, the script's (the tutorial's
 `torch.save(net.state_dict(), './cifar_net.pth')`, the quickstart's model.pth, loaded back): run from a copy in the test's own
@@ -292,6 +295,13 @@ def test_the_port_trains_to_the_same_target_on_two_ranks(name, tmp_path_factory)
     assert start["ranks"] == 2 and end["event"] == "end"
     if name in LOOPED:
         assert "param_digests" not in end
+        # a plain loop over epochs of the prepared loader: an epoch record at each pass's end, and the
+        # live line's loss the epoch's (it was the mean since the run began: 3.3 times the Quickstart's last)
+        losses = [r["loss"] for r in records if r["event"] == "epoch"]
+        assert len(losses) == OWN_EPOCHS.get(name, 0) and losses == sorted(losses, reverse=True), losses
+        if losses:
+            live = re.findall(r"^epoch \d+  step (\d+)/\1 \(100%\).*  loss ([\d.]+)  ", proc.stdout, re.M)
+            assert len(live) == len(losses) and float(live[-1][1]) == pytest.approx(losses[-1], rel=0.25), live
     else:
         assert len(set(end["param_digests"])) == 1
     # one model on both ranks: the same evaluation (and greedy sample), to the digit

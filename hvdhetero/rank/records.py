@@ -142,13 +142,17 @@ class RunRecords:
     def end_epoch(self, epoch: int, step: int, size: int, steps: int, split: list[int] | None,
                   skipped_steps: int) -> list[float]:
         """Every rank's epoch summed (a collective) into the "epoch" record; returns every rank's
-        mean step seconds (rank 0's sets the time-based checkpoint interval, the same on every rank)."""
+        mean step seconds (rank 0's sets the time-based checkpoint interval, the same on every rank).
+        At job.epochs' epoch's end, and under step sync at the end of each pass a loop of the script's
+        own takes over the prepared loader (`for epoch in range(n)`: it had no epoch record, and the
+        report drew two points of its loss)."""
         seconds = time.perf_counter() - self.epoch_started
         mine = [seconds / steps, self.samples, *self.busy]
         loss_sum, samples, *per_rank = allreduce_sum([self.loss_sum, self.samples,
                                                       *(x for v in mine for x in host.one_hot(v))],
                                                      "hvdhetero.train_stats")
         step_s, rank_samples, compute_s, comm_s = (per_rank[i * size:(i + 1) * size] for i in range(4))
+        self.window = None  # (a loop of the script's own over epochs: this record says what its window would)
         self.write("epoch", epoch=epoch, loss=loss_sum / max(samples, 1), samples=int(samples),
                    seconds=round(seconds, 3), samples_per_s=samples / seconds,
                    rank_samples=[int(n) for n in rank_samples], compute_s=[round(t, 4) for t in compute_s],

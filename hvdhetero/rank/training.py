@@ -77,7 +77,7 @@ class Training:
                              worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
                              prefetch_factor=data.prefetch_factor, on_item=self.on_item,
                              busy=lambda: self.me.busy_clock()(),
-                             epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
+                             epoch=self.pass_epoch, before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.sampler.first_draw()  # a sampler of the script's own: its count of steps an epoch, from what it draws
         self.loader.fewest = self.sampler.min_share
@@ -146,6 +146,7 @@ class Training:
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
+        self._own_epoch: int | None = None  # outside job.epochs: the epoch whose counts the records hold
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
         """The loader's global steps before the step that begins now, or before the step in hand in
@@ -403,6 +404,16 @@ class Training:
 
     # -- a pass over the loader --------------------------------------------------------------------
 
+    def pass_epoch(self) -> int:
+        """The epoch a new pass deals (Passes.epoch). Outside job.epochs, the loop's own pass of a
+        new epoch starts the epoch's counts: the live line's loss had been the mean since the run
+        began (the Quickstart's fifth epoch showed 0.95, its batches 0.3 to 0.6)."""
+        epoch = self.passes.epoch(self.in_epochs)
+        if not self.in_epochs and self.passes.outermost and epoch != self._own_epoch:
+            self._own_epoch = epoch
+            self.records.begin_epoch()
+        return epoch
+
     def pass_begins(self) -> int:
         """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
         self.passes.begun()
@@ -419,6 +430,10 @@ class Training:
         self.step_state.pass_over = self.step_state.updates
         if self.strategy.always_one_model and self.train.step > began:
             averaging.buffers(self.model)  # (and an EMA's of it)
+            if not self.in_epochs and self.loader.iterating == 0:  # a loop of the script's own, its pass ended
+                with collectives.within("the end of a pass over the prepared loader"):
+                    self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
+                                           self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
 
     # -- job.epochs --------------------------------------------------------------------------------
 
