@@ -1,4 +1,4 @@
-"""Scripts as users write them: sixteen single-device training scripts in the styles people copy
+"""Scripts as users write them: seventeen single-device training scripts in the styles people copy
 and one DDP script for torchrun (tests/scripts/ported/*_single.py), each beside its hvdhetero port.
 A port changes at most 12 lines (word_lm 14 and the DDP script 18, for reasons of their originals:
 MORE_CHANGED), trains through `invoke train --script` on two real ranks to the target its original
@@ -79,21 +79,22 @@ PORTS = {
                        lambda v: v >= 65),
     # (the samples seen, as its original counts them: the step's batch, not this rank's share of it)
     "quickstart": ([], r"^loss: [\d.]+  \[ *(?:64|704|1344)/ 1500\]$", r"^ Accuracy: ([\d.]+)%", lambda v: v >= 70),
+    "accelerate_cv": ([], r"^epoch \d: [\d.]+$", r"^epoch \d: ([\d.]+)$", lambda v: v >= 93),
     "ddp": (["12", "4"], r"^Epoch \d+ \| test MSE", r"Epoch \d+ \| test MSE ([\d.]+)", lambda v: v <= 0.013),
 }
 REPORTS = {"classifier": 6, "hf_style": 4, "char_lm": 4, "regression": 30, "vae": 10, "gan": 12, "gpt": 2,
            "reference": 6, "nanogpt": 3, "word_lm": 4,
-           "time_sequence": 3, "detection": 4, "transfer": 5, "seq2seq": 3, "cifar_tutorial": 6, "quickstart": 15, "ddp": 12}
+           "time_sequence": 3, "detection": 4, "transfer": 5, "seq2seq": 3, "cifar_tutorial": 6, "quickstart": 15, "accelerate_cv": 3, "ddp": 12}
 """How often each prints its report: once an epoch (word_lm: its own epochs); gpt and nanogpt (loops over
 iterations) every 100; time_sequence after each LBFGS step; seq2seq every 5 epochs; cifar_tutorial every
 100 of an epoch's 375 mini-batches, quickstart every 10 of its 24."""
 MAIN_ONLY = {"nanogpt", "ddp"}
 """Ports whose report rank 0 alone prints (nanoGPT's master_process evaluates and prints, so does
 the DDP tutorial's `if self.gpu_id == 0`)."""
-LOOPED = {"gpt", "nanogpt", "word_lm", "time_sequence", "cifar_tutorial", "quickstart"}
+LOOPED = {"gpt", "nanogpt", "word_lm", "time_sequence", "cifar_tutorial", "quickstart", "accelerate_cv"}
 """Ports that loop of their own, not with job.epochs (over iterations; word_lm over epochs of
-its own windows; cifar_tutorial's `for epoch in range(2)` and quickstart's `for t in range(epochs)` over
-the prepared loader): their end
+its own windows; cifar_tutorial's `for epoch in range(2)` and quickstart's `for t in range(epochs)`, accelerate_cv's
+`for epoch in range(num_epochs)` over the prepared loader): their end
 record has no parameter digests (docs/api.md, job.log)."""
 MORE_CHANGED = {"word_lm": 14, "ddp": 18}
 """Ports that change more than MOST_CHANGED lines, each for a reason of its original's: word_lm
@@ -124,7 +125,8 @@ epoch on one device; a CI run here (2026-11-30) of the original ended 1.0, 0.875
 last two were held to: its last three, at 0.85. ddp's test MSE, near its plateau (0.008-0.010 from epoch 9 on, by the
 initial weights), moves by 0.001 from epoch to epoch."""
 EVALUATED = {**{name: PORTS[name][1] for name in ("classifier", "hf_style", "reference", "detection", "transfer")},
-             "seq2seq": r"^translated exactly", "cifar_tutorial": r"^Accuracy", "quickstart": r"^ Accuracy"}
+             "seq2seq": r"^translated exactly", "cifar_tutorial": r"^Accuracy", "quickstart": r"^ Accuracy",
+             "accelerate_cv": r"^epoch \d: "}
 """Ports whose own evaluation after the loop over the prepared loader, which every rank runs, prints
 these lines: under step sync it sees the one model (BatchNorm's statistics averaged as the loop takes
 its last batch), so rank 1 prints what rank 0 does, to the digit."""
@@ -188,7 +190,7 @@ def test_a_port_changes_few_lines_of_its_original(name):
 _RUNS: dict = {}
 SAVES = {"reference": "--output-dir", "word_lm": "--save", "ddp": "--snapshot_path"}
 """Ports that save checkpoints of their own, and the option that puts them next to the run directory."""
-OWN_EPOCHS = {"cifar_tutorial": 2, "quickstart": 5}
+OWN_EPOCHS = {"cifar_tutorial": 2, "quickstart": 5, "accelerate_cv": 3}
 """LOOPED ports whose loop takes the prepared loader once an epoch (`for epoch in range(n)`), and how
 many epochs: each pass's end writes an epoch record (under step sync)."""
 WORKDIR = {"cifar_tutorial", "quickstart"}
@@ -219,11 +221,11 @@ def trained(name: str, tmp_path_factory) -> tuple:
 ORIGINALS = horovod_build.default_cache() / "originals"
 """Where an original that reached its target records it, under a key of everything its run reads
 (as a Horovod build is cached by its key): the originals never import hvdhetero, so no change to
-the package can move them, and CI (~4 min for the seventeen) runs one again only when its key changes.
+the package can move them, and CI (~4 min for the eighteen) runs one again only when its key changes.
 The skip says where the record is; HVDHETERO_RUN_ORIGINALS=1 runs them all."""
 
 
-ORIGINALS_IMPORT = ("torch", "torchvision", "numpy", "scikit-learn", "scipy", "pillow", "matplotlib")
+ORIGINALS_IMPORT = ("torch", "torchvision", "numpy", "scikit-learn", "scipy", "pillow", "matplotlib", "accelerate")
 """The distributions the originals import (torch's own CUDA wheels follow its version)."""
 
 
