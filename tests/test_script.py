@@ -475,6 +475,24 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
     assert json.loads((out / "rank0.jsonl").read_text())["step"] == 12
 
 
+@pytest.mark.parametrize("who", ["rank 0", "everyone"])
+def test_a_plain_epoch_loop_after_a_look_left_open_writes_each_epochs_record(tmp_path, who):
+    """tests/scripts/open_look.py: the CIFAR-10 tutorial's `dataiter` left open on the prepared
+    loader (by rank 0 alone, or by every rank) before `for epoch in range(3)`. Each pass's end
+    writes the epoch's record, a collective, on every rank alike (rank 0's passes, inside its open
+    one, must not skip it where rank 1's take it: the job would stall there), its loss the epoch's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    everyone = ["--everyone"] if who == "everyone" else []
+    run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "open_look.py", "--run-dir", tmp_path / "run",
+             "--equal-split", "--", "--out", out, *everyone], timeout=300)
+    records = metrics.records(tmp_path / "run" / "metrics.jsonl")
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [(r["epoch"], r["step"], r["samples"]) for r in epochs] == [(0, 16, 1024), (1, 32, 1024), (2, 48, 1024)]
+    rank_0 = json.loads((out / "losses.json").read_text())  # its share's mean: near the epoch's (both ranks')
+    assert [r["loss"] for r in epochs] == pytest.approx(rank_0, rel=0.2) and rank_0 == sorted(rank_0, reverse=True)
+
+
 def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):
     """The same loop counting three passes itself: resumed at step 4, it runs three whole passes
     again (16 steps, not 12). The job cannot know what the loop counts, so rank 0 says, once its

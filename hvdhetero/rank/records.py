@@ -58,6 +58,8 @@ class RunRecords:
         self.window: Window | None = None
         """Rank 0, a loop of the script's own: the steps since its last job.log (no epoch records come)."""
         self.started = self.epoch_started = time.perf_counter()
+        self.ended = False
+        """The run's end record is written (job.epochs' end): a pass of the script's own after it writes no epoch."""
         if started is not None:  # --elastic: the run's seconds count from its first Job
             self.started = started
 
@@ -188,6 +190,7 @@ class RunRecords:
         under step sync, how often the gradients crossed the link (once a step; a script's own
         accumulation over k batches: once its k)."""
         seconds = round(time.perf_counter() - self.started, 3)
+        self.ended = True
         ours = {"seconds": seconds, **({"param_digests": digests} if digests is not None else {}),
                 **({"reductions": reductions} if reductions is not None else {})}
         # (a scalar the script logged under one of these names gives way, rather than a TypeError)

@@ -77,7 +77,7 @@ class Training:
                              worker_init_fn=data.worker_init_fn, persistent_workers=data.persistent_workers,
                              prefetch_factor=data.prefetch_factor, on_item=self.on_item,
                              busy=lambda: self.me.busy_clock()(),
-                             epoch=self.pass_epoch, before_step=self.before_step,
+                             epoch=lambda: self.passes.epoch(self.in_epochs), before_step=self.before_step,
                              group=self.merged if inner == "by-speed" else None)
         self.sampler.first_draw()  # a sampler of the script's own: its count of steps an epoch, from what it draws
         self.loader.fewest = self.sampler.min_share
@@ -225,6 +225,16 @@ class Training:
                 and self.strategy.between_rounds):
             elastic.commit(self)
 
+    def own_epoch(self, item: Item) -> None:
+        """A loop of the script's own (outside job.epochs): the first batch it trains of a new epoch
+        of the loader starts the epoch's counts (the live line's loss had been the mean since the run
+        began: the Quickstart's fifth epoch showed 0.95, its batches 0.3 to 0.6). By the batch
+        trained, not the pass begun: a look at a batch inside a pass deals the next epoch's order."""
+        epoch = item.step // len(self.loader)
+        if epoch != self._own_epoch:
+            self._own_epoch = epoch
+            self.records.begin_epoch()
+
     def merged(self, step: int, left: int) -> int:
         """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
         sizes = self.sampler.batch_sizes
@@ -248,6 +258,8 @@ class Training:
             reaching.check(loss, self.reducer.params, self.model)
         theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
+        if not self.in_epochs and not self.one_pass:
+            self.own_epoch(item)
         if not self.step_state.reevaluating:  # (a closure's later evaluations: the step's loss is its first's)
             self.records.loss(float(loss.detach()) / theirs_scale, item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0
@@ -404,16 +416,6 @@ class Training:
 
     # -- a pass over the loader --------------------------------------------------------------------
 
-    def pass_epoch(self) -> int:
-        """The epoch a new pass deals (Passes.epoch). Outside job.epochs, the loop's own pass of a
-        new epoch starts the epoch's counts: the live line's loss had been the mean since the run
-        began (the Quickstart's fifth epoch showed 0.95, its batches 0.3 to 0.6)."""
-        epoch = self.passes.epoch(self.in_epochs)
-        if not self.in_epochs and self.passes.outermost and epoch != self._own_epoch:
-            self._own_epoch = epoch
-            self.records.begin_epoch()
-        return epoch
-
     def pass_begins(self) -> int:
         """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
         self.passes.begun()
@@ -430,7 +432,7 @@ class Training:
         self.step_state.pass_over = self.step_state.updates
         if self.strategy.always_one_model and self.train.step > began:
             averaging.buffers(self.model)  # (and an EMA's of it)
-            if not self.in_epochs and self.loader.iterating == 0:  # a loop of the script's own, its pass ended
+            if not self.in_epochs and not self.records.ended:  # a loop of the script's own (every rank's pass)
                 with collectives.within("the end of a pass over the prepared loader"):
                     self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                            self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
