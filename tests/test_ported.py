@@ -22,6 +22,7 @@ import importlib.metadata
 import inspect
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -298,12 +299,15 @@ def test_the_port_trains_to_the_same_target_on_two_ranks(name, tmp_path_factory)
     if name in LOOPED:
         assert "param_digests" not in end
         # a plain loop over epochs of the prepared loader: an epoch record at each pass's end, and the
-        # live line's loss the epoch's (it was the mean since the run began: 3.3 times the Quickstart's last)
+        # live line's loss the epoch's (it was the mean since the run began: 3.3 times the Quickstart's last).
+        # The live line says rank 0's own loss, the record every rank's: near the record (the accelerate port's
+        # last epoch read 0.0235 live, 0.0170 recorded), far nearer than the run's mean
         losses = [r["loss"] for r in records if r["event"] == "epoch"]
         assert len(losses) == OWN_EPOCHS.get(name, 0) and losses == sorted(losses, reverse=True), losses
         if losses:
             live = re.findall(r"^epoch \d+  step (\d+)/\1 \(100%\).*  loss ([\d.]+)  ", proc.stdout, re.M)
-            assert len(live) == len(losses) and float(live[-1][1]) == pytest.approx(losses[-1], rel=0.25), live
+            off = [abs(math.log(float(live[-1][1]) / x)) for x in (losses[-1], sum(losses) / len(losses))]
+            assert len(live) == len(losses) and off[0] < min(math.log(2), off[1]), (live, losses)
     else:
         assert len(set(end["param_digests"])) == 1
     # one model on both ranks: the same evaluation (and greedy sample), to the digit

@@ -475,17 +475,20 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
     assert json.loads((out / "rank0.jsonl").read_text())["step"] == 12
 
 
-@pytest.mark.parametrize("who", ["rank 0", "everyone"])
+@pytest.mark.parametrize("who", ["rank 0", "everyone", "rank 0, diloco overlapped"])
 def test_a_plain_epoch_loop_after_a_look_left_open_writes_each_epochs_record(tmp_path, who):
     """tests/scripts/open_look.py: the CIFAR-10 tutorial's `dataiter` left open on the prepared
     loader (by rank 0 alone, or by every rank) before `for epoch in range(3)`. Each pass's end
     writes the epoch's record, a collective, on every rank alike (rank 0's passes, inside its open
-    one, must not skip it where rank 1's take it: the job would stall there), its loss the epoch's."""
+    one, must not skip it where rank 1's take it: the job would stall there), its loss the epoch's;
+    under --sync diloco too (its replicas differ mid-round; its round of 5 steps ends mid-pass,
+    its exchange in flight at the record)."""
     out = tmp_path / "out"
     out.mkdir()
     everyone = ["--everyone"] if who == "everyone" else []
+    sync = ["--sync", "diloco:5", "--overlap-sync"] if "diloco" in who else []
     run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "open_look.py", "--run-dir", tmp_path / "run",
-             "--equal-split", "--", "--out", out, *everyone], timeout=300)
+             "--equal-split", *sync, "--", "--out", out, *everyone], timeout=300)
     records = metrics.records(tmp_path / "run" / "metrics.jsonl")
     epochs = [r for r in records if r["event"] == "epoch"]
     assert [(r["epoch"], r["step"], r["samples"]) for r in epochs] == [(0, 16, 1024), (1, 32, 1024), (2, 48, 1024)]

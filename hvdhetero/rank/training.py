@@ -428,14 +428,19 @@ class Training:
         the same best-model or early-stopping decision), as the epoch's end would give it. A pass
         that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
         replicas differ until a round's end: their buffers are averaged where the models are made
-        one (the epoch's end, job.evaluate, job.save)."""
+        one (the epoch's end, job.evaluate, job.save). In a loop of the script's own, under any
+        sync, the pass's end is the epoch's: its record (a collective), and what the script does
+        before its next pass (its evaluation) does not count as the next step's compute."""
         self.step_state.pass_over = self.step_state.updates
-        if self.strategy.always_one_model and self.train.step > began:
+        if self.train.step <= began:
+            return
+        if self.strategy.always_one_model:
             averaging.buffers(self.model)  # (and an EMA's of it)
-            if not self.in_epochs and not self.records.ended:  # a loop of the script's own (every rank's pass)
-                with collectives.within("the end of a pass over the prepared loader"):
-                    self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
-                                           self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
+        if not self.in_epochs and not self.records.ended:  # a loop of the script's own (every rank's pass)
+            self.strategy.pause()
+            with collectives.within("the end of a pass over the prepared loader"):
+                self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
+                                       self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
 
     # -- job.epochs --------------------------------------------------------------------------------
 
