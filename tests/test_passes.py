@@ -171,6 +171,33 @@ def test_a_loop_fetching_one_batch_ahead_is_found_through_two_losses_a_batch_and
     assert p.backward(item(0)) == (False, item(0)) and not p.ahead
 
 
+def test_a_look_inside_a_pass_dropped_is_no_batch_the_loop_trains():
+    """Rank 0's `next(iter(loader))` at the pass's batch 2, before that batch's loss: the loss is
+    the pass's batch's, not the look's (the next epoch's: it moved rank 0's epoch on a pass early).
+    A look kept open (the CIFAR-10 tutorial's `dataiter`) is not dropped: a pass inside it trains."""
+    p = passes()
+    p.begun()
+    p.epoch(False)
+    for step in range(2):
+        p.handed(item(step))
+        assert p.backward(item(step)) == (False, item(step))
+        p.stepped(item(step), False)
+    p.handed(item(2))
+    p.loader.iterating = 2  # the look: a pass inside the loop's, one batch handed out, its iterator dropped
+    look = item(STEPS)
+    p.handed(look)
+    p.left()
+    p.loader.iterating = 1
+    assert p.backward(look) == (False, item(2))
+    p.stepped(item(2), False)
+    assert p.train.epoch == 0 and p.epoch(False) == 1
+    kept = passes()
+    kept.handed(item(0))  # `dataiter = iter(loader); next(dataiter)`, left open
+    kept.loader.iterating = 2  # the loop's pass inside it
+    kept.handed(item(1))
+    assert kept.backward(item(1)) == (False, item(1))
+
+
 def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
     """Loader.__iter__ calls `left` as a loop's break drops its iterator (apex's prefetcher with it),
     and `after_pass` alone when the pass ran to its end."""

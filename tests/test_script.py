@@ -475,25 +475,36 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
     assert json.loads((out / "rank0.jsonl").read_text())["step"] == 12
 
 
-@pytest.mark.parametrize("who", ["rank 0", "everyone", "rank 0, diloco overlapped"])
+LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [],
+         "rank 0 inside the pass": ["--look-inside"], "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"]}
+
+
+@pytest.mark.parametrize("who", LOOKS)
 def test_a_plain_epoch_loop_after_a_look_left_open_writes_each_epochs_record(tmp_path, who):
     """tests/scripts/open_look.py: the CIFAR-10 tutorial's `dataiter` left open on the prepared
     loader (by rank 0 alone, or by every rank) before `for epoch in range(3)`. Each pass's end
     writes the epoch's record, a collective, on every rank alike (rank 0's passes, inside its open
-    one, must not skip it where rank 1's take it: the job would stall there), its loss the epoch's;
-    under --sync diloco too (its replicas differ mid-round; its round of 5 steps ends mid-pass,
-    its exchange in flight at the record)."""
+    one, must not skip it where rank 1's take it: the job would stall there), its loss the epoch's,
+    every rank's half of its samples in it, and one BatchNorm on every rank after the loop; under
+    --sync diloco too (its replicas differ mid-round; its round of 5 steps ends mid-pass, its
+    exchange in flight at the record). Rank 0's look inside each pass, before its batch 8's loss,
+    counts nothing (rank 0's record had left out its first 9 steps, and named the epochs 1, 2, 3);
+    a loop fetching one batch ahead ends each pass with its last batch in hand, which its record
+    counts (it had 15 steps and 960 samples, the buffers averaged before that batch's forward)."""
     out = tmp_path / "out"
     out.mkdir()
-    everyone = ["--everyone"] if who == "everyone" else []
     sync = ["--sync", "diloco:5", "--overlap-sync"] if "diloco" in who else []
     run_cmd([VENV_BIN / "invoke", "train", "--script", SCRIPTS / "open_look.py", "--run-dir", tmp_path / "run",
-             "--equal-split", *sync, "--", "--out", out, *everyone], timeout=300)
+             "--equal-split", *sync, "--", "--out", out, *LOOKS[who]], timeout=300)
     records = metrics.records(tmp_path / "run" / "metrics.jsonl")
     epochs = [r for r in records if r["event"] == "epoch"]
-    assert [(r["epoch"], r["step"], r["samples"]) for r in epochs] == [(0, 16, 1024), (1, 32, 1024), (2, 48, 1024)]
+    assert [(r["epoch"], r["step"], r["samples"], r["rank_samples"]) for r in epochs] == [
+        (0, 16, 1024, [512, 512]), (1, 32, 1024, [512, 512]), (2, 48, 1024, [512, 512])], epochs
     rank_0 = json.loads((out / "losses.json").read_text())  # its share's mean: near the epoch's (both ranks')
     assert [r["loss"] for r in epochs] == pytest.approx(rank_0, rel=0.2) and rank_0 == sorted(rank_0, reverse=True)
+    if not sync:  # (diloco's replicas are made one where the script asks: job.evaluate, job.save)
+        buffers = [json.loads((out / f"buffers{rank}.json").read_text()) for rank in (0, 1)]
+        assert buffers[0] == buffers[1], buffers
 
 
 def test_a_loop_of_its_own_that_counts_its_passes_itself_is_told_when_resumed(tmp_path):

@@ -63,6 +63,8 @@ class Passes:
         self._before: Item | None = None  # and the one before it (a pass's or the pass before's)
         self._item_pass: tuple[int, int] | None = None  # the pass that handed `_item` out
         self._backed: Item | None = None  # the chunk the last job.backward's loss came from
+        self._latest: Item | None = None  # the chunk handed out last, by any pass
+        self._looked: Item | None = None  # the last chunk of a look inside a pass, its iterator dropped
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
@@ -138,6 +140,8 @@ class Passes:
         them, were another's); at its pass's end, the last."""
         if self.ahead and self.outermost and self._before is not None:
             return self._before
+        if item is self._looked and self._item is not None and self.loader.iterating:
+            return self._item  # (a look inside the pass, `next(iter(loader))`, dropped: the pass's chunk trains)
         return item
 
     def begun(self) -> None:
@@ -151,6 +155,7 @@ class Passes:
 
     def handed(self, item: Item) -> None:
         """The loader hands a chunk out."""
+        self._latest = item
         if self.outermost:
             self._chunks, self._before, self._item = self._chunks + 1, self._item, item
             self._item_pass = self.dealing
@@ -171,6 +176,10 @@ class Passes:
 
     def left(self) -> None:
         """The loop left its pass early (a `break`, the prefetcher holding a batch dropped with it):
-        nothing of the pass is in hand, and the next pass is looked at afresh."""
-        if self.outermost:
+        nothing of the pass is in hand, and the next pass is looked at afresh. A look inside a pass
+        dropped (rank 0's `next(iter(loader))` to show a few images, before the loss of the batch
+        in hand): its chunk is no batch the loop trains (it had moved rank 0's epoch on, a pass early)."""
+        if not self.outermost:
+            self._looked = self._latest
+        else:
             self.ahead, self._chunks, self._backwards, self._item, self._before = False, 0, 0, None, None

@@ -12,8 +12,10 @@ rank/evaluation.py are given this object (its parts, not the Job). What the rank
 step is in `step_state` (rank/step_state.py); how their models stay one is `strategy`
 (rank/strategy.py); where the job is, `train` (rank/registry.py's TrainState), and where a loop
 over the loader stands, pass by pass, `passes` (rank/passes.py). What a step's end does with its
-seconds (records, balancer, the verdict against one rank alone) is rank/step_end.py; the
-parameters followed as the script changes what trains, rank/trainable.py.
+seconds (records, balancer, the verdict against one rank alone) is rank/step_end.py; what a
+pass over the loader does as it begins and ends (under a loop of the script's own, the epoch's
+record), rank/pass_end.py; the parameters followed as the script changes what trains,
+rank/trainable.py.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from hvdhetero.config import JobConfig
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
 from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, reaching, resume, scaler
-from hvdhetero.rank import step_end, trainable
+from hvdhetero.rank import pass_end, step_end, trainable
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.counting import Counting
@@ -94,8 +96,9 @@ class Training:
         """What job.prepare returns: the loader, or for a batch function of the script's the function."""
         self.passes.loader, self.passes.one_pass = self.loader, called is not None
         if not called:
-            self.loader.began, self.loader.after_pass = self.pass_begins, self.pass_ended
-            self.loader.left = self.passes.left
+            self.loader.began = functools.partial(pass_end.begins, self)
+            self.loader.after_pass = functools.partial(pass_end.ended, self)
+            self.loader.left = functools.partial(pass_end.left, self)
             self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
                                         after_step=self.after_step, mean_loss=self.mean_loss, flush=self.flush)
@@ -146,7 +149,10 @@ class Training:
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
-        self._own_epoch: int | None = None  # outside job.epochs: the epoch whose counts the records hold
+        self.pass_end: int | None = None
+        """A pass's end held back until the batch its loop still held has trained (rank/pass_end.py):
+        job.step as that pass began."""
+        self.left_pass = False  # the loop left its last pass early (a break): the next counts afresh
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
         """The loader's global steps before the step that begins now, or before the step in hand in
@@ -225,16 +231,6 @@ class Training:
                 and self.strategy.between_rounds):
             elastic.commit(self)
 
-    def own_epoch(self, item: Item) -> None:
-        """A loop of the script's own (outside job.epochs): the first batch it trains of a new epoch
-        of the loader starts the epoch's counts (the live line's loss had been the mean since the run
-        began: the Quickstart's fifth epoch showed 0.95, its batches 0.3 to 0.6). By the batch
-        trained, not the pass begun: a look at a batch inside a pass deals the next epoch's order."""
-        epoch = item.step // len(self.loader)
-        if epoch != self._own_epoch:
-            self._own_epoch = epoch
-            self.records.begin_epoch()
-
     def merged(self, step: int, left: int) -> int:
         """The loader's group: --inner-steps by-speed merges steps (Rounds.merge)."""
         sizes = self.sampler.batch_sizes
@@ -258,8 +254,6 @@ class Training:
             reaching.check(loss, self.reducer.params, self.model)
         theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
         theirs_scale = theirs.get_scale() if theirs is not None else 1.0
-        if not self.in_epochs and not self.one_pass:
-            self.own_epoch(item)
         if not self.step_state.reevaluating:  # (a closure's later evaluations: the step's loss is its first's)
             self.records.loss(float(loss.detach()) / theirs_scale, item.n)
         scale = item.n / item.share if item.chunks > 1 else 1.0
@@ -401,6 +395,7 @@ class Training:
         # boundary the others share.
         if self.schedule.due(self.train.step, self.train.last_checkpoint) and round_ended:
             self.train.checkpoint_due = True
+        pass_end.settle(self)  # a loop fetching one batch ahead trained the batch its pass's end held
 
     def counted(self, loader_step: int) -> int:
         """A loader step as the records count steps, job.step's: the loader numbers its steps from
@@ -414,43 +409,16 @@ class Training:
         steps = len(self.loader) if self.in_epochs else 0
         return (self.train.epoch + 1) * steps - 1 - item.step if steps else None
 
-    # -- a pass over the loader --------------------------------------------------------------------
-
-    def pass_begins(self) -> int:
-        """A loop takes the prepared loader (iter()): job.step as its pass begins (pass_ended gets it)."""
-        self.passes.begun()
-        return self.train.step
-
-    def pass_ended(self, began: int) -> None:
-        """A loop took every batch of the epoch, from global step `began`: where it trained (every
-        rank's did, in step), under step sync, BatchNorm-style buffers are averaged now, so that the
-        script's own evaluation after its loop sees the one model on every rank (the same figures,
-        the same best-model or early-stopping decision), as the epoch's end would give it. A pass
-        that took no step (rank 0's alone, counting its share) exchanges nothing. Local/diloco's
-        replicas differ until a round's end: their buffers are averaged where the models are made
-        one (the epoch's end, job.evaluate, job.save). In a loop of the script's own, under any
-        sync, the pass's end is the epoch's: its record (a collective), and what the script does
-        before its next pass (its evaluation) does not count as the next step's compute."""
-        self.step_state.pass_over = self.step_state.updates
-        if self.train.step <= began:
-            return
-        if self.strategy.always_one_model:
-            averaging.buffers(self.model)  # (and an EMA's of it)
-        if not self.in_epochs and not self.records.ended:  # a loop of the script's own (every rank's pass)
-            self.strategy.pause()
-            with collectives.within("the end of a pass over the prepared loader"):
-                self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
-                                       self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
-
     # -- job.epochs --------------------------------------------------------------------------------
 
     def end_epoch(self, more: bool) -> None:
         """An epoch of job.epochs ended (`more`: another follows): its record, buffers averaged, a
         checkpoint and an elastic commit where due, and overlapped, the round ending with it."""
+        pass_end.settle(self)
         self.strategy.pause()
         step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
-        averaging.buffers(self.model)  # again after the loop's end (pass_ended): a forward since may have moved them
+        averaging.buffers(self.model)  # again after the pass's end (rank/pass_end.py): a forward since may have moved them
         self.schedule.retime(step_s[0])
         ended = self.count.epoch_ended(len(self.loader), self.endless, self.records.steps)
         if ended:  # the live line did not count to the epoch's end: its end marked now
