@@ -475,7 +475,7 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
     assert json.loads((out / "rank0.jsonl").read_text())["step"] == 12
 
 
-LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [],
+LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [], "rank 0, one batch ahead": ["--one-ahead"],
          "rank 0 inside the pass": ["--look-inside"], "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"]}
 
 
@@ -490,7 +490,9 @@ def test_a_plain_epoch_loop_after_a_look_left_open_writes_each_epochs_record(tmp
     exchange in flight at the record). Rank 0's look inside each pass, before its batch 8's loss,
     counts nothing (rank 0's record had left out its first 9 steps, and named the epochs 1, 2, 3);
     a loop fetching one batch ahead ends each pass with its last batch in hand, which its record
-    counts (it had 15 steps and 960 samples, the buffers averaged before that batch's forward)."""
+    counts (it had 15 steps and 960 samples, the buffers averaged before that batch's forward),
+    also where rank 0's look kept open makes its passes ones inside it, found fetching ahead on
+    rank 1 alone (a wait decided by that had rank 0 write its record a step before rank 1)."""
     out = tmp_path / "out"
     out.mkdir()
     sync = ["--sync", "diloco:5", "--overlap-sync"] if "diloco" in who else []

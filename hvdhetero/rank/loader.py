@@ -92,10 +92,14 @@ class Loader:
         self.fewest = 1
         """The fewest samples a chunk may hold (batches.fewest_samples: 2 with BatchNorm); a shorter
         last chunk of a step joins the one before."""
-        self.after_pass: Callable[[int], None] = lambda began: None
+        self.after_pass: Callable[[int, bool], None] = lambda began, holding: None
         """Called when a loop has taken every batch of the epoch (not when it left the loop early),
-        with what `began()` said as it started; every rank gets there after the same global step."""
+        with what `began()` said as it started and whether the loop holds its last batch, not
+        trained yet (it fetches one ahead: it backed some of the pass's batches, not all); every
+        rank gets there after the same global step."""
         self.began: Callable[[], int] = lambda: 0
+        self.backed: Callable[[], int] = lambda: 0
+        """The job's job.backward calls so far (asked as a pass begins and ends)."""
         self.left: Callable[[], None] = lambda: None
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self.busy = busy
@@ -188,7 +192,8 @@ class Loader:
         loader): none of the training hooks (a step's clock, a checkpoint or commit due, the pass's
         end), as each rank reads its share."""
         hooks = self.on_item, self.before_step, self.after_pass, self.left
-        self.on_item, self.before_step, self.after_pass = (lambda item: None), (lambda item: None), (lambda b: None)
+        self.on_item, self.before_step = (lambda item: None), (lambda item: None)
+        self.after_pass = lambda began, holding: None
         self.left = lambda: None
         try:
             yield from self
@@ -197,15 +202,22 @@ class Loader:
 
     def __iter__(self):
         self.iterating += 1
-        began = self.began()
+        began, before, handed = self.began(), self.backed(), 0
+        batches = self._batches()
         try:
-            yield from self._batches()
+            for batch in batches:
+                handed += 1
+                yield batch
         except GeneratorExit:  # the loop left the pass early (a break: its iterator dropped)
-            self.left()
+            try:
+                if hasattr(batches, "close"):
+                    batches.close()  # (its DataLoader iterator with it)
+            finally:
+                self.left()
             raise
         finally:
             self.iterating -= 1
-        self.after_pass(began)
+        self.after_pass(began, 0 < self.backed() - before < handed)
 
     def _batches(self):
         if self.num_workers == 0:

@@ -98,6 +98,7 @@ class Training:
         if not called:
             self.loader.began = functools.partial(pass_end.begins, self)
             self.loader.after_pass = functools.partial(pass_end.ended, self)
+            self.loader.backed = lambda: self.backwards
             self.loader.left = functools.partial(pass_end.left, self)
             self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
@@ -149,9 +150,10 @@ class Training:
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
         self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
-        self.pass_end: int | None = None
-        """A pass's end held back until the batch its loop still held has trained (rank/pass_end.py):
-        job.step as that pass began."""
+        self.pass_end: pass_end.Pending | None = None
+        """A pass's end held back until the batch its loop still held has trained (rank/pass_end.py)."""
+        self.backwards = 0
+        """job.backward calls so far: every rank's loop makes them alike (a pass's end waits by them)."""
         self.left_pass = False  # the loop left its last pass early (a break): the next counts afresh
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
@@ -243,6 +245,7 @@ class Training:
         checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
         # a loop fetching one batch ahead: an explicit split into chunks refused, and the item the batch it
         # holds (not the one ahead) from here on, to the optimizer's step (`trained`)
+        self.backwards += 1
         ahead, item = self.passes.backward(item)
         if ahead:
             self.accumulation.one_ahead(self.step_state.item)
@@ -414,7 +417,7 @@ class Training:
     def end_epoch(self, more: bool) -> None:
         """An epoch of job.epochs ended (`more`: another follows): its record, buffers averaged, a
         checkpoint and an elastic commit where due, and overlapped, the round ending with it."""
-        pass_end.settle(self)
+        pass_end.settle(self, now=True)
         self.strategy.pause()
         step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
                                         self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
