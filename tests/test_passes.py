@@ -207,7 +207,7 @@ def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
     made = object.__new__(loader_module.Loader)
     made.iterating, made.began, made.backed = 0, (lambda: 0), (lambda: 0)
     made.left, made.after_pass = (lambda: said.append("left")), (lambda began, holding: said.append("ended"))
-    made._batches = lambda: iter(range(3))
+    made._batches = lambda: (batch for batch in range(3))
     for batch in made:
         if batch == 1:
             break

@@ -210,8 +210,7 @@ class Loader:
                 yield batch
         except GeneratorExit:  # the loop left the pass early (a break: its iterator dropped)
             try:
-                if hasattr(batches, "close"):
-                    batches.close()  # (its DataLoader iterator with it)
+                batches.close()  # (its DataLoader iterator with it)
             finally:
                 self.left()
             raise

@@ -111,6 +111,5 @@ def _over(t: Training, began: int) -> None:
     if not t.in_epochs and not t.records.ended:  # a loop of the script's own (every rank's pass)
         t.strategy.pause()
         with collectives.within("the end of a pass over the prepared loader"):
-            t.records.end_epoch(t.train.epoch, t.train.step, t.size, max(1, t.records.steps),
-                                t.sampler.batch_sizes, t.loss_scale.skipped if t.loss_scale else 0)
+            t.epoch_record()
         t.records.begin_epoch()

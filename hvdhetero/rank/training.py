@@ -412,6 +412,12 @@ class Training:
         steps = len(self.loader) if self.in_epochs else 0
         return (self.train.epoch + 1) * steps - 1 - item.step if steps else None
 
+    def epoch_record(self) -> list[float]:
+        """The epoch's record (a collective: job.epochs' epoch's end, or a pass's end in a loop of the
+        script's own); every rank's mean step seconds."""
+        return self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
+                                      self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
+
     # -- job.epochs --------------------------------------------------------------------------------
 
     def end_epoch(self, more: bool) -> None:
@@ -419,8 +425,7 @@ class Training:
         checkpoint and an elastic commit where due, and overlapped, the round ending with it."""
         pass_end.settle(self, now=True)
         self.strategy.pause()
-        step_s = self.records.end_epoch(self.train.epoch, self.train.step, self.size, max(1, self.records.steps),
-                                        self.sampler.batch_sizes, self.loss_scale.skipped if self.loss_scale else 0)
+        step_s = self.epoch_record()
         averaging.buffers(self.model)  # again after the pass's end (rank/pass_end.py): a forward since may have moved them
         self.schedule.retime(step_s[0])
         ended = self.count.epoch_ended(len(self.loader), self.endless, self.records.steps)
