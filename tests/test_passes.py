@@ -205,11 +205,41 @@ def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
 
     said = []
     made = object.__new__(loader_module.Loader)
-    made.iterating, made.began, made.backed = 0, (lambda: 0), (lambda: 0)
+    made.iterating, made.began, made.backed, made._live = 0, (lambda: 0), (lambda: 0), []
     made.left, made.after_pass = (lambda: said.append("left")), (lambda began, holding: said.append("ended"))
-    made._batches = lambda: (batch for batch in range(3))
+    made._batches = lambda me: (batch for batch in range(3))
     for batch in made:
         if batch == 1:
             break
-    assert said == ["left"] and made.iterating == 0
-    assert [batch for batch in made] == [0, 1, 2] and said == ["left", "ended"]
+    assert said == ["left"] and made.iterating == 0 and made._live == []
+    assert [batch for batch in made] == [0, 1, 2] and said == ["left", "ended"] and made._live == []
+
+
+def test_a_look_inside_a_pass_that_trains_begins_no_step_and_one_left_open_before_the_loop_leaves_it_be():
+    """Loader._handing: a step's first chunk begins the step (before_step: a checkpoint or commit
+    due is taken there) unless another pass under way trains (a job.backward came while it had
+    handed out the latest chunk): that one is a look at a batch inside it. An iterator left open
+    before the loop (the CIFAR-10 tutorial's `dataiter`) trains nothing, and the loop's passes
+    after it begin their steps."""
+    from hvdhetero.rank.loader import Item, Loader, _Pass
+
+    made, backed, begun = object.__new__(Loader), [0], []
+    made.backed, made.before_step, made._live, made._last = (lambda: backed[0]), begun.append, [], None
+
+    def item(step: int, chunk: int = 0) -> Item:
+        return Item(step, chunk, 2, 4, 8, (8, 8))
+
+    left_open, loop, look = _Pass(), _Pass(), _Pass()
+    made._live.append(left_open)
+    made._handing(left_open, item(0))
+    made._live.append(loop)
+    made._handing(loop, item(0))
+    backed[0] += 1  # its job.backward
+    made._handing(loop, item(0, 1))
+    backed[0] += 1
+    made._live.append(look)  # after the step: rank 0's look
+    made._handing(look, item(0))
+    made._live.remove(look)
+    made._handing(loop, item(1))
+    assert [(i.step, i.chunk) for i in begun] == [(0, 0), (0, 0), (1, 0)], begun
+    assert loop.trains and not left_open.trains and not look.trains

@@ -404,18 +404,44 @@ def test_a_loop_fetching_a_batch_ahead_resumes_at_the_batch_it_had_in_hand(tmp_p
                                      said=said)
     assert f"resuming from {tmp_path / 'run/checkpoints/step-000000006.pt'} (step 6)" in said[0], said[0][-2000:]
     assert lines == [{"step": 12, "epoch": 2, "batches": 6}], lines
-    first, again = {}, {}  # step: the sum of its inputs over both ranks (whatever the split), before and after
+    first, again = before_and_after(tmp_path / "out", 6, 12, 7)
+    assert again[6] == pytest.approx(first[6], abs=1e-5), (first, again)  # the batch in hand at the checkpoint
+
+
+def before_and_after(out, resumed_at: int, end: int, failed_at: int) -> tuple[dict, dict]:
+    """own_loop_resume.py's OUT/batchesR.jsonl of a run that failed at step `failed_at` and was
+    resumed at `resumed_at`: {step: its inputs' sum over both ranks (whatever the split)} of the
+    first run and of the resumed one, once each rank is seen to train steps `resumed_at` to `end`
+    after the resume and every step before the failure once."""
+    first, again = {}, {}
     for rank in (0, 1):
-        trained = [json.loads(line) for line in (tmp_path / "out" / f"batches{rank}.jsonl").read_text().splitlines()]
+        trained = [json.loads(line) for line in (out / f"batches{rank}.jsonl").read_text().splitlines()]
         steps = [b["step"] for b in trained]
-        resumed = steps.index(6, steps.index(6) + 1)  # the resumed run's first batch: step 6 again
-        assert steps[resumed:] == list(range(6, 12)), steps
-        # rank 1 failed before its step 7's line; rank 0 wrote it unless it was stopped first
-        assert steps[:resumed] in (list(range(7)), list(range(8))) if rank == 0 else steps[:resumed] == list(range(7))
+        resumed = steps.index(resumed_at, steps.index(resumed_at) + 1)  # the resumed run's first batch
+        assert steps[resumed:] == list(range(resumed_at, end)), steps
+        # rank 1 failed before its line of step `failed_at`; rank 0 wrote it unless it was stopped first
+        assert steps[:resumed] in (list(range(failed_at)), list(range(failed_at + 1))) if rank == 0 else \
+            steps[:resumed] == list(range(failed_at)), (rank, steps)
         for run, part in ((first, trained[:resumed]), (again, trained[resumed:])):
             for b in part:
                 run[b["step"]] = run.get(b["step"], 0.0) + b["sum"]
-    assert again[6] == pytest.approx(first[6], abs=1e-5), (first, again)  # the batch in hand at the checkpoint
+    return first, again
+
+
+def test_a_checkpoint_due_as_rank_0_looks_at_a_batch_goes_on_from_the_loops_batch(tmp_path):
+    """Rank 0 alone takes `next(iter(loader))` after each optimizer step (a sample to log), so a
+    checkpoint due after step 3 comes as its look begins, where the other rank's loop takes batch
+    3. Resumed from it (rank 1 fails at step 5), the run trains batch 3 and on, batch 3 and 4 the
+    samples they were before the failure: the checkpoint held the look's position (the next
+    pass's first batch), and the resumed run skipped batch 3 and dealt every batch after it a
+    step early."""
+    said = []
+    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 3, "rank 1 fails once, at step 5", "--look",
+                                     said=said)
+    assert f"resuming from {tmp_path / 'run/checkpoints/step-000000003.pt'} (step 3)" in said[0], said[0][-2000:]
+    assert lines == [{"step": 12, "epoch": 2, "batches": 9}], lines
+    first, again = before_and_after(tmp_path / "out", 3, 12, 5)
+    assert (again[3], again[4]) == pytest.approx((first[3], first[4]), abs=1e-5), (first, again)
 
 
 def test_a_loader_restarted_within_each_epoch_resumes_in_the_pass_it_was_in(tmp_path):

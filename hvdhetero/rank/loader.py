@@ -102,6 +102,10 @@ class Loader:
         """The job's job.backward calls so far (asked as a pass begins and ends)."""
         self.left: Callable[[], None] = lambda: None
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
+        self._live: list[_Pass] = []
+        """The passes under way (more than one: a look at a batch inside a pass, or one kept open)."""
+        self._last: tuple[_Pass, int] | None = None
+        """The pass that handed the latest chunk out, and `backed()` then."""
         self.busy = busy
         """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
         self.fetched = (0.0, 0.0)
@@ -203,7 +207,9 @@ class Loader:
     def __iter__(self):
         self.iterating += 1
         began, before, handed = self.began(), self.backed(), 0
-        batches = self._batches()
+        me = _Pass()
+        self._live.append(me)
+        batches = self._batches(me)
         try:
             for batch in batches:
                 handed += 1
@@ -216,13 +222,29 @@ class Loader:
             raise
         finally:
             self.iterating -= 1
+            self._live.remove(me)
         self.after_pass(began, 0 < self.backed() - before < handed)
 
-    def _batches(self):
+    def _handing(self, me: _Pass, item: Item) -> None:
+        """`me` hands `item` out: a step's first chunk begins it (before_step), unless another pass
+        is training meanwhile (this one is a look at a batch inside it: rank 0's `next(iter(loader))`
+        after a step, to log a sample). A checkpoint or commit due there waits for that pass's next
+        step, where the other ranks take it: taken at the look, it held the look's position (its
+        epoch's first step), and the resumed run went on from there."""
+        self._trained()
+        if item.chunk == 0 and not any(p.trains for p in self._live if p is not me):
+            self.before_step(item)
+        self._last = me, self.backed()
+
+    def _trained(self) -> None:
+        """A job.backward since the last chunk was handed out: the pass that handed it trains."""
+        if self._last is not None and self.backed() > self._last[1]:
+            self._last[0].trains = True
+
+    def _batches(self, me: _Pass):
         if self.num_workers == 0:
             for indices, item in self._chunks():
-                if item.chunk == 0:
-                    self.before_step(item)
+                self._handing(me, item)
                 wall, busy = time.perf_counter(), self.busy()
                 batch = batches.to_device(batches.collate(self.dataset, indices, self.collate_fn), self.device)
                 self.fetched = (time.perf_counter() - wall, self.busy() - busy)
@@ -256,10 +278,17 @@ class Loader:
             self.fetched = (0.0, 0.0) if first else (time.perf_counter() - wall, self.busy() - busy)
             first = False
             item = drawn.popleft()  # in order: the oldest drawn item is this batch's
-            if item.chunk == 0:
-                self.before_step(item)
+            self._handing(me, item)
             self.on_item(item)
             yield batches.to_device(batch, self.device)
+
+
+@dataclass
+class _Pass:
+    """A pass over the loader under way (its iterator open)."""
+
+    trains: bool = False
+    """A job.backward came while a chunk it handed out was the latest."""
 
 
 class _Once:
