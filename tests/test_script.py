@@ -502,7 +502,8 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
 
 
 LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [], "rank 0, one batch ahead": ["--one-ahead"],
-         "rank 0 inside the pass": ["--look-inside"], "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"]}
+         "rank 0 inside the pass": ["--look-inside"], "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"],
+         "rank 0, one batch ahead, two models": ["--one-ahead", "--two-models"]}
 
 
 @pytest.mark.parametrize("who", LOOKS)
@@ -518,7 +519,10 @@ def test_a_plain_epoch_loop_after_a_look_left_open_writes_each_epochs_record(tmp
     a loop fetching one batch ahead ends each pass with its last batch in hand, which its record
     counts (it had 15 steps and 960 samples, the buffers averaged before that batch's forward),
     also where rank 0's look kept open makes its passes ones inside it, found fetching ahead on
-    rank 1 alone (a wait decided by that had rank 0 write its record a step before rank 1)."""
+    rank 1 alone (a wait decided by that had rank 0 write its record a step before rank 1), and
+    with two models each stepped by its optimizer (a GAN's: two job.backward calls a batch had
+    the pass end before its last batch trained, and that batch's step taken for the second
+    optimizer's of the step before: 15 steps an epoch)."""
     out = tmp_path / "out"
     out.mkdir()
     sync = ["--sync", "diloco:5", "--overlap-sync"] if "diloco" in who else []

@@ -99,7 +99,8 @@ class Loader:
         rank gets there after the same global step."""
         self.began: Callable[[], int] = lambda: 0
         self.backed: Callable[[], int] = lambda: 0
-        """The job's job.backward calls so far (asked as a pass begins and ends)."""
+        """The chunks the job's job.backward calls came from so far, each once (asked as a pass
+        begins and ends, and as a chunk is handed out)."""
         self.left: Callable[[], None] = lambda: None
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self._live: list[_Pass] = []

@@ -56,6 +56,14 @@ class StepState:
         if item.chunk == 0:
             self.reduced = self.stepped = False
 
+    def held_begins(self) -> None:
+        """A loop fetching one batch ahead ran out with its pass's last batch in hand, handed out
+        before the step before it trained: that batch's step begins now, as a step begins when its
+        first chunk is handed out (a GAN's first optimizer to step counts it; it had been taken for
+        the second of the step before, and the pass lost a step)."""
+        if self.item is not None and self.item.chunk == 0:
+            self.stepped = False
+
     def foreign(self) -> bool:
         """Two updates since the prepared loader's pass ended and nothing handed out: the loop's
         batches come from elsewhere."""

@@ -9,8 +9,11 @@ OUT/buffersR.json.
 With --one-ahead the loop fetches one batch ahead (apex's data_prefetcher): each pass ends with
 its last batch still in hand. With --look-inside there is no look before the loop: rank 0 (every
 rank with --everyone) takes `next(iter(trainloader))` at each pass's batch 8, before its loss.
+With --two-models each batch trains a second model too, with its own optimizer and job.backward
+after the first's step (a GAN's discriminator, then its generator: one global step a batch).
 
-    invoke train --script tests/scripts/open_look.py -- --out DIR [--everyone] [--one-ahead] [--look-inside]
+    invoke train --script tests/scripts/open_look.py -- --out DIR [--everyone] [--one-ahead] [--look-inside] \
+        [--two-models]
 """
 
 import argparse
@@ -30,6 +33,7 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--everyone", action="store_true", help="every rank looks, not rank 0 alone")
 parser.add_argument("--one-ahead", action="store_true", help="the loop fetches one batch ahead")
 parser.add_argument("--look-inside", action="store_true", help="the look at each pass's batch 8, not before the loop")
+parser.add_argument("--two-models", action="store_true", help="a second model and optimizer, stepped after the first")
 args = parser.parse_args()
 
 job = hh.init()
@@ -38,7 +42,13 @@ train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1024] / 16.0, dtype=t
 model = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 trainloader = torch.utils.data.DataLoader(train_set, batch_size=64, shuffle=True)
-model, optimizer, trainloader = job.prepare(model, optimizer, trainloader)
+if args.two_models:
+    second = nn.Linear(64, 10).to(job.device)
+    second_optimizer = torch.optim.SGD(second.parameters(), lr=0.1)
+    (model, second), (optimizer, second_optimizer), trainloader = job.prepare(
+        (model, second), (optimizer, second_optimizer), trainloader)
+else:
+    model, optimizer, trainloader = job.prepare(model, optimizer, trainloader)
 
 looks = job.is_main or args.everyone
 if looks and not args.look_inside:
@@ -66,6 +76,12 @@ for epoch in range(args.epochs):
         job.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
+        if args.two_models:  # (the epoch's loss: the step's two, summed)
+            second_loss = F.cross_entropy(second(inputs), labels)
+            job.backward(second_loss)
+            second_optimizer.step()
+            second_optimizer.zero_grad()
+            loss = loss + second_loss
         total, seen = total + loss.item() * len(labels), seen + len(labels)
     losses.append(total / seen)
 if job.is_main:
