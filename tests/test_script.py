@@ -501,8 +501,9 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
     assert json.loads((out / "rank0.jsonl").read_text())["step"] == 12
 
 
-LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [], "rank 0, one batch ahead": ["--one-ahead"],
-         "rank 0 inside the pass": ["--look-inside"], "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"],
+LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [],
+         "rank 0, one batch ahead": ["--one-ahead"], "rank 0 inside the pass": ["--look-inside"],
+         "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"],
          "rank 0, one batch ahead, two models": ["--one-ahead", "--two-models"]}
 
 
