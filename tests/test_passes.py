@@ -218,9 +218,10 @@ def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
 def test_a_look_inside_a_pass_that_trains_begins_no_step_and_one_left_open_before_the_loop_leaves_it_be():
     """Loader._handing: a step's first chunk begins the step (before_step: a checkpoint or commit
     due is taken there) unless another pass under way trains (a job.backward came while it had
-    handed out the latest chunk): that one is a look at a batch inside it. An iterator left open
-    before the loop (the CIFAR-10 tutorial's `dataiter`) trains nothing, and the loop's passes
-    after it begin their steps."""
+    handed out the latest chunk) and has handed out more: that one is a look at a batch inside it,
+    its iterator dropped or kept. An iterator left open before the loop (the CIFAR-10 tutorial's
+    `dataiter`) trains nothing, and a look kept open inside the loop's body, before its loss, is
+    marked as training but has handed out fewer: the loop's passes after either begin their steps."""
     from hvdhetero.rank.loader import Item, Loader, _Pass
 
     made, backed, begun = object.__new__(Loader), [0], []
@@ -229,17 +230,24 @@ def test_a_look_inside_a_pass_that_trains_begins_no_step_and_one_left_open_befor
     def item(step: int, chunk: int = 0) -> Item:
         return Item(step, chunk, 2, 4, 8, (8, 8))
 
-    left_open, loop, look = _Pass(), _Pass(), _Pass()
-    made._live.append(left_open)
-    made._handing(left_open, item(0))
-    made._live.append(loop)
-    made._handing(loop, item(0))
+    def hand(by: _Pass, step: int, chunk: int = 0) -> None:
+        if by not in made._live:
+            made._live.append(by)
+        made._handing(by, item(step, chunk))
+
+    left_open, loop, look, kept = _Pass(), _Pass(), _Pass(), _Pass()
+    hand(left_open, 0)  # before the loop: step 0 begins (the loop's first chunk is the same step)
+    hand(loop, 0)
     backed[0] += 1  # its job.backward
-    made._handing(loop, item(0, 1))
+    hand(loop, 0, 1)
     backed[0] += 1
-    made._live.append(look)  # after the step: rank 0's look
-    made._handing(look, item(0))
+    hand(look, 0)  # after the step: rank 0's look, dropped
     made._live.remove(look)
-    made._handing(loop, item(1))
-    assert [(i.step, i.chunk) for i in begun] == [(0, 0), (0, 0), (1, 0)], begun
-    assert loop.trains and not left_open.trains and not look.trains
+    hand(loop, 1)
+    hand(kept, 0)  # inside the body, before the loss: a look kept open
+    backed[0] += 1  # the loss of the loop's batch 1 (taken for the look's chunk)
+    hand(loop, 1, 1)
+    backed[0] += 1
+    hand(loop, 2)
+    assert [(i.step, i.chunk) for i in begun] == [(0, 0), (0, 0), (1, 0), (2, 0)], begun
+    assert loop.trains and kept.trains and not left_open.trains and not look.trains

@@ -228,13 +228,17 @@ class Loader:
 
     def _handing(self, me: _Pass, item: Item) -> None:
         """`me` hands `item` out: a step's first chunk begins it (before_step), unless another pass
-        is training meanwhile (this one is a look at a batch inside it: rank 0's `next(iter(loader))`
-        after a step, to log a sample). A checkpoint or commit due there waits for that pass's next
-        step, where the other ranks take it: taken at the look, it held the look's position (its
-        epoch's first step), and the resumed run went on from there."""
+        under way trains and has handed out more chunks than `me` (`me` is a look at a batch inside
+        it: rank 0's `next(iter(loader))` after a step, to log a sample, its iterator dropped or
+        kept). A checkpoint or commit due there waits for that pass's next batch, where the other
+        ranks take it: taken at the look, it held the look's position (its epoch's first step),
+        and the resumed run went on from there. A look once its loop's pass has run out (after the
+        loop, or after a loop fetching ahead ran out with its last batch in hand) is no look here:
+        it begins the next pass's first step (docs/api.md)."""
         self._trained()
-        if item.chunk == 0 and not any(p.trains for p in self._live if p is not me):
+        if item.chunk == 0 and not any(p.trains and p.handed > me.handed for p in self._live if p is not me):
             self.before_step(item)
+        me.handed += 1
         self._last = me, self.backed()
 
     def _trained(self) -> None:
@@ -289,7 +293,10 @@ class _Pass:
     """A pass over the loader under way (its iterator open)."""
 
     trains: bool = False
-    """A job.backward came while a chunk it handed out was the latest."""
+    """A job.backward came while a chunk it handed out was the latest (a look kept open inside the
+    loop's body, before the loss, is marked too: it hands out fewer than the loop's pass)."""
+    handed: int = 0
+    """Its chunks handed out."""
 
 
 class _Once:

@@ -15,10 +15,12 @@ rank's loss, samples and times: a collective), its counts started afresh for the
 what the script does before that pass (its evaluation) left out of the next step's compute.
 
 Both are collectives, so whether they wait, and for what, is decided only from what every rank's
-loop does alike: its pass's batches, its job.backward calls and optimizer steps. Not from the
-batches the loader hands out to any pass, nor from whether a loop is found fetching ahead: a look
-at a batch (rank 0's `next(iter(loader))` to show a few images) hands one out on one rank alone,
-and a look kept open makes rank 0's passes ones inside it, where no prefetcher is found.
+loop does alike: its pass's batches, the batches its job.backward calls came from and its
+optimizer steps. Not from the batches the loader hands out to any pass, nor from whether a loop is
+found fetching ahead: a look at a batch (rank 0's `next(iter(loader))` to show a few images) hands
+one out on one rank alone, and a look kept open makes rank 0's passes ones inside it, where no
+prefetcher is found. (One corner is left: a look kept open on one rank between a GAN's losses in
+a loop fetching ahead has that rank's later losses taken for the look's batch.)
 
 What each got wrong before:
 - a loop fetching one batch ahead ended its pass with its last batch still in hand: each epoch's
