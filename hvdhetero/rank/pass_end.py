@@ -73,10 +73,10 @@ def ended(t: Training, began: int, holding: bool) -> None:
     """A loop took every batch of the pass, from global step `began`. `holding`: the batches its
     job.backward calls came from (each once: a GAN's three losses a batch are one) were fewer than
     the pass's, and not none (a pass that trains nothing, rank 0's alone counting its share): it
-    holds the last, not trained yet (it fetches one batch ahead),
-    and the pass's end waits for that batch's steps (settle). A pass that ends on a thread of its
-    own (a background prefetcher) ends there, as its iterator runs out (Horovod matches the ranks'
-    collectives by name, whichever thread makes them)."""
+    holds the last, not trained yet (it fetches one batch ahead), and the pass's end waits for that
+    batch's steps (settle). A pass that ends on a thread of its own (a background prefetcher) ends
+    there, as its iterator runs out (Horovod matches the ranks' collectives by name, whichever
+    thread makes them)."""
     t.step_state.pass_over = t.step_state.updates
     if holding and threading.current_thread() is threading.main_thread():
         t.pass_end = Pending(began, t.backwards)

@@ -63,6 +63,9 @@ class Passes:
         self._before: Item | None = None  # and the one before it (a pass's or the pass before's)
         self._item_pass: tuple[int, int] | None = None  # the pass that handed `_item` out
         self._backed: Item | None = None  # the chunk the last job.backward's loss came from
+        self.backed = 0
+        """Chunks a job.backward came from so far, each once (a GAN's three losses a batch, LBFGS's
+        closure evaluated again: one): a pass that backed fewer than it was handed holds its last."""
         self._latest: Item | None = None  # the chunk handed out last, by any pass
         self._looked: Item | None = None  # the last chunk of a look inside a pass, its iterator dropped
 
@@ -171,7 +174,7 @@ class Passes:
             self.ahead = True
         trained = self.in_hand(item)
         if trained is not self._backed:
-            self._backwards, self._backed = self._backwards + 1, trained
+            self._backwards, self._backed, self.backed = self._backwards + 1, trained, self.backed + 1
         return found, trained
 
     def left(self) -> None:

@@ -98,7 +98,7 @@ class Training:
         if not called:
             self.loader.began = functools.partial(pass_end.begins, self)
             self.loader.after_pass = functools.partial(pass_end.ended, self)
-            self.loader.backed = lambda: self.backed
+            self.loader.backed = lambda: self.passes.backed
             self.loader.left = functools.partial(pass_end.left, self)
             self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
@@ -154,9 +154,6 @@ class Training:
         """A pass's end held back until the batch its loop still held has trained (rank/pass_end.py)."""
         self.backwards = 0
         """job.backward calls so far: every rank's loop makes them alike (a pass's end waits by them)."""
-        self.backed = 0
-        """Chunks a job.backward came from so far, each once (a GAN's three losses a batch, LBFGS's
-        closure evaluated again: one): a pass that backed fewer than it was handed holds its last."""
         self.left_pass = False  # the loop left its last pass early (a break): the next counts afresh
         self._wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
@@ -252,7 +249,6 @@ class Training:
         ahead, item = self.passes.backward(item)
         if ahead:
             self.accumulation.one_ahead(self.step_state.item)
-        self.backed += item is not self.trained
         self.trained = item
         if item.chunk == 0 and not self.step_state.reduced:
             trainable.follow(self, before_forward=False)
