@@ -24,6 +24,10 @@ class Loader:
     def __len__(self) -> int:
         return STEPS
 
+    def trained(self, item: Item) -> Item:
+        """One pass under way: a loss is the latest chunk's (rank/loader.py's own rule is below)."""
+        return item
+
 
 def passes(start_step: int = 0, epoch: int = 0) -> Passes:
     made = Passes(TrainState(epoch=epoch))
@@ -171,33 +175,6 @@ def test_a_loop_fetching_one_batch_ahead_is_found_through_two_losses_a_batch_and
     assert p.backward(item(0)) == (False, item(0)) and not p.ahead
 
 
-def test_a_look_inside_a_pass_dropped_is_no_batch_the_loop_trains():
-    """Rank 0's `next(iter(loader))` at the pass's batch 2, before that batch's loss: the loss is
-    the pass's batch's, not the look's (the next epoch's: it moved rank 0's epoch on a pass early).
-    A look kept open (the CIFAR-10 tutorial's `dataiter`) is not dropped: a pass inside it trains."""
-    p = passes()
-    p.begun()
-    p.epoch(False)
-    for step in range(2):
-        p.handed(item(step))
-        assert p.backward(item(step)) == (False, item(step))
-        p.stepped(item(step), False)
-    p.handed(item(2))
-    p.loader.iterating = 2  # the look: a pass inside the loop's, one batch handed out, its iterator dropped
-    look = item(STEPS)
-    p.handed(look)
-    p.left()
-    p.loader.iterating = 1
-    assert p.backward(look) == (False, item(2))
-    p.stepped(item(2), False)
-    assert p.train.epoch == 0 and p.epoch(False) == 1
-    kept = passes()
-    kept.handed(item(0))  # `dataiter = iter(loader); next(dataiter)`, left open
-    kept.loader.iterating = 2  # the loop's pass inside it
-    kept.handed(item(1))
-    assert kept.backward(item(1)) == (False, item(1))
-
-
 def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
     """Loader.__iter__ calls `left` as a loop's break drops its iterator (apex's prefetcher with it),
     and `after_pass` alone when the pass ran to its end."""
@@ -215,39 +192,55 @@ def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
     assert [batch for batch in made] == [0, 1, 2] and said == ["left", "ended"] and made._live == []
 
 
-def test_a_look_inside_a_pass_that_trains_begins_no_step_and_one_left_open_before_the_loop_leaves_it_be():
-    """Loader._handing: a step's first chunk begins the step (before_step: a checkpoint or commit
-    due is taken there) unless another pass under way trains (a job.backward came while it had
-    handed out the latest chunk) and has handed out more: that one is a look at a batch inside it,
-    its iterator dropped or kept. An iterator left open before the loop (the CIFAR-10 tutorial's
-    `dataiter`) trains nothing, and a look kept open inside the loop's body, before its loss, is
-    marked as training but has handed out fewer: the loop's passes after either begin their steps."""
+def test_a_look_inside_a_pass_that_trains_begins_no_step_nor_trains_and_one_left_open_before_the_loop_leaves_it_be():
+    """Loader._handing and Loader.trained: a step's first chunk begins the step (before_step: a
+    checkpoint or commit due is taken there), and a job.backward's loss is the latest chunk's,
+    unless another pass under way trains (a loss came from a chunk it handed out) and has handed
+    out more: then the chunk is a look at a batch inside that pass (rank 0's `next(iter(loader))`),
+    its iterator dropped or kept; its step begins nothing and the loss is the loop's latest chunk's
+    (taken for the look's, whose pass deals the next epoch, it moved rank 0's epoch on a pass
+    early and a checkpoint held it). An iterator left open before the loop (the CIFAR-10
+    tutorial's `dataiter`) trains nothing: the loop's passes after it begin their steps."""
     from hvdhetero.rank.loader import Item, Loader, _Pass
 
-    made, backed, begun = object.__new__(Loader), [0], []
-    made.backed, made.before_step, made._live, made._last = (lambda: backed[0]), begun.append, [], None
+    made, begun, trained = object.__new__(Loader), [], []
+    made.before_step, made._live, made._last = begun.append, [], None
 
     def item(step: int, chunk: int = 0) -> Item:
         return Item(step, chunk, 2, 4, 8, (8, 8))
 
-    def hand(by: _Pass, step: int, chunk: int = 0) -> None:
+    def hand(by: _Pass, step: int, chunk: int = 0) -> Item:
         if by not in made._live:
             made._live.append(by)
         made._handing(by, item(step, chunk))
+        return by.item
 
-    left_open, loop, look, kept = _Pass(), _Pass(), _Pass(), _Pass()
+    def backward(latest: Item) -> None:
+        trained.append((made.trained(latest).step, made.trained(latest).chunk))
+
+    left_open, loop, look, inside, kept = _Pass(), _Pass(), _Pass(), _Pass(), _Pass()
     hand(left_open, 0)  # before the loop: step 0 begins (the loop's first chunk is the same step)
-    hand(loop, 0)
-    backed[0] += 1  # its job.backward
-    hand(loop, 0, 1)
-    backed[0] += 1
-    hand(look, 0)  # after the step: rank 0's look, dropped
+    backward(hand(loop, 0))
+    backward(hand(loop, 0, 1))
+    hand(look, 2 * STEPS)  # after the step: rank 0's look (its pass deals the next epoch), dropped
     made._live.remove(look)
     hand(loop, 1)
-    hand(kept, 0)  # inside the body, before the loss: a look kept open
-    backed[0] += 1  # the loss of the loop's batch 1 (taken for the look's chunk)
+    hand(inside, 2 * STEPS + 1)  # rank 0's look inside the body, before the loss, dropped
+    made._live.remove(inside)
+    backward(inside.item)  # the loss of the loop's batch 1, chunk 0
     hand(loop, 1, 1)
-    backed[0] += 1
-    hand(loop, 2)
+    hand(kept, 2 * STEPS)  # inside the body, before the loss: a look kept open
+    backward(kept.item)  # the loss of the loop's batch 1, chunk 1
+    backward(hand(loop, 2))
     assert [(i.step, i.chunk) for i in begun] == [(0, 0), (0, 0), (1, 0), (2, 0)], begun
-    assert loop.trains and kept.trains and not left_open.trains and not look.trains
+    assert trained == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], trained
+    assert loop.trains and not any(p.trains for p in (left_open, look, inside, kept))
+
+    made._live, first, first_look, next_look = [], _Pass(), _Pass(), _Pass()  # a pass, a look kept at its first step
+    hand(first, 0)
+    backward(hand(first_look, 0))  # (the look deals the loop's order: its first batch is the loop's)
+    hand(first, 1)
+    hand(next_look, 2 * STEPS)  # the next step's look, before the loss
+    made._live.remove(first_look)  # (its iterator replaced by the next one)
+    backward(next_look.item)
+    assert begun[-2:] == [item(0), item(1)] and trained[-2:] == [(0, 0), (1, 0)] and first.trains

@@ -428,15 +428,18 @@ def before_and_after(out, resumed_at: int, end: int, failed_at: int) -> tuple[di
     return first, again
 
 
-def test_a_checkpoint_due_as_rank_0_looks_at_a_batch_goes_on_from_the_loops_batch(tmp_path):
+@pytest.mark.parametrize("look", ["--look", "--keep-look"])
+def test_a_checkpoint_due_as_rank_0_looks_at_a_batch_goes_on_from_the_loops_batch(tmp_path, look):
     """Rank 0 alone takes `next(iter(loader))` after each optimizer step (a sample to log), so a
     checkpoint due after step 3 comes as its look begins, where the other rank's loop takes batch
     3. Resumed from it (rank 1 fails at step 5), the run trains batch 3 and on, batch 3 and 4 the
     samples they were before the failure: the checkpoint held the look's position (the next
     pass's first batch), and the resumed run skipped batch 3 and dealt every batch after it a
-    step early."""
+    step early. With --keep-look rank 0 looks before each loss instead, its look's iterator kept
+    until the next: each loss was taken for the look's batch (the next pass's), rank 0's epoch moved
+    on at every step, and the checkpoint held that (the resumed run trained to step 15, epoch 13)."""
     said = []
-    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 3, "rank 1 fails once, at step 5", "--look",
+    lines = failed_once_then_resumed(tmp_path, "own_loop_resume.py", 3, "rank 1 fails once, at step 5", look,
                                      said=said)
     assert f"resuming from {tmp_path / 'run/checkpoints/step-000000003.pt'} (step 3)" in said[0], said[0][-2000:]
     assert lines == [{"step": 12, "epoch": 2, "batches": 9}], lines

@@ -100,13 +100,13 @@ class Loader:
         self.began: Callable[[], int] = lambda: 0
         self.backed: Callable[[], int] = lambda: 0
         """The chunks the job's job.backward calls came from so far, each once (asked as a pass
-        begins and ends, and as a chunk is handed out)."""
+        begins and ends)."""
         self.left: Callable[[], None] = lambda: None
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self._live: list[_Pass] = []
         """The passes under way (more than one: a look at a batch inside a pass, or one kept open)."""
-        self._last: tuple[_Pass, int] | None = None
-        """The pass that handed the latest chunk out, and `backed()` then."""
+        self._last: _Pass | None = None
+        """The pass that handed the latest chunk out."""
         self.busy = busy
         """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
         self.fetched = (0.0, 0.0)
@@ -235,16 +235,26 @@ class Loader:
         and the resumed run went on from there. A look once its loop's pass has run out (after the
         loop, or after a loop fetching ahead ran out with its last batch in hand) is no look here:
         it begins the next pass's first step (docs/api.md)."""
-        self._trained()
         if item.chunk == 0 and not any(p.trains and p.handed > me.handed for p in self._live if p is not me):
             self.before_step(item)
-        me.handed += 1
-        self._last = me, self.backed()
+        me.handed, me.item, self._last = me.handed + 1, item, me
 
-    def _trained(self) -> None:
-        """A job.backward since the last chunk was handed out: the pass that handed it trains."""
-        if self._last is not None and self.backed() > self._last[1]:
-            self._last[0].trains = True
+    def trained(self, item: Item) -> Item:
+        """A job.backward came, `item` the chunk handed out last: the chunk its loss came from,
+        whose pass trains from now on. That is the latest chunk of the pass under way that has
+        handed out the most, if more than the one that handed `item` out: `item` is then a look at a
+        batch taken before the loss (rank 0's `next(iter(loader))`, its iterator dropped or kept;
+        taken for the look's, each loss moved rank 0's epoch on to the look's, the next pass's, and
+        a checkpoint held that). A look kept open before the loop (the CIFAR-10 tutorial's, one
+        batch) has handed out no more than the loop's pass as its first loss comes; a look inside
+        the pass's first step deals the same batch as the loop's."""
+        if self._last is None or self._last.item is not item:
+            return item
+        training = max(self._live, key=lambda p: p.handed, default=self._last)
+        if training.handed <= self._last.handed:
+            training = self._last
+        training.trains = True
+        return training.item
 
     def _batches(self, me: _Pass):
         if self.num_workers == 0:
@@ -293,10 +303,11 @@ class _Pass:
     """A pass over the loader under way (its iterator open)."""
 
     trains: bool = False
-    """A job.backward came while a chunk it handed out was the latest (a look kept open inside the
-    loop's body, before the loss, is marked too: it hands out fewer than the loop's pass)."""
+    """A job.backward's loss came from a chunk it handed out (Loader.trained)."""
     handed: int = 0
     """Its chunks handed out."""
+    item: Item | None = None
+    """The chunk it handed out last."""
 
 
 class _Once:

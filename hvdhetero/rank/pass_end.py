@@ -19,8 +19,8 @@ loop does alike: its pass's batches, the batches its job.backward calls came fro
 optimizer steps. Not from the batches the loader hands out to any pass, nor from whether a loop is
 found fetching ahead: a look at a batch (rank 0's `next(iter(loader))` to show a few images) hands
 one out on one rank alone, and a look kept open makes rank 0's passes ones inside it, where no
-prefetcher is found. (One corner is left: a look kept open on one rank between a GAN's losses in
-a loop fetching ahead has that rank's later losses taken for the look's batch.)
+prefetcher is found. (One corner is left: in a loop fetching ahead, a look kept open on one rank
+inside the loop's body has that rank's later losses taken for the batch ahead, not the one in hand.)
 
 What each got wrong before:
 - a loop fetching one batch ahead ended its pass with its last batch still in hand: each epoch's

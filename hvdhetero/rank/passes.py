@@ -66,8 +66,6 @@ class Passes:
         self.backed = 0
         """Chunks a job.backward came from so far, each once (a GAN's three losses a batch, LBFGS's
         closure evaluated again: one): a pass that backed fewer than it was handed holds its last."""
-        self._latest: Item | None = None  # the chunk handed out last, by any pass
-        self._looked: Item | None = None  # the last chunk of a look inside a pass, its iterator dropped
 
     def epoch(self, in_epochs: bool) -> int:
         """The epoch a new pass deals (the sampler's shuffle and the global step numbers follow it)."""
@@ -140,12 +138,12 @@ class Passes:
         """The chunk a job.backward's loss came from, `item` the one handed out last: in a loop that
         fetches one batch ahead, while its pass goes on, the one handed out before it (its share
         and the step's split weigh the gradient: the batch ahead's, where the split changed between
-        them, were another's); at its pass's end, the last."""
+        them, were another's); at its pass's end, the last. A look at a batch inside the pass,
+        taken before the loss, is no batch the loop trains (Loader.trained)."""
+        trained = self.loader.trained(item)
         if self.ahead and self.outermost and self._before is not None:
             return self._before
-        if item is self._looked and self._item is not None and self.loader.iterating:
-            return self._item  # (a look inside the pass, `next(iter(loader))`, dropped: the pass's chunk trains)
-        return item
+        return trained
 
     def begun(self) -> None:
         """A pass begins (iter()): its counts start, a chunk still in hand kept (an endless cycle's
@@ -158,7 +156,6 @@ class Passes:
 
     def handed(self, item: Item) -> None:
         """The loader hands a chunk out."""
-        self._latest = item
         if self.outermost:
             self._chunks, self._before, self._item = self._chunks + 1, self._item, item
             self._item_pass = self.dealing
@@ -179,10 +176,7 @@ class Passes:
 
     def left(self) -> None:
         """The loop left its pass early (a `break`, the prefetcher holding a batch dropped with it):
-        nothing of the pass is in hand, and the next pass is looked at afresh. A look inside a pass
-        dropped (rank 0's `next(iter(loader))` to show a few images, before the loss of the batch
-        in hand): its chunk is no batch the loop trains (it had moved rank 0's epoch on, a pass early)."""
-        if not self.outermost:
-            self._looked = self._latest
-        else:
+        nothing of the pass is in hand, and the next pass is looked at afresh (a look inside a
+        pass dropped, rank 0's `next(iter(loader))`, leaves the loop's pass as it is)."""
+        if self.outermost:
             self.ahead, self._chunks, self._backwards, self._item, self._before = False, 0, 0, None, None

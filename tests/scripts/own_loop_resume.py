@@ -10,10 +10,11 @@ With --one-ahead the loop fetches one batch ahead (apex's data_prefetcher), rank
 instead, and each rank writes every batch it trains (job.step, the inputs' sum) to OUT/batchesR.jsonl.
 With --count-first rank 0 alone counts the loader's samples in a pass of its own first (no backward).
 With --look rank 0 alone looks at a batch (`next(iter(loader))`, a sample to log) after each
-optimizer step, and each rank writes every batch it trains to OUT/batchesR.jsonl.
+optimizer step, and each rank writes every batch it trains to OUT/batchesR.jsonl. With --keep-look
+it looks before each batch's loss instead, and keeps that look's iterator open until the next.
 
     invoke train --script tests/scripts/own_loop_resume.py --checkpoint-every 4 -- --out DIR \
-        [--counted] [--one-ahead] [--look]
+        [--counted] [--one-ahead] [--look | --keep-look]
 """
 
 import argparse
@@ -31,6 +32,7 @@ parser.add_argument("--counted", action="store_true")
 parser.add_argument("--one-ahead", action="store_true")
 parser.add_argument("--count-first", action="store_true")
 parser.add_argument("--look", action="store_true")
+parser.add_argument("--keep-look", action="store_true")
 args = parser.parse_args()
 
 job = hh.init()
@@ -63,7 +65,10 @@ for _ in range(3 if args.counted else 6):  # passes until 12 steps (at most 6: a
         if job.rank == 1 and not os.path.exists(marker) and job.step == fails_at:  # (read: rank 1's first run only)
             open(marker, "w").close()
             raise RuntimeError(f"rank 1 fails once, at step {fails_at}")
-        if args.one_ahead or args.look:
+        if args.keep_look and job.is_main:
+            kept = iter(loader)  # (the look before it, dropped)
+            sample, _ = next(kept)
+        if args.one_ahead or args.look or args.keep_look:
             with open(os.path.join(args.out, f"batches{job.rank}.jsonl"), "a") as f:
                 f.write(json.dumps({"step": job.step, "sum": round(float(inputs.sum()), 6)}) + "\n")
         job.backward(F.mse_loss(model(inputs), targets))
