@@ -17,7 +17,7 @@ Across ranks it would go wrong three ways; each is mended here:
   rank or a CPU rank while the CUDA rank scales by 65536, and an elastic host joins with the
   initial scale. Summing S_0 g_0 + S_1 g_1 and dividing by one's own S is wrong, so under step
   sync job.backward takes each rank's scale from the tensor `scale()` returned, divides the
-  rank's gradient by it before the sum and multiplies the sum by it after (Training.backward): the
+  rank's gradient by it before the sum and multiplies the sum by it after (rank/backward.py): the
   scaler's own unscale_ then yields the reduced gradient, exactly (the scales are powers of two).
   An inf or NaN in any rank's gradient is in the sum, so every rank skips that step, a rank whose
   scaler is disabled too.

@@ -2,7 +2,7 @@
 
     training = Training(config, me, records, ..., model=model, begun=begun, mode=(kind, H, ...))
     loader yields an Item   -> on_item (the step's clock), before_step (a checkpoint or commit due)
-    job.backward(loss)      -> backward: accumulate; on the last chunk the strategy reduces
+    job.backward(loss)      -> backward (rank/backward.py): on the last chunk the strategy reduces
     optimizer.step()        -> stepped (skip after an overflow), after_step (the round's end,
                                a checkpoint due)
     job.epochs' epoch ends  -> end_epoch (the epoch's record, checkpoint, commit, the end exchange)
@@ -11,11 +11,11 @@ The Job (rank/job.py) is the façade a script talks to; rank/resume.py, rank/ela
 rank/evaluation.py are given this object (its parts, not the Job). What the ranks share in a
 step is in `step_state` (rank/step_state.py); how their models stay one is `strategy`
 (rank/strategy.py); where the job is, `train` (rank/registry.py's TrainState), and where a loop
-over the loader stands, pass by pass, `passes` (rank/passes.py). What a step's end does with its
-seconds (records, balancer, the verdict against one rank alone) is rank/step_end.py; what a
-pass over the loader does as it begins and ends (under a loop of the script's own, the epoch's
-record), rank/pass_end.py; the parameters followed as the script changes what trains,
-rank/trainable.py.
+over the loader stands, pass by pass, `passes` (rank/passes.py). What job.backward does is
+rank/backward.py; what a step's end does with its seconds (records, balancer, the verdict
+against one rank alone), rank/step_end.py; what a pass over the loader does as it begins and
+ends (under a loop of the script's own, the epoch's record), rank/pass_end.py; the parameters
+followed as the script changes what trains, rank/trainable.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 from hvdhetero.config import JobConfig
 from hvdhetero.policy.alone import AloneWatch
 from hvdhetero.policy.checkpoints import CheckpointSchedule
-from hvdhetero.rank import averaging, batches, collectives, elastic, gathering, reaching, resume, scaler
-from hvdhetero.rank import pass_end, step_end, trainable
+from hvdhetero.rank import averaging, batches, collectives, elastic, resume, scaler
+from hvdhetero.rank import backward, pass_end, step_end, trainable
 from hvdhetero.rank.accumulation import Accumulation
 from hvdhetero.rank.batch_function import BatchFunction, NextBatch
 from hvdhetero.rank.counting import Counting
@@ -41,7 +41,7 @@ from hvdhetero.rank.loader import Item, Loader
 from hvdhetero.rank.optimizer import JobOptimizer, mean_over_ranks
 from hvdhetero.rank.passes import Passes
 from hvdhetero.rank.records import RunRecords
-from hvdhetero.rank.reducer import Reducer, scale_gradients
+from hvdhetero.rank.reducer import Reducer
 from hvdhetero.rank.registry import PerRank, Registry, Scheduler, TrainState
 from hvdhetero.rank.replicas import Replicas, Told
 from hvdhetero.rank.sampler import WeightedBatchSampler
@@ -110,7 +110,7 @@ class Training:
         """Several optimizers (a GAN's): each skips on its own overflow, refuses unreduced gradients (rank/turns.py)."""
         self.deferral = Deferral(eligible=kind == "step" and self.in_turn is None and self.size > 1)
         """A script's own accumulation over batches: reduced once a step (rank/deferral.py)."""
-        self._pending = (1.0, True, 1.0, False)  # the deferred batches' unscale, common, rescale, overflow check
+        self.deferred_as = (1.0, True, 1.0, False)  # the deferred batches' unscale, common, rescale, overflow check
         scaler.install()  # a GradScaler of the script's own waits for a step's last chunk, counts its skips
         told = Told(records, self.is_main, "step" if kind == "step" else "round's exchange")
         replicas = Replicas(model, optimizers, records.who[2], told.differed, told.settings)
@@ -149,18 +149,18 @@ class Training:
         self.place_read, self.script_tracks = False, bool(tracked.parts)
         self.last_step_seconds = (0.0, 0.0)
         """This rank's last step: (compute incl. data and straggling, reduce incl. waiting)."""
-        self._began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
+        self.step_began = (0.0, 0.0, 0.0)  # the step's wall start, busy start, slept
         self.pass_end: pass_end.Pending | None = None
         """A pass's end held back until the batch its loop still held has trained (rank/pass_end.py)."""
         self.backwards = 0
         """job.backward calls so far: every rank's loop makes them alike (a pass's end waits by them)."""
         self.left_pass = False  # the loop left its last pass early (a break): the next counts afresh
-        self._wall = 0.0  # the last step's wall seconds, start to start (all included)
+        self.last_wall = 0.0  # the last step's wall seconds, start to start (all included)
         self.loader_at = 0
         """The loader's global steps before the step that begins now, or before the step in hand in
         a loop that fetches one batch ahead (train.step counts optimizer steps: fewer where the
         script accumulates gradients over several batches)."""
-        self._grads_scaled = False
+        self.grads_scaled = False
         """Whether .grad holds gradients times the job's loss scale (between a step's backward calls)."""
         self.trained: Item | None = None
         """The chunk the last job.backward's loss came from: the one handed out last, or in a loop
@@ -208,12 +208,12 @@ class Training:
         if item.chunk == 0:
             trainable.follow(self, before_forward=True)
             if not self.deferral.pending:  # (what a script's own accumulation left pending stays scaled)
-                self._grads_scaled = False  # what .grad holds before the step's first backward: unscaled
+                self.grads_scaled = False  # what .grad holds before the step's first backward: unscaled
             slept = self.me.straggle(item.share)
             (wall, busy), self.loader.fetched = self.loader.fetched, (0.0, 0.0)
             began = time.perf_counter() - slept - wall
-            self._wall = began - self._began[0] if self._began[0] else 0.0  # the last step, start to start
-            self._began = (began, self.me.busy_clock()() - busy, slept)
+            self.last_wall = began - self.step_began[0] if self.step_began[0] else 0.0  # the last step, start to start
+            self.step_began = (began, self.me.busy_clock()() - busy, slept)
 
     def before_step(self, item: Item) -> None:
         """A step's first batch is about to be handed out: a periodic checkpoint due is taken now
@@ -241,91 +241,8 @@ class Training:
     # -- job.backward ------------------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor, item: Item, **kwargs) -> None:
-        """Backward of a chunk's loss; on the step's last chunk the strategy reduces (step sync) or
-        checks (local/diloco) the gradients, and every rank's step time reaches the balancer."""
-        # a loop fetching one batch ahead: an explicit split into chunks refused, and the item the batch it
-        # holds (not the one ahead) from here on, to the optimizer's step (`trained`)
-        self.backwards += 1
-        ahead, item = self.passes.backward(item)
-        if ahead:
-            self.accumulation.one_ahead(self.step_state.item)
-        self.trained = item
-        if item.chunk == 0 and not self.step_state.reduced:
-            trainable.follow(self, before_forward=False)
-        if self.check_reach:
-            self.check_reach = False
-            reaching.check(loss, self.reducer.params, self.model)
-        theirs = scaler.claimed()  # job.backward(scaler.scale(loss)): a GradScaler of the script's own
-        theirs_scale = theirs.get_scale() if theirs is not None else 1.0
-        if not self.step_state.reevaluating:  # (a closure's later evaluations: the step's loss is its first's)
-            self.records.loss(float(loss.detach()) / theirs_scale, item.n)
-        scale = item.n / item.share if item.chunks > 1 else 1.0
-        if self.loss_scale is not None:
-            scale *= self.loss_scale.scale
-            # gradients kept from earlier steps (a script that accumulates), or this step's reduced
-            # ones (a second job.backward of the step), unscaled: scaled alike before this backward adds
-            if not self._grads_scaled:
-                scale_gradients(self.reducer.params, self.loss_scale.scale)
-                self._grads_scaled = True
-        weight = item.share / sum(item.sizes)
-        unscale = 1.0 / self.loss_scale.scale if self.loss_scale is not None else 1.0
-        # Step sync sums the ranks' gradients: each rank's own scale out before, in again after (rank/scaler.py).
-        # Under local/diloco the script's scaler unscales this rank's own gradients itself.
-        summed = theirs is not None and self.strategy.kind == "step"
-        rescale = theirs_scale if summed else 1.0
-        unscale /= rescale
-        common = theirs is None  # the job's own loss scale, every rank's: it may stay on the wire (strategy._on_wire)
-        # A second job.backward of a step already reduced (two losses backpropagated in turn, the
-        # first with retain_graph=True): what it added is reduced too (the ranks' weights sum to 1,
-        # so the first's reduced part stays as it is), but the step is timed and counted once.
-        # (or a GAN's generator after its discriminator, or LBFGS's closure evaluated again within its step)
-        again = self.step_state.reduced or self.step_state.stepped or self.step_state.reevaluating
-        defer = False  # a script's own accumulation: this batch's gradient added, reduced with its step's last
-        if item.chunk == 0 and not again:  # the split moved within the step: the pending sum to this weight
-            scale_gradients(self.reducer.params, self.deferral.rescale(weight))
-        if item.last and not again:
-            defer = self.deferral.call()
-        elif item.last and self.deferral.pending:
-            self.deferral.again()  # two losses in turn: this reduction takes what is pending; each reduces from now
-        if item.last and not defer:
-            self.strategy.before_last_backward(weight, unscale, common)
-        (loss * scale if scale != 1.0 else loss).backward(**kwargs)
-        if not item.last:
-            self.step_state.backward_done(last=False)
-            return
-        gathered = gathering.waited()  # job.gather's collectives: waiting for the others is not this rank's work
-        if not again:
-            self.me.device.synchronize()
-            began, busy0, slept = self._began
-            self.me.finish_step(item.share, self.me.busy_clock()() - busy0 - gathered,
-                                time.perf_counter() - began - gathered, slept)
-        seconds = time.perf_counter() - self._began[0] - gathered
-        if defer:
-            self.deferral.deferred(weight, seconds)
-            self._pending = (unscale, common, rescale, self.loss_scale is not None or summed)
-            trainable.share(self.unshared)  # parameters made in this batch's loop body take rank 0's now, as reduced
-            self.unshared = []
-            step_end.after_batch(self, item, seconds, 0.0, None, None, overflowed=False)
-            return
-        # Step sync: each rank's step time rides along with the gradients, and every rank gets all
-        # of them. local:H / diloco:H: this rank steps on its own gradient, unscaled here, and skips alone.
-        check = self.loss_scale is not None or summed  # an inf on any rank is in the sum: all skip alike
-        turns = self.in_turn  # several optimizers: each decides on its own gradients as it steps
-        calls, pending_s = self.deferral.reduced()  # a step's batches added before this one ride with it
-        times, reduce_s, overflowed, walls = self.strategy.reduce(
-            weight, unscale, seconds + pending_s, check and turns is None, self.train.step, common, self._wall)
-        if turns is not None:
-            turns.reduced(check)
-        self._reduced(rescale)
-        if again:
-            self.again_at = self.train.step
-            if overflowed and not self.step_state.skip and self.loss_scale is not None:
-                self.loss_scale.update(True)
-            self.step_state.backward_done(last=True, overflowed=overflowed or self.step_state.skip)
-            return
-        if self.loss_scale is not None and turns is None:
-            self.loss_scale.update(overflowed)
-        step_end.after_batch(self, item, seconds, reduce_s, times, walls, overflowed, calls + 1, pending_s)
+        """Backward of a chunk's loss (rank/backward.py)."""
+        backward.backward(self, loss, item, **kwargs)
 
     # -- the optimizer's hooks ---------------------------------------------------------------------
 
@@ -358,28 +275,8 @@ class Training:
         return not skip
 
     def flush(self) -> None:
-        """What a script's own accumulation left pending (rank/deferral.py), reduced now: the
-        optimizer steps, a clip or a GradScaler's unscale_ reads the gradients, sooner than the
-        step's calls were predicted to end. Untimed (the balancer waits for a whole step's)."""
-        if not self.deferral.pending:
-            return
-        weight = self.deferral.weight
-        unscale, common, rescale, check = self._pending
-        self.deferral.reduced()
-        _, _, overflowed, _ = self.strategy.reduce(weight, unscale, 0.0, check, self.train.step, common, self._wall)
-        self._reduced(rescale)
-        if self.loss_scale is not None:
-            self.loss_scale.update(overflowed)
-        self.step_state.skip = self.step_state.skip or overflowed
-
-    def _reduced(self, rescale: float) -> None:
-        """After a reduction (a step's, or a flush of what was pending): a script's GradScaler's
-        scale back in (`rescale`), the job's loss scale out, and parameters made inside the step's
-        loop body (rank/trainable.py) given rank 0's values."""
-        scale_gradients(self.reducer.params, rescale)
-        self._grads_scaled = False
-        trainable.share(self.unshared)
-        self.unshared = []
+        """What a script's own accumulation left pending, reduced now (rank/backward.py)."""
+        backward.flush(self)
 
     def mean_loss(self, loss):
         """A closure's loss as every rank's optimizer must see it (rank/optimizer.py's mean_over_ranks)."""
@@ -426,7 +323,7 @@ class Training:
         pass_end.settle(self, now=True)
         self.strategy.pause()
         step_s = self.epoch_record()
-        averaging.buffers(self.model)  # again after the pass's end (rank/pass_end.py): a forward since may have moved them
+        averaging.buffers(self.model)  # again after the pass's end (rank/pass_end.py): a forward since may move them
         self.schedule.retime(step_s[0])
         ended = self.count.epoch_ended(len(self.loader), self.endless, self.records.steps)
         if ended:  # the live line did not count to the epoch's end: its end marked now
