@@ -24,10 +24,6 @@ class Loader:
     def __len__(self) -> int:
         return STEPS
 
-    def trained(self, item: Item) -> Item:
-        """One pass under way: a loss is the latest chunk's (rank/loader.py's own rule is below)."""
-        return item
-
 
 def passes(start_step: int = 0, epoch: int = 0) -> Passes:
     made = Passes(TrainState(epoch=epoch))
@@ -192,55 +188,70 @@ def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
     assert [batch for batch in made] == [0, 1, 2] and said == ["left", "ended"] and made._live == []
 
 
-def test_a_look_inside_a_pass_that_trains_begins_no_step_nor_trains_and_one_left_open_before_the_loop_leaves_it_be():
-    """Loader._handing and Loader.trained: a step's first chunk begins the step (before_step: a
-    checkpoint or commit due is taken there), and a job.backward's loss is the latest chunk's,
-    unless another pass under way trains (a loss came from a chunk it handed out) and has handed
-    out more: then the chunk is a look at a batch inside that pass (rank 0's `next(iter(loader))`),
-    its iterator dropped or kept; its step begins nothing and the loss is the loop's latest chunk's
-    (taken for the look's, whose pass deals the next epoch, it moved rank 0's epoch on a pass
-    early and a checkpoint held it). An iterator left open before the loop (the CIFAR-10
-    tutorial's `dataiter`) trains nothing: the loop's passes after it begin their steps."""
+def test_a_look_inside_the_loops_pass_hands_out_none_of_the_jobs_chunks_and_one_left_open_before_it_does():
+    """Loader._handing: a chunk handed out is the job's (a step's first begins the step:
+    before_step, where a checkpoint or commit due is taken; the step in hand, its clock, the loss
+    that follows), unless it is a look at a batch inside the loop's pass (rank 0's
+    `next(iter(loader))`, after a step or before the loss, its iterator dropped or kept open): the
+    pass that handed out the job's latest chunk is another, under way, trains (a job.backward came
+    while its chunk was the latest) and has handed out more. Taken as the job's, a look's chunk
+    began a step on rank 0 alone (a checkpoint due there held the look's position) and its loss
+    was the look's batch's (the next pass's: rank 0's epoch moved on to it). An iterator left
+    open before the loop (the CIFAR-10 tutorial's `dataiter`, one batch or two) hands out the
+    job's first chunks, and the loop's pass is the one that trains; a look kept open at a pass's
+    first step, before its first loss, hands out the loop's batch again: the step in hand, begun
+    once, and the loop's pass is the one that trains (the look's, taken for the job's, trained in
+    a resumed run's one-step first pass, and the next pass's first batch was then a look)."""
     from hvdhetero.rank.loader import Item, Loader, _Pass
 
-    made, begun, trained = object.__new__(Loader), [], []
-    made.before_step, made._live, made._last = begun.append, [], None
+    made, backed, begun, ours = object.__new__(Loader), [0], [], []
+    made.backed, made.before_step, made._live, made._last = (lambda: backed[0]), begun.append, [], None
 
     def item(step: int, chunk: int = 0) -> Item:
         return Item(step, chunk, 2, 4, 8, (8, 8))
 
-    def hand(by: _Pass, step: int, chunk: int = 0) -> Item:
+    def hand(by: _Pass, step: int, chunk: int = 0) -> None:
         if by not in made._live:
             made._live.append(by)
-        made._handing(by, item(step, chunk))
-        return by.item
-
-    def backward(latest: Item) -> None:
-        trained.append((made.trained(latest).step, made.trained(latest).chunk))
+        if made._handing(by, item(step, chunk)):
+            ours.append((step, chunk))
 
     left_open, loop, look, inside, kept = _Pass(), _Pass(), _Pass(), _Pass(), _Pass()
-    hand(left_open, 0)  # before the loop: step 0 begins (the loop's first chunk is the same step)
-    backward(hand(loop, 0))
-    backward(hand(loop, 0, 1))
+    hand(left_open, 0)  # before the loop, two batches: steps 0 and 1 begin (the loop's first chunk is step 0)
+    hand(left_open, 1)
+    hand(loop, 0)
+    backed[0] += 1  # its job.backward
+    hand(loop, 0, 1)
+    backed[0] += 1
     hand(look, 2 * STEPS)  # after the step: rank 0's look (its pass deals the next epoch), dropped
     made._live.remove(look)
     hand(loop, 1)
-    hand(inside, 2 * STEPS + 1)  # rank 0's look inside the body, before the loss, dropped
+    hand(inside, 2 * STEPS + 1)  # inside the body, before the loss: a look, dropped
     made._live.remove(inside)
-    backward(inside.item)  # the loss of the loop's batch 1, chunk 0
+    backed[0] += 1
     hand(loop, 1, 1)
     hand(kept, 2 * STEPS)  # inside the body, before the loss: a look kept open
-    backward(kept.item)  # the loss of the loop's batch 1, chunk 1
-    backward(hand(loop, 2))
-    assert [(i.step, i.chunk) for i in begun] == [(0, 0), (0, 0), (1, 0), (2, 0)], begun
-    assert trained == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], trained
-    assert loop.trains and not any(p.trains for p in (left_open, look, inside, kept))
+    backed[0] += 1
+    hand(loop, 2)
+    assert ours == [(0, 0), (1, 0), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], ours
+    assert [(i.step, i.chunk) for i in begun] == [(0, 0), (1, 0), (0, 0), (1, 0), (2, 0)], begun
+    assert loop.trains and [p.trains for p in (left_open, look, inside, kept)] == [False] * 4, (left_open, kept)
 
-    made._live, first, first_look, next_look = [], _Pass(), _Pass(), _Pass()  # a pass, a look kept at its first step
-    hand(first, 0)
-    backward(hand(first_look, 0))  # (the look deals the loop's order: its first batch is the loop's)
-    hand(first, 1)
-    hand(next_look, 2 * STEPS)  # the next step's look, before the loss
+    made._live, ours[:], first, first_look, next_look = [], [], _Pass(), _Pass(), _Pass()
+    hand(first, 3 * STEPS)  # a new pass; a look kept open at its first step, before the loss
+    hand(first_look, 3 * STEPS)  # (its pass deals the loop's order: the same batch, the job's)
+    backed[0] += 1
+    hand(first, 3 * STEPS + 1)
     made._live.remove(first_look)  # (its iterator replaced by the next one)
-    backward(next_look.item)
-    assert begun[-2:] == [item(0), item(1)] and trained[-2:] == [(0, 0), (1, 0)] and first.trains
+    hand(next_look, 4 * STEPS)  # the next step's look, before the loss
+    assert ours == [(3 * STEPS, 0), (3 * STEPS, 0), (3 * STEPS + 1, 0)] and first.trains and not first_look.trains
+    assert [i.step for i in begun[-2:]] == [3 * STEPS, 3 * STEPS + 1], begun  # (begun once)
+
+    made._live, ours[:], resumed, kept_open, after = [], [], _Pass(), _Pass(), _Pass()
+    hand(resumed, 5 * STEPS - 1)  # a resumed run's first pass, its last step left
+    hand(kept_open, 5 * STEPS - 1)  # a look kept open, before the loss: the same batch
+    backed[0] += 1
+    made._live.remove(resumed)  # the pass ran out
+    hand(after, 5 * STEPS)  # the next pass's first batch
+    assert ours == [(5 * STEPS - 1, 0)] * 2 + [(5 * STEPS, 0)], ours
+    assert [i.step for i in begun[-2:]] == [5 * STEPS - 1, 5 * STEPS], begun

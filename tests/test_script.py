@@ -507,7 +507,9 @@ def test_a_pass_with_no_backward_is_no_loop_fetching_ahead(tmp_path):
 LOOKS = {"rank 0": [], "everyone": ["--everyone"], "rank 0, diloco overlapped": [],
          "rank 0, one batch ahead": ["--one-ahead"], "rank 0 inside the pass": ["--look-inside"],
          "rank 0 inside, one batch ahead": ["--look-inside", "--one-ahead"],
-         "rank 0, one batch ahead, two models": ["--one-ahead", "--two-models"]}
+         "rank 0, one batch ahead, two models": ["--one-ahead", "--two-models"],
+         "rank 0 between two models' steps": ["--two-models", "--look-between"],
+         "rank 0 inside the pass, persistent workers": ["--look-inside", "--persistent-workers"]}
 
 
 @pytest.mark.parametrize("who", LOOKS)
@@ -526,7 +528,10 @@ def test_a_plain_epoch_loop_after_a_look_left_open_writes_each_epochs_record(tmp
     rank 1 alone (a wait decided by that had rank 0 write its record a step before rank 1), and
     with two models each stepped by its optimizer (a GAN's: two job.backward calls a batch had
     the pass end before its last batch trained, and that batch's step taken for the second
-    optimizer's of the step before: 15 steps an epoch)."""
+    optimizer's of the step before: 15 steps an epoch), and rank 0's look taken between the two
+    models' steps (its batch had begun a step of its own on rank 0 alone, the second optimizer's
+    step counted as one more: 17 steps and 1056 samples an epoch), and with persistent DataLoader
+    workers (rank 0's look reset the loop's iterator onto the look's batches: IndexError)."""
     out = tmp_path / "out"
     out.mkdir()
     sync = ["--sync", "diloco:5", "--overlap-sync"] if "diloco" in who else []

@@ -83,6 +83,8 @@ class Loader:
         self.persistent_workers = persistent_workers and num_workers > 0
         self._workers: torch.utils.data.DataLoader | None = None
         """With persistent workers: the one DataLoader whose workers serve every epoch."""
+        self._workers_for: _Pass | None = None
+        """The pass under way that has those workers (one at a time)."""
         self._pending: list[tuple[int, list[int]]] = []
         self.start_step = 0
         """Resumed: the global steps before this one were taken (their samples are skipped)."""
@@ -100,13 +102,13 @@ class Loader:
         self.began: Callable[[], int] = lambda: 0
         self.backed: Callable[[], int] = lambda: 0
         """The chunks the job's job.backward calls came from so far, each once (asked as a pass
-        begins and ends)."""
+        begins and ends, and as a chunk is handed out)."""
         self.left: Callable[[], None] = lambda: None
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self._live: list[_Pass] = []
         """The passes under way (more than one: a look at a batch inside a pass, or one kept open)."""
         self._last: _Pass | None = None
-        """The pass that handed the latest chunk out."""
+        """The pass that handed the job's latest chunk out (a look's are none of the job's)."""
         self.busy = busy
         """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
         self.fetched = (0.0, 0.0)
@@ -226,44 +228,50 @@ class Loader:
             self._live.remove(me)
         self.after_pass(began, 0 < self.backed() - before < handed)
 
-    def _handing(self, me: _Pass, item: Item) -> None:
-        """`me` hands `item` out: a step's first chunk begins it (before_step), unless another pass
-        under way trains and has handed out more chunks than `me` (`me` is a look at a batch inside
-        it: rank 0's `next(iter(loader))` after a step, to log a sample, its iterator dropped or
-        kept). A checkpoint or commit due there waits for that pass's next batch, where the other
-        ranks take it: taken at the look, it held the look's position (its epoch's first step),
-        and the resumed run went on from there. A look once its loop's pass has run out (after the
-        loop, or after a loop fetching ahead ran out with its last batch in hand) is no look here:
-        it begins the next pass's first step (docs/api.md)."""
-        if item.chunk == 0 and not any(p.trains and p.handed > me.handed for p in self._live if p is not me):
+    def _handing(self, me: _Pass, item: Item) -> bool:
+        """`me` hands `item` out: whether the step in hand is this chunk's (on_item: its clock and
+        the loss that follows). A chunk of the job's begins its step if it is the step's first
+        (before_step). A look at a batch inside the loop's pass (rank 0's `next(iter(loader))` to log
+        a sample, after a step or before the loss, its iterator dropped or kept open) is none of the
+        job's: the pass that handed out the job's latest chunk is another, still under way, trains
+        and had handed out more chunks than `me` before this one. No step begins there (a checkpoint
+        or commit due waits for the loop's next batch, where the other ranks take it: taken at the
+        look, it held the look's position), and the step in hand, its clock and the loss that
+        follows stay the loop's (taken for the look's batch, the next pass's, a loss moved rank 0's
+        epoch on to it, and a checkpoint held that). The same batch handed out again by another
+        pass before its loss (a look kept open at a pass's first step deals the loop's first batch;
+        so does the loop after the CIFAR-10 tutorial's `dataiter` left open) is the step in hand
+        again, begun once. A look once its loop's pass has run out (after the loop, or after a loop
+        fetching ahead ran out with its last batch in hand) is no look here: it begins the next
+        pass's first step (docs/api.md)."""
+        self._trained()
+        me.handed += 1
+        last = self._last
+        if last is not None and last is not me and last in self._live:
+            if item == last.item and last.at == self.backed():
+                return True
+            if last.trains and last.handed >= me.handed:
+                return False
+        if item.chunk == 0:
             self.before_step(item)
-        me.handed, me.item, self._last = me.handed + 1, item, me
+        me.item, me.at, self._last = item, self.backed(), me
+        return True
 
-    def trained(self, item: Item) -> Item:
-        """A job.backward came, `item` the chunk handed out last: the chunk its loss came from,
-        whose pass trains from now on. That is the latest chunk of the pass under way that has
-        handed out the most, if more than the one that handed `item` out: `item` is then a look at a
-        batch taken before the loss (rank 0's `next(iter(loader))`, its iterator dropped or kept;
-        taken for the look's, each loss moved rank 0's epoch on to the look's, the next pass's, and
-        a checkpoint held that). A look kept open before the loop (the CIFAR-10 tutorial's, one
-        batch) has handed out no more than the loop's pass as its first loss comes; a look inside
-        the pass's first step deals the same batch as the loop's."""
-        if self._last is None or self._last.item is not item:
-            return item
-        training = max(self._live, key=lambda p: p.handed, default=self._last)
-        if training.handed <= self._last.handed:
-            training = self._last
-        training.trains = True
-        return training.item
+    def _trained(self) -> None:
+        """A job.backward since the job's latest chunk was handed out: its pass trains."""
+        last = self._last
+        if last is not None and self.backed() > last.at:
+            last.trains = True
 
     def _batches(self, me: _Pass):
         if self.num_workers == 0:
             for indices, item in self._chunks():
-                self._handing(me, item)
+                ours = self._handing(me, item)
                 wall, busy = time.perf_counter(), self.busy()
                 batch = batches.to_device(batches.collate(self.dataset, indices, self.collate_fn), self.device)
-                self.fetched = (time.perf_counter() - wall, self.busy() - busy)
-                self.on_item(item)
+                if ours:
+                    self.fetched = (time.perf_counter() - wall, self.busy() - busy)
+                    self.on_item(item)
                 yield batch
             return
         drawn: deque[Item] = deque()
@@ -273,29 +281,39 @@ class Loader:
                 drawn.append(item)
                 yield indices
 
-        loader = self._workers
+        # Persistent workers serve one pass at a time: a look at a batch inside the loop's pass (its own
+        # iter()) reset the loop's iterator onto the look's indices (DataLoader keeps one), and the loop
+        # went on with the look's batches. Such a look gets workers of its own, for its batches alone.
+        shared = self.persistent_workers and self._workers_for is None
+        loader = self._workers if shared else None
         if loader is None:
             loader = torch.utils.data.DataLoader(
                 self.dataset, batch_sampler=_Once(index_lists()), num_workers=self.num_workers,
                 worker_init_fn=self.worker_init_fn, collate_fn=self.collate_fn or torch.utils.data.default_collate,
-                persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor)
-            if self.persistent_workers:
+                persistent_workers=shared, prefetch_factor=self.prefetch_factor)
+            if shared:
                 self._workers = loader
         else:  # the same workers, this epoch's indices: iter() below starts them on it
             loader.batch_sampler.it = index_lists()
-        batches_in, first = iter(loader), True
-        while True:
-            wall, busy = time.perf_counter(), self.busy()
-            try:
-                batch = next(batches_in)
-            except StopIteration:
-                break
-            self.fetched = (0.0, 0.0) if first else (time.perf_counter() - wall, self.busy() - busy)
-            first = False
-            item = drawn.popleft()  # in order: the oldest drawn item is this batch's
-            self._handing(me, item)
-            self.on_item(item)
-            yield batches.to_device(batch, self.device)
+        if shared:
+            self._workers_for = me
+        try:
+            batches_in, first = iter(loader), True
+            while True:
+                wall, busy = time.perf_counter(), self.busy()
+                try:
+                    batch = next(batches_in)
+                except StopIteration:
+                    break
+                self.fetched = (0.0, 0.0) if first else (time.perf_counter() - wall, self.busy() - busy)
+                first = False
+                item = drawn.popleft()  # in order: the oldest drawn item is this batch's
+                if self._handing(me, item):
+                    self.on_item(item)
+                yield batches.to_device(batch, self.device)
+        finally:
+            if self._workers_for is me:
+                self._workers_for = None
 
 
 @dataclass
@@ -303,11 +321,13 @@ class _Pass:
     """A pass over the loader under way (its iterator open)."""
 
     trains: bool = False
-    """A job.backward's loss came from a chunk it handed out (Loader.trained)."""
+    """A job.backward came while the job's latest chunk was one it handed out (Loader._trained)."""
     handed: int = 0
     """Its chunks handed out."""
     item: Item | None = None
-    """The chunk it handed out last."""
+    """The job's chunk it handed out last (a look's are none of the job's)."""
+    at: int = 0
+    """The loader's `backed()` as it handed that chunk out."""
 
 
 class _Once:

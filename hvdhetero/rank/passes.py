@@ -138,12 +138,11 @@ class Passes:
         """The chunk a job.backward's loss came from, `item` the one handed out last: in a loop that
         fetches one batch ahead, while its pass goes on, the one handed out before it (its share
         and the step's split weigh the gradient: the batch ahead's, where the split changed between
-        them, were another's); at its pass's end, the last. A look at a batch inside the pass,
-        taken before the loss, is no batch the loop trains (Loader.trained)."""
-        trained = self.loader.trained(item)
+        them, were another's); at its pass's end, the last. (A look at a batch inside the pass,
+        taken before the loss, hands out none of the job's chunks: Loader._handing.)"""
         if self.ahead and self.outermost and self._before is not None:
             return self._before
-        return trained
+        return item
 
     def begun(self) -> None:
         """A pass begins (iter()): its counts start, a chunk still in hand kept (an endless cycle's

@@ -11,9 +11,12 @@ its last batch still in hand. With --look-inside there is no look before the loo
 rank with --everyone) takes `next(iter(trainloader))` at each pass's batch 8, before its loss.
 With --two-models each batch trains a second model too, with its own optimizer and job.backward
 after the first's step (a GAN's discriminator, then its generator: one global step a batch).
+With --look-between (and --two-models) rank 0 takes its look at each pass's batch 8 between the
+first model's step and the second's loss, instead.
+With --persistent-workers the DataLoader has two workers kept across epochs (persistent_workers).
 
     invoke train --script tests/scripts/open_look.py -- --out DIR [--everyone] [--one-ahead] [--look-inside] \
-        [--two-models]
+        [--two-models [--look-between]] [--persistent-workers]
 """
 
 import argparse
@@ -34,6 +37,8 @@ parser.add_argument("--everyone", action="store_true", help="every rank looks, n
 parser.add_argument("--one-ahead", action="store_true", help="the loop fetches one batch ahead")
 parser.add_argument("--look-inside", action="store_true", help="the look at each pass's batch 8, not before the loop")
 parser.add_argument("--two-models", action="store_true", help="a second model and optimizer, stepped after the first")
+parser.add_argument("--look-between", action="store_true", help="the look at batch 8 between the two models' steps")
+parser.add_argument("--persistent-workers", action="store_true", help="two DataLoader workers, kept across epochs")
 args = parser.parse_args()
 
 job = hh.init()
@@ -41,7 +46,8 @@ x, y = load_digits(return_X_y=True)
 train_set = torch.utils.data.TensorDataset(torch.tensor(x[:1024] / 16.0, dtype=torch.float32), torch.tensor(y[:1024]))
 model = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).to(job.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-trainloader = torch.utils.data.DataLoader(train_set, batch_size=64, shuffle=True)
+workers = {"num_workers": 2, "persistent_workers": True} if args.persistent_workers else {}
+trainloader = torch.utils.data.DataLoader(train_set, batch_size=64, shuffle=True, **workers)
 if args.two_models:
     second = nn.Linear(64, 10).to(job.device)
     second_optimizer = torch.optim.SGD(second.parameters(), lr=0.1)
@@ -51,7 +57,7 @@ else:
     model, optimizer, trainloader = job.prepare(model, optimizer, trainloader)
 
 looks = job.is_main or args.everyone
-if looks and not args.look_inside:
+if looks and not args.look_inside and not args.look_between:
     dataiter = iter(trainloader)
     images, labels = next(dataiter)
     print(f"a look at {len(labels)} of the batch's {trainloader.batch_size}", flush=True)
@@ -77,6 +83,8 @@ for epoch in range(args.epochs):
         optimizer.step()
         optimizer.zero_grad()
         if args.two_models:  # (the epoch's loss: the step's two, summed)
+            if looks and args.look_between and i == 8:
+                images, _ = next(iter(trainloader))
             second_loss = F.cross_entropy(second(inputs), labels)
             job.backward(second_loss)
             second_optimizer.step()
