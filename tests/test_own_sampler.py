@@ -108,20 +108,11 @@ def test_a_sampler_of_its_own_is_batched_by_the_global_batch():
     assert all(i % 2 == 0 for b in joined[:2] for i in b) and len(joined) == 5
 
 
-def test_two_ranks_train_on_the_bucket_samplers_batches_each_dealt_by_speed(tmp_path):
-    """tests/scripts/buckets.py: its DataLoader (a bucket sampler of its own, a padding collate_fn)
-    goes to job.prepare as it is. Each step the two ranks' rows together are one batch of the
-    sampler's epoch, drawn from the job's (seed, epoch) stream, in its order; batches stay bucketed
-    (mean padding 0.16 of a batch; shuffled batches of 16 pad ~0.45), as the seq2seq port's
-    original's were (its port had to drop them: epochs 1.6x slower on one device). One shuffling
-    with a generator seeded by the rank is refused at job.prepare, naming the rank that drew otherwise."""
+def each_epochs_batches_in_order(run_dir) -> None:
+    """tests/scripts/buckets.py's two ranks' RUN_DIR/seen-R.json: each step, the two ranks' rows
+    together are one batch of the sampler's epoch, drawn from the job's (seed, epoch) stream, in order."""
     import json
 
-    from conftest import ROOT, VENV_BIN, run_cmd
-
-    run_dir = tmp_path / "run"
-    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "buckets.py",
-                    "--run-dir", run_dir], timeout=300)
     rng = random.Random(1)
     lengths = [rng.randint(2, 30) for _ in range(320)]
     seen = [json.loads((run_dir / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
@@ -129,8 +120,36 @@ def test_two_ranks_train_on_the_bucket_samplers_batches_each_dealt_by_speed(tmp_
     for epoch in (0, 1):
         drawn = OwnDraw(Buckets(lengths, batch_size=16), batches=True, ranks=2)._draw(epoch, epoch)
         steps = [(a[2], b[2]) for a, b in zip(seen[0], seen[1]) if a[0] == epoch]
-        assert [a + b for a, b in steps] == drawn
+        assert [a + b for a, b in steps] == drawn, epoch
         assert all(a and b for a, b in steps)
+
+
+def test_rank_0s_look_at_a_batch_leaves_the_bucket_samplers_batches_to_the_loop(tmp_path):
+    """tests/scripts/buckets.py --look: a loop of the script's own, and rank 0 takes
+    `next(iter(loader))` after each step, a look that draws the next epoch's batches. Every step is
+    still one batch of its epoch, both ranks' rows together (the sampler kept the latest pass's
+    batches, and rank 0's loop went on with the look's: rows of another epoch's batches)."""
+    from conftest import ROOT, VENV_BIN, run_cmd
+
+    run_dir = tmp_path / "run"
+    run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "buckets.py",
+             "--run-dir", run_dir, "--", "--look"], timeout=300)
+    each_epochs_batches_in_order(run_dir)
+
+
+def test_two_ranks_train_on_the_bucket_samplers_batches_each_dealt_by_speed(tmp_path):
+    """tests/scripts/buckets.py: its DataLoader (a bucket sampler of its own, a padding collate_fn)
+    goes to job.prepare as it is. Each step the two ranks' rows together are one batch of the
+    sampler's epoch, drawn from the job's (seed, epoch) stream, in its order; batches stay bucketed
+    (mean padding 0.16 of a batch; shuffled batches of 16 pad ~0.45), as the seq2seq port's
+    original's were (its port had to drop them: epochs 1.6x slower on one device). One shuffling
+    with a generator seeded by the rank is refused at job.prepare, naming the rank that drew otherwise."""
+    from conftest import ROOT, VENV_BIN, run_cmd
+
+    run_dir = tmp_path / "run"
+    proc = run_cmd([VENV_BIN / "invoke", "train", "--script", ROOT / "tests" / "scripts" / "buckets.py",
+                    "--run-dir", run_dir], timeout=300)
+    each_epochs_batches_in_order(run_dir)
     padding = float(proc.stdout.split("mean padding ")[1].split()[0])
     assert padding < 0.25, proc.stdout[-2000:]
     # a sampler shuffling with a generator seeded by the rank draws other batches on each: refused at prepare

@@ -188,70 +188,96 @@ def test_the_loader_says_when_a_loop_leaves_its_pass_early_and_only_then():
     assert [batch for batch in made] == [0, 1, 2] and said == ["left", "ended"] and made._live == []
 
 
+class Handing:
+    """rank/loader.py's Loader as its passes hand chunks out (Loader._handing), job.backward calls
+    counted (`backward`), the steps begun and the chunks taken as the job's written down."""
+
+    def __init__(self):
+        from hvdhetero.rank.loader import Loader
+
+        self.backed, self.begun, self.ours = 0, [], []
+        self.made = object.__new__(Loader)
+        self.made.backed, self.made.before_step = (lambda: self.backed), (lambda item: self.begun.append(item.step))
+        self.made._live, self.made._twins, self.made._latest = [], [], (None, 0)
+
+    def hand(self, by, step: int, chunk: int = 0) -> None:
+        if by not in self.made._live:
+            self.made._live.append(by)
+        if self.made._handing(by, Item(step, chunk, 2, 4, 8, (8, 8))):
+            self.ours.append((step, chunk))
+
+    def backward(self) -> None:
+        self.backed += 1
+
+    def over(self, done) -> None:
+        """`done`'s pass ran out, or its iterator was dropped."""
+        self.made._live.remove(done)
+
+
 def test_a_look_inside_the_loops_pass_hands_out_none_of_the_jobs_chunks_and_one_left_open_before_it_does():
     """Loader._handing: a chunk handed out is the job's (a step's first begins the step:
     before_step, where a checkpoint or commit due is taken; the step in hand, its clock, the loss
     that follows), unless it is a look at a batch inside the loop's pass (rank 0's
-    `next(iter(loader))`, after a step or before the loss, its iterator dropped or kept open): the
-    pass that handed out the job's latest chunk is another, under way, trains (a job.backward came
-    while its chunk was the latest) and has handed out more. Taken as the job's, a look's chunk
-    began a step on rank 0 alone (a checkpoint due there held the look's position) and its loss
-    was the look's batch's (the next pass's: rank 0's epoch moved on to it). An iterator left
-    open before the loop (the CIFAR-10 tutorial's `dataiter`, one batch or two) hands out the
-    job's first chunks, and the loop's pass is the one that trains; a look kept open at a pass's
-    first step, before its first loss, hands out the loop's batch again: the step in hand, begun
-    once, and the loop's pass is the one that trains (the look's, taken for the job's, trained in
-    a resumed run's one-step first pass, and the next pass's first batch was then a look)."""
-    from hvdhetero.rank.loader import Item, Loader, _Pass
+    `next(iter(loader))`, after a step or before the loss, its iterator dropped or kept open, or
+    a preview iterator kept from before the loop and advanced now and then): the pass that handed
+    out the job's latest chunk is another, under way, trains, and is in its step. Taken as the
+    job's, a look's chunk began a step on rank 0 alone (a checkpoint due there held the look's
+    position) and its loss was the look's batch's (the next pass's: rank 0's epoch moved on)."""
+    from hvdhetero.rank.loader import _Pass
 
-    made, backed, begun, ours = object.__new__(Loader), [0], [], []
-    made.backed, made.before_step, made._live, made._last = (lambda: backed[0]), begun.append, [], None
+    job = Handing()
+    preview, loop, look, inside, kept = _Pass(), _Pass(), _Pass(), _Pass(), _Pass()
+    job.hand(preview, 0)  # before the loop, two batches (the job's: nothing trains yet)
+    job.hand(preview, 1)
+    job.hand(loop, 0)
+    job.backward()
+    job.hand(loop, 0, 1)
+    job.backward()
+    job.hand(look, 2 * STEPS)  # after the step: rank 0's look (its pass deals the next epoch), dropped
+    job.over(look)
+    job.hand(loop, 1)
+    job.hand(inside, 2 * STEPS + 1)  # inside the body, before the loss: a look, dropped
+    job.over(inside)
+    job.backward()
+    job.hand(loop, 1, 1)
+    job.hand(kept, 2 * STEPS)  # inside the body, before the loss: a look kept open
+    job.backward()
+    for step in (2, 3):
+        job.hand(loop, step)
+        job.hand(preview, step + 2 * STEPS)  # the preview advanced (more batches than the loop's pass, 4)
+        job.hand(kept, step + 2 * STEPS)
+        job.backward()
+    assert job.ours == [(0, 0), (1, 0), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0)], job.ours
+    assert job.begun == [0, 1, 0, 1, 2, 3], job.begun
+    assert loop.trains and not any(p.trains for p in (look, inside, kept))
 
-    def item(step: int, chunk: int = 0) -> Item:
-        return Item(step, chunk, 2, 4, 8, (8, 8))
 
-    def hand(by: _Pass, step: int, chunk: int = 0) -> None:
-        if by not in made._live:
-            made._live.append(by)
-        if made._handing(by, item(step, chunk)):
-            ours.append((step, chunk))
+def test_one_batch_handed_out_by_two_passes_before_its_loss_is_the_step_in_hand_and_the_next_to_hand_out_the_loop():
+    """A look kept open at a pass's first step, before its loss, deals the loop's first batch; so
+    does the loop after the CIFAR-10 tutorial's `dataiter`, left open: the step in hand, begun
+    once. The pass that hands out next is the loop's, and a pass left over is a look; where one of
+    the two ran out first (a resumed run's first pass with one step left, a full-batch loop of
+    one step a pass), the next pass's first batch is the job's (either had been taken for the
+    loop, and the next pass's batches for looks: rank 0 began no step and trained stale ones)."""
+    from hvdhetero.rank.loader import _Pass
 
-    left_open, loop, look, inside, kept = _Pass(), _Pass(), _Pass(), _Pass(), _Pass()
-    hand(left_open, 0)  # before the loop, two batches: steps 0 and 1 begin (the loop's first chunk is step 0)
-    hand(left_open, 1)
-    hand(loop, 0)
-    backed[0] += 1  # its job.backward
-    hand(loop, 0, 1)
-    backed[0] += 1
-    hand(look, 2 * STEPS)  # after the step: rank 0's look (its pass deals the next epoch), dropped
-    made._live.remove(look)
-    hand(loop, 1)
-    hand(inside, 2 * STEPS + 1)  # inside the body, before the loss: a look, dropped
-    made._live.remove(inside)
-    backed[0] += 1
-    hand(loop, 1, 1)
-    hand(kept, 2 * STEPS)  # inside the body, before the loss: a look kept open
-    backed[0] += 1
-    hand(loop, 2)
-    assert ours == [(0, 0), (1, 0), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], ours
-    assert [(i.step, i.chunk) for i in begun] == [(0, 0), (1, 0), (0, 0), (1, 0), (2, 0)], begun
-    assert loop.trains and [p.trains for p in (left_open, look, inside, kept)] == [False] * 4, (left_open, kept)
+    job, loop, first_look, next_look = Handing(), _Pass(), _Pass(), _Pass()
+    job.hand(loop, 0)
+    job.hand(first_look, 0)  # (its pass deals the loop's order: the same batch)
+    job.backward()
+    job.hand(loop, 1)
+    job.over(first_look)  # (its iterator replaced by the next one)
+    job.hand(next_look, 2 * STEPS)  # the next step's look, before the loss
+    assert job.ours == [(0, 0), (0, 0), (1, 0)] and job.begun == [0, 1], (job.ours, job.begun)
 
-    made._live, ours[:], first, first_look, next_look = [], [], _Pass(), _Pass(), _Pass()
-    hand(first, 3 * STEPS)  # a new pass; a look kept open at its first step, before the loss
-    hand(first_look, 3 * STEPS)  # (its pass deals the loop's order: the same batch, the job's)
-    backed[0] += 1
-    hand(first, 3 * STEPS + 1)
-    made._live.remove(first_look)  # (its iterator replaced by the next one)
-    hand(next_look, 4 * STEPS)  # the next step's look, before the loss
-    assert ours == [(3 * STEPS, 0), (3 * STEPS, 0), (3 * STEPS + 1, 0)] and first.trains and not first_look.trains
-    assert [i.step for i in begun[-2:]] == [3 * STEPS, 3 * STEPS + 1], begun  # (begun once)
-
-    made._live, ours[:], resumed, kept_open, after = [], [], _Pass(), _Pass(), _Pass()
-    hand(resumed, 5 * STEPS - 1)  # a resumed run's first pass, its last step left
-    hand(kept_open, 5 * STEPS - 1)  # a look kept open, before the loss: the same batch
-    backed[0] += 1
-    made._live.remove(resumed)  # the pass ran out
-    hand(after, 5 * STEPS)  # the next pass's first batch
-    assert ours == [(5 * STEPS - 1, 0)] * 2 + [(5 * STEPS, 0)], ours
-    assert [i.step for i in begun[-2:]] == [5 * STEPS - 1, 5 * STEPS], begun
+    for kept_first in (False, True):  # a resumed pass, then a look kept; the tutorial's look, then a full batch
+        job, kept, passes = Handing(), _Pass(), [_Pass() for _ in range(3)]
+        for by in (kept, passes[0]) if kept_first else (passes[0], kept):  # step 0's batch, twice
+            job.hand(by, 0)
+        job.backward()
+        job.over(passes[0])
+        for step, loop in enumerate(passes[1:], start=1):  # one step a pass
+            job.hand(loop, step)
+            job.backward()
+            job.over(loop)
+        assert job.ours == [(0, 0), (0, 0), (1, 0), (2, 0)] and job.begun == [0, 1, 2], (kept_first, job.ours)

@@ -107,8 +107,12 @@ class Loader:
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self._live: list[_Pass] = []
         """The passes under way (more than one: a look at a batch inside a pass, or one kept open)."""
-        self._last: _Pass | None = None
-        """The pass that handed the job's latest chunk out (a look's are none of the job's)."""
+        self._twins: list[_Pass] = []
+        """The passes that handed out the job's latest chunk: the loop's, and another that handed out
+        the same batch before its loss (a look kept open at a pass's first step; the loop after the
+        CIFAR-10 tutorial's `dataiter`, left open): the one that hands out again is the loop's."""
+        self._latest: tuple[Item | None, int] = (None, 0)
+        """The job's latest chunk, and `backed()` as it was handed out."""
         self.busy = busy
         """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
         self.fetched = (0.0, 0.0)
@@ -156,7 +160,7 @@ class Loader:
             for s in range(step, step + merged):
                 self._apply_pending(epoch * steps + s)
                 indices += self.sampler.step_indices(order, s)
-                sizes = [a + b for a, b in zip(sizes, self.sampler.step_sizes(s))]
+                sizes = [a + b for a, b in zip(sizes, self.sampler.step_sizes(s, order))]
             step += merged
             parts = batches.cut(indices, self.chunk, self.fewest)
             for i, part in enumerate(parts):
@@ -231,37 +235,35 @@ class Loader:
     def _handing(self, me: _Pass, item: Item) -> bool:
         """`me` hands `item` out: whether the step in hand is this chunk's (on_item: its clock and
         the loss that follows). A chunk of the job's begins its step if it is the step's first
-        (before_step). A look at a batch inside the loop's pass (rank 0's `next(iter(loader))` to log
-        a sample, after a step or before the loss, its iterator dropped or kept open) is none of the
-        job's: the pass that handed out the job's latest chunk is another, still under way, trains
-        and had handed out more chunks than `me` before this one. No step begins there (a checkpoint
-        or commit due waits for the loop's next batch, where the other ranks take it: taken at the
-        look, it held the look's position), and the step in hand, its clock and the loss that
-        follows stay the loop's (taken for the look's batch, the next pass's, a loss moved rank 0's
-        epoch on to it, and a checkpoint held that). The same batch handed out again by another
-        pass before its loss (a look kept open at a pass's first step deals the loop's first batch;
-        so does the loop after the CIFAR-10 tutorial's `dataiter` left open) is the step in hand
-        again, begun once. A look once its loop's pass has run out (after the loop, or after a loop
-        fetching ahead ran out with its last batch in hand) is no look here: it begins the next
-        pass's first step (docs/api.md)."""
-        self._trained()
-        me.handed += 1
-        last = self._last
-        if last is not None and last is not me and last in self._live:
-            if item == last.item and last.at == self.backed():
+        (before_step). A look at a batch inside the loop's pass (rank 0's `next(iter(loader))` to
+        log a sample, after a step or before the loss, its iterator dropped or kept open) is none of
+        the job's: no step begins there (a checkpoint or commit due waits for the loop's next batch,
+        where the other ranks take it: taken at the look, it held the look's position), and the
+        step in hand, its clock and the loss that follows stay the loop's (taken for the look's
+        batch, the next pass's, a loss moved rank 0's epoch on to it, and a checkpoint held that).
+        A look is a chunk of another pass than the one that handed out the job's latest chunk,
+        while that one is under way, trains, and is in its step: it handed that chunk out since
+        the job.backward before the last (a pass kept open and advanced now and then, rank 0's
+        preview iterator, is no loop however many batches it handed out). The same batch handed
+        out again by another pass before its loss is the step in hand, begun once; whichever of
+        the two hands out next is the loop's (a pass left over is a look). A look once its loop's
+        pass has run out (after the loop, or after a loop fetching ahead ran out with its last
+        batch in hand) is no look here: it begins the next pass's first step (docs/api.md)."""
+        latest, at = self._latest
+        backed = self.backed()
+        if backed > at:  # a job.backward since the job's latest chunk: its pass trains
+            for twin in self._twins:
+                twin.trains = True
+        if self._twins and me not in self._twins and all(twin in self._live for twin in self._twins):
+            if item == latest and backed == at:
+                self._twins.append(me)
                 return True
-            if last.trains and last.handed >= me.handed:
+            if any(twin.trains for twin in self._twins) and backed - at <= 1:
                 return False
         if item.chunk == 0:
             self.before_step(item)
-        me.item, me.at, self._last = item, self.backed(), me
+        self._twins, self._latest = [me], (item, backed)
         return True
-
-    def _trained(self) -> None:
-        """A job.backward since the job's latest chunk was handed out: its pass trains."""
-        last = self._last
-        if last is not None and self.backed() > last.at:
-            last.trains = True
 
     def _batches(self, me: _Pass):
         if self.num_workers == 0:
@@ -283,9 +285,12 @@ class Loader:
 
         # Persistent workers serve one pass at a time: a look at a batch inside the loop's pass (its own
         # iter()) reset the loop's iterator onto the look's indices (DataLoader keeps one), and the loop
-        # went on with the look's batches. Such a look gets workers of its own, for its batches alone.
-        shared = self.persistent_workers and self._workers_for is None
-        loader = self._workers if shared else None
+        # went on with the look's batches. Such a look gets workers of its own, for its batches alone; a
+        # pass begun while a pass left open that is not the loop's holds them (the CIFAR-10 tutorial's
+        # `dataiter`) gets persistent workers of its own, which the loop's passes after it keep.
+        held = self._workers_for is not None
+        shared = self.persistent_workers and (not held or self._workers_for not in self._twins)
+        loader = self._workers if shared and not held else None
         if loader is None:
             loader = torch.utils.data.DataLoader(
                 self.dataset, batch_sampler=_Once(index_lists()), num_workers=self.num_workers,
@@ -316,18 +321,12 @@ class Loader:
                 self._workers_for = None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pass:
-    """A pass over the loader under way (its iterator open)."""
+    """A pass over the loader under way (its iterator open; each is itself alone: compared by identity)."""
 
     trains: bool = False
-    """A job.backward came while the job's latest chunk was one it handed out (Loader._trained)."""
-    handed: int = 0
-    """Its chunks handed out."""
-    item: Item | None = None
-    """The job's chunk it handed out last (a look's are none of the job's)."""
-    at: int = 0
-    """The loader's `backed()` as it handed that chunk out."""
+    """A job.backward came while the job's latest chunk was one it handed out."""
 
 
 class _Once:

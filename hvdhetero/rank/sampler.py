@@ -93,6 +93,11 @@ CHUNK = 1 << 16
 """Indices a Draw makes at a time."""
 
 
+class OwnBatches(list):
+    """An epoch's batches drawn by a batch sampler of the script's own (rank/own_sampler.py), as
+    `order()` gives them."""
+
+
 class Drawn:
     """An epoch's drawn indices, sliced as a tensor is (`order[a:b]`), made in chunks as the reads
     move on and forgotten behind them; a read behind them draws the epoch again from its seed."""
@@ -140,8 +145,6 @@ class WeightedBatchSampler:
         """Indices an epoch."""
         if own is not None:
             own.ranks, own.min_share = len(batch_sizes), min_share
-        self._batches: list[list[int]] | None = None
-        """A batch sampler of the script's own: this epoch's batches (rank/own_sampler.py)."""
         self.rank, self.seed = rank, seed
         self.shuffle, self.drop_last, self.min_share = shuffle, drop_last, min_share
         self.epoch, self.again = 0, 0
@@ -178,10 +181,10 @@ class WeightedBatchSampler:
         keep = rest and not self.drop_last and rest >= self.min_share * len(self.batch_sizes)
         return full + (1 if keep else 0)
 
-    def step_sizes(self, step: int) -> list[int]:
-        """Every rank's sample count at `step` of the epoch (the same on all ranks)."""
-        if self._batches is not None:  # a batch of the script's own sampler: dealt in proportion to the split
-            length = len(self._batches[step])
+    def step_sizes(self, step: int, order: torch.Tensor | Drawn | OwnBatches) -> list[int]:
+        """Every rank's sample count at `step` of the epoch dealt in `order` (the same on all ranks)."""
+        if isinstance(order, OwnBatches):  # a batch of the script's own sampler: dealt in proportion to the split
+            length = len(order[step])
             return list(self.batch_sizes) if length == self.global_batch else \
                 proportional_split(length, self.batch_sizes, self.min_share)
         start = step * self.global_batch
@@ -189,17 +192,17 @@ class WeightedBatchSampler:
             return list(self.batch_sizes)
         return proportional_split(max(0, self.n - start), self.batch_sizes, self.min_share)
 
-    def order(self) -> torch.Tensor | Drawn:
-        """This epoch's permutation of the dataset, or its `draw` (the same on every rank)."""
+    def order(self) -> torch.Tensor | Drawn | OwnBatches:
+        """This epoch's permutation of the dataset, its `draw`, or a batch sampler of the script's
+        own's batches (the same on every rank). Each pass keeps its own: a look at a batch inside
+        the loop's pass draws the next epoch's, and the loop's steps after it took those batches
+        when the sampler kept the latest pass's."""
         seed = self.seed * 100_003 + self.epoch  # (first_draw's for epoch 0)
         if self.again:
             seed = seed * 1_000_003 + self.again
         if self.own is not None:  # the script's own sampler, drawn alike on every rank
             drawn = self.own.epoch(self.epoch, seed)
-            if self.own.batches:
-                self._batches = drawn
-                return torch.empty(0, dtype=torch.long)  # (step_indices reads its batches, not an order)
-            return torch.tensor(drawn, dtype=torch.long)
+            return OwnBatches(drawn) if self.own.batches else torch.tensor(drawn, dtype=torch.long)
         if not self.shuffle and self.draw is None:
             return torch.arange(self.n)
         if self.draw is not None:
@@ -212,11 +215,11 @@ class WeightedBatchSampler:
             # Re-read the split every step: the balancer may have changed it.
             yield self.step_indices(order, step)
 
-    def step_indices(self, order: torch.Tensor | Drawn, step: int) -> list[int]:
+    def step_indices(self, order: torch.Tensor | Drawn | OwnBatches, step: int) -> list[int]:
         """This rank's indices at `step`, under the split set now."""
-        sizes = self.step_sizes(step)
-        if self._batches is not None:
+        sizes = self.step_sizes(step, order)
+        if isinstance(order, OwnBatches):
             start = sum(sizes[: self.rank])
-            return self._batches[step][start : start + sizes[self.rank]]
+            return order[step][start : start + sizes[self.rank]]
         start = step * self.global_batch + sum(sizes[: self.rank])
         return order[start : start + sizes[self.rank]].tolist()

@@ -4,7 +4,10 @@ chunks of 4 batches, cut into batches of 16, the batches shuffled) and a collate
 longest. The DataLoader goes to job.prepare as it is. Each rank writes the samples it trained on
 at each step to RUN_DIR/seen-RANK.json; rank 0 prints the mean padding a batch.
 
-    invoke train --script tests/scripts/buckets.py -- [--epochs 2] [--by-rank]
+With --look the loop is the script's own (`for epoch in range(n)`, not job.epochs), and rank 0
+takes `next(iter(loader))` after each step (a sample to log).
+
+    invoke train --script tests/scripts/buckets.py -- [--epochs 2] [--by-rank] [--look]
 """
 
 import argparse
@@ -23,6 +26,7 @@ from bucketing import Buckets  # the script's own sampler, beside it
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--by-rank", action="store_true", help="the sampler shuffles with a generator seeded by the rank")
+parser.add_argument("--look", action="store_true", help="a loop of the script's own; rank 0 looks at a batch each step")
 args = parser.parse_args()
 job = hh.init()
 rng = random.Random(1)
@@ -62,7 +66,7 @@ model = Model()
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 model, optimizer, loader = job.prepare(model, optimizer, loader, loss_fn=lambda m, b: m(b[1], b[2]).sum())
 seen, padding = [], []
-for epoch in job.epochs(args.epochs):
+for epoch in (range(args.epochs) if args.look else job.epochs(args.epochs)):
     for index, tokens, lengths in loader:
         labels = (tokens[:, 0] > 10).long()  # a sequence's first token says its class
         job.backward(F.cross_entropy(model(tokens, lengths), labels))
@@ -70,6 +74,8 @@ for epoch in job.epochs(args.epochs):
         optimizer.zero_grad()
         seen.append([epoch, job.step, index.tolist()])
         padding.append(1 - lengths.sum().item() / tokens.numel())
+        if args.look and job.is_main:
+            sample = next(iter(loader))
 (job.run_dir / f"seen-{job.rank}.json").write_text(json.dumps(seen))
 if job.is_main:
     print(f"mean padding {sum(padding) / len(padding):.3f}", flush=True)
