@@ -195,10 +195,11 @@ class Handing:
     def __init__(self):
         from hvdhetero.rank.loader import Loader
 
-        self.backed, self.begun, self.ours = 0, [], []
+        self.backed, self.calls, self.begun, self.ours = 0, 0, [], []
         self.made = object.__new__(Loader)
-        self.made.backed, self.made.before_step = (lambda: self.backed), (lambda item: self.begun.append(item.step))
-        self.made._live, self.made._twins, self.made._latest = [], [], (None, 0)
+        self.made.backed, self.made.calls = (lambda: self.backed), (lambda: self.calls)
+        self.made.before_step = lambda item: self.begun.append(item.step)
+        self.made._live, self.made._twins, self.made._latest = [], [], (None, 0, 0)
 
     def hand(self, by, step: int, chunk: int = 0) -> None:
         if by not in self.made._live:
@@ -206,11 +207,14 @@ class Handing:
         if self.made._handing(by, Item(step, chunk, 2, 4, 8, (8, 8))):
             self.ours.append((step, chunk))
 
-    def backward(self) -> None:
-        self.backed += 1
+    def backward(self, again: bool = False) -> None:
+        """A job.backward (`again`: of the chunk the last one came from)."""
+        self.backed += 0 if again else 1
+        self.calls += 1
 
-    def over(self, done) -> None:
-        """`done`'s pass ran out, or its iterator was dropped."""
+    def over(self, done, ran_out: bool = True) -> None:
+        """`done`'s pass ran out, or its iterator was dropped (`ran_out` False)."""
+        done.ran_out = ran_out
         self.made._live.remove(done)
 
 
@@ -234,10 +238,10 @@ def test_a_look_inside_the_loops_pass_hands_out_none_of_the_jobs_chunks_and_one_
     job.hand(loop, 0, 1)
     job.backward()
     job.hand(look, 2 * STEPS)  # after the step: rank 0's look (its pass deals the next epoch), dropped
-    job.over(look)
+    job.over(look, ran_out=False)
     job.hand(loop, 1)
     job.hand(inside, 2 * STEPS + 1)  # inside the body, before the loss: a look, dropped
-    job.over(inside)
+    job.over(inside, ran_out=False)
     job.backward()
     job.hand(loop, 1, 1)
     job.hand(kept, 2 * STEPS)  # inside the body, before the loss: a look kept open
@@ -266,7 +270,7 @@ def test_one_batch_handed_out_by_two_passes_before_its_loss_is_the_step_in_hand_
     job.hand(first_look, 0)  # (its pass deals the loop's order: the same batch)
     job.backward()
     job.hand(loop, 1)
-    job.over(first_look)  # (its iterator replaced by the next one)
+    job.over(first_look, ran_out=False)  # (its iterator replaced by the next one)
     job.hand(next_look, 2 * STEPS)  # the next step's look, before the loss
     assert job.ours == [(0, 0), (0, 0), (1, 0)] and job.begun == [0, 1], (job.ours, job.begun)
 
@@ -281,3 +285,54 @@ def test_one_batch_handed_out_by_two_passes_before_its_loss_is_the_step_in_hand_
             job.backward()
             job.over(loop)
         assert job.ours == [(0, 0), (0, 0), (1, 0), (2, 0)] and job.begun == [0, 1, 2], (kept_first, job.ours)
+
+
+def test_a_pass_that_goes_on_after_its_first_chunks_were_taken_for_looks_is_the_loops():
+    """Where a chunk is taken for a look and the loss that follows is the stale step in hand's,
+    the pass that hands out again with none of the others' chunks between is the loop's: a loop
+    that broke out of a pass kept in a variable (`it = iter(loader); for b in it: ... break`),
+    then began a new one, had its new pass's chunks taken for looks for good (no step began, the
+    loss was the old pass's last chunk's). A pass begun after the loop's pass that trained ran out
+    trains from its first chunk: an evaluation over the prepared loader, or rank 0's preview
+    advanced, before that pass's first loss is a look (taken for the job's, it began steps and
+    weighed the loss); a look's dropped twin leaves the loop's pass as the job's."""
+    from hvdhetero.rank.loader import _Pass
+
+    job, kept, new = Handing(), _Pass(), _Pass()
+    for step in range(2):
+        job.hand(kept, step)
+        job.backward()
+    job.hand(new, 2 * STEPS)  # the break: `kept` stays open; a new pass begins, taken for a look
+    job.backward(again=True)  # (the step in hand: the old pass's last chunk)
+    for step in range(2 * STEPS + 1, 2 * STEPS + 3):
+        job.hand(new, step)
+        job.backward()
+    assert job.ours == [(0, 0), (1, 0), (2 * STEPS + 1, 0), (2 * STEPS + 2, 0)], job.ours
+
+    job, first, second, evaluation, preview = Handing(), _Pass(), _Pass(), _Pass(), _Pass()
+    job.hand(preview, 0)  # (kept open, before the loop)
+    for step in range(STEPS):
+        job.hand(first, step)
+        job.backward()
+    job.over(first)
+    job.hand(second, STEPS)
+    for step in range(2):  # before the pass's first loss: an evaluation over the loader, the preview advanced
+        job.hand(evaluation, STEPS + step)
+    job.over(evaluation)
+    job.hand(preview, 1)
+    job.backward()
+    job.hand(second, STEPS + 1)
+    # (the evaluation's first batch is the pass's first: the same batch again; the rest are looks)
+    assert job.ours == [(0, 0)] + [(step, 0) for step in range(STEPS + 1)] + [(STEPS, 0), (STEPS + 1, 0)], job.ours
+    assert job.begun == list(range(STEPS + 2)), job.begun
+
+    job, loop, twin, other = Handing(), _Pass(), _Pass(), _Pass()
+    job.hand(loop, 0)
+    job.backward()
+    job.hand(loop, 1)
+    job.hand(twin, 1)  # a look at the same batch, dropped
+    job.over(twin, ran_out=False)
+    job.hand(other, 3 * STEPS)  # another look, kept, before the loss
+    job.backward()
+    job.hand(loop, 2)
+    assert job.ours == [(0, 0), (1, 0), (1, 0), (2, 0)] and job.begun == [0, 1, 2], (job.ours, job.begun)

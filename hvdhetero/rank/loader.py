@@ -103,6 +103,8 @@ class Loader:
         self.backed: Callable[[], int] = lambda: 0
         """The chunks the job's job.backward calls came from so far, each once (asked as a pass
         begins and ends, and as a chunk is handed out)."""
+        self.calls: Callable[[], int] = lambda: 0
+        """job.backward calls so far (a chunk's loss backpropagated again is one more)."""
         self.left: Callable[[], None] = lambda: None
         """Called when a loop leaves a pass early (its iterator closed before the epoch's end)."""
         self._live: list[_Pass] = []
@@ -111,8 +113,8 @@ class Loader:
         """The passes that handed out the job's latest chunk: the loop's, and another that handed out
         the same batch before its loss (a look kept open at a pass's first step; the loop after the
         CIFAR-10 tutorial's `dataiter`, left open): the one that hands out again is the loop's."""
-        self._latest: tuple[Item | None, int] = (None, 0)
-        """The job's latest chunk, and `backed()` as it was handed out."""
+        self._latest: tuple[Item | None, int, int] = (None, 0, 0)
+        """The job's latest chunk, and `backed()` and `calls()` as it was handed out."""
         self.busy = busy
         """The rank's busy clock (Worker.busy_clock's: a one-thread CPU rank's thread time)."""
         self.fetched = (0.0, 0.0)
@@ -221,6 +223,7 @@ class Loader:
             for batch in batches:
                 handed += 1
                 yield batch
+            me.ran_out = True
         except GeneratorExit:  # the loop left the pass early (a break: its iterator dropped)
             try:
                 batches.close()  # (its DataLoader iterator with it)
@@ -245,24 +248,43 @@ class Loader:
         while that one is under way, trains, and is in its step: it handed that chunk out since
         the job.backward before the last (a pass kept open and advanced now and then, rank 0's
         preview iterator, is no loop however many batches it handed out). The same batch handed
-        out again by another pass before its loss is the step in hand, begun once; whichever of
-        the two hands out next is the loop's (a pass left over is a look). A look once its loop's
-        pass has run out (after the loop, or after a loop fetching ahead ran out with its last
-        batch in hand) is no look here: it begins the next pass's first step (docs/api.md)."""
-        latest, at = self._latest
-        backed = self.backed()
+        out again by another pass before its loss is the step in hand, begun once (the twins);
+        whichever hands out next after a job.backward is the loop's, and one that hands out again
+        before it, beside a twin that trains, is a look (two batches looked at, an evaluation over
+        the loader). A pass whose chunks were taken for looks and that hands out again after a
+        job.backward, with no chunk of the twins' between, is the loop's (a break out of a pass
+        kept in a variable, then a new pass: its chunks were looks for good). A pass that hands out
+        the first chunk after the loop's pass that trained trains from there. A look once its
+        loop's pass has run out (after the loop, or after a loop fetching ahead ran out with its
+        last batch in hand) is no look here: it begins the next pass's first step (docs/api.md)."""
+        latest, at, calls_at = self._latest
+        backed, calls = self.backed(), self.calls()
         if backed > at:  # a job.backward since the job's latest chunk: its pass trains
             for twin in self._twins:
                 twin.trains = True
-        if self._twins and me not in self._twins and all(twin in self._live for twin in self._twins):
+        first, me.handed = not me.handed, me.handed + 1
+        twins = [twin for twin in self._twins if twin in self._live]
+        if twins and me in twins and len(twins) > 1 and not me.trains and calls == calls_at \
+                and any(twin.trains for twin in twins):  # a twin handing out again before the loss, beside the
+            self._twins.remove(me)  # loop's pass (it trains): a look of two batches, or an evaluation's pass
+            me.looked = calls
+            return False
+        if twins and me not in twins and not any(twin.ran_out for twin in self._twins):
             if item == latest and backed == at:
                 self._twins.append(me)
                 return True
-            if any(twin.trains for twin in self._twins) and backed - at <= 1:
+            # a look before, a job.backward since, and no chunk of the twins: `me` is the loop's pass (a break
+            # out of a pass kept in a variable, then a new one: its passes were looks for good)
+            went_on = me.looked is not None and calls > me.looked >= calls_at
+            if not went_on and any(twin.trains for twin in twins) and backed - at <= 1:
+                me.looked = calls
                 return False
         if item.chunk == 0:
             self.before_step(item)
-        self._twins, self._latest = [me], (item, backed)
+        # a pass's first chunk after the loop's pass that trained ran out trains too: a look before its first
+        # loss (an evaluation over the prepared loader, a preview) is a look
+        me.trains = me.trains or (first and any(twin.trains for twin in self._twins))
+        self._twins, self._latest = [me], (item, backed, calls)
         return True
 
     def _batches(self, me: _Pass):
@@ -326,7 +348,14 @@ class _Pass:
     """A pass over the loader under way (its iterator open; each is itself alone: compared by identity)."""
 
     trains: bool = False
-    """A job.backward came while the job's latest chunk was one it handed out."""
+    """A job.backward came while the job's latest chunk was one it handed out (or the loop's pass
+    before it trained, and it handed out the job's next chunk first)."""
+    handed: int = 0
+    """Its chunks handed out."""
+    looked: int | None = None
+    """Loader.calls() as it last handed out a look (None: none)."""
+    ran_out: bool = False
+    """It handed out every chunk of its epoch (a pass dropped early did not)."""
 
 
 class _Once:

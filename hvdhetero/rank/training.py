@@ -99,6 +99,7 @@ class Training:
             self.loader.began = functools.partial(pass_end.begins, self)
             self.loader.after_pass = functools.partial(pass_end.ended, self)
             self.loader.backed = lambda: self.passes.backed
+            self.loader.calls = lambda: self.backwards
             self.loader.left = functools.partial(pass_end.left, self)
             self.loader.again = lambda: self.passes.again
         self.optimizers = [JobOptimizer(o, step_state, before_step=functools.partial(self.stepped, index),
