@@ -81,7 +81,7 @@ def backward(t: Training, loss: torch.Tensor, item: Item, **kwargs) -> None:
         t.me.device.synchronize()
         began, busy0, slept = t.step_began
         t.me.finish_step(item.share, t.me.busy_clock()() - busy0 - gathered,
-                            time.perf_counter() - began - gathered, slept)
+                         time.perf_counter() - began - gathered, slept)
     seconds = time.perf_counter() - t.step_began[0] - gathered
     if defer:
         t.deferral.deferred(weight, seconds)

@@ -264,12 +264,14 @@ class Loader:
                 twin.trains = True
         first, me.handed = not me.handed, me.handed + 1
         twins = [twin for twin in self._twins if twin in self._live]
-        if twins and me in twins and len(twins) > 1 and not me.trains and calls == calls_at \
-                and any(twin.trains for twin in twins):  # a twin handing out again before the loss, beside the
-            self._twins.remove(me)  # loop's pass (it trains): a look of two batches, or an evaluation's pass
-            me.looked = calls
-            return False
-        if twins and me not in twins and not any(twin.ran_out for twin in self._twins):
+        if me in twins:
+            # a twin handing out again before the loss, beside the loop's pass (it trains): a look of two
+            # batches, or an evaluation's pass
+            if len(twins) > 1 and not me.trains and calls == calls_at and any(twin.trains for twin in twins):
+                self._twins.remove(me)
+                me.looked = calls
+                return False
+        elif twins and not any(twin.ran_out for twin in self._twins):
             if item == latest and backed == at:
                 self._twins.append(me)
                 return True
